@@ -1,0 +1,491 @@
+//! Events: the one a caller enqueues ([`NewEvent`]) and the one a relay
+//! claims ([`Event`]).
+
+use crate::ErrorCode;
+use chrono::{DateTime, Utc};
+use std::collections::BTreeMap;
+use std::fmt;
+use thiserror::Error;
+use uuid::Uuid;
+
+/// Globally unique, time-ordered event id (UUIDv7), made by the library when
+/// the event is built, so the caller knows it before the transaction commits.
+/// It is the deduplication id on every broker.
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[serde(transparent)]
+pub struct EventId(Uuid);
+
+impl EventId {
+    /// A fresh UUIDv7 (millisecond timestamp + random bits).
+    pub fn new() -> Self {
+        Self(Uuid::now_v7())
+    }
+
+    /// Wraps an existing UUID (e.g. read back from storage).
+    pub fn from_uuid(id: Uuid) -> Self {
+        Self(id)
+    }
+
+    /// The UUID.
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+}
+
+impl Default for EventId {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "EventId({})", self.0)
+    }
+}
+
+impl fmt::Display for EventId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::str::FromStr for EventId {
+    type Err = uuid::Error;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Uuid::parse_str(s).map(Self)
+    }
+}
+
+impl From<Uuid> for EventId {
+    fn from(id: Uuid) -> Self {
+        Self(id)
+    }
+}
+
+/// Size limits checked at enqueue, so an event a broker would refuse is
+/// refused up front with a clear error instead of dead-lettered later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventLimits {
+    /// Largest payload in bytes. Default 1 MiB (NATS's default `max_payload`).
+    pub max_payload_bytes: usize,
+    /// Largest key in bytes. Default 1024.
+    pub max_key_bytes: usize,
+    /// Most headers per event. Default 64.
+    pub max_headers: usize,
+    /// Largest header name + value in bytes. Default 8 KiB.
+    pub max_header_bytes: usize,
+}
+
+impl Default for EventLimits {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 1024 * 1024,
+            max_key_bytes: 1024,
+            max_headers: 64,
+            max_header_bytes: 8 * 1024,
+        }
+    }
+}
+
+/// Why a [`NewEvent`] was refused at enqueue.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum ValidationError {
+    /// The event type was empty.
+    #[error("event type must not be empty")]
+    EmptyEventType,
+    /// The event type had characters other than printable ASCII without spaces,
+    /// or was longer than 255 bytes.
+    #[error(
+        "event type {0:?} must be 1-255 printable characters without spaces or control characters"
+    )]
+    InvalidEventType(String),
+    /// The topic was empty.
+    #[error("topic must not be empty")]
+    EmptyTopic,
+    /// The topic had whitespace or control characters, or was over 249 bytes.
+    #[error("topic {0:?} must be 1-249 bytes without whitespace or control characters")]
+    InvalidTopic(String),
+    /// The payload was above [`EventLimits::max_payload_bytes`].
+    #[error("payload is {size} bytes, above the maximum of {max} bytes")]
+    PayloadTooLarge {
+        /// Payload size.
+        size: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// The key was empty or above [`EventLimits::max_key_bytes`].
+    #[error("key must be 1-{max} bytes (got {size})")]
+    InvalidKey {
+        /// Key size.
+        size: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// More headers than [`EventLimits::max_headers`].
+    #[error("{count} headers, above the maximum of {max}")]
+    TooManyHeaders {
+        /// Header count.
+        count: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+    /// A header name brokers would reject (empty, non-ASCII, whitespace, `:` or control characters).
+    #[error("header name {0:?} must be non-empty printable ASCII without spaces or ':'")]
+    InvalidHeaderName(String),
+    /// A header value with CR, LF or NUL (it would break NATS / HTTP-style headers).
+    #[error("value of header {0:?} must not contain CR, LF or NUL")]
+    InvalidHeaderValue(String),
+    /// A header above [`EventLimits::max_header_bytes`].
+    #[error("header {name:?} is {size} bytes, above the maximum of {max}")]
+    HeaderTooLarge {
+        /// Header name.
+        name: String,
+        /// Name + value size.
+        size: usize,
+        /// Configured maximum.
+        max: usize,
+    },
+}
+
+/// An event to enqueue inside the caller's transaction.
+///
+/// Its [`id`](Self::id) is a UUIDv7 created when the value is built.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NewEvent {
+    id: EventId,
+    key: Option<String>,
+    event_type: String,
+    topic: String,
+    payload: Vec<u8>,
+    headers: BTreeMap<String, String>,
+}
+
+impl fmt::Debug for NewEvent {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NewEvent")
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .field("event_type", &self.event_type)
+            .field("topic", &self.topic)
+            .field("payload_len", &self.payload.len())
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl NewEvent {
+    /// A new event of `event_type` for `topic`, with a fresh UUIDv7 id.
+    pub fn new(
+        event_type: impl Into<String>,
+        topic: impl Into<String>,
+        payload: impl Into<Vec<u8>>,
+    ) -> Self {
+        Self {
+            id: EventId::new(),
+            key: None,
+            event_type: event_type.into(),
+            topic: topic.into(),
+            payload: payload.into(),
+            headers: BTreeMap::new(),
+        }
+    }
+
+    /// Sets the partition / aggregate key: events of one key keep their order
+    /// and belong to one shard.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Adds one header (replacing a previous value of that name).
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.insert(name.into(), value.into());
+        self
+    }
+
+    /// Adds several headers.
+    pub fn with_headers<K: Into<String>, V: Into<String>>(
+        mut self,
+        headers: impl IntoIterator<Item = (K, V)>,
+    ) -> Self {
+        self.headers
+            .extend(headers.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// Overrides the generated id (e.g. to make a retried request idempotent).
+    pub fn with_id(mut self, id: EventId) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// The id, known before commit.
+    pub fn id(&self) -> EventId {
+        self.id
+    }
+
+    /// The key, if any.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    /// The key used for sharding: the key, or the id's text when there is none.
+    pub fn shard_key(&self) -> String {
+        shard_key(self.id, self.key.as_deref())
+    }
+
+    /// [`crate::key_hash`] of [`Self::shard_key`], as stored in the `key_hash` column.
+    pub fn key_hash(&self) -> u32 {
+        crate::key_hash(self.shard_key().as_bytes())
+    }
+
+    /// The event type.
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    /// The destination topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The payload bytes.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &BTreeMap<String, String> {
+        &self.headers
+    }
+
+    /// Checks the event against `limits`; store crates call this at enqueue.
+    pub fn validate(&self, limits: &EventLimits) -> Result<(), ValidationError> {
+        if self.event_type.is_empty() {
+            return Err(ValidationError::EmptyEventType);
+        }
+        if self.event_type.len() > 255 || !self.event_type.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(ValidationError::InvalidEventType(self.event_type.clone()));
+        }
+        if self.topic.is_empty() {
+            return Err(ValidationError::EmptyTopic);
+        }
+        if self.topic.len() > 249
+            || self
+                .topic
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(ValidationError::InvalidTopic(self.topic.clone()));
+        }
+        if self.payload.len() > limits.max_payload_bytes {
+            return Err(ValidationError::PayloadTooLarge {
+                size: self.payload.len(),
+                max: limits.max_payload_bytes,
+            });
+        }
+        if let Some(key) = &self.key {
+            if key.is_empty() || key.len() > limits.max_key_bytes {
+                return Err(ValidationError::InvalidKey {
+                    size: key.len(),
+                    max: limits.max_key_bytes,
+                });
+            }
+        }
+        if self.headers.len() > limits.max_headers {
+            return Err(ValidationError::TooManyHeaders {
+                count: self.headers.len(),
+                max: limits.max_headers,
+            });
+        }
+        for (name, value) in &self.headers {
+            if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
+                return Err(ValidationError::InvalidHeaderName(name.clone()));
+            }
+            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
+                return Err(ValidationError::InvalidHeaderValue(name.clone()));
+            }
+            let size = name.len() + value.len();
+            if size > limits.max_header_bytes {
+                return Err(ValidationError::HeaderTooLarge {
+                    name: name.clone(),
+                    size,
+                    max: limits.max_header_bytes,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits the event into its parts (for store crates).
+    #[allow(clippy::type_complexity)]
+    pub fn into_parts(
+        self,
+    ) -> (
+        EventId,
+        Option<String>,
+        String,
+        String,
+        Vec<u8>,
+        BTreeMap<String, String>,
+    ) {
+        (
+            self.id,
+            self.key,
+            self.event_type,
+            self.topic,
+            self.payload,
+            self.headers,
+        )
+    }
+}
+
+pub(crate) fn shard_key(id: EventId, key: Option<&str>) -> String {
+    match key {
+        Some(k) => k.to_owned(),
+        None => id.to_string(),
+    }
+}
+
+/// The last failure recorded on an event.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LastError {
+    /// Stable code, e.g. `HANDLER_TEMPORARY_FAILURE`.
+    pub code: ErrorCode,
+    /// Human-readable detail.
+    pub message: String,
+}
+
+/// A stored event, as claimed by a relay.
+#[derive(Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Event {
+    /// UUIDv7 id; the broker deduplication id.
+    pub id: EventId,
+    /// Partition / aggregate key.
+    pub key: Option<String>,
+    /// Event type, e.g. `order.created`.
+    pub event_type: String,
+    /// Destination topic.
+    pub topic: String,
+    /// Payload bytes.
+    pub payload: Vec<u8>,
+    /// Headers (trace context lives here).
+    pub headers: BTreeMap<String, String>,
+    /// When the event was enqueued (database clock).
+    pub created_at: DateTime<Utc>,
+    /// Delivery attempts so far, including the one this claim started.
+    pub attempts: u32,
+    /// When the event became (or becomes) eligible for delivery.
+    pub next_attempt_at: DateTime<Utc>,
+    /// The previous attempt's failure, if any.
+    pub last_error: Option<LastError>,
+}
+
+impl fmt::Debug for Event {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Event")
+            .field("id", &self.id)
+            .field("key", &self.key)
+            .field("event_type", &self.event_type)
+            .field("topic", &self.topic)
+            .field("payload_len", &self.payload.len())
+            .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("created_at", &self.created_at)
+            .field("attempts", &self.attempts)
+            .field("next_attempt_at", &self.next_attempt_at)
+            .field("last_error", &self.last_error)
+            .finish()
+    }
+}
+
+impl Event {
+    /// The key used for sharding: the key, or the id's text when there is none.
+    pub fn shard_key(&self) -> String {
+        shard_key(self.id, self.key.as_deref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok() -> NewEvent {
+        NewEvent::new("order.created", "orders", b"{}".to_vec())
+    }
+
+    #[test]
+    fn ids_are_time_ordered_and_known_before_commit() {
+        let a = ok();
+        let b = ok();
+        assert!(a.id() < b.id());
+        assert_eq!(a.id().as_uuid().get_version_num(), 7);
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let l = EventLimits::default();
+        assert_eq!(ok().validate(&l), Ok(()));
+        assert_eq!(
+            NewEvent::new("", "t", vec![]).validate(&l),
+            Err(ValidationError::EmptyEventType)
+        );
+        assert_eq!(
+            NewEvent::new("e", "", vec![]).validate(&l),
+            Err(ValidationError::EmptyTopic)
+        );
+        assert!(matches!(
+            NewEvent::new("e", "a b", vec![]).validate(&l),
+            Err(ValidationError::InvalidTopic(_))
+        ));
+        let small = EventLimits {
+            max_payload_bytes: 3,
+            ..l
+        };
+        assert_eq!(
+            NewEvent::new("e", "t", vec![0; 4]).validate(&small),
+            Err(ValidationError::PayloadTooLarge { size: 4, max: 3 })
+        );
+        assert!(matches!(
+            ok().with_header("bad name", "v").validate(&l),
+            Err(ValidationError::InvalidHeaderName(_))
+        ));
+        assert!(matches!(
+            ok().with_header("a:b", "v").validate(&l),
+            Err(ValidationError::InvalidHeaderName(_))
+        ));
+        assert!(matches!(
+            ok().with_header("x", "a\r\nb").validate(&l),
+            Err(ValidationError::InvalidHeaderValue(_))
+        ));
+        assert!(matches!(
+            ok().with_key("").validate(&l),
+            Err(ValidationError::InvalidKey { .. })
+        ));
+        let e = NewEvent::new("e", "t", vec![0; 4])
+            .validate(&small)
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "payload is 4 bytes, above the maximum of 3 bytes"
+        );
+    }
+
+    #[test]
+    fn debug_does_not_print_payload() {
+        let e = ok().with_header("authorization", "secret-token");
+        let s = format!("{e:?}");
+        assert!(!s.contains("secret-token"));
+        assert!(s.contains("payload_len"));
+    }
+
+    #[test]
+    fn shard_key_falls_back_to_id() {
+        let e = ok();
+        assert_eq!(e.shard_key(), e.id().to_string());
+        assert_eq!(ok().with_key("k").shard_key(), "k");
+    }
+}

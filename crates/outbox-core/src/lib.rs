@@ -1,0 +1,19 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod envelope;
+mod error;
+mod event;
+mod retry;
+mod shard;
+mod store;
+
+pub use envelope::Envelope;
+pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
+pub use event::{Event, EventId, EventLimits, LastError, NewEvent, ValidationError};
+pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
+pub use shard::{key_hash, shard_of, InvalidShardSpec, ShardSpec};
+pub use store::{
+    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Disposition, Failure,
+    FenceReport, FencingToken, RelayId, Sink, Stats, Store,
+};
