@@ -1,1 +1,77 @@
-fn main() {}
+//! `cargo xtask`: the project's automation, in Rust so it runs anywhere cargo does.
+//!
+//! - `cargo xtask ci`: format check, clippy with `-D warnings`, every test
+//!   against the real services (started or checked first).
+//! - `cargo xtask services`: report (and start what the project starts itself).
+
+#![allow(clippy::print_stdout, reason = "xtask is a command-line tool")]
+
+mod services;
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (cmd, rest) = args.split_first().map(|(c, r)| (c.as_str(), r)).unwrap_or(("help", &[]));
+    match cmd {
+        "ci" => ci(rest),
+        "services" => services::report_and_hold(rest),
+        "help" | "--help" | "-h" => {
+            print_help();
+            Ok(())
+        }
+        other => {
+            print_help();
+            bail!("unknown xtask command {other:?}")
+        }
+    }
+}
+
+fn print_help() {
+    println!(
+        "cargo xtask <command>\n\n\
+         ci         fmt check, clippy -D warnings, all tests against the real services\n\
+         services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu)\n"
+    );
+}
+
+/// The workspace root (the parent of `xtask/`).
+pub(crate) fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs `cargo <args>` in the workspace root, failing with the command line.
+pub(crate) fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    println!("\n==> cargo {}", args.join(" "));
+    let status = Command::new(&cargo)
+        .args(args)
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("could not run {cargo}"))?;
+    if !status.success() {
+        bail!("`cargo {}` failed ({status})", args.join(" "));
+    }
+    Ok(())
+}
+
+fn ci(rest: &[String]) -> Result<()> {
+    let started = std::time::Instant::now();
+    cargo(&["fmt", "--all", "--", "--check"])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])?;
+    // Build everything before touching services, so compile time does not
+    // count against broker timeouts.
+    cargo(&["test", "--workspace", "--all-features", "--no-run"])?;
+    let _services = services::ensure_all()?;
+    let mut test = vec!["test", "--workspace", "--all-features"];
+    let extra: Vec<&str> = rest.iter().map(String::as_str).collect();
+    test.extend(extra.iter().copied());
+    cargo(&test)?;
+    println!("\nci passed in {:.0?}", started.elapsed());
+    Ok(())
+}

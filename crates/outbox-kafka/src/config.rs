@@ -1,0 +1,360 @@
+//! [`KafkaConfig`]: brokers, librdkafka properties, topic mapping.
+
+use crate::Error;
+use rdkafka::ClientConfig;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// Environment variable read by [`KafkaConfig::from_env`].
+pub const KAFKA_BROKERS_ENV: &str = "KAFKA_BROKERS";
+/// Brokers used by [`KafkaConfig::from_env`] when [`KAFKA_BROKERS_ENV`] is unset.
+pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
+
+/// Properties the publisher sets itself; a conflicting value is refused when
+/// the publisher is built.
+const FIXED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
+
+/// What an event whose Kafka topic does not exist becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum UnknownTopic {
+    /// Fail permanently with `PUBLISH_UNROUTABLE` (dead-lettered at once).
+    #[default]
+    Permanent,
+    /// Fail with a retryable `PUBLISH_UNROUTABLE`, for deployments where
+    /// topics are created by another process that may lag behind.
+    Retryable,
+}
+
+/// Kafka publisher configuration.
+///
+/// Any librdkafka property passes through with [`with_property`](Self::with_property)
+/// (SASL/SSL, compression, `linger.ms`, `batch.size`, ...). `enable.idempotence=true`
+/// and `acks=all` are always set: they are what makes per-key order and
+/// "ack before mark" hold, so a config that sets them otherwise is refused.
+///
+/// `Debug` redacts every property whose name looks secret (see [`is_secret_property`]).
+#[derive(Clone)]
+pub struct KafkaConfig {
+    brokers: String,
+    properties: BTreeMap<String, String>,
+    topic_prefix: String,
+    topic_map: BTreeMap<String, String>,
+    unknown_topic: UnknownTopic,
+    content_type: String,
+    queue_full_timeout: Duration,
+}
+
+impl fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let props: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(k, v)| {
+                let v = if is_secret_property(k) {
+                    "<redacted>"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), v)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("properties", &props)
+            .field("topic_prefix", &self.topic_prefix)
+            .field("topic_map", &self.topic_map)
+            .field("unknown_topic", &self.unknown_topic)
+            .field("content_type", &self.content_type)
+            .field("queue_full_timeout", &self.queue_full_timeout)
+            .finish()
+    }
+}
+
+/// Whether a librdkafka property holds a secret and must never be printed:
+/// any name containing `password`, `secret`, `jaas` or `oauthbearer.config`,
+/// and private key material (`ssl.key.pem`).
+pub fn is_secret_property(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    ["password", "secret", "jaas", "oauthbearer.config", "ssl.key.pem"]
+        .iter()
+        .any(|s| n.contains(s))
+}
+
+impl KafkaConfig {
+    /// A config for a comma-separated broker list (`host:port,host2:port`).
+    ///
+    /// Defaults: `message.timeout.ms=30000` (a send not acknowledged within
+    /// 30 s is reported as a retryable `PUBLISH_TIMEOUT`, well inside the
+    /// relay's lease), `client.id=outbox`, no topic mapping, unknown topics
+    /// permanent, content type `application/octet-stream`.
+    pub fn new(brokers: impl Into<String>) -> Self {
+        let mut properties = BTreeMap::new();
+        properties.insert("message.timeout.ms".to_owned(), "30000".to_owned());
+        properties.insert("client.id".to_owned(), "outbox".to_owned());
+        Self {
+            brokers: brokers.into(),
+            properties,
+            topic_prefix: String::new(),
+            topic_map: BTreeMap::new(),
+            unknown_topic: UnknownTopic::default(),
+            content_type: "application/octet-stream".to_owned(),
+            queue_full_timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// Parses `kafka://host:port[,host2:port]`. Credentials in the URL are
+    /// refused (they would end up in logs): set `sasl.username` /
+    /// `sasl.password` with [`with_property`](Self::with_property) instead.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let rest = url
+            .strip_prefix("kafka://")
+            .ok_or_else(|| Error::InvalidUrl("the URL must start with kafka://".into()))?;
+        let rest = rest.trim_end_matches('/');
+        if rest.contains('@') {
+            return Err(Error::InvalidUrl(
+                "credentials are not accepted in a kafka:// URL; set sasl.username and sasl.password properties".into(),
+            ));
+        }
+        if rest.contains(['/', '?', '#']) {
+            return Err(Error::InvalidUrl(
+                "a kafka:// URL holds only host:port pairs separated by commas".into(),
+            ));
+        }
+        let mut hosts = Vec::new();
+        for host in rest.split(',') {
+            let host = host.trim();
+            let valid = host
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
+            if !valid {
+                return Err(Error::InvalidUrl(format!(
+                    "{host:?} is not a host:port pair"
+                )));
+            }
+            hosts.push(host);
+        }
+        Ok(Self::new(hosts.join(",")))
+    }
+
+    /// Brokers from `KAFKA_BROKERS` (a broker list or a `kafka://` URL),
+    /// default `127.0.0.1:9092`.
+    pub fn from_env() -> Result<Self, Error> {
+        match std::env::var(KAFKA_BROKERS_ENV) {
+            Ok(v) if v.starts_with("kafka://") => Self::from_url(&v),
+            Ok(v) if !v.trim().is_empty() => Ok(Self::new(v.trim())),
+            _ => Ok(Self::new(DEFAULT_BROKERS)),
+        }
+    }
+
+    /// Sets any librdkafka property (see librdkafka's CONFIGURATION.md), e.g.
+    /// `security.protocol`, `sasl.mechanism`, `sasl.username`,
+    /// `sasl.password`, `compression.type`, `linger.ms`, `batch.size`.
+    pub fn with_property(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.properties.insert(name.into(), value.into());
+        self
+    }
+
+    /// Prefixes every Kafka topic (after [`with_topic_mapping`](Self::with_topic_mapping)), e.g. `prod.`.
+    pub fn with_topic_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.topic_prefix = prefix.into();
+        self
+    }
+
+    /// Sends events of topic `event_topic` to Kafka topic `kafka_topic`
+    /// (the prefix is still applied).
+    pub fn with_topic_mapping(
+        mut self,
+        event_topic: impl Into<String>,
+        kafka_topic: impl Into<String>,
+    ) -> Self {
+        self.topic_map.insert(event_topic.into(), kafka_topic.into());
+        self
+    }
+
+    /// What an event for a topic that does not exist becomes (default: permanent).
+    pub fn with_unknown_topic(mut self, policy: UnknownTopic) -> Self {
+        self.unknown_topic = policy;
+        self
+    }
+
+    /// The `content-type` header for events that carry none of their own
+    /// (default `application/octet-stream`).
+    pub fn with_content_type(mut self, content_type: impl Into<String>) -> Self {
+        self.content_type = content_type.into();
+        self
+    }
+
+    /// How long a send waits for an acknowledgement before it is reported as a
+    /// retryable `PUBLISH_TIMEOUT` (librdkafka `message.timeout.ms`, default 30 s).
+    /// Keep it below the relay's lease.
+    pub fn with_delivery_timeout(self, timeout: Duration) -> Self {
+        let ms = timeout.as_millis().max(1).to_string();
+        self.with_property("message.timeout.ms", ms)
+    }
+
+    /// How long a send may wait in-process for room in librdkafka's local
+    /// queue (`queue.buffering.max.messages`) before the event is reported as
+    /// a retryable failure (default 30 s).
+    pub fn with_queue_full_timeout(mut self, timeout: Duration) -> Self {
+        self.queue_full_timeout = timeout;
+        self
+    }
+
+    /// The broker list.
+    pub fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    /// A property's value, if set.
+    pub fn property(&self, name: &str) -> Option<&str> {
+        self.properties.get(name).map(String::as_str)
+    }
+
+    /// The unknown-topic policy.
+    pub fn unknown_topic(&self) -> UnknownTopic {
+        self.unknown_topic
+    }
+
+    /// The default content type.
+    pub fn content_type(&self) -> &str {
+        &self.content_type
+    }
+
+    /// The queue-full wait bound.
+    pub fn queue_full_timeout(&self) -> Duration {
+        self.queue_full_timeout
+    }
+
+    /// The Kafka topic an event topic is published to: the explicit mapping
+    /// if any, else the event topic; then the prefix.
+    pub fn kafka_topic(&self, event_topic: &str) -> String {
+        let base = self
+            .topic_map
+            .get(event_topic)
+            .map_or(event_topic, String::as_str);
+        format!("{}{}", self.topic_prefix, base)
+    }
+
+    /// An rdkafka [`ClientConfig`] with the brokers and every property, for
+    /// building consumers or admin clients with the same connection and
+    /// security settings. It holds secrets in clear: do not log it.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut cc = ClientConfig::new();
+        cc.set("bootstrap.servers", &self.brokers);
+        for (k, v) in &self.properties {
+            cc.set(k, v);
+        }
+        cc
+    }
+
+    /// The producer's [`ClientConfig`]: [`client_config`](Self::client_config)
+    /// plus `enable.idempotence=true` and `acks=all`. Refuses a config that
+    /// sets those two otherwise.
+    pub(crate) fn producer_config(&self) -> Result<ClientConfig, Error> {
+        for (name, required) in FIXED {
+            if let Some(v) = self.properties.get(*name) {
+                let ok = match *name {
+                    "acks" => v == "all" || v == "-1",
+                    _ => v.eq_ignore_ascii_case(required),
+                };
+                if !ok {
+                    return Err(Error::Config {
+                        property: (*name).to_owned(),
+                        reason: format!("the outbox publisher requires {name}={required}"),
+                    });
+                }
+            }
+        }
+        let mut cc = self.client_config();
+        for (name, value) in FIXED {
+            cc.set(*name, *value);
+        }
+        Ok(cc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_redacts_secrets() {
+        let c = KafkaConfig::new("b:9092")
+            .with_property("sasl.username", "alice")
+            .with_property("sasl.password", "hunter2-sasl")
+            .with_property("ssl.key.password", "hunter2-key")
+            .with_property("ssl.keystore.password", "hunter2-store")
+            .with_property("sasl.oauthbearer.client.secret", "hunter2-oauth")
+            .with_property("my.custom.Secret", "hunter2-custom")
+            .with_property("compression.type", "lz4");
+        let s = format!("{c:?}");
+        assert!(!s.contains("hunter2"), "{s}");
+        assert!(s.contains("alice"));
+        assert!(s.contains("lz4"));
+        assert_eq!(s.matches("<redacted>").count(), 5);
+        // The values are still there for librdkafka.
+        assert_eq!(c.property("sasl.password"), Some("hunter2-sasl"));
+    }
+
+    #[test]
+    fn url_parsing() {
+        let c = KafkaConfig::from_url("kafka://a:9092,b:9093").unwrap();
+        assert_eq!(c.brokers(), "a:9092,b:9093");
+        assert_eq!(
+            KafkaConfig::from_url("kafka://127.0.0.1:9092/")
+                .unwrap()
+                .brokers(),
+            "127.0.0.1:9092"
+        );
+        let e = KafkaConfig::from_url("kafka://u:pw-secret@a:9092").unwrap_err();
+        assert!(!e.to_string().contains("pw-secret"));
+        assert!(KafkaConfig::from_url("nats://a:1").is_err());
+        assert!(KafkaConfig::from_url("kafka://a").is_err());
+        assert!(KafkaConfig::from_url("kafka://a:x").is_err());
+        assert!(KafkaConfig::from_url("kafka://").is_err());
+    }
+
+    #[test]
+    fn topic_mapping() {
+        let c = KafkaConfig::new("b:1")
+            .with_topic_prefix("prod.")
+            .with_topic_mapping("orders", "orders-v2");
+        assert_eq!(c.kafka_topic("orders"), "prod.orders-v2");
+        assert_eq!(c.kafka_topic("users"), "prod.users");
+        assert_eq!(KafkaConfig::new("b:1").kafka_topic("users"), "users");
+    }
+
+    #[test]
+    fn idempotence_and_acks_are_enforced() {
+        assert!(KafkaConfig::new("b:1").producer_config().is_ok());
+        assert!(KafkaConfig::new("b:1")
+            .with_property("acks", "-1")
+            .producer_config()
+            .is_ok());
+        let e = KafkaConfig::new("b:1")
+            .with_property("acks", "1")
+            .producer_config()
+            .unwrap_err();
+        assert!(e.to_string().contains("acks=all"), "{e}");
+        assert!(KafkaConfig::new("b:1")
+            .with_property("enable.idempotence", "false")
+            .producer_config()
+            .is_err());
+        let cc = KafkaConfig::new("b:1").producer_config().unwrap();
+        assert_eq!(cc.get("enable.idempotence"), Some("true"));
+        assert_eq!(cc.get("acks"), Some("all"));
+        assert_eq!(cc.get("bootstrap.servers"), Some("b:1"));
+    }
+
+    #[test]
+    fn delivery_timeout_sets_message_timeout() {
+        let c = KafkaConfig::new("b:1").with_delivery_timeout(Duration::from_secs(5));
+        assert_eq!(c.property("message.timeout.ms"), Some("5000"));
+        assert_eq!(
+            KafkaConfig::new("b:1").property("message.timeout.ms"),
+            Some("30000")
+        );
+    }
+}

@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod publisher;
+
+pub use config::{is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV};
+pub use error::Error;
+pub use publisher::{
+    KafkaPublisher, OutboxProducer, TracingContext, HEADER_CONTENT_TYPE, HEADER_EVENT_ID,
+    HEADER_EVENT_TYPE,
+};
+pub use rdkafka;

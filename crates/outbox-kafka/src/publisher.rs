@@ -1,0 +1,271 @@
+//! [`KafkaPublisher`]: the [`Sink`] that publishes events to Kafka.
+
+use crate::error::classify;
+use crate::{Error, KafkaConfig};
+use futures::future::join_all;
+use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
+use rdkafka::client::ClientContext;
+use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::future_producer::OwnedDeliveryResult;
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Header carrying the event id (the consumer's deduplication id).
+pub const HEADER_EVENT_ID: &str = "outbox-event-id";
+/// Header carrying the event type.
+pub const HEADER_EVENT_TYPE: &str = "outbox-event-type";
+/// Header carrying the content type (the event's own `content-type` header,
+/// else [`KafkaConfig::with_content_type`]).
+pub const HEADER_CONTENT_TYPE: &str = "content-type";
+
+/// How long a send waits before trying again when librdkafka's local queue is full.
+const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(20);
+
+/// Routes librdkafka's log lines and global errors to `tracing`
+/// (librdkafka redacts secret properties in its own logs).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TracingContext;
+
+impl ClientContext for TracingContext {
+    fn log(&self, level: RDKafkaLogLevel, fac: &str, log_message: &str) {
+        match level {
+            RDKafkaLogLevel::Emerg
+            | RDKafkaLogLevel::Alert
+            | RDKafkaLogLevel::Critical
+            | RDKafkaLogLevel::Error => {
+                tracing::error!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Warning => {
+                tracing::warn!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
+                tracing::info!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+            RDKafkaLogLevel::Debug => {
+                tracing::debug!(target: "librdkafka", facility = fac, "{log_message}")
+            }
+        }
+    }
+
+    fn error(&self, error: KafkaError, reason: &str) {
+        tracing::warn!(target: "librdkafka", error = %error, "{reason}");
+    }
+}
+
+/// The producer type the publisher uses.
+pub type OutboxProducer = FutureProducer<TracingContext>;
+
+/// Publishes outbox events to Kafka.
+///
+/// - Idempotent producer with `acks=all`, so librdkafka's internal retries
+///   neither duplicate nor reorder messages of one partition.
+/// - Message key = event key (the event id when the event has none), so all
+///   events of a key land in one partition, in order.
+/// - Topic = [`KafkaConfig::kafka_topic`] of the event topic.
+/// - Headers: `outbox-event-id`, `outbox-event-type`, `content-type`, then
+///   the event's own headers (trace context such as `traceparent` /
+///   `tracestate` lives there). Event headers named like the first two are
+///   skipped: the publisher's values are authoritative.
+/// - A batch is enqueued whole (librdkafka batches and pipelines it), then
+///   every delivery report is awaited together; an event is `Delivered` only
+///   on a successful delivery report.
+/// - A fatal producer error (librdkafka's idempotence state is broken,
+///   e.g. after an unrecoverable sequence gap) fails the affected events as
+///   retryable and replaces the producer before the next batch: a new
+///   producer gets a new producer id, and the retried events go out with it.
+pub struct KafkaPublisher {
+    config: KafkaConfig,
+    producer: Mutex<OutboxProducer>,
+    recreated: AtomicU64,
+}
+
+impl fmt::Debug for KafkaPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KafkaPublisher")
+            .field("config", &self.config)
+            .field("producers_recreated", &self.recreated.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+/// One event's send: refused before it reached librdkafka's queue, or
+/// waiting for its delivery report.
+enum Pending {
+    Done(Outcome),
+    Waiting(DeliveryFuture),
+}
+
+impl KafkaPublisher {
+    /// Creates the producer. It connects lazily: a broker that is down makes
+    /// sends time out (`PUBLISH_TIMEOUT`), not this call fail.
+    pub fn new(config: KafkaConfig) -> Result<Self, Error> {
+        let producer = create_producer(&config)?;
+        tracing::info!(?config, "kafka publisher created");
+        Ok(Self {
+            config,
+            producer: Mutex::new(producer),
+            recreated: AtomicU64::new(0),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &KafkaConfig {
+        &self.config
+    }
+
+    /// The current producer (a cheap clone sharing the same librdkafka
+    /// instance), e.g. to flush it or read its metadata.
+    pub fn producer(&self) -> OutboxProducer {
+        self.producer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// How many times the producer was replaced after a fatal error.
+    pub fn producers_recreated(&self) -> u64 {
+        self.recreated.load(Ordering::Relaxed)
+    }
+
+    /// Replaces the producer if librdkafka reports a fatal error on it.
+    fn recreate_if_fatal(&self) {
+        let mut guard = self
+            .producer
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some((code, reason)) = guard.client().fatal_error() else {
+            return;
+        };
+        match create_producer(&self.config) {
+            Ok(fresh) => {
+                *guard = fresh;
+                self.recreated.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(%code, reason, "kafka producer had a fatal error; replaced it");
+            }
+            Err(err) => {
+                tracing::error!(%code, reason, error = %err, "kafka producer had a fatal error and could not be replaced");
+            }
+        }
+    }
+
+    /// Hands one event to librdkafka's queue, waiting (bounded) while the
+    /// queue is full.
+    async fn enqueue(&self, producer: &OutboxProducer, event: &Event) -> Pending {
+        let topic = self.config.kafka_topic(&event.topic);
+        let id = event.id.to_string();
+        let key = event.key.as_deref().unwrap_or(&id);
+        let content_type = event
+            .headers
+            .get(HEADER_CONTENT_TYPE)
+            .map_or(self.config.content_type(), String::as_str);
+        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 3)
+            .insert(Header {
+                key: HEADER_EVENT_ID,
+                value: Some(id.as_str()),
+            })
+            .insert(Header {
+                key: HEADER_EVENT_TYPE,
+                value: Some(event.event_type.as_str()),
+            })
+            .insert(Header {
+                key: HEADER_CONTENT_TYPE,
+                value: Some(content_type),
+            });
+        for (name, value) in &event.headers {
+            if matches!(
+                name.as_str(),
+                HEADER_EVENT_ID | HEADER_EVENT_TYPE | HEADER_CONTENT_TYPE
+            ) {
+                continue;
+            }
+            headers = headers.insert(Header {
+                key: name.as_str(),
+                value: Some(value.as_str()),
+            });
+        }
+        let mut record = FutureRecord::to(&topic)
+            .key(key)
+            .payload(event.payload.as_slice())
+            .headers(headers);
+        let started = Instant::now();
+        loop {
+            match producer.send_result(record) {
+                Ok(delivery) => return Pending::Waiting(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if started.elapsed() < self.config.queue_full_timeout() =>
+                {
+                    record = back;
+                    tokio::time::sleep(QUEUE_FULL_BACKOFF).await;
+                }
+                Err((err, _)) => {
+                    let error = classify(&err, self.config.unknown_topic());
+                    tracing::warn!(event_id = %event.id, topic, %error, "kafka refused the event at enqueue");
+                    return Pending::Done(Outcome::Failed(error));
+                }
+            }
+        }
+    }
+}
+
+fn create_producer(config: &KafkaConfig) -> Result<OutboxProducer, Error> {
+    let cc = config.producer_config()?;
+    FutureProducer::from_config_and_context(&cc, TracingContext).map_err(Error::from_kafka)
+}
+
+/// The outcome of one delivery report (or of the report channel closing
+/// because the producer went away).
+fn delivery_outcome<E>(
+    event: &Event,
+    report: Result<OwnedDeliveryResult, E>,
+    config: &KafkaConfig,
+) -> Outcome {
+    match report {
+        Ok(Ok((partition, offset))) => {
+            tracing::debug!(event_id = %event.id, topic = %event.topic, partition, offset, "delivered to kafka");
+            Outcome::Delivered
+        }
+        Ok(Err((err, _message))) => {
+            let error = classify(&err, config.unknown_topic());
+            tracing::warn!(event_id = %event.id, topic = %event.topic, %error, "kafka delivery failed");
+            Outcome::Failed(error)
+        }
+        Err(_canceled) => Outcome::Failed(DeliveryError::retryable(
+            ErrorCode::PUBLISH_CONNECTION_LOST,
+            "the producer was dropped before the delivery report arrived",
+        )),
+    }
+}
+
+impl Sink for KafkaPublisher {
+    async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
+        self.recreate_if_fatal();
+        let producer = self.producer();
+        let mut pending = Vec::with_capacity(events.len());
+        for event in events {
+            pending.push(self.enqueue(&producer, event).await);
+        }
+        let reports = pending
+            .into_iter()
+            .zip(events)
+            .map(|(p, event)| async move {
+                match p {
+                    Pending::Done(outcome) => outcome,
+                    Pending::Waiting(delivery) => {
+                        delivery_outcome(event, delivery.await, &self.config)
+                    }
+                }
+            });
+        let outcomes: Vec<Outcome> = join_all(reports).await;
+        if outcomes.iter().any(|o| !o.is_delivered()) {
+            // A fatal error fails every later send of this producer
+            // instance: replace it now rather than at the next batch.
+            self.recreate_if_fatal();
+        }
+        outcomes
+    }
+}

@@ -1,0 +1,396 @@
+//! Connection and publishing options.
+
+use crate::NatsError;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// How the client authenticates. `Debug` never prints a secret.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum NatsAuth {
+    /// No credentials (or credentials inside the server URLs).
+    #[default]
+    None,
+    /// User name and password.
+    UserPassword {
+        /// User name.
+        user: String,
+        /// Password (redacted in `Debug`).
+        password: String,
+    },
+    /// A token.
+    Token(String),
+    /// An NKey seed (`SU...`).
+    NKey(String),
+    /// A `.creds` file (JWT + NKey seed), read when connecting.
+    CredentialsFile(PathBuf),
+}
+
+impl fmt::Debug for NatsAuth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NatsAuth::None => f.write_str("None"),
+            NatsAuth::UserPassword { user, .. } => f
+                .debug_struct("UserPassword")
+                .field("user", user)
+                .field("password", &"***")
+                .finish(),
+            NatsAuth::Token(_) => f.write_str("Token(***)"),
+            NatsAuth::NKey(_) => f.write_str("NKey(***)"),
+            NatsAuth::CredentialsFile(path) => f.debug_tuple("CredentialsFile").field(path).finish(),
+        }
+    }
+}
+
+/// TLS options. A `tls://` server URL also turns TLS on.
+#[derive(Debug, Clone, Default)]
+pub struct NatsTls {
+    /// Refuse to talk to a server without TLS.
+    pub required: bool,
+    /// Extra PEM root certificates to trust (e.g. a private CA).
+    pub root_certificates: Vec<PathBuf>,
+    /// Client certificate and key (PEM) for mutual TLS.
+    pub client_certificate: Option<(PathBuf, PathBuf)>,
+}
+
+/// Everything [`crate::NatsPublisher`] needs: servers, authentication, TLS,
+/// subject mapping and publishing limits.
+///
+/// | option | default |
+/// |---|---|
+/// | servers | `nats://127.0.0.1:4222` |
+/// | subject | `prefix.topic` (no prefix: the topic itself), or an explicit mapping |
+/// | `max_in_flight` | 256 un-acknowledged publishes per batch |
+/// | `ack_timeout` | 5 s (then `PUBLISH_TIMEOUT`, retryable: maybe delivered) |
+/// | `connect_timeout` | 5 s per attempt |
+/// | `connect_attempts` | 5 (exponential backoff, jittered) |
+/// | `reconnect_delay_max` | 4 s between reconnect attempts |
+/// | no stream for the subject | permanent `PUBLISH_UNROUTABLE` |
+#[derive(Clone)]
+pub struct NatsConfig {
+    pub(crate) servers: Vec<String>,
+    pub(crate) auth: NatsAuth,
+    pub(crate) tls: NatsTls,
+    pub(crate) subject_prefix: Option<String>,
+    pub(crate) subject_map: BTreeMap<String, String>,
+    pub(crate) max_in_flight: usize,
+    pub(crate) ack_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) connect_attempts: usize,
+    pub(crate) reconnect_delay_max: Duration,
+    pub(crate) unroutable_retryable: bool,
+    pub(crate) client_name: Option<String>,
+    pub(crate) ignore_discovered_servers: bool,
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            servers: vec!["nats://127.0.0.1:4222".to_owned()],
+            auth: NatsAuth::None,
+            tls: NatsTls::default(),
+            subject_prefix: None,
+            subject_map: BTreeMap::new(),
+            max_in_flight: 256,
+            ack_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            connect_attempts: 5,
+            reconnect_delay_max: Duration::from_secs(4),
+            unroutable_retryable: false,
+            client_name: Some("outbox-relay".to_owned()),
+            ignore_discovered_servers: false,
+        }
+    }
+}
+
+impl fmt::Debug for NatsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NatsConfig")
+            .field(
+                "servers",
+                &self
+                    .servers
+                    .iter()
+                    .map(|s| redact_url(s))
+                    .collect::<Vec<_>>(),
+            )
+            .field("auth", &self.auth)
+            .field("tls", &self.tls)
+            .field("subject_prefix", &self.subject_prefix)
+            .field("subject_map", &self.subject_map)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("ack_timeout", &self.ack_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("connect_attempts", &self.connect_attempts)
+            .field("reconnect_delay_max", &self.reconnect_delay_max)
+            .field("unroutable_retryable", &self.unroutable_retryable)
+            .field("client_name", &self.client_name)
+            .field("ignore_discovered_servers", &self.ignore_discovered_servers)
+            .finish()
+    }
+}
+
+/// Replaces the user-info part of a URL (`user:password@`, `token@`) by `***@`.
+pub fn redact_url(url: &str) -> String {
+    let (scheme, rest) = match url.find("://") {
+        Some(i) => (&url[..i + 3], &url[i + 3..]),
+        None => ("", url),
+    };
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..host_end].rfind('@') {
+        Some(at) => format!("{scheme}***@{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+impl NatsConfig {
+    /// Servers from a comma-separated list of URLs
+    /// (`nats://host:4222,nats://other:4222`; `tls://` requires TLS;
+    /// `nats://user:password@host` or `nats://token@host` carry credentials).
+    pub fn from_url(urls: &str) -> Result<Self, NatsError> {
+        let servers: Vec<String> = urls
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned)
+            .collect();
+        Self::default().with_servers(servers)
+    }
+
+    /// Replaces the server list (each URL is validated).
+    pub fn with_servers<S: Into<String>>(
+        mut self,
+        servers: impl IntoIterator<Item = S>,
+    ) -> Result<Self, NatsError> {
+        let servers: Vec<String> = servers.into_iter().map(Into::into).collect();
+        if servers.is_empty() {
+            return Err(NatsError::InvalidConfig("no NATS server URL given".into()));
+        }
+        for (i, s) in servers.iter().enumerate() {
+            async_nats::ServerAddr::from_str(s).map_err(|e| {
+                NatsError::InvalidConfig(format!(
+                    "NATS server URL #{} ({}) is invalid: {}",
+                    i + 1,
+                    redact_url(s),
+                    e.kind()
+                ))
+            })?;
+        }
+        self.servers = servers;
+        Ok(self)
+    }
+
+    /// Authenticates with a user name and password.
+    pub fn with_user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+        self.auth = NatsAuth::UserPassword {
+            user: user.into(),
+            password: password.into(),
+        };
+        self
+    }
+
+    /// Authenticates with a token.
+    pub fn with_token(mut self, token: impl Into<String>) -> Self {
+        self.auth = NatsAuth::Token(token.into());
+        self
+    }
+
+    /// Authenticates with an NKey seed.
+    pub fn with_nkey(mut self, seed: impl Into<String>) -> Self {
+        self.auth = NatsAuth::NKey(seed.into());
+        self
+    }
+
+    /// Authenticates with a `.creds` file (read at connect time).
+    pub fn with_credentials_file(mut self, path: impl Into<PathBuf>) -> Self {
+        self.auth = NatsAuth::CredentialsFile(path.into());
+        self
+    }
+
+    /// Sets the TLS options.
+    pub fn with_tls(mut self, tls: NatsTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// Publishes topic `t` to subject `prefix.t`.
+    pub fn with_subject_prefix(mut self, prefix: impl Into<String>) -> Self {
+        let p: String = prefix.into();
+        self.subject_prefix = if p.is_empty() { None } else { Some(p) };
+        self
+    }
+
+    /// Publishes topic `topic` to exactly `subject` (takes precedence over the prefix).
+    pub fn with_subject_mapping(mut self, topic: impl Into<String>, subject: impl Into<String>) -> Self {
+        self.subject_map.insert(topic.into(), subject.into());
+        self
+    }
+
+    /// At most `n` publishes wait for their PubAck at once (minimum 1).
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// How long to wait for a PubAck before reporting `PUBLISH_TIMEOUT`.
+    pub fn with_ack_timeout(mut self, timeout: Duration) -> Self {
+        self.ack_timeout = timeout;
+        self
+    }
+
+    /// Timeout of one connection attempt.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Attempts for the initial connection (minimum 1), with exponential backoff.
+    pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
+        self.connect_attempts = attempts.max(1);
+        self
+    }
+
+    /// Longest delay between two reconnect attempts after the connection is lost.
+    pub fn with_reconnect_delay_max(mut self, delay: Duration) -> Self {
+        self.reconnect_delay_max = delay;
+        self
+    }
+
+    /// Reports "no stream bound to the subject" as retryable instead of
+    /// permanent (for deployments that create streams after the relay starts).
+    pub fn with_unroutable_retryable(mut self, retryable: bool) -> Self {
+        self.unroutable_retryable = retryable;
+        self
+    }
+
+    /// The client name the server shows in its connection list.
+    pub fn with_client_name(mut self, name: impl Into<String>) -> Self {
+        self.client_name = Some(name.into());
+        self
+    }
+
+    /// Only ever connect to the configured servers, not to ones a cluster advertises.
+    pub fn with_ignore_discovered_servers(mut self, ignore: bool) -> Self {
+        self.ignore_discovered_servers = ignore;
+        self
+    }
+
+    /// The subject an event of `topic` is published to.
+    pub fn subject_for(&self, topic: &str) -> String {
+        if let Some(s) = self.subject_map.get(topic) {
+            return s.clone();
+        }
+        match &self.subject_prefix {
+            Some(p) if p.ends_with('.') => format!("{p}{topic}"),
+            Some(p) => format!("{p}.{topic}"),
+            None => topic.to_owned(),
+        }
+    }
+
+    /// The configured server URLs, credentials redacted.
+    pub fn servers_redacted(&self) -> Vec<String> {
+        self.servers.iter().map(|s| redact_url(s)).collect()
+    }
+
+    pub(crate) async fn connect_options(&self) -> Result<async_nats::ConnectOptions, NatsError> {
+        let mut o = match &self.auth {
+            NatsAuth::None => async_nats::ConnectOptions::new(),
+            NatsAuth::UserPassword { user, password } => {
+                async_nats::ConnectOptions::with_user_and_password(user.clone(), password.clone())
+            }
+            NatsAuth::Token(t) => async_nats::ConnectOptions::with_token(t.clone()),
+            NatsAuth::NKey(seed) => async_nats::ConnectOptions::with_nkey(seed.clone()),
+            NatsAuth::CredentialsFile(path) => {
+                async_nats::ConnectOptions::with_credentials_file(path.clone())
+                    .await
+                    .map_err(|e| {
+                        NatsError::InvalidConfig(format!(
+                            "cannot read NATS credentials file {}: {e}",
+                            path.display()
+                        ))
+                    })?
+            }
+        };
+        if self.tls.required {
+            o = o.require_tls(true);
+        }
+        for ca in &self.tls.root_certificates {
+            o = o.add_root_certificates(ca.clone());
+        }
+        if let Some((cert, key)) = &self.tls.client_certificate {
+            o = o.add_client_certificate(cert.clone(), key.clone());
+        }
+        if let Some(name) = &self.client_name {
+            o = o.name(name);
+        }
+        if self.ignore_discovered_servers {
+            o = o.ignore_discovered_servers();
+        }
+        let max = self.reconnect_delay_max;
+        o = o
+            .connection_timeout(self.connect_timeout)
+            .reconnect_delay_callback(move |attempts| {
+                let exp = attempts.min(16) as u32;
+                Duration::from_millis(50u64.saturating_mul(1u64 << exp)).min(max)
+            });
+        Ok(o)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_credentials_in_urls() {
+        assert_eq!(redact_url("nats://u:secret@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact_url("nats://tok@h"), "nats://***@h");
+        assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
+        assert_eq!(redact_url("u:p@h"), "***@h");
+    }
+
+    #[test]
+    fn debug_hides_secrets() {
+        let c = NatsConfig::from_url("nats://alice:hunter2@127.0.0.1:4222, nats://tok3n@other:4222")
+            .unwrap()
+            .with_user_password("bob", "pa55word");
+        let s = format!("{c:?}");
+        assert!(!s.contains("hunter2") && !s.contains("tok3n") && !s.contains("pa55word"), "{s}");
+        assert!(s.contains("bob") && s.contains("other:4222"), "{s}");
+        let t = format!("{:?}", c.clone().with_token("t0ken").with_nkey("SUSEED"));
+        assert!(!t.contains("SUSEED"), "{t}");
+        assert!(!format!("{:?}", c.with_token("t0ken")).contains("t0ken"));
+    }
+
+    #[test]
+    fn parses_several_urls_and_rejects_bad_ones() {
+        let c = NatsConfig::from_url("nats://a:4222,tls://b:4223").unwrap();
+        assert_eq!(c.servers.len(), 2);
+        assert!(matches!(
+            NatsConfig::from_url(""),
+            Err(NatsError::InvalidConfig(_))
+        ));
+        let e = NatsConfig::from_url("http://u:secret@x:1").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn subject_mapping() {
+        let c = NatsConfig::default();
+        assert_eq!(c.subject_for("orders"), "orders");
+        let c = c
+            .with_subject_prefix("outbox")
+            .with_subject_mapping("payments", "billing.payments");
+        assert_eq!(c.subject_for("orders"), "outbox.orders");
+        assert_eq!(c.subject_for("payments"), "billing.payments");
+        assert_eq!(
+            NatsConfig::default()
+                .with_subject_prefix("x.")
+                .subject_for("t"),
+            "x.t"
+        );
+    }
+}

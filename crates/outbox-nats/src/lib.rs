@@ -1,0 +1,13 @@
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod publisher;
+
+pub use async_nats;
+pub use config::{redact_url, NatsAuth, NatsConfig, NatsTls};
+pub use error::NatsError;
+pub use publisher::{
+    NatsPublisher, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY,
+    HEADER_MSG_ID,
+};

@@ -1,0 +1,21 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod any;
+mod handlers;
+mod jsonl;
+pub mod metrics;
+mod options;
+mod relay;
+
+pub use handlers::{HandlerError, HandlerRegistry};
+pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};
+pub use options::{InvalidOptions, RelayOptions};
+pub use relay::{Progress, Relay, RelaySummary, NOT_ATTEMPTED, SINK_MISSING_OUTCOME};
+
+/// The shared vocabulary (events, retry policy, traits).
+pub use outbox_core as core;
+
+/// The SQLite store (feature `sqlite`, on by default).
+#[cfg(feature = "sqlite")]
+pub use outbox_sqlite as sqlite;

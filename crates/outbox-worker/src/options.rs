@@ -1,0 +1,230 @@
+//! [`RelayOptions`]: the relay's knobs, with the seed worker's names and defaults.
+
+use outbox_core::{RelayId, RetryPolicy, ShardSpec};
+use std::time::Duration;
+use thiserror::Error;
+
+/// How a [`crate::Relay`] claims, waits, retries and reports.
+///
+/// | option            | default          | meaning |
+/// |-------------------|------------------|---------|
+/// | `poll_interval`   | 2 s              | wait between claims when the last one came back empty |
+/// | `lock_timeout`    | 1 min            | lease length of a claim (database clock) |
+/// | `retry`           | 1 s / 15 min / 8 attempts, equal jitter | [`RetryPolicy`] for failed deliveries |
+/// | `batch_size`      | 20               | most events per claim |
+/// | `lag_alert`       | 5 min            | `outbox_lag_alert` is 1 while the oldest event of a batch is older |
+/// | `shard`           | `0/1` (all keys) | only claim events whose key hashes to this shard |
+/// | `relay_id`        | `relay-<pid>-<random>` | lease owner recorded in the store |
+/// | `drain`           | `true`           | claim again at once after a full batch |
+/// | `shutdown_grace`  | 30 s             | how long an in-flight delivery may run after shutdown was asked |
+///
+/// Build with [`RelayOptions::default`] and the `with_*` methods, then
+/// [`RelayOptions::validate`] (also done by [`crate::Relay::new`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelayOptions {
+    poll_interval: Duration,
+    lock_timeout: Duration,
+    retry: RetryPolicy,
+    batch_size: u32,
+    lag_alert: Duration,
+    shard: ShardSpec,
+    relay_id: RelayId,
+    drain: bool,
+    shutdown_grace: Duration,
+}
+
+/// Options that cannot work, with the offending value.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidOptions {
+    /// `batch_size` was 0.
+    #[error("batch size must be at least 1 (got 0)")]
+    ZeroBatchSize,
+    /// `poll_interval` was 0.
+    #[error("poll interval must be greater than zero")]
+    ZeroPollInterval,
+    /// `lock_timeout` was below one second (SQL lease arithmetic is in whole
+    /// milliseconds and a sub-second lease expires while the batch is delivered).
+    #[error("lock timeout must be at least 1s (got {0:?})")]
+    LockTimeoutTooShort(Duration),
+    /// The relay id was empty.
+    #[error("relay id must not be empty")]
+    EmptyRelayId,
+}
+
+impl Default for RelayOptions {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(2),
+            lock_timeout: Duration::from_secs(60),
+            retry: RetryPolicy::default(),
+            batch_size: 20,
+            lag_alert: Duration::from_secs(5 * 60),
+            shard: ShardSpec::ALL,
+            relay_id: RelayId::generate(),
+            drain: true,
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+impl RelayOptions {
+    /// Wait between claims after an empty one (default 2 s).
+    pub fn with_poll_interval(mut self, d: Duration) -> Self {
+        self.poll_interval = d;
+        self
+    }
+
+    /// Lease length of a claim (default 1 min).
+    pub fn with_lock_timeout(mut self, d: Duration) -> Self {
+        self.lock_timeout = d;
+        self
+    }
+
+    /// Retry policy for failed deliveries (default [`RetryPolicy::default`]).
+    pub fn with_retry(mut self, retry: RetryPolicy) -> Self {
+        self.retry = retry;
+        self
+    }
+
+    /// Most events per claim (default 20).
+    pub fn with_batch_size(mut self, n: u32) -> Self {
+        self.batch_size = n;
+        self
+    }
+
+    /// Lag above which `outbox_lag_alert` is raised (default 5 min).
+    pub fn with_lag_alert(mut self, d: Duration) -> Self {
+        self.lag_alert = d;
+        self
+    }
+
+    /// The shard this relay owns (default all keys).
+    pub fn with_shard(mut self, shard: ShardSpec) -> Self {
+        self.shard = shard;
+        self
+    }
+
+    /// The lease owner id (default [`RelayId::generate`]).
+    pub fn with_relay_id(mut self, id: RelayId) -> Self {
+        self.relay_id = id;
+        self
+    }
+
+    /// Whether to claim again at once after a full batch (default true).
+    pub fn with_drain(mut self, drain: bool) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    /// How long an in-flight delivery may still run after shutdown was
+    /// requested before it is abandoned and its events released (default 30 s).
+    pub fn with_shutdown_grace(mut self, d: Duration) -> Self {
+        self.shutdown_grace = d;
+        self
+    }
+
+    /// Poll interval.
+    pub fn poll_interval(&self) -> Duration {
+        self.poll_interval
+    }
+
+    /// Lease length.
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    /// Retry policy.
+    pub fn retry(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// Batch size.
+    pub fn batch_size(&self) -> u32 {
+        self.batch_size
+    }
+
+    /// Lag alert threshold.
+    pub fn lag_alert(&self) -> Duration {
+        self.lag_alert
+    }
+
+    /// Shard spec.
+    pub fn shard(&self) -> ShardSpec {
+        self.shard
+    }
+
+    /// Relay id.
+    pub fn relay_id(&self) -> &RelayId {
+        &self.relay_id
+    }
+
+    /// Drain mode.
+    pub fn drain(&self) -> bool {
+        self.drain
+    }
+
+    /// Shutdown grace period.
+    pub fn shutdown_grace(&self) -> Duration {
+        self.shutdown_grace
+    }
+
+    /// Checks the options (the retry policy and shard spec are validated when built).
+    pub fn validate(&self) -> Result<(), InvalidOptions> {
+        if self.batch_size == 0 {
+            return Err(InvalidOptions::ZeroBatchSize);
+        }
+        if self.poll_interval.is_zero() {
+            return Err(InvalidOptions::ZeroPollInterval);
+        }
+        if self.lock_timeout < Duration::from_secs(1) {
+            return Err(InvalidOptions::LockTimeoutTooShort(self.lock_timeout));
+        }
+        if self.relay_id.as_str().is_empty() {
+            return Err(InvalidOptions::EmptyRelayId);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_seed_workers() {
+        let o = RelayOptions::default();
+        assert_eq!(o.poll_interval(), Duration::from_secs(2));
+        assert_eq!(o.lock_timeout(), Duration::from_secs(60));
+        assert_eq!(o.batch_size(), 20);
+        assert_eq!(o.retry().base(), Duration::from_secs(1));
+        assert_eq!(o.retry().cap(), Duration::from_secs(900));
+        assert_eq!(o.retry().max_attempts(), 8);
+        assert_eq!(o.shard(), ShardSpec::ALL);
+        assert!(o.drain());
+        assert_eq!(o.validate(), Ok(()));
+    }
+
+    #[test]
+    fn validation_names_the_problem() {
+        let o = RelayOptions::default();
+        assert_eq!(
+            o.clone().with_batch_size(0).validate(),
+            Err(InvalidOptions::ZeroBatchSize)
+        );
+        assert_eq!(
+            o.clone().with_poll_interval(Duration::ZERO).validate(),
+            Err(InvalidOptions::ZeroPollInterval)
+        );
+        assert!(matches!(
+            o.clone()
+                .with_lock_timeout(Duration::from_millis(10))
+                .validate(),
+            Err(InvalidOptions::LockTimeoutTooShort(_))
+        ));
+        assert_eq!(
+            o.with_relay_id(RelayId::new("")).validate(),
+            Err(InvalidOptions::EmptyRelayId)
+        );
+    }
+}

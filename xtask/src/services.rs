@@ -1,0 +1,80 @@
+//! The local services the integration tests talk to.
+//!
+//! PostgreSQL, RabbitMQ and NATS are machine services: xtask checks them and
+//! prints the command that starts one that is down. The Kafka-protocol broker
+//! (Tansu) is the project's own: xtask installs and starts it.
+
+use anyhow::{bail, Result};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+/// A machine service the tests need.
+struct Service {
+    name: &'static str,
+    env: &'static str,
+    addr: &'static str,
+    start: &'static str,
+}
+
+const SERVICES: &[Service] = &[
+    Service {
+        name: "PostgreSQL",
+        env: "DATABASE_URL",
+        addr: "127.0.0.1:5432",
+        start: "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start",
+    },
+    Service {
+        name: "RabbitMQ",
+        env: "AMQP_URL",
+        addr: "127.0.0.1:5672",
+        start: "rabbitmq-server -detached",
+    },
+    Service {
+        name: "NATS JetStream",
+        env: "NATS_URL",
+        addr: "127.0.0.1:4222",
+        start: "start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log",
+    },
+];
+
+fn up(addr: &str) -> bool {
+    addr.parse::<SocketAddr>()
+        .map(|a| TcpStream::connect_timeout(&a, Duration::from_secs(2)).is_ok())
+        .unwrap_or(false)
+}
+
+/// What `ensure_all` started; stops it when dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Started {}
+
+/// Checks every machine service and starts the project's own ones. Fails,
+/// naming the start command, when a machine service is down.
+pub(crate) fn ensure_all() -> Result<Started> {
+    let mut down = Vec::new();
+    for s in SERVICES {
+        if up(s.addr) {
+            println!("{:<16} up     {} (tests read {})", s.name, s.addr, s.env);
+        } else {
+            println!("{:<16} DOWN   {}: start it with: {}", s.name, s.addr, s.start);
+            down.push(s.name);
+        }
+    }
+    if !down.is_empty() {
+        bail!("services down: {} (commands above)", down.join(", "));
+    }
+    Ok(Started::default())
+}
+
+/// `cargo xtask services`: report, start what we own, and keep it running
+/// until Ctrl-C when `--hold` is given.
+pub(crate) fn report_and_hold(rest: &[String]) -> Result<()> {
+    let started = ensure_all()?;
+    if rest.iter().any(|a| a == "--hold") {
+        println!("holding the services started here; Ctrl-C to stop");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
+    }
+    drop(started);
+    Ok(())
+}
