@@ -22,7 +22,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Where the broker listens (and what it advertises).
-pub const TANSU_ADDR: &str = "127.0.0.1:9092";
+pub(crate) const TANSU_ADDR: &str = "127.0.0.1:9092";
 /// How long [`start_tansu`] waits for the broker to answer.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// The install command, shown to the user and run when the binary is missing.
@@ -30,19 +30,19 @@ const INSTALL_ARGS: &[&str] = &["install", "tansu", "--locked", "--features", "d
 
 /// Stops the broker [`start_tansu`] started (nothing if it was already running).
 #[derive(Debug)]
-pub struct TansuGuard {
+pub(crate) struct TansuGuard {
     child: Option<Child>,
     log: Option<PathBuf>,
 }
 
 impl TansuGuard {
     /// Whether this guard owns a broker process it started.
-    pub fn started_here(&self) -> bool {
+    pub(crate) fn started_here(&self) -> bool {
         self.child.is_some()
     }
 
     /// The broker's log file, when it was started here.
-    pub fn log_path(&self) -> Option<&PathBuf> {
+    pub(crate) fn log_path(&self) -> Option<&PathBuf> {
         self.log.as_ref()
     }
 }
@@ -65,7 +65,7 @@ impl Drop for TansuGuard {
 /// The `tansu` binary: `$TANSU_BIN`, else `$CARGO_HOME/bin/tansu`
 /// (`~/.cargo/bin/tansu`), else `tansu` on `PATH`. Runs `cargo install tansu
 /// --locked --features dynostore` when none exists.
-pub fn ensure_tansu_installed() -> Result<PathBuf> {
+pub(crate) fn ensure_tansu_installed() -> Result<PathBuf> {
     if let Some(path) = find_tansu() {
         return Ok(path);
     }
@@ -108,7 +108,7 @@ fn find_tansu() -> Option<PathBuf> {
 /// broker already answers there. Waits until the broker answers an
 /// `ApiVersions` request (at most 60 s); the guard stops the process it
 /// started when dropped. Installs Tansu first if it is missing.
-pub fn start_tansu() -> Result<TansuGuard> {
+pub(crate) fn start_tansu() -> Result<TansuGuard> {
     let addr = tansu_addr()?;
     if probe(addr).is_ok() {
         eprintln!("xtask: a Kafka broker already answers on {addr}; using it");
@@ -177,7 +177,7 @@ pub fn start_tansu() -> Result<TansuGuard> {
 
 /// One line for `cargo xtask services`: up (answers `ApiVersions`) or down,
 /// with how to get it.
-pub fn kafka_status() -> String {
+pub(crate) fn kafka_status() -> String {
     match tansu_addr().and_then(probe) {
         Ok(()) => format!("Kafka (Tansu)  up    {TANSU_ADDR} (answers ApiVersions)"),
         Err(e) => {

@@ -6,6 +6,8 @@
 
 #![allow(clippy::print_stdout, reason = "xtask is a command-line tool")]
 
+mod bench;
+mod kafka;
 mod services;
 
 use anyhow::{bail, Context, Result};
@@ -18,6 +20,7 @@ fn main() -> Result<()> {
     match cmd {
         "ci" => ci(rest),
         "services" => services::report_and_hold(rest),
+        "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
             print_help();
             Ok(())
@@ -33,7 +36,9 @@ fn print_help() {
     println!(
         "cargo xtask <command>\n\n\
          ci         fmt check, clippy -D warnings, all tests against the real services\n\
-         services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu)\n"
+         services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\
+         \x20          `--hold` keeps what it started running until Ctrl-C\n\
+         bench      [--quick] [--scenario NAME]: throughput / latency / cost vs ceilings (BENCHMARKS.md)\n"
     );
 }
 

@@ -44,8 +44,10 @@ fn up(addr: &str) -> bool {
 }
 
 /// What `ensure_all` started; stops it when dropped.
-#[derive(Debug, Default)]
-pub(crate) struct Started {}
+#[derive(Debug)]
+pub(crate) struct Started {
+    _kafka: crate::kafka::TansuGuard,
+}
 
 /// Checks every machine service and starts the project's own ones. Fails,
 /// naming the start command, when a machine service is down.
@@ -62,7 +64,15 @@ pub(crate) fn ensure_all() -> Result<Started> {
     if !down.is_empty() {
         bail!("services down: {} (commands above)", down.join(", "));
     }
-    Ok(Started::default())
+    crate::kafka::ensure_tansu_installed()?;
+    let kafka = crate::kafka::start_tansu()?;
+    println!("{}", crate::kafka::kafka_status());
+    if kafka.started_here() {
+        if let Some(log) = kafka.log_path() {
+            println!("{:<16} started by xtask (log {})", "Tansu", log.display());
+        }
+    }
+    Ok(Started { _kafka: kafka })
 }
 
 /// `cargo xtask services`: report, start what we own, and keep it running

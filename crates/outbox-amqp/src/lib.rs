@@ -1,1 +1,10 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+
+mod config;
+mod error;
+mod publisher;
+
+pub use config::{redact_uri, AmqpConfig, AmqpTls, Route};
+pub use error::AmqpError;
+pub use lapin;
+pub use publisher::{AmqpPublisher, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY};

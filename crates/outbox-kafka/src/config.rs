@@ -77,9 +77,15 @@ impl fmt::Debug for KafkaConfig {
 /// and private key material (`ssl.key.pem`).
 pub fn is_secret_property(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    ["password", "secret", "jaas", "oauthbearer.config", "ssl.key.pem"]
-        .iter()
-        .any(|s| n.contains(s))
+    [
+        "password",
+        "secret",
+        "jaas",
+        "oauthbearer.config",
+        "ssl.key.pem",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
 }
 
 impl KafkaConfig {
@@ -169,7 +175,8 @@ impl KafkaConfig {
         event_topic: impl Into<String>,
         kafka_topic: impl Into<String>,
     ) -> Self {
-        self.topic_map.insert(event_topic.into(), kafka_topic.into());
+        self.topic_map
+            .insert(event_topic.into(), kafka_topic.into());
         self
     }
 

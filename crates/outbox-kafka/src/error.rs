@@ -88,8 +88,7 @@ pub(crate) fn classify_code(code: RDKafkaErrorCode, unknown_topic: UnknownTopic)
             DeliveryError::permanent(ErrorCode::PUBLISH_TOO_LARGE, msg)
         }
         C::InvalidTopic => DeliveryError::permanent(ErrorCode::PUBLISH_UNROUTABLE, msg),
-        C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition => match unknown_topic
-        {
+        C::UnknownTopic | C::UnknownTopicOrPartition | C::UnknownPartition => match unknown_topic {
             UnknownTopic::Permanent => DeliveryError::permanent(ErrorCode::PUBLISH_UNROUTABLE, msg),
             UnknownTopic::Retryable => DeliveryError::retryable(ErrorCode::PUBLISH_UNROUTABLE, msg),
         },
@@ -121,7 +120,7 @@ pub(crate) fn classify_code(code: RDKafkaErrorCode, unknown_topic: UnknownTopic)
 mod tests {
     use super::*;
     use outbox_core::FailureKind;
-    use rdkafka::config::RDKafkaConfRes;
+    use rdkafka::types::RDKafkaConfRes;
 
     fn kind_code(c: RDKafkaErrorCode, p: UnknownTopic) -> (FailureKind, String) {
         let e = classify(&KafkaError::MessageProduction(c), p);

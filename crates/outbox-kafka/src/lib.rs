@@ -4,7 +4,9 @@ mod config;
 mod error;
 mod publisher;
 
-pub use config::{is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV};
+pub use config::{
+    is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV,
+};
 pub use error::Error;
 pub use publisher::{
     KafkaPublisher, OutboxProducer, TracingContext, HEADER_CONTENT_TYPE, HEADER_EVENT_ID,

@@ -88,7 +88,10 @@ impl fmt::Debug for KafkaPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KafkaPublisher")
             .field("config", &self.config)
-            .field("producers_recreated", &self.recreated.load(Ordering::Relaxed))
+            .field(
+                "producers_recreated",
+                &self.recreated.load(Ordering::Relaxed),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -40,7 +40,9 @@ impl fmt::Debug for NatsAuth {
                 .finish(),
             NatsAuth::Token(_) => f.write_str("Token(***)"),
             NatsAuth::NKey(_) => f.write_str("NKey(***)"),
-            NatsAuth::CredentialsFile(path) => f.debug_tuple("CredentialsFile").field(path).finish(),
+            NatsAuth::CredentialsFile(path) => {
+                f.debug_tuple("CredentialsFile").field(path).finish()
+            }
         }
     }
 }
@@ -184,7 +186,11 @@ impl NatsConfig {
     }
 
     /// Authenticates with a user name and password.
-    pub fn with_user_password(mut self, user: impl Into<String>, password: impl Into<String>) -> Self {
+    pub fn with_user_password(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
         self.auth = NatsAuth::UserPassword {
             user: user.into(),
             password: password.into(),
@@ -224,7 +230,11 @@ impl NatsConfig {
     }
 
     /// Publishes topic `topic` to exactly `subject` (takes precedence over the prefix).
-    pub fn with_subject_mapping(mut self, topic: impl Into<String>, subject: impl Into<String>) -> Self {
+    pub fn with_subject_mapping(
+        mut self,
+        topic: impl Into<String>,
+        subject: impl Into<String>,
+    ) -> Self {
         self.subject_map.insert(topic.into(), subject.into());
         self
     }
@@ -354,11 +364,15 @@ mod tests {
 
     #[test]
     fn debug_hides_secrets() {
-        let c = NatsConfig::from_url("nats://alice:hunter2@127.0.0.1:4222, nats://tok3n@other:4222")
-            .unwrap()
-            .with_user_password("bob", "pa55word");
+        let c =
+            NatsConfig::from_url("nats://alice:hunter2@127.0.0.1:4222, nats://tok3n@other:4222")
+                .unwrap()
+                .with_user_password("bob", "pa55word");
         let s = format!("{c:?}");
-        assert!(!s.contains("hunter2") && !s.contains("tok3n") && !s.contains("pa55word"), "{s}");
+        assert!(
+            !s.contains("hunter2") && !s.contains("tok3n") && !s.contains("pa55word"),
+            "{s}"
+        );
         assert!(s.contains("bob") && s.contains("other:4222"), "{s}");
         let t = format!("{:?}", c.clone().with_token("t0ken").with_nkey("SUSEED"));
         assert!(!t.contains("SUSEED"), "{t}");

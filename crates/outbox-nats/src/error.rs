@@ -39,10 +39,9 @@ impl NatsError {
         use async_nats::ConnectErrorKind as K;
         match self {
             NatsError::InvalidConfig(_) | NatsError::StreamMismatch { .. } => false,
-            NatsError::Connect { kind, .. } => matches!(
-                kind,
-                K::Dns | K::TimedOut | K::Io | K::MaxReconnects
-            ),
+            NatsError::Connect { kind, .. } => {
+                matches!(kind, K::Dns | K::TimedOut | K::Io | K::MaxReconnects)
+            }
             NatsError::JetStream(_) => true,
         }
     }

@@ -143,7 +143,10 @@ impl NatsPublisher {
             return Vec::new();
         }
         if self.client.connection_state() != State::Connected {
-            tracing::warn!(batch = events.len(), "NATS connection is down; batch not sent");
+            tracing::warn!(
+                batch = events.len(),
+                "NATS connection is down; batch not sent"
+            );
             let e = DeliveryError::retryable(
                 ErrorCode::PUBLISH_CONNECTION_LOST,
                 "not connected to NATS (reconnecting)",
@@ -249,7 +252,7 @@ fn header_bytes(h: &HeaderMap) -> usize {
     let mut n = 10 + 2;
     for (name, values) in h.iter() {
         for v in values {
-            n += name.as_ref().len() + 2 + v.as_str().len() + 2;
+            n += AsRef::<str>::as_ref(name).len() + 2 + v.as_str().len() + 2;
         }
     }
     n + HEADER_MSG_ID.len() + 2 + 36 + 2
@@ -285,8 +288,8 @@ fn classify(e: &PublishError, subject: &str, unroutable_retryable: bool) -> Deli
             DeliveryError::retryable(ErrorCode::PUBLISH_REJECTED, e.to_string())
         }
         PublishErrorKind::Other => {
-            let js = std::error::Error::source(e)
-                .and_then(|s| s.downcast_ref::<jetstream::Error>());
+            let js =
+                std::error::Error::source(e).and_then(|s| s.downcast_ref::<jetstream::Error>());
             match js {
                 Some(j)
                     if j.error_code() == jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM =>
@@ -332,12 +335,24 @@ mod tests {
     fn headers_carry_metadata_and_trace_context() {
         let e = event();
         let h = headers_for(&e);
-        assert_eq!(h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()), Some("application/json"));
-        assert_eq!(h.get(HEADER_EVENT_TYPE).map(|v| v.as_str()), Some("order.created"));
+        assert_eq!(
+            h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
+            Some("application/json")
+        );
+        assert_eq!(
+            h.get(HEADER_EVENT_TYPE).map(|v| v.as_str()),
+            Some("order.created")
+        );
         assert_eq!(h.get(HEADER_KEY).map(|v| v.as_str()), Some("k1"));
         let id = e.id.to_string();
-        assert_eq!(h.get(HEADER_EVENT_ID).map(|v| v.as_str()), Some(id.as_str()));
-        assert_eq!(h.get("traceparent").map(|v| v.as_str()), Some("00-abc-def-01"));
+        assert_eq!(
+            h.get(HEADER_EVENT_ID).map(|v| v.as_str()),
+            Some(id.as_str())
+        );
+        assert_eq!(
+            h.get("traceparent").map(|v| v.as_str()),
+            Some("00-abc-def-01")
+        );
 
         let mut bare = event();
         bare.headers.clear();
@@ -361,15 +376,27 @@ mod tests {
 
     #[test]
     fn classification_of_publish_errors() {
-        let t = classify(&PublishError::new(PublishErrorKind::TimedOut), "s", false);
+        let t = classify(&PublishError::from(PublishErrorKind::TimedOut), "s", false);
         assert!(t.is_retryable());
         assert_eq!(t.code(), &ErrorCode::PUBLISH_TIMEOUT);
-        let n = classify(&PublishError::new(PublishErrorKind::StreamNotFound), "s", false);
+        let n = classify(
+            &PublishError::from(PublishErrorKind::StreamNotFound),
+            "s",
+            false,
+        );
         assert!(!n.is_retryable());
         assert_eq!(n.code(), &ErrorCode::PUBLISH_UNROUTABLE);
-        let n = classify(&PublishError::new(PublishErrorKind::StreamNotFound), "s", true);
+        let n = classify(
+            &PublishError::from(PublishErrorKind::StreamNotFound),
+            "s",
+            true,
+        );
         assert!(n.is_retryable());
-        let b = classify(&PublishError::new(PublishErrorKind::BrokenPipe), "s", false);
+        let b = classify(
+            &PublishError::from(PublishErrorKind::BrokenPipe),
+            "s",
+            false,
+        );
         assert_eq!(b.code(), &ErrorCode::PUBLISH_CONNECTION_LOST);
         assert!(b.is_retryable());
     }

@@ -1,1 +1,49 @@
-//! wip
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+mod enqueue;
+mod error;
+mod ident;
+mod migrate;
+mod names;
+mod options;
+mod store;
+
+pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
+pub use error::{EnqueueError, MigrateError, StoreError};
+pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
+pub use migrate::{Migration, MIGRATIONS};
+pub use options::{redact_url, PgStoreOptions, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
+pub use store::{PgStore, ShardStats};
+
+/// Re-exported so users name the same sqlx types as this crate.
+pub use sqlx;
+
+#[cfg(test)]
+mod send_checks {
+    //! Compile-time checks that the public futures are `Send` (so they can
+    //! be spawned and used from `Store` impls).
+    fn is_send<T: Send>(_: T) {}
+
+    #[allow(dead_code)]
+    fn futures_are_send(conn: &mut sqlx::PgConnection, pool: sqlx::PgPool) {
+        let o = crate::PgOutbox::default();
+        is_send(o.migrate(conn));
+        is_send(crate::PgStore::from_pool(
+            pool,
+            crate::PgStoreOptions::default(),
+        ));
+    }
+
+    #[allow(dead_code)]
+    fn enqueue_is_send(conn: &mut sqlx::PgConnection) {
+        let e = outbox_core::NewEvent::new("a", "b", vec![]);
+        is_send(crate::enqueue(conn, e));
+    }
+
+    #[allow(dead_code)]
+    fn batch_is_send(conn: &mut sqlx::PgConnection) {
+        let e = outbox_core::NewEvent::new("a", "b", vec![]);
+        is_send(crate::enqueue_batch(conn, vec![e]));
+    }
+}

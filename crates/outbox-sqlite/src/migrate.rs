@@ -101,7 +101,11 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<Vec<i64>, SqliteStoreError>
         .bind(checksum(m.sql))
         .execute(&mut *tx)
         .await?;
-        tracing::info!(version = m.version, name = m.name, "applied outbox migration");
+        tracing::info!(
+            version = m.version,
+            name = m.name,
+            "applied outbox migration"
+        );
         newly.push(m.version);
     }
     tx.commit().await?;
@@ -135,15 +139,6 @@ pub(crate) async fn applied(pool: &SqlitePool) -> Result<Vec<AppliedMigration>, 
         .collect()
 }
 
-/// The checksum this build expects for `version` (tests use it).
-#[cfg(test)]
-pub(crate) fn expected_checksum(version: i64) -> Option<String> {
-    MIGRATIONS
-        .iter()
-        .find(|m| m.version == version)
-        .map(|m| checksum(m.sql))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +148,9 @@ mod tests {
         assert!(MIGRATIONS.windows(2).all(|w| w[0].version < w[1].version));
         assert_eq!(checksum(""), "cbf29ce484222325");
         assert_eq!(checksum("a"), "af63dc4c8601ec8c");
-        assert_ne!(checksum("CREATE TABLE a (x)"), checksum("CREATE TABLE a (y)"));
+        assert_ne!(
+            checksum("CREATE TABLE a (x)"),
+            checksum("CREATE TABLE a (y)")
+        );
     }
 }

@@ -27,8 +27,17 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 macro_rules! claimable {
     ($t:literal) => {
         concat!(
-            "(CASE WHEN ", $t, ".locked_until IS NULL THEN ", $t, ".next_attempt_at <= ", now_ms!(),
-            " ELSE ", $t, ".locked_until <= ", now_ms!(), " END)"
+            "(CASE WHEN ",
+            $t,
+            ".locked_until IS NULL THEN ",
+            $t,
+            ".next_attempt_at <= ",
+            now_ms!(),
+            " ELSE ",
+            $t,
+            ".locked_until <= ",
+            now_ms!(),
+            " END)"
         )
     };
 }
@@ -59,11 +68,6 @@ const CLAIM_SQL: &str = concat!(
        next_attempt_at, last_error_code, last_error_message, locked_until"
 );
 
-/// The SQL of [`SqliteStore`]'s claim statement (for documentation and review).
-pub const fn claim_sql() -> &'static str {
-    CLAIM_SQL
-}
-
 /// A [`Store`] and [`DeadLetterStore`] on SQLite.
 ///
 /// Cheap to clone (it wraps a connection pool). `Debug` shows pool sizes
@@ -83,6 +87,11 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
+    /// The claim statement, for review and `EXPLAIN QUERY PLAN`. Binds, in
+    /// order: relay id, fencing token, lease in ms, shard total, shard index,
+    /// batch size.
+    pub const CLAIM_SQL: &'static str = CLAIM_SQL;
+
     /// Opens (creating the file if missing) the database at `url`, e.g.
     /// `sqlite://outbox.db` or `sqlite:///var/lib/app/app.db`, with WAL
     /// journaling, `synchronous = NORMAL`, a busy timeout and foreign keys on.
@@ -379,10 +388,12 @@ impl Store for SqliteStore {
 impl DeadLetterStore for SqliteStore {
     type Error = SqliteStoreError;
 
-    async fn list_dead(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetter>, SqliteStoreError> {
-        let mut sql = format!(
-            "SELECT {EVENT_COLUMNS}, dead_at FROM outbox_dead_letters WHERE 1 = 1"
-        );
+    async fn list_dead(
+        &self,
+        query: &DeadLetterQuery,
+    ) -> Result<Vec<DeadLetter>, SqliteStoreError> {
+        let mut sql =
+            format!("SELECT {EVENT_COLUMNS}, dead_at FROM outbox_dead_letters WHERE 1 = 1");
         if query.after.is_some() {
             sql.push_str(" AND id > ?");
         }

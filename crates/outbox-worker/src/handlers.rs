@@ -159,7 +159,10 @@ impl HandlerRegistry {
         let Some(handler) = self.handlers.get(&event.event_type).cloned() else {
             return Outcome::Failed(DeliveryError::permanent(
                 ErrorCode::HANDLER_NOT_REGISTERED,
-                format!("no handler registered for event type {:?}", event.event_type),
+                format!(
+                    "no handler registered for event type {:?}",
+                    event.event_type
+                ),
             ));
         };
         let task = AbortOnDrop(tokio::spawn(handler(event)));

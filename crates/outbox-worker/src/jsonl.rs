@@ -71,10 +71,16 @@ impl JsonLinesSink {
         }
     }
 
-    /// Appends to the file at `path`, creating it if missing.
+    /// Appends to the file at `path`, creating it if missing. If the file
+    /// ends with a torn line (a crash mid-write), a newline is added first so
+    /// the torn line stays separate and new lines stay parseable.
     pub fn file(path: impl AsRef<Path>) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let file = OpenOptions::new().create(true).append(true).open(&path)?;
+        let mut file = OpenOptions::new().create(true).append(true).open(&path)?;
+        if ends_with_torn_line(&path)? {
+            file.write_all(b"\n")?;
+            file.sync_data()?;
+        }
         Ok(Self {
             target: Arc::new(Mutex::new(Target::File(file))),
             path: Some(path),
@@ -115,6 +121,18 @@ impl JsonLinesSink {
         out.push(b'\n');
         out
     }
+}
+
+fn ends_with_torn_line(path: &Path) -> io::Result<bool> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path)?;
+    if f.metadata()?.len() == 0 {
+        return Ok(false);
+    }
+    f.seek(SeekFrom::End(-1))?;
+    let mut last = [0u8; 1];
+    f.read_exact(&mut last)?;
+    Ok(last[0] != b'\n')
 }
 
 fn write_all(target: &Mutex<Target>, buf: &[u8]) -> io::Result<()> {
@@ -206,16 +224,34 @@ mod tests {
         let events = vec![event(b"one"), event(b"two")];
         let outcomes = sink.deliver(&events).await;
         assert_eq!(outcomes, vec![Outcome::Delivered, Outcome::Delivered]);
+        // A torn line left by a crash is closed before new lines are appended.
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"{\"id\":\"tor")
+            .unwrap();
         let again = JsonLinesSink::file(&path).unwrap();
         again.deliver(&events[..1]).await;
         let text = std::fs::read_to_string(&path).unwrap();
         let ids: Vec<String> = text
             .lines()
-            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_str().unwrap().to_owned())
+            .filter(|l| !l.starts_with("{\"id\":\"tor"))
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                    .as_str()
+                    .unwrap()
+                    .to_owned()
+            })
             .collect();
         assert_eq!(
             ids,
-            vec![events[0].id.to_string(), events[1].id.to_string(), events[0].id.to_string()]
+            vec![
+                events[0].id.to_string(),
+                events[1].id.to_string(),
+                events[0].id.to_string()
+            ]
         );
+        assert_eq!(text.lines().count(), 4);
     }
 }

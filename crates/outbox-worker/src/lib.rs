@@ -7,6 +7,8 @@ mod jsonl;
 pub mod metrics;
 mod options;
 mod relay;
+#[cfg(all(test, feature = "sqlite"))]
+mod relay_tests;
 
 pub use handlers::{HandlerError, HandlerRegistry};
 pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};

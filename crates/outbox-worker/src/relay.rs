@@ -198,13 +198,21 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             .await
     }
 
-    async fn run_inner(self, shutdown: impl Future<Output = ()> + Send, mode: Mode) -> RelaySummary {
+    async fn run_inner(
+        self,
+        shutdown: impl Future<Output = ()> + Send,
+        mode: Mode,
+    ) -> RelaySummary {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut summary = RelaySummary::default();
         let wakeup = self.store.wakeup();
-        let error_backoff =
-            RetryPolicy::new(Duration::from_millis(250), Duration::from_secs(30), u32::MAX, Jitter::Equal)
-                .unwrap_or_default();
+        let error_backoff = RetryPolicy::new(
+            Duration::from_millis(250),
+            Duration::from_secs(30),
+            u32::MAX,
+            Jitter::Equal,
+        )
+        .unwrap_or_default();
         let mut store_errors: u32 = 0;
         let req = ClaimRequest {
             relay_id: self.options.relay_id().clone(),
@@ -248,7 +256,13 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 if mode == Mode::UntilIdle && self.is_drained().await {
                     break;
                 }
-                if wait(self.options.poll_interval(), shutdown.as_mut(), wakeup.as_deref()).await {
+                if wait(
+                    self.options.poll_interval(),
+                    shutdown.as_mut(),
+                    wakeup.as_deref(),
+                )
+                .await
+                {
                     break;
                 }
                 continue;
@@ -261,7 +275,12 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             }
             let full = n >= usize::try_from(self.options.batch_size()).unwrap_or(usize::MAX);
             if !(self.options.drain() && full)
-                && wait(self.options.poll_interval(), shutdown.as_mut(), wakeup.as_deref()).await
+                && wait(
+                    self.options.poll_interval(),
+                    shutdown.as_mut(),
+                    wakeup.as_deref(),
+                )
+                .await
             {
                 break;
             }
@@ -414,7 +433,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 for event in delivered.iter().filter(|e| !lost.contains(&e.id)) {
                     summary.delivered += 1;
                     metrics::counter!(m::EVENTS_DELIVERED).increment(1);
-                    metrics::histogram!(m::EVENT_PROCESS_SECONDS).record(started.elapsed().as_secs_f64());
+                    metrics::histogram!(m::EVENT_PROCESS_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
                     debug!(event_id = %event.id, attempts = event.attempts, "delivered");
                     self.notify(&Progress::Delivered {
                         id: event.id,
@@ -432,7 +452,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             if let Some(report) = with_retries("fail", || store.fail(token, &failures)).await {
                 let lost = self.lease_lost(&report, summary);
                 for (event, failure) in failed.iter().filter(|(e, _)| !lost.contains(&e.id)) {
-                    metrics::histogram!(m::EVENT_PROCESS_SECONDS).record(started.elapsed().as_secs_f64());
+                    metrics::histogram!(m::EVENT_PROCESS_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
                     let code = failure.error.code().as_str().to_owned();
                     match failure.disposition {
                         Disposition::Dead => {
@@ -492,7 +513,11 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         if let Some(report) = with_retries("release", || store.release(token, ids)).await {
             self.lease_lost(&report, summary);
             let lost: HashSet<EventId> = report.lost.iter().copied().collect();
-            let released: Vec<EventId> = ids.iter().copied().filter(|id| !lost.contains(id)).collect();
+            let released: Vec<EventId> = ids
+                .iter()
+                .copied()
+                .filter(|id| !lost.contains(id))
+                .collect();
             summary.released += released.len() as u64;
             metrics::counter!(m::EVENTS_RELEASED).increment(released.len() as u64);
             info!(released = %join_ids(&released), "released undelivered events");

@@ -1,1 +1,296 @@
-fn main() {}
+//! `outbox-relay`: runs the outbox relay, its demo, and store administration.
+//!
+//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|retry|purge`.
+//! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
+// A command-line tool's output is its stdout.
+#![allow(clippy::print_stdout)]
+
+mod config;
+mod demo;
+
+use anyhow::{bail, Context as _};
+use clap::{Args, Parser, Subcommand};
+use config::{RunArgs, StoreArgs};
+use outbox_worker::any::{redact_url, AnySink, AnyStore};
+use outbox_worker::core::{DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Store};
+use outbox_worker::{JsonLinesSink, Relay};
+use std::process::ExitCode;
+use tracing::{info, warn};
+
+/// The transactional outbox relay.
+#[derive(Debug, Parser)]
+#[command(name = "outbox-relay", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the embedded default end to end (SQLite + in-process handlers), no services needed.
+    Demo(demo::DemoArgs),
+    /// Run the relay until SIGINT/SIGTERM.
+    Run(Box<RunArgs>),
+    /// Create or upgrade the outbox tables.
+    Migrate(StoreArgs),
+    /// Show pending, in-flight and dead counts.
+    Status(StoreArgs),
+    /// Inspect, replay or purge dead letters.
+    Dead {
+        #[command(subcommand)]
+        command: DeadCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadCommand {
+    /// List dead letters, oldest first.
+    List(DeadListArgs),
+    /// Move dead letters back to pending (attempts reset).
+    Retry(DeadSelectArgs),
+    /// Delete dead letters for good.
+    Purge(DeadSelectArgs),
+}
+
+#[derive(Debug, Args)]
+struct DeadListArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Only this error code, e.g. HANDLER_NOT_REGISTERED.
+    #[arg(long)]
+    code: Option<String>,
+    /// Most rows to show.
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
+struct DeadSelectArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Event ids (repeat or comma-separate).
+    #[arg(long, value_delimiter = ',')]
+    id: Vec<EventId>,
+    /// Every dead letter.
+    #[arg(long)]
+    all: bool,
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Demo(args) => {
+            // The demo prints its own progress lines.
+            init_logging("error");
+            demo::run(args).await
+        }
+        Command::Run(args) => {
+            init_logging("info");
+            run(*args).await
+        }
+        Command::Migrate(args) => {
+            init_logging("warn");
+            let (store, url) = open(&args).await?;
+            store.migrate().await.context("migration failed")?;
+            println!("migrated {}", redact_url(&url));
+            Ok(())
+        }
+        Command::Status(args) => {
+            init_logging("warn");
+            let (store, url) = open(&args).await?;
+            let stats = store.stats().await.context("cannot read stats")?;
+            println!("store:      {}", redact_url(&url));
+            println!("pending:    {}", stats.pending);
+            println!("in flight:  {}", stats.in_flight);
+            println!("dead:       {}", stats.dead);
+            match stats.oldest_pending_age {
+                Some(age) => println!("oldest:     {:.1}s", age.as_secs_f64()),
+                None => println!("oldest:     -"),
+            }
+            Ok(())
+        }
+        Command::Dead { command } => {
+            init_logging("warn");
+            dead(command).await
+        }
+    }
+}
+
+async fn open(args: &StoreArgs) -> anyhow::Result<(AnyStore, String)> {
+    let url = config::resolve_store(args)?;
+    let store = AnyStore::connect(&url).await?;
+    Ok((store, url))
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let cfg = config::resolve_run(args)?;
+    let store = AnyStore::connect(&cfg.store).await?;
+    if cfg.migrate {
+        store.migrate().await.context("migration failed")?;
+    }
+    let sink = AnySink::open(&cfg.sink)?;
+    outbox_worker::metrics::describe_metrics();
+    info!(
+        store = %redact_url(&cfg.store),
+        sink = %redact_url(&cfg.sink),
+        relay_id = %cfg.options.relay_id(),
+        shard = %cfg.options.shard(),
+        batch_size = cfg.options.batch_size(),
+        poll_interval = ?cfg.options.poll_interval(),
+        lock_timeout = ?cfg.options.lock_timeout(),
+        "starting relay"
+    );
+    let relay = Relay::new(store, sink, cfg.options).context("invalid relay settings")?;
+    let summary = relay.run(shutdown_signal()).await;
+    info!(
+        delivered = summary.delivered,
+        retried = summary.retried,
+        dead = summary.dead,
+        released = summary.released,
+        "relay exited"
+    );
+    Ok(())
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            warn!(error = %e, "cannot listen for Ctrl-C");
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => info!("SIGINT received: finishing the in-flight batch, then stopping"),
+        () = term => info!("SIGTERM received: finishing the in-flight batch, then stopping"),
+    }
+}
+
+async fn dead(command: DeadCommand) -> anyhow::Result<()> {
+    match command {
+        DeadCommand::List(args) => {
+            let (store, _) = open(&args.store).await?;
+            let query = DeadLetterQuery {
+                code: args.code.map(ErrorCode::new),
+                limit: args.limit,
+                after: None,
+            };
+            let dead = store
+                .list_dead(&query)
+                .await
+                .context("cannot list dead letters")?;
+            if args.json {
+                // The event as the json-lines sink writes it, plus why it died.
+                for d in &dead {
+                    let mut line: serde_json::Value =
+                        serde_json::from_slice(&JsonLinesSink::encode(&d.event))?;
+                    line["error_code"] = d.error.code.as_str().into();
+                    line["error_message"] = d.error.message.as_str().into();
+                    line["dead_at"] = d
+                        .dead_at
+                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+                        .into();
+                    println!("{line}");
+                }
+            } else {
+                print_dead_letters(&dead);
+            }
+            Ok(())
+        }
+        DeadCommand::Retry(args) => {
+            let (store, _) = open(&args.store).await?;
+            let ids = selection(&args)?;
+            let n = store
+                .retry_dead(ids)
+                .await
+                .context("cannot retry dead letters")?;
+            println!("moved {n} dead letter(s) back to pending");
+            Ok(())
+        }
+        DeadCommand::Purge(args) => {
+            let (store, _) = open(&args.store).await?;
+            let ids = selection(&args)?;
+            let n = store
+                .purge_dead(ids)
+                .await
+                .context("cannot purge dead letters")?;
+            println!("purged {n} dead letter(s)");
+            Ok(())
+        }
+    }
+}
+
+fn selection(args: &DeadSelectArgs) -> anyhow::Result<Option<&[EventId]>> {
+    match (args.all, args.id.is_empty()) {
+        (true, true) => Ok(None),
+        (false, false) => Ok(Some(&args.id)),
+        _ => bail!("pass either --id ID[,ID...] or --all"),
+    }
+}
+
+/// Prints dead letters as aligned text lines.
+pub(crate) fn print_dead_letters(dead: &[outbox_worker::core::DeadLetter]) {
+    if dead.is_empty() {
+        println!("(no dead letters)");
+    }
+    for d in dead {
+        println!(
+            "{}  {:<16} key={:<10} attempts={}  {}: {}",
+            d.event.id,
+            d.event.event_type,
+            d.event.key.as_deref().unwrap_or("-"),
+            d.event.attempts,
+            d.error.code,
+            d.error.message
+        );
+    }
+}

@@ -1,0 +1,277 @@
+//! Connection and publishing options.
+
+use crate::AmqpError;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where one event goes: an exchange and a routing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    /// Exchange name (`""` is the default exchange, which routes to the
+    /// queue named by the routing key).
+    pub exchange: String,
+    /// Routing key.
+    pub routing_key: String,
+}
+
+/// TLS options for `amqps://` URIs (rustls; the system roots are trusted).
+#[derive(Clone, Default)]
+pub struct AmqpTls {
+    /// Extra PEM certificate chain to trust (a private CA), read at connect time.
+    pub ca_certificate: Option<PathBuf>,
+    /// Client identity for mutual TLS: a PKCS#12 file and its password.
+    pub client_identity: Option<(PathBuf, String)>,
+}
+
+impl fmt::Debug for AmqpTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpTls")
+            .field("ca_certificate", &self.ca_certificate)
+            .field(
+                "client_identity",
+                &self.client_identity.as_ref().map(|(p, _)| (p, "***")),
+            )
+            .finish()
+    }
+}
+
+/// Everything [`crate::AmqpPublisher`] needs.
+///
+/// | option | default |
+/// |---|---|
+/// | uri | `amqp://guest:guest@127.0.0.1:5672/%2f` (`amqps://` for TLS) |
+/// | route of topic `t` | explicit route if configured; else `exchange/key` split at the first `/`; else the default exchange (`""`) with routing key `t` |
+/// | `max_in_flight` | 256 unconfirmed publishes |
+/// | `max_message_bytes` | 16 MiB (RabbitMQ 4's default `max_message_size`) |
+/// | `confirm_timeout` | 30 s (then `PUBLISH_TIMEOUT`, retryable) |
+/// | `connect_timeout` | 10 s per attempt |
+/// | `connect_attempts` | 3 per (re)connection, exponential backoff |
+/// | persistent (delivery mode 2) | on |
+#[derive(Clone)]
+pub struct AmqpConfig {
+    pub(crate) uri: String,
+    pub(crate) tls: AmqpTls,
+    pub(crate) default_exchange: String,
+    pub(crate) routes: BTreeMap<String, Route>,
+    pub(crate) max_in_flight: usize,
+    pub(crate) max_message_bytes: usize,
+    pub(crate) confirm_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) connect_attempts: usize,
+    pub(crate) persistent: bool,
+    pub(crate) connection_name: String,
+}
+
+impl Default for AmqpConfig {
+    fn default() -> Self {
+        Self {
+            uri: "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned(),
+            tls: AmqpTls::default(),
+            default_exchange: String::new(),
+            routes: BTreeMap::new(),
+            max_in_flight: 256,
+            max_message_bytes: 16 * 1024 * 1024,
+            confirm_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
+            connect_attempts: 3,
+            persistent: true,
+            connection_name: "outbox-relay".to_owned(),
+        }
+    }
+}
+
+impl fmt::Debug for AmqpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AmqpConfig")
+            .field("uri", &redact_uri(&self.uri))
+            .field("tls", &self.tls)
+            .field("default_exchange", &self.default_exchange)
+            .field("routes", &self.routes)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("max_message_bytes", &self.max_message_bytes)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("connect_attempts", &self.connect_attempts)
+            .field("persistent", &self.persistent)
+            .field("connection_name", &self.connection_name)
+            .finish()
+    }
+}
+
+/// Replaces the password of an AMQP URI by `***` (`amqp://user:***@host`).
+pub fn redact_uri(uri: &str) -> String {
+    let (scheme, rest) = match uri.find("://") {
+        Some(i) => (&uri[..i + 3], &uri[i + 3..]),
+        None => ("", uri),
+    };
+    let host_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..host_end].rfind('@') {
+        Some(at) => {
+            let user = rest[..at].split(':').next().unwrap_or("");
+            format!("{scheme}{user}:***@{}", &rest[at + 1..])
+        }
+        None => uri.to_owned(),
+    }
+}
+
+impl AmqpConfig {
+    /// A configuration for `uri` (`amqp://user:pass@host:5672/vhost` or
+    /// `amqps://...`), checked with lapin's URI parser.
+    pub fn from_url(uri: &str) -> Result<Self, AmqpError> {
+        uri.parse::<lapin::uri::AMQPUri>().map_err(|e| {
+            AmqpError::InvalidConfig(format!("AMQP URI {} is invalid: {e}", redact_uri(uri)))
+        })?;
+        Ok(Self {
+            uri: uri.to_owned(),
+            ..Self::default()
+        })
+    }
+
+    /// Events whose topic has no explicit route and no `/` go to `exchange`
+    /// with the topic as routing key (`""`, the default, is AMQP's default
+    /// exchange: the topic names the queue).
+    pub fn with_exchange(mut self, exchange: impl Into<String>) -> Self {
+        self.default_exchange = exchange.into();
+        self
+    }
+
+    /// Sends events of `topic` to `exchange` with `routing_key`.
+    pub fn with_route(
+        mut self,
+        topic: impl Into<String>,
+        exchange: impl Into<String>,
+        routing_key: impl Into<String>,
+    ) -> Self {
+        self.routes.insert(
+            topic.into(),
+            Route {
+                exchange: exchange.into(),
+                routing_key: routing_key.into(),
+            },
+        );
+        self
+    }
+
+    /// TLS options (used with `amqps://`).
+    pub fn with_tls(mut self, tls: AmqpTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// At most `n` publishes wait for their confirm at once (minimum 1).
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// Larger payloads fail with a permanent `PUBLISH_TOO_LARGE` without
+    /// being sent. Keep it at or below the broker's `max_message_size`: a
+    /// broker refusing a message closes the channel, failing the whole window.
+    pub fn with_max_message_bytes(mut self, n: usize) -> Self {
+        self.max_message_bytes = n;
+        self
+    }
+
+    /// How long to wait for a publisher confirm before `PUBLISH_TIMEOUT`.
+    pub fn with_confirm_timeout(mut self, timeout: Duration) -> Self {
+        self.confirm_timeout = timeout;
+        self
+    }
+
+    /// Timeout of one connection attempt.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Attempts per (re)connection (minimum 1), with exponential backoff.
+    pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
+        self.connect_attempts = attempts.max(1);
+        self
+    }
+
+    /// Persistent messages (delivery mode 2, the default) or transient ones.
+    pub fn with_persistent(mut self, persistent: bool) -> Self {
+        self.persistent = persistent;
+        self
+    }
+
+    /// The connection name shown in the RabbitMQ management UI.
+    pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
+        self.connection_name = name.into();
+        self
+    }
+
+    /// The URI, password redacted.
+    pub fn uri_redacted(&self) -> String {
+        redact_uri(&self.uri)
+    }
+
+    /// Where an event of `topic` is published.
+    pub fn route_for(&self, topic: &str) -> Route {
+        if let Some(r) = self.routes.get(topic) {
+            return r.clone();
+        }
+        match topic.split_once('/') {
+            Some((exchange, key)) => Route {
+                exchange: exchange.to_owned(),
+                routing_key: key.to_owned(),
+            },
+            None => Route {
+                exchange: self.default_exchange.clone(),
+                routing_key: topic.to_owned(),
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let c = AmqpConfig::default();
+        let r = c.route_for("orders");
+        assert_eq!(
+            (r.exchange.as_str(), r.routing_key.as_str()),
+            ("", "orders")
+        );
+        let c = c
+            .with_exchange("outbox")
+            .with_route("pay", "billing", "payments.new");
+        let r = c.route_for("orders");
+        assert_eq!(
+            (r.exchange.as_str(), r.routing_key.as_str()),
+            ("outbox", "orders")
+        );
+        let r = c.route_for("events/order.created");
+        assert_eq!(
+            (r.exchange.as_str(), r.routing_key.as_str()),
+            ("events", "order.created")
+        );
+        let r = c.route_for("pay");
+        assert_eq!(
+            (r.exchange.as_str(), r.routing_key.as_str()),
+            ("billing", "payments.new")
+        );
+    }
+
+    #[test]
+    fn debug_and_errors_hide_the_password() {
+        let c = AmqpConfig::from_url("amqp://guest:s3cr3t@127.0.0.1:5672/%2f").unwrap();
+        let s = format!("{c:?}");
+        assert!(!s.contains("s3cr3t"), "{s}");
+        assert!(s.contains("guest:***@127.0.0.1:5672"), "{s}");
+        let t = AmqpTls {
+            ca_certificate: None,
+            client_identity: Some(("id.p12".into(), "p12pass".into())),
+        };
+        assert!(!format!("{:?}", c.with_tls(t)).contains("p12pass"));
+        let e = AmqpConfig::from_url("amqp://u:s3cr3t@host:notaport/").unwrap_err();
+        assert!(!e.to_string().contains("s3cr3t"), "{e}");
+        assert_eq!(redact_uri("amqp://host/"), "amqp://host/");
+    }
+}

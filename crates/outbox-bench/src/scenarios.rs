@@ -1,0 +1,904 @@
+//! The eight scenarios of issue 6.
+
+use crate::probe::Machine;
+use crate::report::Row;
+use crate::run::{naive, relay_drain, sink_ceiling, store_ceiling, Drained};
+use crate::setup::{
+    admin_pool, broker, load_pg, load_sqlite, new_event, pg_store, sqlite_store, Broker, Resources,
+    Services, EVENT_TYPE, KEYS, PAYLOAD_BYTES,
+};
+use anyhow::{bail, Context, Result};
+use outbox_core::{Event, NewEvent};
+use outbox_worker::HandlerRegistry;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, Row as _};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{watch, Semaphore};
+
+/// Sizes and durations of a quick or full run.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sizes {
+    /// The big backlog (drains, brokers, backlog scaling).
+    pub(crate) backlog: u64,
+    /// The small backlog of the scaling comparison.
+    pub(crate) small_backlog: u64,
+    /// Events per broker ceiling measurement.
+    pub(crate) ceiling_events: u64,
+    /// Backlog of the naive baseline and how long it runs.
+    pub(crate) naive_backlog: u64,
+    pub(crate) naive: Duration,
+    /// Duration of each offered-load latency run.
+    pub(crate) latency: Duration,
+    /// Duration of each producer-overhead variant, and rounds of the three.
+    pub(crate) producer: Duration,
+    pub(crate) producer_rounds: u32,
+    /// Backlog of the REPEATABLE READ and scale-out scenarios.
+    pub(crate) side_backlog: u64,
+    /// Time cap of any single drain.
+    pub(crate) cap: Duration,
+}
+
+impl Sizes {
+    fn new(quick: bool, smoke: bool) -> Self {
+        if smoke {
+            Self {
+                backlog: 5_000,
+                small_backlog: 2_000,
+                ceiling_events: 2_000,
+                naive_backlog: 1_000,
+                naive: Duration::from_secs(1),
+                latency: Duration::from_secs(2),
+                producer: Duration::from_secs(1),
+                producer_rounds: 1,
+                side_backlog: 3_000,
+                cap: Duration::from_secs(60),
+            }
+        } else if quick {
+            Self {
+                backlog: 100_000,
+                small_backlog: 10_000,
+                ceiling_events: 50_000,
+                naive_backlog: 20_000,
+                naive: Duration::from_secs(8),
+                latency: Duration::from_secs(10),
+                producer: Duration::from_secs(5),
+                producer_rounds: 1,
+                side_backlog: 50_000,
+                cap: Duration::from_secs(90),
+            }
+        } else {
+            Self {
+                backlog: 1_000_000,
+                small_backlog: 10_000,
+                ceiling_events: 200_000,
+                naive_backlog: 40_000,
+                naive: Duration::from_secs(20),
+                latency: Duration::from_secs(30),
+                producer: Duration::from_secs(10),
+                producer_rounds: 2,
+                side_backlog: 200_000,
+                cap: Duration::from_secs(600),
+            }
+        }
+    }
+}
+
+/// State shared by the scenarios of one run.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    services: Services,
+    quick: bool,
+    batch: u32,
+    sizes: Sizes,
+    /// Rates measured earlier in the run, reused by later scenarios.
+    cache: HashMap<String, f64>,
+    res: Resources,
+    pub(crate) rows: Vec<Row>,
+    pub(crate) failures: Vec<String>,
+}
+
+fn noop_handlers() -> Arc<HandlerRegistry> {
+    Arc::new(HandlerRegistry::new().with_handler(EVENT_TYPE, |_event: Event| async { Ok(()) }))
+}
+
+/// Adds the usage of a drain to a row.
+fn with_usage(row: Row, d: &Drained) -> Row {
+    let per_event_us = if d.delivered > 0 {
+        d.usage.cpu_s * 1e6 / d.delivered as f64
+    } else {
+        0.0
+    };
+    let row = row
+        .detail("events", d.delivered)
+        .detail("wall_s", d.usage.wall_s)
+        .detail("cpu_s", d.usage.cpu_s)
+        .detail("cpu_us_per_event", per_event_us)
+        .detail("peak_rss_mib", d.usage.peak_rss_mib);
+    match d.note() {
+        Some(n) => row.note(n),
+        None => row,
+    }
+}
+
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+impl Ctx {
+    pub(crate) fn new(services: Services, quick: bool, smoke: bool, batch: u32) -> Self {
+        Self {
+            services,
+            quick,
+            batch,
+            sizes: Sizes::new(quick, smoke),
+            cache: HashMap::new(),
+            res: Resources::default(),
+            rows: Vec::new(),
+            failures: Vec::new(),
+        }
+    }
+
+    /// The machine description, with the Postgres version and settings.
+    pub(crate) async fn machine(&self) -> Machine {
+        let mut m = Machine::describe();
+        if let Ok(pool) = admin_pool(&self.services).await {
+            let q = "SELECT current_setting('server_version'), \
+                     'synchronous_commit=' || current_setting('synchronous_commit') || \
+                     ', fsync=' || current_setting('fsync') || \
+                     ', shared_buffers=' || current_setting('shared_buffers') || \
+                     ', autovacuum=' || current_setting('autovacuum')";
+            if let Ok(row) = sqlx::query(q).fetch_one(&pool).await {
+                m.postgres = format!(
+                    "PostgreSQL {}",
+                    row.try_get::<String, _>(0).unwrap_or_default()
+                );
+                m.postgres_settings = row.try_get::<String, _>(1).unwrap_or_default();
+            }
+            pool.close().await;
+        }
+        m
+    }
+
+    /// Removes what the last scenario created.
+    pub(crate) async fn cleanup(&mut self) {
+        self.res.cleanup(&self.services).await;
+    }
+
+    /// Runs one scenario, appending its rows.
+    pub(crate) async fn run(&mut self, name: &str) -> Result<()> {
+        match name {
+            "drain" => self.drain().await,
+            "brokers" => self.brokers().await,
+            "naive" => self.naive().await,
+            "latency" => self.latency().await,
+            "producer" => self.producer().await,
+            "backlog" => self.backlog().await,
+            "repeatable-read" => self.repeatable_read().await,
+            "scale-out" => self.scale_out().await,
+            other => bail!("unknown scenario {other}"),
+        }
+    }
+
+    fn common(&self, row: Row, backlog: u64) -> Row {
+        row.param("backlog", backlog)
+            .param("batch", self.batch)
+            .param("payload_bytes", PAYLOAD_BYTES as u64)
+            .param("keys", KEYS)
+    }
+
+    /// The Postgres store's claim+complete ceiling on a `n` backlog (cached).
+    async fn pg_store_ceiling(&mut self, n: u64) -> Result<f64> {
+        if let Some(v) = self.cache.get("store-pg") {
+            return Ok(*v);
+        }
+        let store = pg_store(&self.services, &mut self.res, "ceiling", false, false, 4).await?;
+        let load = load_pg(&store, "bench", n).await?;
+        let d = store_ceiling(&store, self.batch, n, self.sizes.cap).await?;
+        store.pool().close().await;
+        let row = Row::new(
+            "drain",
+            "CEILING store claim+complete, postgres (no sink)",
+            d.rate(),
+            "events/s",
+        );
+        let row = with_usage(self.common(row, n), &d).detail("load_s", load.as_secs_f64());
+        self.rows.push(row);
+        self.cache.insert("store-pg".into(), d.rate());
+        Ok(d.rate())
+    }
+
+    /// A relay drain of a fresh `n` backlog in Postgres to the no-op handler
+    /// with `relays` shards (cached per size for one relay).
+    async fn pg_noop_drain(&mut self, n: u64, relays: u32, label: &str) -> Result<(Drained, f64)> {
+        let store = pg_store(
+            &self.services,
+            &mut self.res,
+            label,
+            false,
+            true,
+            4 + 2 * relays,
+        )
+        .await?;
+        let load = load_pg(&store, "bench", n).await?;
+        let d = relay_drain(
+            store.clone(),
+            noop_handlers(),
+            self.batch,
+            relays,
+            n,
+            self.sizes.cap,
+        )
+        .await?;
+        store.pool().close().await;
+        if relays == 1 && !d.capped {
+            self.cache.insert(format!("pg-noop-{n}"), d.rate());
+        }
+        Ok((d, load.as_secs_f64()))
+    }
+
+    /// Scenario 1 (and the store half of 2): drains to the no-op handler.
+    async fn drain(&mut self) -> Result<()> {
+        let n = self.sizes.backlog;
+        let ceiling = self.pg_store_ceiling(n).await?;
+        let (d, load) = self.pg_noop_drain(n, 1, "noop").await?;
+        let row = Row::new(
+            "drain",
+            "relay postgres -> no-op handler",
+            d.rate(),
+            "events/s",
+        );
+        let row = with_usage(self.common(row, n), &d)
+            .detail("load_s", load)
+            .against("store ceiling", ceiling);
+        let met = row.ratio.unwrap_or(0.0) >= 0.5;
+        self.rows.push(row.target(">= 50% of store ceiling", met));
+
+        // SQLite: ceiling and relay on two fresh files.
+        let store = sqlite_store(&mut self.res, "ceiling").await?;
+        let load = load_sqlite(&store, "bench", n).await?;
+        let c = store_ceiling(&store, self.batch, n, self.sizes.cap).await?;
+        store.pool().close().await;
+        let row = Row::new(
+            "drain",
+            "CEILING store claim+complete, sqlite (no sink)",
+            c.rate(),
+            "events/s",
+        );
+        self.rows
+            .push(with_usage(self.common(row, n), &c).detail("load_s", load.as_secs_f64()));
+        let store = sqlite_store(&mut self.res, "noop").await?;
+        let load = load_sqlite(&store, "bench", n).await?;
+        let d = relay_drain(
+            store.clone(),
+            noop_handlers(),
+            self.batch,
+            1,
+            n,
+            self.sizes.cap,
+        )
+        .await?;
+        store.pool().close().await;
+        let row = Row::new(
+            "drain",
+            "relay sqlite -> no-op handler",
+            d.rate(),
+            "events/s",
+        );
+        let row = with_usage(self.common(row, n), &d)
+            .detail("load_s", load.as_secs_f64())
+            .against("store ceiling", c.rate());
+        let met = row.ratio.unwrap_or(0.0) >= 0.5;
+        self.rows.push(row.target(">= 50% of store ceiling", met));
+        Ok(())
+    }
+
+    /// Scenarios 1 and 2 for the brokers: each broker's ceiling, then the
+    /// relay from a Postgres backlog to it.
+    async fn brokers(&mut self) -> Result<()> {
+        let n = self.sizes.backlog;
+        let store_ceiling = self.pg_store_ceiling(n).await?;
+        let mut errors = Vec::new();
+        for b in Broker::ALL {
+            if let Err(e) = self.one_broker(b, n, store_ceiling).await {
+                eprintln!("!! broker {}: {e:#}", b.name());
+                errors.push(format!("{}: {e:#}", b.name()));
+            }
+        }
+        if !errors.is_empty() {
+            bail!("{}", errors.join("; "));
+        }
+        Ok(())
+    }
+
+    async fn one_broker(&mut self, b: Broker, n: u64, store_ceiling: f64) -> Result<()> {
+        let (sink, topic) = broker(&self.services, &mut self.res, b, "relay").await?;
+        let total = self.sizes.ceiling_events;
+        let c = sink_ceiling(&sink, &topic, self.batch, total, self.sizes.cap).await?;
+        let row = Row::new(
+            "brokers",
+            format!(
+                "CEILING {} publish-with-ack, publisher.deliver, no database",
+                b.name()
+            ),
+            c.rate(),
+            "events/s",
+        );
+        let row = row
+            .param("events", total)
+            .param("events_per_deliver_call", self.batch)
+            .param("payload_bytes", PAYLOAD_BYTES as u64);
+        self.rows.push(with_usage(row, &c));
+        if c.delivered == 0 {
+            bail!(
+                "{} ceiling delivered nothing: {}",
+                b.name(),
+                c.error.unwrap_or_default()
+            );
+        }
+        let store = pg_store(&self.services, &mut self.res, "broker", false, true, 4).await?;
+        let load = load_pg(&store, &topic, n).await?;
+        let d = relay_drain(
+            store.clone(),
+            Arc::new(sink),
+            self.batch,
+            1,
+            n,
+            self.sizes.cap,
+        )
+        .await?;
+        store.pool().close().await;
+        if !d.capped {
+            self.cache.insert(format!("pg-{}", b.name()), d.rate());
+        }
+        let (name, slower) = if c.rate() < store_ceiling {
+            (format!("min(ceilings) = {}", b.name()), c.rate())
+        } else {
+            ("min(ceilings) = store".to_owned(), store_ceiling)
+        };
+        let row = Row::new(
+            "brokers",
+            format!("relay postgres -> {}", b.name()),
+            d.rate(),
+            "events/s",
+        );
+        let row = with_usage(self.common(row, n), &d)
+            .detail("load_s", load.as_secs_f64())
+            .against(name, slower);
+        let met = row.ratio.unwrap_or(0.0) >= 0.5;
+        self.rows
+            .push(row.target(">= 50% of the slower ceiling", met));
+        Ok(())
+    }
+
+    /// Scenario 3: the naive baseline, to the no-op handler and to NATS.
+    async fn naive(&mut self) -> Result<()> {
+        let n = self.sizes.naive_backlog;
+        let secs = self.sizes.naive;
+        // To the no-op handler.
+        let store = pg_store(&self.services, &mut self.res, "naive", false, false, 2).await?;
+        load_pg(&store, "bench", n).await?;
+        let d = naive(&store, noop_handlers().as_ref(), secs).await?;
+        store.pool().close().await;
+        let row = Row::new(
+            "naive",
+            "NAIVE BASELINE postgres -> no-op (claim 1, deliver, delete, commit)",
+            d.rate(),
+            "events/s",
+        );
+        self.rows.push(with_usage(
+            row.param("backlog", n).param("duration_s", secs.as_secs()),
+            &d,
+        ));
+        let relay = self.relay_rate_noop().await?;
+        let row = Row::new(
+            "naive",
+            "relay / naive, postgres -> no-op",
+            relay,
+            "events/s",
+        )
+        .against("naive", d.rate());
+        let met = row.ratio.unwrap_or(0.0) >= 30.0;
+        self.rows.push(row.target(">= 30x naive", met));
+
+        // To NATS JetStream: publish, await the PubAck, then mark.
+        let (sink, subject) = broker(&self.services, &mut self.res, Broker::Nats, "naive").await?;
+        let store = pg_store(&self.services, &mut self.res, "naive_nats", false, false, 2).await?;
+        load_pg(&store, &subject, n).await?;
+        let d = naive(&store, &sink, secs).await?;
+        store.pool().close().await;
+        let row = Row::new(
+            "naive",
+            "NAIVE BASELINE postgres -> nats-jetstream (claim 1, publish, await ack, delete, commit)",
+            d.rate(),
+            "events/s",
+        );
+        self.rows.push(with_usage(
+            row.param("backlog", n).param("duration_s", secs.as_secs()),
+            &d,
+        ));
+        let key = format!("pg-{}", Broker::Nats.name());
+        let relay = match self.cache.get(&key) {
+            Some(v) => *v,
+            None => {
+                let store =
+                    pg_store(&self.services, &mut self.res, "relay_nats", false, true, 4).await?;
+                load_pg(&store, &subject, n).await?;
+                let r = relay_drain(
+                    store.clone(),
+                    Arc::new(sink),
+                    self.batch,
+                    1,
+                    n,
+                    self.sizes.cap,
+                )
+                .await?;
+                store.pool().close().await;
+                r.rate()
+            }
+        };
+        let row = Row::new(
+            "naive",
+            "relay / naive, postgres -> nats-jetstream",
+            relay,
+            "events/s",
+        )
+        .against("naive", d.rate());
+        let met = row.ratio.unwrap_or(0.0) >= 30.0;
+        self.rows.push(row.target(">= 30x naive", met));
+        Ok(())
+    }
+
+    /// The relay's Postgres -> no-op rate from earlier in the run, or
+    /// measured now on the big backlog.
+    async fn relay_rate_noop(&mut self) -> Result<f64> {
+        let n = self.sizes.backlog;
+        if let Some(v) = self.cache.get(&format!("pg-noop-{n}")) {
+            return Ok(*v);
+        }
+        let (d, _) = self.pg_noop_drain(n, 1, "noop").await?;
+        Ok(d.rate())
+    }
+
+    /// Scenario 4: offered load 1k and 10k events/s.
+    async fn latency(&mut self) -> Result<()> {
+        for (rate, target_p50, target_p99) in [(1_000u64, Some(3.0), 10.0), (10_000, None, 25.0)] {
+            let l = self.latency_run(rate).await?;
+            let mut target = format!("p99 <= {target_p99} ms");
+            let mut met = l.p99 <= target_p99;
+            if let Some(p50) = target_p50 {
+                target = format!("p50 <= {p50} ms, {target}");
+                met &= l.p50 <= p50;
+            }
+            let mut row = Row::new(
+                "latency",
+                format!("commit -> no-op handler, {rate} events/s offered"),
+                l.p99,
+                "ms p99",
+            )
+            .param("offered_events_per_s", rate)
+            .param("events_per_tx", l.per_tx)
+            .param("duration_s", self.sizes.latency.as_secs())
+            .param("batch", self.batch)
+            .detail("p50_ms", l.p50)
+            .detail("p99_ms", l.p99)
+            .detail("max_ms", l.max)
+            .detail("mean_ms", l.mean)
+            .detail("achieved_events_per_s", l.achieved)
+            .detail("events", l.events)
+            .detail("cpu_s", l.cpu_s);
+            let mut notes = Vec::new();
+            if l.missing > 0 {
+                notes.push(format!("{} events not seen by the handler", l.missing));
+            }
+            if l.skipped > 0 {
+                notes.push(format!(
+                    "{} producer ticks skipped (producers saturated)",
+                    l.skipped
+                ));
+            }
+            if let Some(e) = l.error {
+                notes.push(format!("producer error: {e}"));
+            }
+            if !notes.is_empty() {
+                row = row.note(notes.join("; "));
+            }
+            self.rows.push(row.target(target, met));
+        }
+        Ok(())
+    }
+
+    async fn latency_run(&mut self, rate: u64) -> Result<Latency> {
+        let store = pg_store(&self.services, &mut self.res, "latency", true, true, 6).await?;
+        let producers = PgPoolOptions::new()
+            .max_connections(16)
+            .connect(&self.services.database_url)
+            .await?;
+        let committed: Arc<Mutex<Vec<(uuid::Uuid, Instant)>>> = Arc::default();
+        let handled: Arc<Mutex<HashMap<uuid::Uuid, Instant>>> = Arc::default();
+        let seen = Arc::clone(&handled);
+        let handlers = HandlerRegistry::new().with_handler(EVENT_TYPE, move |event: Event| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let now = Instant::now();
+                if let Ok(mut s) = seen.lock() {
+                    s.insert(event.id.as_uuid(), now);
+                }
+                Ok(())
+            }
+        });
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let relay = outbox_worker::Relay::new(
+            store.clone(),
+            handlers,
+            crate::run::relay_options(self.batch, outbox_core::ShardSpec::ALL, "latency"),
+        )?;
+        let cpu0 = crate::probe::cpu_seconds();
+        let relay = tokio::spawn(relay.run(async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        }));
+        // Let the LISTEN connection come up before producing.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+
+        let per_tx = (rate / 1000).max(1);
+        let tx_per_s = rate / per_tx;
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / tx_per_s as f64));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let slots = Arc::new(Semaphore::new(64));
+        let error: Arc<Mutex<Option<String>>> = Arc::default();
+        let mut tasks = tokio::task::JoinSet::new();
+        let started = Instant::now();
+        let mut i = 0u64;
+        let mut skipped = 0u64;
+        while started.elapsed() < self.sizes.latency {
+            tick.tick().await;
+            let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                skipped += 1;
+                continue;
+            };
+            let events: Vec<NewEvent> = (i..i + per_tx).map(|j| new_event("bench", j)).collect();
+            i += per_tx;
+            let (pool, outbox, committed, error) = (
+                producers.clone(),
+                store.outbox().clone(),
+                Arc::clone(&committed),
+                Arc::clone(&error),
+            );
+            tasks.spawn(async move {
+                let result = async {
+                    let mut tx = pool.begin().await?;
+                    let ids = outbox.enqueue_batch(&mut tx, events).await?;
+                    tx.commit().await?;
+                    anyhow::Ok(ids)
+                }
+                .await;
+                let now = Instant::now();
+                match result {
+                    Ok(ids) => {
+                        if let Ok(mut c) = committed.lock() {
+                            c.extend(ids.iter().map(|id| (id.as_uuid(), now)));
+                        }
+                    }
+                    Err(e) => {
+                        if let Ok(mut slot) = error.lock() {
+                            slot.get_or_insert_with(|| format!("{e:#}"));
+                        }
+                    }
+                }
+                drop(permit);
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let produced_for = started.elapsed().as_secs_f64();
+        let expected = committed.lock().map(|c| c.len()).unwrap_or(0);
+        let wait_until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < wait_until {
+            let n = handled.lock().map(|h| h.len()).unwrap_or(0);
+            if n >= expected {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let _ = stop_tx.send(true);
+        relay.await.context("relay task")?;
+        let cpu_s = crate::probe::cpu_seconds() - cpu0;
+        producers.close().await;
+        store.pool().close().await;
+
+        let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
+        let handled = handled.lock().map(|h| h.clone()).unwrap_or_default();
+        let mut lat: Vec<f64> = Vec::with_capacity(committed.len());
+        let mut missing = 0u64;
+        for (id, at) in &committed {
+            match handled.get(id) {
+                Some(h) => lat.push(h.saturating_duration_since(*at).as_secs_f64() * 1000.0),
+                None => missing += 1,
+            }
+        }
+        lat.sort_by(f64::total_cmp);
+        let mean = if lat.is_empty() {
+            f64::NAN
+        } else {
+            lat.iter().sum::<f64>() / lat.len() as f64
+        };
+        let error = error.lock().ok().and_then(|e| e.clone());
+        Ok(Latency {
+            per_tx,
+            p50: percentile(&lat, 0.50),
+            p99: percentile(&lat, 0.99),
+            max: lat.last().copied().unwrap_or(f64::NAN),
+            mean,
+            achieved: committed.len() as f64 / produced_for,
+            events: committed.len() as u64,
+            missing,
+            skipped,
+            cpu_s,
+            error,
+        })
+    }
+
+    /// Scenario 5: producer overhead.
+    async fn producer(&mut self) -> Result<()> {
+        let store = pg_store(&self.services, &mut self.res, "producer", false, false, 2).await?;
+        let schema = store.outbox().schema().as_str().to_owned();
+        let orders = format!("\"{schema}\".orders");
+        sqlx::query(&format!(
+            "CREATE TABLE {orders} (id uuid PRIMARY KEY, customer text NOT NULL, \
+             total bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
+        ))
+        .execute(store.pool())
+        .await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&self.services.database_url)
+            .await?;
+        let insert = Arc::new(format!(
+            "INSERT INTO {orders} (id, customer, total) VALUES ($1, $2, $3)"
+        ));
+        let variants = [
+            ("no outbox", None),
+            (
+                "outbox insert, NOTIFY off",
+                Some(store.outbox().clone().with_notify(false)),
+            ),
+            (
+                "outbox insert, NOTIFY on",
+                Some(store.outbox().clone().with_notify(true)),
+            ),
+        ];
+        let mut totals = [(0u64, 0.0f64); 3];
+        for _ in 0..self.sizes.producer_rounds {
+            for (v, (_, outbox)) in variants.iter().enumerate() {
+                let deadline = Instant::now() + self.sizes.producer;
+                let mut workers = tokio::task::JoinSet::new();
+                for w in 0..8u64 {
+                    let (pool, outbox, insert) =
+                        (pool.clone(), outbox.clone(), Arc::clone(&insert));
+                    workers.spawn(async move {
+                        let mut n = 0u64;
+                        while Instant::now() < deadline {
+                            let mut tx = pool.begin().await?;
+                            sqlx::query(&insert)
+                                .bind(uuid::Uuid::now_v7())
+                                .bind(format!("customer-{w}"))
+                                .bind(i64::try_from(n).unwrap_or(0))
+                                .execute(&mut *tx)
+                                .await?;
+                            if let Some(o) = &outbox {
+                                o.enqueue(&mut tx, new_event("bench", w * 1_000_000_000 + n))
+                                    .await?;
+                            }
+                            tx.commit().await?;
+                            n += 1;
+                        }
+                        anyhow::Ok(n)
+                    });
+                }
+                let started = Instant::now();
+                while let Some(r) = workers.join_next().await {
+                    totals[v].0 += r.context("producer task")??;
+                }
+                totals[v].1 += started.elapsed().as_secs_f64();
+            }
+        }
+        pool.close().await;
+        store.pool().close().await;
+        let rate = |i: usize| totals[i].0 as f64 / totals[i].1.max(1e-9);
+        let base = rate(0);
+        let params = |row: Row| {
+            row.param("concurrency", 8u64)
+                .param("duration_s", self.sizes.producer.as_secs())
+                .param("rounds", self.sizes.producer_rounds)
+        };
+        self.rows.push(params(Row::new(
+            "producer",
+            "business tx (1 INSERT), no outbox",
+            base,
+            "tx/s",
+        )));
+        for (i, (name, _)) in variants.iter().enumerate().skip(1) {
+            let row = params(Row::new(
+                "producer",
+                format!("business tx + {name}"),
+                rate(i),
+                "tx/s",
+            ))
+            .against("no outbox", base);
+            let overhead = 1.0 - row.ratio.unwrap_or(0.0);
+            let row = row.detail("overhead_pct", overhead * 100.0);
+            self.rows
+                .push(row.target("overhead <= 5%", overhead <= 0.05));
+        }
+        Ok(())
+    }
+
+    /// Scenario 6: drain rate at a 10k backlog vs the big one.
+    async fn backlog(&mut self) -> Result<()> {
+        let small = self.sizes.small_backlog;
+        let big = self.sizes.backlog;
+        let (d, _) = self.pg_noop_drain(small, 1, "small").await?;
+        let small_rate = d.rate();
+        let row = Row::new(
+            "backlog",
+            format!("relay postgres -> no-op, {small} backlog"),
+            small_rate,
+            "events/s",
+        );
+        self.rows.push(with_usage(self.common(row, small), &d));
+        let big_rate = match self.cache.get(&format!("pg-noop-{big}")) {
+            Some(v) => *v,
+            None => {
+                let (d, _) = self.pg_noop_drain(big, 1, "big").await?;
+                d.rate()
+            }
+        };
+        let row = Row::new(
+            "backlog",
+            format!("relay postgres -> no-op, {big} backlog"),
+            big_rate,
+            "events/s",
+        )
+        .param("backlog", big)
+        .against(format!("{small} backlog"), small_rate);
+        let met = row.ratio.unwrap_or(0.0) >= 0.9;
+        let mut row = row.target(">= 90% of the 10k drain", met);
+        if self.quick {
+            row = row.note("quick run: 100k instead of 1M");
+        }
+        self.rows.push(row);
+        Ok(())
+    }
+
+    /// Scenario 7: a REPEATABLE READ transaction held open during a drain.
+    async fn repeatable_read(&mut self) -> Result<()> {
+        let n = self.sizes.side_backlog;
+        let mut results = Vec::new();
+        for held in [false, true] {
+            let label = if held { "rr_held" } else { "rr_clean" };
+            let store = pg_store(&self.services, &mut self.res, label, false, true, 4).await?;
+            load_pg(&store, "bench", n).await?;
+            let mut holder = if held {
+                let mut conn = sqlx::PgConnection::connect(&self.services.database_url).await?;
+                sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+                    .execute(&mut conn)
+                    .await?;
+                // The first statement takes the snapshot; it is held until rollback.
+                sqlx::query("SELECT count(*) FROM pg_class")
+                    .execute(&mut conn)
+                    .await?;
+                Some(conn)
+            } else {
+                None
+            };
+            let d = relay_drain(
+                store.clone(),
+                noop_handlers(),
+                self.batch,
+                1,
+                n,
+                self.sizes.cap,
+            )
+            .await?;
+            let schema = store.outbox().schema().as_str().to_owned();
+            let table = store.outbox().table().as_str().to_owned();
+            // Closing the relay's connections flushes their table statistics.
+            store.pool().close().await;
+            let dead = dead_tuples(&self.services, &schema, &table).await?;
+            if let Some(mut conn) = holder.take() {
+                sqlx::query("ROLLBACK").execute(&mut conn).await?;
+                conn.close().await?;
+            }
+            results.push((held, d, dead));
+        }
+        let clean = results.first().map_or(0.0, |(_, d, _)| d.rate());
+        for (held, d, (before, after)) in &results {
+            let case = if *held {
+                "relay postgres -> no-op, REPEATABLE READ tx held open"
+            } else {
+                "relay postgres -> no-op, clean (no long transaction)"
+            };
+            let mut row = with_usage(
+                self.common(Row::new("repeatable-read", case, d.rate(), "events/s"), n),
+                d,
+            )
+            .detail("n_dead_tup_after_drain", *before)
+            .detail("n_dead_tup_after_vacuum", *after);
+            if *held {
+                row = row.against("clean drain", clean);
+            }
+            self.rows.push(row);
+        }
+        Ok(())
+    }
+
+    /// Scenario 8: 1, 2 and 4 relays (shards) on one table.
+    async fn scale_out(&mut self) -> Result<()> {
+        let n = self.sizes.side_backlog;
+        let mut one = 0.0;
+        for relays in [1u32, 2, 4] {
+            let (d, _) = self
+                .pg_noop_drain(n, relays, &format!("scale{relays}"))
+                .await?;
+            let row = Row::new(
+                "scale-out",
+                format!("{relays} relay(s), shards i/{relays}, postgres -> no-op"),
+                d.rate(),
+                "events/s",
+            )
+            .param("relays", relays);
+            let mut row = with_usage(self.common(row, n), &d);
+            if relays == 1 {
+                one = d.rate();
+            } else {
+                row = row.against("1 relay", one);
+            }
+            self.rows.push(row);
+        }
+        Ok(())
+    }
+}
+
+/// Latency of one offered-load run.
+#[derive(Debug)]
+struct Latency {
+    per_tx: u64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    mean: f64,
+    achieved: f64,
+    events: u64,
+    missing: u64,
+    skipped: u64,
+    cpu_s: f64,
+    error: Option<String>,
+}
+
+/// `n_dead_tup` of the events table after the drain, and after a VACUUM
+/// (which cannot remove tuples a held snapshot may still see).
+async fn dead_tuples(services: &Services, schema: &str, table: &str) -> Result<(i64, i64)> {
+    let pool = admin_pool(services).await?;
+    let read = || async {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        let row = sqlx::query(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2",
+        )
+        .bind(schema)
+        .bind(table)
+        .fetch_one(&pool)
+        .await?;
+        anyhow::Ok(row.try_get::<i64, _>(0)?)
+    };
+    let before = read().await?;
+    sqlx::query(&format!("VACUUM \"{schema}\".\"{table}\""))
+        .execute(&pool)
+        .await?;
+    let after = read().await?;
+    pool.close().await;
+    Ok((before, after))
+}

@@ -1,0 +1,359 @@
+//! Fault tests against librdkafka's in-process mock cluster
+//! (`rdkafka::mocking`): brokers down and request errors while events are in
+//! flight. The mock cluster stands in for a broker only here, where faults
+//! must be injected on demand; the conformance suite runs against Tansu.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod support;
+
+use outbox_core::{ErrorCode, Outcome, Sink};
+use outbox_kafka::rdkafka::mocking::MockCluster;
+use outbox_kafka::rdkafka::producer::Producer;
+use outbox_kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use outbox_kafka::{KafkaConfig, KafkaPublisher, UnknownTopic};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use support::{event, message_count, read_back, topic_name};
+
+const PARTITIONS: i32 = 3;
+
+fn cluster(
+    topic: &str,
+) -> MockCluster<'static, outbox_kafka::rdkafka::producer::DefaultProducerContext> {
+    let mock = MockCluster::new(3).unwrap();
+    mock.create_topic(topic, PARTITIONS, 3).unwrap();
+    mock
+}
+
+fn ids(events: &[outbox_core::Event]) -> BTreeSet<String> {
+    events.iter().map(|e| e.id.to_string()).collect()
+}
+
+fn received_ids(received: &[support::Received]) -> BTreeSet<String> {
+    received.iter().map(|r| r.event_id().to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delivers_with_key_headers_and_per_key_order() {
+    let topic = topic_name("mock-basic");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
+    let keys = ["a", "b", "c", "d"];
+    let events: Vec<_> = (0..40)
+        .map(|n| event(&topic, Some(keys[n % keys.len()]), n))
+        .chain([event(&topic, None, 40)])
+        .collect();
+
+    let outcomes = publisher.deliver(&events).await;
+    assert_eq!(outcomes, vec![Outcome::Delivered; events.len()]);
+
+    let got = read_back(&brokers, &topic, PARTITIONS, events.len()).await;
+    assert_eq!(received_ids(&got), ids(&events));
+    assert_eq!(
+        message_count(&brokers, &topic, PARTITIONS),
+        events.len() as i64
+    );
+    // Key, headers, payload per event.
+    for ev in &events {
+        let r = got
+            .iter()
+            .find(|r| r.event_id() == ev.id.to_string())
+            .unwrap();
+        let expected_key = ev.key.clone().unwrap_or_else(|| ev.id.to_string());
+        assert_eq!(r.key.as_deref(), Some(expected_key.as_str()));
+        assert_eq!(r.payload, ev.payload);
+        assert_eq!(r.headers["outbox-event-type"], "test.event");
+        assert_eq!(r.headers["content-type"], "application/octet-stream");
+        assert_eq!(r.headers["traceparent"], ev.headers["traceparent"]);
+        assert_eq!(r.headers["tracestate"], "vendor=value");
+        assert_eq!(r.headers["x-n"], ev.headers["x-n"]);
+    }
+    // One partition per key, and in that partition the key's events in enqueue order.
+    let mut by_key: BTreeMap<&str, Vec<&support::Received>> = BTreeMap::new();
+    for r in &got {
+        by_key.entry(r.key.as_deref().unwrap()).or_default().push(r);
+    }
+    for key in keys {
+        let mut msgs = by_key.remove(key).unwrap();
+        let partitions: BTreeSet<i32> = msgs.iter().map(|r| r.partition).collect();
+        assert_eq!(partitions.len(), 1, "key {key} spread over {partitions:?}");
+        msgs.sort_by_key(|r| r.offset);
+        let order: Vec<String> = msgs.iter().map(|r| r.event_id().to_owned()).collect();
+        let expected: Vec<String> = events
+            .iter()
+            .filter(|e| e.key.as_deref() == Some(key))
+            .map(|e| e.id.to_string())
+            .collect();
+        assert_eq!(order, expected, "order of key {key}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn brokers_down_then_up_while_in_flight_delivers_everything_once() {
+    let topic = topic_name("mock-down-up");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher = Arc::new(
+        KafkaPublisher::new(
+            KafkaConfig::new(&brokers).with_delivery_timeout(Duration::from_secs(120)),
+        )
+        .unwrap(),
+    );
+    // Warm up (metadata, producer id) so the outage hits produce requests.
+    let warm = vec![event(&topic, Some("k0"), 0)];
+    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+
+    mock.broker_down(-1).unwrap();
+    let events: Vec<_> = (1..=30)
+        .map(|n| event(&topic, Some(&format!("k{}", n % 5)), n))
+        .collect();
+    let task = {
+        let publisher = publisher.clone();
+        let events = events.clone();
+        tokio::spawn(async move { publisher.deliver(&events).await })
+    };
+    // Keep the brokers down until librdkafka has taken the whole batch.
+    while (publisher.producer().in_flight_count()) < events.len() as i32 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing can have been acknowledged while every broker is down.
+    assert!(
+        !task.is_finished(),
+        "deliver returned while all brokers were down"
+    );
+    mock.broker_up(-1).unwrap();
+
+    let outcomes = task.await.unwrap();
+    assert_eq!(outcomes, vec![Outcome::Delivered; events.len()]);
+    let all: Vec<_> = warm.iter().chain(&events).cloned().collect();
+    let got = read_back(&brokers, &topic, PARTITIONS, all.len()).await;
+    assert_eq!(received_ids(&got), ids(&all));
+    assert_eq!(
+        message_count(&brokers, &topic, PARTITIONS),
+        all.len() as i64,
+        "duplicates"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn brokers_down_past_the_timeout_fail_retryable_then_redelivery_succeeds() {
+    let topic = topic_name("mock-timeout");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher = KafkaPublisher::new(
+        KafkaConfig::new(&brokers).with_delivery_timeout(Duration::from_secs(2)),
+    )
+    .unwrap();
+    let warm = vec![event(&topic, Some("k"), 0)];
+    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+
+    mock.broker_down(-1).unwrap();
+    let events: Vec<_> = (1..=10).map(|n| event(&topic, Some("k"), n)).collect();
+    let outcomes = publisher.deliver(&events).await;
+    for o in &outcomes {
+        match o {
+            Outcome::Failed(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert_eq!(e.code(), &ErrorCode::PUBLISH_TIMEOUT, "{e}");
+            }
+            Outcome::Delivered => panic!("reported delivered while every broker was down"),
+        }
+    }
+    mock.broker_up(-1).unwrap();
+
+    // The relay retries the events that failed, as often as its retry
+    // policy allows, until they are delivered (librdkafka may still be in
+    // its reconnect backoff for the first rounds).
+    let mut left = events.clone();
+    for _round in 0..30 {
+        if left.is_empty() {
+            break;
+        }
+        let outcomes = publisher.deliver(&left).await;
+        left = left
+            .into_iter()
+            .zip(outcomes)
+            .filter_map(|(e, o)| match o {
+                Outcome::Delivered => None,
+                Outcome::Failed(err) => {
+                    assert!(err.is_retryable(), "{err}");
+                    Some(e)
+                }
+            })
+            .collect();
+    }
+    assert!(left.is_empty(), "{} events never delivered", left.len());
+    let all: Vec<_> = warm.iter().chain(&events).cloned().collect();
+    let got = read_back(&brokers, &topic, PARTITIONS, all.len()).await;
+    assert_eq!(received_ids(&got), ids(&all));
+    // Every event at least once; a timed-out send may also have landed
+    // ("maybe delivered"), which the consumer dedups by outbox-event-id.
+    assert!(message_count(&brokers, &topic, PARTITIONS) >= all.len() as i64);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn retriable_request_errors_are_retried_without_duplicates() {
+    let topic = topic_name("mock-req-errors");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
+    let warm = vec![event(&topic, Some("k"), 0)];
+    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__TRANSPORT,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        ],
+    );
+    let events: Vec<_> = (1..=20)
+        .map(|n| event(&topic, Some(&format!("k{}", n % 3)), n))
+        .collect();
+    let outcomes = publisher.deliver(&events).await;
+    assert_eq!(outcomes, vec![Outcome::Delivered; events.len()]);
+
+    let all: Vec<_> = warm.iter().chain(&events).cloned().collect();
+    let got = read_back(&brokers, &topic, PARTITIONS, all.len()).await;
+    assert_eq!(received_ids(&got), ids(&all));
+    assert_eq!(
+        message_count(&brokers, &topic, PARTITIONS),
+        all.len() as i64,
+        "duplicates"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn message_too_large_is_permanent_and_does_not_block_the_batch() {
+    let topic = topic_name("mock-too-large");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher =
+        KafkaPublisher::new(KafkaConfig::new(&brokers).with_property("message.max.bytes", "10000"))
+            .unwrap();
+    let mut big = event(&topic, Some("k"), 1);
+    big.payload = vec![b'x'; 20_000];
+    let events = vec![
+        event(&topic, Some("k"), 0),
+        big,
+        event(&topic, Some("k"), 2),
+    ];
+    let outcomes = publisher.deliver(&events).await;
+    assert_eq!(outcomes[0], Outcome::Delivered);
+    assert_eq!(outcomes[2], Outcome::Delivered);
+    match &outcomes[1] {
+        Outcome::Failed(e) => {
+            assert!(!e.is_retryable(), "{e}");
+            assert_eq!(e.code(), &ErrorCode::PUBLISH_TOO_LARGE);
+        }
+        other => panic!("expected too large, got {other:?}"),
+    }
+    let got = read_back(&brokers, &topic, PARTITIONS, 2).await;
+    assert_eq!(
+        received_ids(&got),
+        ids(&[events[0].clone(), events[2].clone()])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_rejecting_as_too_large_is_permanent() {
+    let topic = topic_name("mock-broker-too-large");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
+    let warm = vec![event(&topic, Some("k"), 0)];
+    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
+    );
+    let events = vec![event(&topic, Some("k"), 1)];
+    let outcomes = publisher.deliver(&events).await;
+    match &outcomes[0] {
+        Outcome::Failed(e) => {
+            assert!(!e.is_retryable(), "{e}");
+            assert_eq!(e.code(), &ErrorCode::PUBLISH_TOO_LARGE);
+        }
+        other => panic!("expected too large, got {other:?}"),
+    }
+    // The producer keeps working afterwards.
+    let next = vec![event(&topic, Some("k"), 2)];
+    assert_eq!(publisher.deliver(&next).await, vec![Outcome::Delivered]);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_topic_follows_the_configured_policy() {
+    let topic = topic_name("mock-known");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let missing = topic_name("mock-missing");
+    mock.topic_error(
+        &missing,
+        RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+    )
+    .unwrap();
+    for (policy, retryable) in [
+        (UnknownTopic::Permanent, false),
+        (UnknownTopic::Retryable, true),
+    ] {
+        let publisher = KafkaPublisher::new(
+            KafkaConfig::new(&brokers)
+                .with_unknown_topic(policy)
+                .with_property("topic.metadata.propagation.max.ms", "100")
+                .with_property("allow.auto.create.topics", "false"),
+        )
+        .unwrap();
+        let events = vec![event(&missing, Some("k"), 0), event(&topic, Some("k"), 1)];
+        let outcomes = publisher.deliver(&events).await;
+        assert_eq!(outcomes[1], Outcome::Delivered);
+        match &outcomes[0] {
+            Outcome::Failed(e) => {
+                assert_eq!(e.code(), &ErrorCode::PUBLISH_UNROUTABLE, "{e}");
+                assert_eq!(e.is_retryable(), retryable, "{policy:?}: {e}");
+            }
+            other => panic!("expected unroutable, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn fatal_producer_error_fails_retryable_and_replaces_the_producer() {
+    let topic = topic_name("mock-fatal");
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
+    let warm = vec![event(&topic, Some("k"), 0)];
+    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    assert_eq!(publisher.producers_recreated(), 0);
+
+    // A sequence desynchronisation on the head-of-line request: librdkafka
+    // raises a fatal idempotence error and the producer instance is unusable.
+    mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER],
+    );
+    let events: Vec<_> = (1..=5).map(|n| event(&topic, Some("k"), n)).collect();
+    let outcomes = publisher.deliver(&events).await;
+    for o in &outcomes {
+        match o {
+            Outcome::Failed(e) => assert!(e.is_retryable(), "{e}"),
+            Outcome::Delivered => panic!("delivered through a fatal producer error"),
+        }
+    }
+    assert_eq!(publisher.producers_recreated(), 1);
+
+    // The relay retries them on the fresh producer.
+    assert_eq!(
+        publisher.deliver(&events).await,
+        vec![Outcome::Delivered; events.len()]
+    );
+    let all: Vec<_> = warm.iter().chain(&events).cloned().collect();
+    let got = read_back(&brokers, &topic, PARTITIONS, all.len()).await;
+    assert_eq!(received_ids(&got), ids(&all));
+}

@@ -1,0 +1,296 @@
+//! Enqueue inside the caller's transaction.
+
+use crate::names::Names;
+use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
+use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
+use outbox_core::{EventId, EventLimits, NewEvent};
+use sqlx::PgConnection;
+use std::fmt;
+use std::sync::{Arc, OnceLock};
+use uuid::Uuid;
+
+/// A cheap, cloneable handle to one outbox (schema + table): enqueues events
+/// in the caller's transaction and applies the migrations.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_core::NewEvent;
+/// use outbox_postgres::{Ident, PgOutbox};
+///
+/// let outbox = PgOutbox::new(Ident::new("app")?, Ident::new("outbox")?)?;
+/// let mut tx = pool.begin().await?;
+/// // ... the business writes, on &mut *tx ...
+/// let id = outbox
+///     .enqueue(&mut *tx, NewEvent::new("order.created", "orders", b"{}".to_vec()).with_key("order-42"))
+///     .await?;
+/// tx.commit().await?;
+/// # let _ = id; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PgOutbox {
+    pub(crate) names: Arc<Names>,
+    sql: Arc<EnqueueSql>,
+    limits: EventLimits,
+    notify: bool,
+}
+
+struct EnqueueSql {
+    one: String,
+    one_notify: String,
+    batch: String,
+    batch_notify: String,
+}
+
+const COLUMNS: &str = "id, key, key_hash, event_type, topic, payload, headers";
+
+impl EnqueueSql {
+    fn new(names: &Names) -> Self {
+        let one = names.render(&format!(
+            "INSERT INTO {{{{events}}}} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)"
+        ));
+        let batch = names.render(&format!(
+            "INSERT INTO {{{{events}}}} ({COLUMNS}) \
+             SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb \
+             FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]) \
+             AS t(id, key, key_hash, event_type, topic, payload, headers) \
+             ORDER BY id"
+        ));
+        Self {
+            one_notify: format!("WITH ins AS ({one}) SELECT pg_notify($8, '')"),
+            batch_notify: format!("WITH ins AS ({batch}) SELECT pg_notify($8, '')"),
+            one,
+            batch,
+        }
+    }
+}
+
+impl fmt::Debug for PgOutbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgOutbox")
+            .field("schema", &self.names.schema)
+            .field("table", &self.names.table)
+            .field("notify", &self.notify)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Default for PgOutbox {
+    /// The outbox in `outbox.events`, with default limits and notify setting.
+    fn default() -> Self {
+        default_outbox().clone()
+    }
+}
+
+fn default_outbox() -> &'static PgOutbox {
+    static DEFAULT: OnceLock<PgOutbox> = OnceLock::new();
+    DEFAULT.get_or_init(|| {
+        let names = Names::new(
+            Ident::from_static(DEFAULT_SCHEMA),
+            Ident::from_static(DEFAULT_TABLE),
+        );
+        // The default names are constants that fit; fall back to the same
+        // constants without derived-name checks is impossible, so a failure
+        // here is a bug caught by the unit tests.
+        #[allow(clippy::expect_used)]
+        let names = names.expect("default outbox names are valid");
+        PgOutbox::from_names(names)
+    })
+}
+
+impl PgOutbox {
+    /// The outbox in `schema`.`table` (with default limits and notify setting).
+    /// Fails when a derived name (`<table>_dead`, `<table>_migrations`, index
+    /// names) would exceed 63 bytes.
+    pub fn new(schema: Ident, table: Ident) -> Result<Self, InvalidIdentifier> {
+        Ok(Self::from_names(Names::new(schema, table)?))
+    }
+
+    pub(crate) fn from_names(names: Names) -> Self {
+        Self {
+            sql: Arc::new(EnqueueSql::new(&names)),
+            names: Arc::new(names),
+            limits: EventLimits::default(),
+            notify: DEFAULT_NOTIFY,
+        }
+    }
+
+    /// Whether enqueue also issues `pg_notify` (waking idle relays at once).
+    pub fn with_notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// The limits checked at enqueue.
+    pub fn with_limits(mut self, limits: EventLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Ident {
+        &self.names.schema
+    }
+
+    /// The events table.
+    pub fn table(&self) -> &Ident {
+        &self.names.table
+    }
+
+    /// The LISTEN/NOTIFY channel of this outbox: `schema.table`, or
+    /// `outbox_<hash>` when that is longer than 63 bytes.
+    pub fn channel(&self) -> &str {
+        &self.names.channel
+    }
+
+    /// Whether enqueue notifies.
+    pub fn notifies(&self) -> bool {
+        self.notify
+    }
+
+    /// Adds one INSERT (plus `pg_notify` when enabled) to the caller's
+    /// transaction: pass `&mut *tx`. Returns the event's id. The event is
+    /// visible to relays only once the transaction commits.
+    pub async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        event: NewEvent,
+    ) -> Result<EventId, EnqueueError> {
+        let id = event.id();
+        event
+            .validate(&self.limits)
+            .map_err(|source| EnqueueError::Invalid { id, source })?;
+        let key_hash = i64::from(event.key_hash());
+        let (id, key, event_type, topic, payload, headers) = event.into_parts();
+        let headers = headers_json(&headers);
+        let sql = if self.notify {
+            &self.sql.one_notify
+        } else {
+            &self.sql.one
+        };
+        let mut q = sqlx::query(sql)
+            .bind(id.as_uuid())
+            .bind(key)
+            .bind(key_hash)
+            .bind(event_type)
+            .bind(topic)
+            .bind(payload)
+            .bind(headers);
+        if self.notify {
+            q = q.bind(&self.names.channel);
+        }
+        q.execute(conn).await.map_err(EnqueueError::Database)?;
+        Ok(id)
+    }
+
+    /// Adds many events with ONE INSERT (`UNNEST` of arrays) to the caller's
+    /// transaction. All are validated first; nothing is written if one is
+    /// refused. Returns the ids in the given order.
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut PgConnection,
+        events: impl IntoIterator<Item = NewEvent>,
+    ) -> Result<Vec<EventId>, EnqueueError> {
+        let events: Vec<NewEvent> = events.into_iter().collect();
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        for e in &events {
+            e.validate(&self.limits)
+                .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
+        }
+        let n = events.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut uuids: Vec<Uuid> = Vec::with_capacity(n);
+        let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut hashes: Vec<i64> = Vec::with_capacity(n);
+        let mut types: Vec<String> = Vec::with_capacity(n);
+        let mut topics: Vec<String> = Vec::with_capacity(n);
+        let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut headers: Vec<String> = Vec::with_capacity(n);
+        for e in events {
+            hashes.push(i64::from(e.key_hash()));
+            let (id, key, event_type, topic, payload, h) = e.into_parts();
+            ids.push(id);
+            uuids.push(id.as_uuid());
+            keys.push(key);
+            types.push(event_type);
+            topics.push(topic);
+            payloads.push(payload);
+            headers.push(headers_json(&h));
+        }
+        let sql = if self.notify {
+            &self.sql.batch_notify
+        } else {
+            &self.sql.batch
+        };
+        let mut q = sqlx::query(sql)
+            .bind(uuids)
+            .bind(keys)
+            .bind(hashes)
+            .bind(types)
+            .bind(topics)
+            .bind(payloads)
+            .bind(headers);
+        if self.notify {
+            q = q.bind(&self.names.channel);
+        }
+        q.execute(conn).await.map_err(EnqueueError::Database)?;
+        Ok(ids)
+    }
+
+    /// Applies the missing migrations to this outbox's schema (creating the
+    /// schema if needed), serialized by an advisory lock. Returns the versions
+    /// applied by this call (empty when already up to date).
+    pub async fn migrate(&self, conn: &mut PgConnection) -> Result<Vec<i32>, MigrateError> {
+        crate::migrate::run(conn, &self.names).await
+    }
+
+    /// The migration SQL with this outbox's names substituted, for teams that
+    /// apply migrations with their own tool: `(version, name, sql)`.
+    pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
+        crate::MIGRATIONS
+            .iter()
+            .map(|m| (m.version, m.name, m.render(&self.names)))
+            .collect()
+    }
+}
+
+fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> String {
+    // A map of strings always serializes; the fallback is never used.
+    serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// Enqueues one event into the default outbox (`outbox.events`) in the
+/// caller's transaction (`&mut *tx`). See [`PgOutbox::enqueue`].
+pub async fn enqueue(conn: &mut PgConnection, event: NewEvent) -> Result<EventId, EnqueueError> {
+    default_outbox().enqueue(conn, event).await
+}
+
+/// Enqueues many events into the default outbox (`outbox.events`) with one
+/// INSERT. See [`PgOutbox::enqueue_batch`].
+pub async fn enqueue_batch(
+    conn: &mut PgConnection,
+    events: impl IntoIterator<Item = NewEvent>,
+) -> Result<Vec<EventId>, EnqueueError> {
+    default_outbox().enqueue_batch(conn, events).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_outbox_names() {
+        let o = PgOutbox::default();
+        assert_eq!(o.schema().as_str(), "outbox");
+        assert_eq!(o.table().as_str(), "events");
+        assert_eq!(o.channel(), "outbox.events");
+        let sql = &o.migration_sql()[0].2;
+        assert!(
+            sql.contains("CREATE TABLE \"outbox\".\"events\" ("),
+            "{sql}"
+        );
+        assert!(!sql.contains("{{"), "{sql}");
+    }
+}

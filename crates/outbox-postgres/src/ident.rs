@@ -1,0 +1,159 @@
+//! Validated SQL identifiers for schema and table names.
+
+use std::fmt;
+use thiserror::Error;
+
+/// PostgreSQL truncates identifiers longer than this (`NAMEDATALEN - 1`);
+/// we refuse them instead.
+pub const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// A schema or table name that is safe to put in SQL: it matches
+/// `[A-Za-z_][A-Za-z0-9_]*` and is at most 63 bytes long.
+///
+/// The store always writes it double-quoted (`"My_Table"`), so case is kept
+/// exactly as given. Because the character set excludes quotes, the quoted
+/// form can never break out of the identifier.
+///
+/// ```
+/// use outbox_postgres::Ident;
+/// assert_eq!(Ident::new("outbox").unwrap().quoted(), "\"outbox\"");
+/// assert!(Ident::new("x\"; DROP TABLE y; --").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ident(String);
+
+/// Why a schema or table name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidIdentifier {
+    /// The name was empty.
+    #[error("SQL identifier must not be empty")]
+    Empty,
+    /// The name was longer than [`MAX_IDENTIFIER_BYTES`].
+    #[error("SQL identifier {name:?} is {len} bytes long, above the maximum of {MAX_IDENTIFIER_BYTES} bytes")]
+    TooLong {
+        /// The refused name.
+        name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name had a character outside `[A-Za-z0-9_]`, or began with a digit.
+    #[error("SQL identifier {0:?} is not allowed: use only ASCII letters, digits and '_', not starting with a digit")]
+    InvalidCharacters(String),
+}
+
+impl Ident {
+    /// Validates `name`.
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidIdentifier> {
+        let name = name.into();
+        let mut bytes = name.bytes();
+        let Some(first) = bytes.next() else {
+            return Err(InvalidIdentifier::Empty);
+        };
+        if !(first.is_ascii_alphabetic() || first == b'_')
+            || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(InvalidIdentifier::InvalidCharacters(name));
+        }
+        if name.len() > MAX_IDENTIFIER_BYTES {
+            let len = name.len();
+            return Err(InvalidIdentifier::TooLong { name, len });
+        }
+        Ok(Self(name))
+    }
+
+    /// A name known to be valid (crate constants only).
+    pub(crate) fn from_static(name: &'static str) -> Self {
+        debug_assert!(Self::new(name).is_ok(), "{name}");
+        Self(name.to_owned())
+    }
+
+    /// The name as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The double-quoted form used in SQL.
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+
+    /// `self` followed by `suffix`, validated again (the result must also fit
+    /// in 63 bytes).
+    pub(crate) fn with_suffix(&self, suffix: &str) -> Result<Self, InvalidIdentifier> {
+        Self::new(format!("{}{suffix}", self.0))
+    }
+}
+
+impl fmt::Debug for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Ident({})", self.0)
+    }
+}
+
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for Ident {
+    type Err = InvalidIdentifier;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<&str> for Ident {
+    type Error = InvalidIdentifier;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for Ident {
+    type Error = InvalidIdentifier;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_names() {
+        for ok in ["outbox", "_x", "Events_2", &"a".repeat(63)] {
+            assert_eq!(Ident::new(ok).unwrap().as_str(), ok);
+        }
+        assert_eq!(Ident::new("MyTable").unwrap().quoted(), "\"MyTable\"");
+    }
+
+    #[test]
+    fn rejects_hostile_and_odd_names() {
+        for bad in [
+            "x\"; DROP TABLE y; --",
+            "a b",
+            "1abc",
+            "schema.table",
+            "tab\u{e9}",
+            "a-b",
+            "a\"b",
+            "a\0b",
+        ] {
+            assert_eq!(
+                Ident::new(bad),
+                Err(InvalidIdentifier::InvalidCharacters(bad.to_owned())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(Ident::new(""), Err(InvalidIdentifier::Empty));
+        assert!(matches!(
+            Ident::new("a".repeat(64)),
+            Err(InvalidIdentifier::TooLong { len: 64, .. })
+        ));
+        let msg = Ident::new("x\"; DROP TABLE y; --").unwrap_err().to_string();
+        assert!(msg.contains("not allowed"), "{msg}");
+    }
+}

@@ -1,0 +1,133 @@
+//! Embedded SQL migrations, applied into the configured schema with the
+//! library's own history table and a transaction-scoped advisory lock.
+
+use crate::names::Names;
+use crate::MigrateError;
+use sqlx::{Connection, Executor, PgConnection, Row};
+
+/// One embedded migration (a file of `migrations/postgres/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Migration {
+    /// Version, increasing from 1.
+    pub version: i32,
+    /// File name without `.sql`.
+    pub name: &'static str,
+    /// The SQL with `{{placeholder}}`s for the identifiers.
+    pub template: &'static str,
+}
+
+/// Every migration of this crate version, in order.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "0001_create_outbox",
+    template: include_str!("../../../migrations/postgres/0001_create_outbox.sql"),
+}];
+
+/// First key of the two-key advisory lock taken while migrating: ASCII "obox".
+const LOCK_NAMESPACE: i32 = 0x6f62_6f78;
+
+impl Migration {
+    /// The SQL for `schema`.`table`: each placeholder replaced by a
+    /// validated, double-quoted identifier.
+    pub(crate) fn render(&self, names: &Names) -> String {
+        names.render(self.template)
+    }
+
+    /// A stable checksum of the template (64-bit FNV-1a), recorded in the
+    /// history so an edited migration is noticed.
+    pub fn checksum(&self) -> i64 {
+        let h = self
+            .template
+            .bytes()
+            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            });
+        i64::from_ne_bytes(h.to_ne_bytes())
+    }
+}
+
+/// Applies the missing migrations in one transaction. Several processes may
+/// call this at once: a `pg_advisory_xact_lock` keyed on the schema
+/// serializes them, and the later ones find nothing left to do.
+/// Returns the versions this call applied.
+pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i32>, MigrateError> {
+    let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .bind(LOCK_NAMESPACE)
+        .bind(names.schema.as_str())
+        .execute(&mut *tx)
+        .await
+        .map_err(MigrateError::Database)?;
+    // `Executor::execute` with a plain string uses the simple query protocol,
+    // which runs several statements (`sqlx::raw_sql` would too, but its
+    // future is not `Send`).
+    let setup = names.render(
+        "CREATE SCHEMA IF NOT EXISTS {{schema}};
+         CREATE TABLE IF NOT EXISTS {{history}} (
+             version    integer     PRIMARY KEY,
+             name       text        NOT NULL,
+             checksum   bigint      NOT NULL,
+             applied_at timestamptz NOT NULL DEFAULT now()
+         );",
+    );
+    tx.execute(setup.as_str())
+        .await
+        .map_err(MigrateError::Database)?;
+
+    let applied = sqlx::query(&names.render("SELECT version, checksum FROM {{history}}"))
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(MigrateError::Database)?;
+    let mut done = Vec::with_capacity(applied.len());
+    for row in applied {
+        let version: i32 = row.try_get(0).map_err(MigrateError::Database)?;
+        let checksum: i64 = row.try_get(1).map_err(MigrateError::Database)?;
+        match MIGRATIONS.iter().find(|m| m.version == version) {
+            None => return Err(MigrateError::UnknownVersion { version }),
+            Some(m) if m.checksum() != checksum => {
+                return Err(MigrateError::ChecksumMismatch {
+                    version,
+                    name: m.name,
+                })
+            }
+            Some(_) => done.push(version),
+        }
+    }
+
+    // Collected first: an iterator adapter with a closure held across the
+    // awaits below makes the future not `Send` (a rustc limitation).
+    let pending: Vec<&'static Migration> = MIGRATIONS
+        .iter()
+        .filter(|m| !done.contains(&m.version))
+        .collect();
+    let mut applied_now = Vec::new();
+    for m in pending {
+        let sql = m.render(names);
+        tx.execute(sql.as_str())
+            .await
+            .map_err(|source| MigrateError::Failed {
+                version: m.version,
+                name: m.name,
+                source,
+            })?;
+        sqlx::query(
+            &names.render("INSERT INTO {{history}} (version, name, checksum) VALUES ($1, $2, $3)"),
+        )
+        .bind(m.version)
+        .bind(m.name)
+        .bind(m.checksum())
+        .execute(&mut *tx)
+        .await
+        .map_err(MigrateError::Database)?;
+        tracing::info!(
+            schema = %names.schema,
+            table = %names.table,
+            version = m.version,
+            name = m.name,
+            "applied outbox migration"
+        );
+        applied_now.push(m.version);
+    }
+    tx.commit().await.map_err(MigrateError::Database)?;
+    Ok(applied_now)
+}

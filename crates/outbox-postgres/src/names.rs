@@ -1,0 +1,89 @@
+//! The identifiers one outbox uses, derived from its schema and table, and
+//! the SQL text built from them once.
+
+use crate::ident::{Ident, InvalidIdentifier};
+
+/// Validated names of everything one outbox owns in the database.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    pub(crate) schema: Ident,
+    pub(crate) table: Ident,
+    /// `(placeholder, quoted replacement)` pairs.
+    replacements: Vec<(&'static str, String)>,
+    /// LISTEN/NOTIFY channel (plain text, passed as a parameter).
+    pub(crate) channel: String,
+}
+
+impl Names {
+    /// Derives and validates every name (each must fit in 63 bytes).
+    pub(crate) fn new(schema: Ident, table: Ident) -> Result<Self, InvalidIdentifier> {
+        let s = schema.quoted();
+        let qualified = |suffix: &str| -> Result<String, InvalidIdentifier> {
+            Ok(format!("{s}.{}", table.with_suffix(suffix)?.quoted()))
+        };
+        let local = |suffix: &str| -> Result<String, InvalidIdentifier> {
+            Ok(table.with_suffix(suffix)?.quoted())
+        };
+        let replacements = vec![
+            ("{{schema}}", s.clone()),
+            ("{{events}}", format!("{s}.{}", table.quoted())),
+            ("{{dead}}", qualified("_dead")?),
+            ("{{history}}", qualified("_migrations")?),
+            ("{{claim_idx}}", local("_claim_idx")?),
+            ("{{key_idx}}", local("_key_idx")?),
+            ("{{delivered_idx}}", local("_delivered_idx")?),
+            ("{{dead_code_idx}}", local("_dead_code_idx")?),
+            ("{{key_hash_check}}", local("_key_hash_check")?),
+        ];
+        let plain = format!("{schema}.{table}");
+        let channel = if plain.len() <= crate::ident::MAX_IDENTIFIER_BYTES {
+            plain
+        } else {
+            let h = plain.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+            });
+            format!("outbox_{h:016x}")
+        };
+        Ok(Self {
+            schema,
+            table,
+            replacements,
+            channel,
+        })
+    }
+
+    /// Replaces every `{{placeholder}}` in `template`.
+    pub(crate) fn render(&self, template: &str) -> String {
+        self.replacements
+            .iter()
+            .fold(template.to_owned(), |sql, (from, to)| sql.replace(from, to))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_quoted_names() {
+        let n = Names::new(Ident::new("app").unwrap(), Ident::new("Events").unwrap()).unwrap();
+        assert_eq!(
+            n.render("SELECT 1 FROM {{events}} JOIN {{dead}} ON true; CREATE INDEX {{claim_idx}}"),
+            "SELECT 1 FROM \"app\".\"Events\" JOIN \"app\".\"Events_dead\" ON true; CREATE INDEX \"Events_claim_idx\""
+        );
+        assert_eq!(n.channel, "app.Events");
+    }
+
+    #[test]
+    fn derived_names_must_fit() {
+        let long = Ident::new("t".repeat(60)).unwrap();
+        let err = Names::new(Ident::new("s").unwrap(), long).unwrap_err();
+        assert!(matches!(err, InvalidIdentifier::TooLong { .. }), "{err}");
+        let n = Names::new(
+            Ident::new("s".repeat(40)).unwrap(),
+            Ident::new("t".repeat(40)).unwrap(),
+        )
+        .unwrap();
+        assert!(n.channel.starts_with("outbox_") && n.channel.len() <= 63);
+    }
+}

@@ -1,0 +1,277 @@
+//! Store configuration and URL redaction.
+
+use crate::{Ident, InvalidIdentifier};
+use outbox_core::EventLimits;
+use std::fmt;
+use std::time::Duration;
+
+/// Default schema: `outbox`.
+pub const DEFAULT_SCHEMA: &str = "outbox";
+/// Default events table: `events` (dead letters in `events_dead`, migration
+/// history in `events_migrations`).
+pub const DEFAULT_TABLE: &str = "events";
+/// Whether enqueue issues `pg_notify` by default (see the crate docs for the
+/// measurement behind it).
+pub const DEFAULT_NOTIFY: bool = false;
+
+/// Configuration of a [`crate::PgStore`]. `Debug` never shows the password.
+///
+/// | builder | env var (`from_env`) | default |
+/// |---|---|---|
+/// | [`new(url)`](Self::new) | `DATABASE_URL` | required |
+/// | [`with_schema`](Self::with_schema) | `OUTBOX_PG_SCHEMA` | `outbox` |
+/// | [`with_table`](Self::with_table) | `OUTBOX_PG_TABLE` | `events` |
+/// | [`with_notify`](Self::with_notify) | `OUTBOX_PG_NOTIFY` (`true`/`false`) | `false` |
+/// | [`with_listen`](Self::with_listen) | - | `true` |
+/// | [`with_retention`](Self::with_retention) | - | none: delete on complete |
+/// | [`with_max_connections`](Self::with_max_connections) | - | 10 |
+/// | [`with_acquire_timeout`](Self::with_acquire_timeout) | - | 30 s |
+/// | [`with_auto_migrate`](Self::with_auto_migrate) | - | `false` |
+/// | [`with_limits`](Self::with_limits) | - | [`EventLimits::default()`] |
+#[derive(Clone)]
+pub struct PgStoreOptions {
+    pub(crate) url: Option<String>,
+    pub(crate) schema: Ident,
+    pub(crate) table: Ident,
+    pub(crate) notify: bool,
+    pub(crate) listen: bool,
+    pub(crate) retention: Option<Duration>,
+    pub(crate) purge_batch: u32,
+    pub(crate) purge_interval: Duration,
+    pub(crate) max_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) auto_migrate: bool,
+    pub(crate) limits: EventLimits,
+}
+
+impl Default for PgStoreOptions {
+    fn default() -> Self {
+        Self {
+            url: None,
+            schema: Ident::from_static(DEFAULT_SCHEMA),
+            table: Ident::from_static(DEFAULT_TABLE),
+            notify: DEFAULT_NOTIFY,
+            listen: true,
+            retention: None,
+            purge_batch: 1000,
+            purge_interval: Duration::from_secs(60),
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(30),
+            auto_migrate: false,
+            limits: EventLimits::default(),
+        }
+    }
+}
+
+impl PgStoreOptions {
+    /// Options for the database at `url` (`postgres://user:password@host:port/db`).
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: Some(url.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Options from the environment (see the table above). `None` when
+    /// `DATABASE_URL` is unset.
+    pub fn from_env() -> Result<Option<Self>, InvalidIdentifier> {
+        let Ok(url) = std::env::var("DATABASE_URL") else {
+            return Ok(None);
+        };
+        let mut o = Self::new(url);
+        if let Ok(s) = std::env::var("OUTBOX_PG_SCHEMA") {
+            o.schema = Ident::new(s)?;
+        }
+        if let Ok(t) = std::env::var("OUTBOX_PG_TABLE") {
+            o.table = Ident::new(t)?;
+        }
+        if let Ok(n) = std::env::var("OUTBOX_PG_NOTIFY") {
+            o.notify = !matches!(n.trim(), "0" | "false" | "no" | "off");
+        }
+        Ok(Some(o))
+    }
+
+    /// The schema holding the outbox tables (created by the migrations).
+    pub fn with_schema(mut self, schema: Ident) -> Self {
+        self.schema = schema;
+        self
+    }
+
+    /// The events table; the dead letters live in `<table>_dead`, the
+    /// migration history in `<table>_migrations`, so `table` may be at most
+    /// 52 bytes long.
+    pub fn with_table(mut self, table: Ident) -> Self {
+        self.table = table;
+        self
+    }
+
+    /// Whether enqueue also runs `pg_notify` so idle relays wake at once.
+    /// Off: relays find new events at their next poll.
+    pub fn with_notify(mut self, notify: bool) -> Self {
+        self.notify = notify;
+        self
+    }
+
+    /// Whether the store LISTENs (one pooled connection) and fires
+    /// [`outbox_core::Store::wakeup`]. Producers-only processes turn it off.
+    pub fn with_listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
+    /// Keep delivered rows (with `delivered_at`) for `retention`, then purge
+    /// them in batches of `purge_batch` every `purge_interval`. `None`
+    /// (the default) deletes rows when they are completed.
+    pub fn with_retention(
+        mut self,
+        retention: Option<Duration>,
+        purge_batch: u32,
+        purge_interval: Duration,
+    ) -> Self {
+        self.retention = retention;
+        self.purge_batch = purge_batch.max(1);
+        self.purge_interval = purge_interval;
+        self
+    }
+
+    /// Pool size (at least 2: one connection is held by the listener).
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(2);
+        self
+    }
+
+    /// How long connecting (and taking a pooled connection) may take before
+    /// it fails. Default 30 s.
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Apply the migrations when connecting.
+    pub fn with_auto_migrate(mut self, yes: bool) -> Self {
+        self.auto_migrate = yes;
+        self
+    }
+
+    /// Limits checked at enqueue.
+    pub fn with_limits(mut self, limits: EventLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Ident {
+        &self.schema
+    }
+
+    /// The events table.
+    pub fn table(&self) -> &Ident {
+        &self.table
+    }
+}
+
+impl fmt::Debug for PgStoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgStoreOptions")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("notify", &self.notify)
+            .field("listen", &self.listen)
+            .field("retention", &self.retention)
+            .field("purge_batch", &self.purge_batch)
+            .field("purge_interval", &self.purge_interval)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("auto_migrate", &self.auto_migrate)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+/// `url` with its password (userinfo and `password=` query parameters)
+/// replaced by `***`. Anything that does not look like a URL is fully hidden.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "<redacted>".to_owned();
+    };
+    // The userinfo ends at the last '@' before the query string (a password
+    // may hold '/', '@' or ':' when it was not percent-encoded).
+    let query_start = rest.find('?').unwrap_or(rest.len());
+    let (userinfo, rest) = match rest[..query_start].rfind('@') {
+        Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
+        None => (None, rest),
+    };
+    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (host, tail) = rest.split_at(split);
+    let authority = match userinfo {
+        Some(userinfo) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{user}:***@{host}"),
+            None => format!("{userinfo}@{host}"),
+        },
+        None => host.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, query)) => {
+            let query = query
+                .split('&')
+                .map(|pair| match pair.split_once('=') {
+                    Some((k, _)) if k.to_ascii_lowercase().contains("password") => {
+                        format!("{k}=***")
+                    }
+                    _ => pair.to_owned(),
+                })
+                .collect::<Vec<_>>()
+                .join("&");
+            format!("{path}?{query}")
+        }
+        None => tail.to_owned(),
+    };
+    format!("{scheme}://{authority}{tail}")
+}
+
+/// Removes every occurrence of `url`'s password from `text` (for error
+/// messages of the driver that might echo parts of the URL).
+pub(crate) fn scrub(text: &str, url: &str) -> String {
+    let password = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.split('?').next())
+        .and_then(|rest| rest.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, p)| p)
+        .filter(|p| !p.is_empty());
+    match password {
+        Some(p) => text.replace(p, "***"),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(
+            redact_url("postgres://app:s3cr%40t@db:5432/prod?sslmode=require&password=x2"),
+            "postgres://app:***@db:5432/prod?sslmode=require&password=***"
+        );
+        assert_eq!(
+            redact_url("postgres://postgres@127.0.0.1:5432/test"),
+            "postgres://postgres@127.0.0.1:5432/test"
+        );
+        assert_eq!(redact_url("host=db password=x"), "<redacted>");
+        assert_eq!(redact_url("postgres://u:p@ss@h/d"), "postgres://u:***@h/d");
+        assert_eq!(redact_url("postgres://u:a/b@h/d"), "postgres://u:***@h/d");
+        let o = PgStoreOptions::new("postgres://app:hunter2@db/prod");
+        let d = format!("{o:?}");
+        assert!(!d.contains("hunter2") && d.contains("app:***@db"), "{d}");
+        assert_eq!(
+            scrub(
+                "bad url postgres://app:hunter2@db",
+                "postgres://app:hunter2@db"
+            ),
+            "bad url postgres://app:***@db"
+        );
+    }
+}

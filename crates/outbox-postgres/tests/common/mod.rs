@@ -1,0 +1,107 @@
+//! Shared test support: a fresh schema per test, dropped afterwards.
+#![allow(dead_code, unreachable_pub)]
+
+use outbox_postgres::{Ident, PgOutbox, PgStore, PgStoreOptions};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Connection, PgConnection, PgPool};
+
+/// `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// A fresh schema name `outbox_test_<random>`.
+pub fn fresh_schema() -> Ident {
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    Ident::new(format!("outbox_test_{}", &suffix[..12])).unwrap()
+}
+
+/// A pool on the test database; fails with a clear message when PostgreSQL is down.
+pub async fn pool(max: u32) -> PgPool {
+    let url = database_url();
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to PostgreSQL at {} ({e}); start it or set DATABASE_URL",
+                outbox_postgres::redact_url(&url)
+            )
+        })
+}
+
+/// Drops its schema (CASCADE) when dropped, even when the test panicked.
+#[derive(Debug)]
+pub struct SchemaGuard(pub Ident);
+
+impl Drop for SchemaGuard {
+    fn drop(&mut self) {
+        let schema = self.0.clone();
+        // A separate thread and runtime: Drop cannot await, and the test's
+        // runtime may be shutting down.
+        let handle = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                if let Ok(mut conn) = PgConnection::connect(&database_url()).await {
+                    let _ = sqlx::raw_sql(&format!(
+                        "DROP SCHEMA IF EXISTS {} CASCADE",
+                        schema.quoted()
+                    ))
+                    .execute(&mut conn)
+                    .await;
+                }
+            });
+        });
+        let _ = handle.join();
+    }
+}
+
+/// A migrated outbox in a fresh schema.
+#[derive(Debug)]
+pub struct TestDb {
+    pub pool: PgPool,
+    pub schema: Ident,
+    pub outbox: PgOutbox,
+    pub guard: SchemaGuard,
+}
+
+impl TestDb {
+    pub async fn new() -> Self {
+        let pool = pool(6).await;
+        let schema = fresh_schema();
+        let guard = SchemaGuard(schema.clone());
+        let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+        let mut conn = pool.acquire().await.unwrap();
+        assert_eq!(outbox.migrate(&mut conn).await.unwrap(), vec![1]);
+        drop(conn);
+        Self {
+            pool,
+            schema,
+            outbox,
+            guard,
+        }
+    }
+
+    pub fn options(&self) -> PgStoreOptions {
+        PgStoreOptions::new(database_url())
+            .with_schema(self.schema.clone())
+            .with_table(Ident::new("events").unwrap())
+    }
+
+    /// A store on this schema's pool, without the LISTEN task.
+    pub async fn store(&self) -> PgStore {
+        PgStore::from_pool(self.pool.clone(), self.options().with_listen(false))
+            .await
+            .unwrap()
+    }
+
+    /// `"schema"."events"`.
+    pub fn events(&self) -> String {
+        format!("{}.\"events\"", self.schema.quoted())
+    }
+}

@@ -1,0 +1,124 @@
+//! The store conformance suite of `outbox-testkit`, run unchanged against
+//! PostgreSQL, each case in its own fresh schema.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use common::TestDb;
+use outbox_core::{EventId, FencingToken, NewEvent, ValidationError};
+use outbox_postgres::{EnqueueError, PgStore};
+use outbox_testkit::store::{RowState, StoreHarness};
+use sqlx::Row;
+
+struct PgHarness {
+    db: TestDb,
+}
+
+impl PgHarness {
+    async fn new() -> Self {
+        Self {
+            db: TestDb::new().await,
+        }
+    }
+}
+
+impl StoreHarness for PgHarness {
+    type Store = PgStore;
+
+    async fn store(&self) -> PgStore {
+        self.db.store().await
+    }
+
+    async fn enqueue(
+        &self,
+        events: Vec<NewEvent>,
+        commit: bool,
+    ) -> Result<Vec<EventId>, ValidationError> {
+        let mut tx = self.db.pool.begin().await.unwrap();
+        let result = if events.len() == 1 {
+            let event = events.into_iter().next().unwrap();
+            self.db
+                .outbox
+                .enqueue(&mut tx, event)
+                .await
+                .map(|id| vec![id])
+        } else {
+            self.db.outbox.enqueue_batch(&mut tx, events).await
+        };
+        let ids = match result {
+            Ok(ids) => ids,
+            Err(EnqueueError::Invalid { source, .. }) => return Err(source),
+            Err(e) => panic!("enqueue failed: {e}"),
+        };
+        if commit {
+            tx.commit().await.unwrap();
+        } else {
+            tx.rollback().await.unwrap();
+        }
+        Ok(ids)
+    }
+
+    async fn snapshot(&self, id: EventId) -> RowState {
+        let row = sqlx::query(&format!(
+            "SELECT attempts, next_attempt_at > now(), last_error_code, lease_token, locked_by, \
+                    locked_until <= now() \
+             FROM {} WHERE id = $1",
+            self.db.events()
+        ))
+        .bind(id.as_uuid())
+        .fetch_optional(&self.db.pool)
+        .await
+        .unwrap();
+        if let Some(row) = row {
+            let attempts = u32::try_from(row.get::<i32, _>(0)).unwrap();
+            let token: Option<uuid::Uuid> = row.get(3);
+            return match token {
+                None => RowState::Pending {
+                    attempts,
+                    next_attempt_in_future: row.get(1),
+                    last_error_code: row
+                        .get::<Option<String>, _>(2)
+                        .map(outbox_core::ErrorCode::new),
+                },
+                Some(token) => RowState::Leased {
+                    attempts,
+                    token: FencingToken::from_uuid(token),
+                    locked_by: row.get(4),
+                    lease_expired: row.get(5),
+                },
+            };
+        }
+        let row = sqlx::query(&format!(
+            "SELECT last_error_code, attempts FROM {}.\"events_dead\" WHERE id = $1",
+            self.db.schema.quoted()
+        ))
+        .bind(id.as_uuid())
+        .fetch_optional(&self.db.pool)
+        .await
+        .unwrap();
+        match row {
+            Some(row) => RowState::Dead {
+                code: outbox_core::ErrorCode::new(row.get::<String, _>(0)),
+                attempts: u32::try_from(row.get::<i32, _>(1)).unwrap(),
+            },
+            None => RowState::Missing,
+        }
+    }
+
+    async fn expire_lease(&self, id: EventId) {
+        // While leased, next_attempt_at mirrors locked_until (see the crate docs).
+        let done = sqlx::query(&format!(
+            "UPDATE {} SET locked_until = now() - interval '1 second', \
+                           next_attempt_at = now() - interval '1 second' \
+             WHERE id = $1 AND lease_token IS NOT NULL",
+            self.db.events()
+        ))
+        .bind(id.as_uuid())
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(done.rows_affected(), 1, "event {id} was not leased");
+    }
+}
+
+outbox_testkit::store_conformance_tests!(PgHarness::new().await);

@@ -1,0 +1,444 @@
+//! PostgreSQL-specific behaviour beyond the conformance suite: commit order,
+//! migrations under concurrency, names, secrets, wake-ups, retention, shards.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod common;
+
+use common::{database_url, fresh_schema, pool, SchemaGuard, TestDb};
+use outbox_core::{ClaimRequest, NewEvent, RelayId, ShardSpec, Store};
+use outbox_postgres::{
+    Ident, InvalidIdentifier, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
+};
+use sqlx::{Connection, PgConnection, Row};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+fn req(relay: &str, n: u32) -> ClaimRequest {
+    ClaimRequest {
+        relay_id: RelayId::new(relay),
+        batch_size: n,
+        lease: Duration::from_secs(600),
+        shard: ShardSpec::ALL,
+    }
+}
+
+fn ev(n: usize) -> NewEvent {
+    NewEvent::new("test.event", "pg", format!("p{n}").into_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolled_back_enqueue_is_never_claimed() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let gone = db.outbox.enqueue(&mut tx, ev(0)).await.unwrap();
+    let gone_batch = db
+        .outbox
+        .enqueue_batch(&mut tx, vec![ev(1), ev(2)])
+        .await
+        .unwrap();
+    // Not visible to a claim while uncommitted ...
+    assert!(store.claim(&req("r", 10)).await.unwrap().events.is_empty());
+    tx.rollback().await.unwrap();
+    // ... nor after the rollback.
+    assert!(store.claim(&req("r", 10)).await.unwrap().events.is_empty());
+    let n: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", db.events()))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        n, 0,
+        "rolled back rows {gone} {gone_batch:?} are in the table"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_committed_after_a_later_one_is_still_claimed() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    // tx1 enqueues first (smaller, time-ordered id) but commits last.
+    let mut tx1 = db.pool.begin().await.unwrap();
+    let early = db
+        .outbox
+        .enqueue(&mut tx1, ev(0).with_key("k1"))
+        .await
+        .unwrap();
+    let mut tx2 = db.pool.begin().await.unwrap();
+    let late = db
+        .outbox
+        .enqueue(&mut tx2, ev(1).with_key("k2"))
+        .await
+        .unwrap();
+    assert!(early < late);
+    tx2.commit().await.unwrap();
+
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    assert_eq!(
+        c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![late]
+    );
+    store.complete(c.token, &[late]).await.unwrap();
+
+    tx1.commit().await.unwrap();
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    assert_eq!(
+        c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+        vec![early]
+    );
+    let r = store.complete(c.token, &[early]).await.unwrap();
+    assert_eq!(r.applied, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_migrations_apply_once() {
+    let schema = fresh_schema();
+    let _guard = SchemaGuard(schema.clone());
+    let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let outbox = outbox.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = PgConnection::connect(&database_url()).await.unwrap();
+            outbox.migrate(&mut conn).await
+        }));
+    }
+    let mut applied = Vec::new();
+    for t in tasks {
+        applied.push(t.await.unwrap().expect("every concurrent migrate succeeds"));
+    }
+    let all_versions: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+    assert_eq!(
+        applied.iter().filter(|a| **a == all_versions).count(),
+        1,
+        "exactly one task applies the migrations: {applied:?}"
+    );
+    assert_eq!(applied.iter().filter(|a| a.is_empty()).count(), 7);
+
+    let pool = pool(2).await;
+    let history: Vec<i32> = sqlx::query_scalar(&format!(
+        "SELECT version FROM {}.\"events_migrations\" ORDER BY version",
+        schema.quoted()
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(history, all_versions);
+    // The application's own sqlx history table is untouched.
+    let sqlx_table: Option<String> = sqlx::query_scalar(
+        "SELECT table_name::text FROM information_schema.tables \
+         WHERE table_schema = $1 AND table_name = '_sqlx_migrations'",
+    )
+    .bind(schema.as_str())
+    .fetch_optional(&pool)
+    .await
+    .unwrap();
+    assert_eq!(sqlx_table, None);
+    // Migrating again is a no-op.
+    let mut conn = pool.acquire().await.unwrap();
+    assert!(outbox.migrate(&mut conn).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_names_are_rejected_and_nothing_is_dropped() {
+    let db = TestDb::new().await;
+    // A table the hostile name tries to drop.
+    sqlx::query(&format!("CREATE TABLE {}.y (n int)", db.schema.quoted()))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let hostile = format!("x\"; DROP TABLE {}.y; --", db.schema);
+    let err = Ident::new(hostile.clone()).unwrap_err();
+    assert_eq!(err, InvalidIdentifier::InvalidCharacters(hostile));
+    assert!(err
+        .to_string()
+        .contains("use only ASCII letters, digits and '_'"));
+    for bad in ["", "1st", "a b", "Robert'); DROP TABLE students;--"] {
+        assert!(Ident::new(bad).is_err(), "{bad:?} accepted");
+    }
+    // Derived names must fit too: a 60-byte table has no room for "_migrations".
+    let long = Ident::new("t".repeat(60)).unwrap();
+    assert!(matches!(
+        PgOutbox::new(db.schema.clone(), long.clone()),
+        Err(InvalidIdentifier::TooLong { .. })
+    ));
+    let opts = db.options().with_table(long);
+    assert!(matches!(
+        PgStore::from_pool(db.pool.clone(), opts).await,
+        Err(StoreError::InvalidName(InvalidIdentifier::TooLong { .. }))
+    ));
+    let y: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}.y", db.schema.quoted()))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(y, 0, "table y still exists");
+}
+
+/// Captures everything `tracing` logs, to check no secret is printed.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_password_never_appears_in_debug_errors_or_logs() {
+    const PASSWORD: &str = "hunter2-Sup3rSecret";
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+
+    let db = TestDb::new().await;
+    // The local server trusts loopback, so any password is accepted.
+    let url = database_url().replacen("://postgres@", &format!("://postgres:{PASSWORD}@"), 1);
+    assert!(
+        url.contains(PASSWORD),
+        "DATABASE_URL must look like postgres://postgres@host/db"
+    );
+    let options = db.options();
+    let options = PgStoreOptions::new(url.clone())
+        .with_schema(options.schema().clone())
+        .with_table(options.table().clone());
+    let shown = format!("{options:?}");
+    assert!(!shown.contains(PASSWORD), "{shown}");
+    assert!(shown.contains("postgres:***@"), "{shown}");
+
+    let store = PgStore::connect(options.clone().with_auto_migrate(true))
+        .await
+        .unwrap();
+    let shown = format!("{store:?} {:?}", store.outbox());
+    assert!(!shown.contains(PASSWORD), "{shown}");
+    let mut tx = store.pool().begin().await.unwrap();
+    store.outbox().enqueue(&mut tx, ev(0)).await.unwrap();
+    tx.commit().await.unwrap();
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    assert_eq!(c.events.len(), 1);
+
+    // A bad URL: the error names the problem, never the password.
+    let bad = url.replace(":5432", ":notaport");
+    let err = PgStore::connect(PgStoreOptions::new(bad))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::InvalidUrl(_)), "{err:?}");
+    assert!(!err.to_string().contains(PASSWORD), "{err}");
+    // A server that is not there: the error does not carry the URL either.
+    let down = url.replace(":5432", ":1");
+    let err =
+        PgStore::connect(PgStoreOptions::new(down).with_acquire_timeout(Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+    assert!(!format!("{err} {err:?}").contains(PASSWORD), "{err:?}");
+    drop(store);
+
+    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    assert!(!logs.contains(PASSWORD), "password in logs:\n{logs}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notify_wakes_a_listening_store_and_can_be_turned_off() {
+    let db = TestDb::new().await;
+    let store = PgStore::from_pool(db.pool.clone(), db.options())
+        .await
+        .unwrap();
+    let wakeup = store.wakeup().expect("a listening store offers a wake-up");
+    // The listener fires once when it starts listening; wait for that first,
+    // so the next wake-up can only come from our NOTIFY.
+    tokio::time::timeout(Duration::from_secs(30), wakeup.notified())
+        .await
+        .expect("listener never started");
+
+    let quiet = db.outbox.clone().with_notify(false);
+    let mut tx = db.pool.begin().await.unwrap();
+    quiet.enqueue(&mut tx, ev(0)).await.unwrap();
+    tx.commit().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let loud = db.outbox.clone().with_notify(true);
+    let id = loud.enqueue(&mut tx, ev(1)).await.unwrap();
+    tx.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(30), wakeup.notified())
+        .await
+        .expect("no wake-up after a notifying enqueue");
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    assert_eq!(c.events.len(), 2);
+    assert!(c.events.iter().any(|e| e.id == id));
+
+    // A store with listen off offers no wake-up (poll only).
+    let polling = db.store().await;
+    assert!(polling.wakeup().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_keeps_delivered_rows_out_of_claims_until_purged() {
+    let db = TestDb::new().await;
+    let store = PgStore::from_pool(
+        db.pool.clone(),
+        db.options()
+            .with_listen(false)
+            // A long interval: this test drives the purge by hand.
+            .with_retention(Some(Duration::ZERO), 2, Duration::from_secs(3600)),
+    )
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = db
+        .outbox
+        .enqueue_batch(&mut tx, (0..5).map(ev))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    assert_eq!(store.complete(c.token, &ids).await.unwrap().applied, 5);
+    let delivered: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {} WHERE delivered_at IS NOT NULL AND lease_token IS NULL",
+        db.events()
+    ))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    // The background purge may already have taken its first batch.
+    assert!(
+        (3..=5).contains(&delivered),
+        "{delivered} delivered rows kept"
+    );
+    assert!(store.claim(&req("r", 10)).await.unwrap().events.is_empty());
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
+    // Completing again reports the ids as lost (already delivered).
+    assert_eq!(store.complete(c.token, &ids).await.unwrap().lost, ids);
+    // Bounded batches of 2 until empty.
+    let mut purged = 0;
+    loop {
+        let n = store.purge_delivered(2).await.unwrap();
+        assert!(n <= 2);
+        if n == 0 {
+            break;
+        }
+        purged += n;
+    }
+    assert_eq!(purged, u64::try_from(delivered).unwrap());
+    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", db.events()))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stats_by_shard_and_stored_key_hash() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let events: Vec<NewEvent> = (0..40)
+        .map(|i| ev(i).with_key(format!("key-{i}")))
+        .collect();
+    let expected_hash: Vec<(uuid::Uuid, i64)> = events
+        .iter()
+        .map(|e| (e.id().as_uuid(), i64::from(e.key_hash())))
+        .collect();
+    let mut expected = [0u64; 4];
+    for e in &events {
+        expected[(e.key_hash() % 4) as usize] += 1;
+    }
+    let mut tx = db.pool.begin().await.unwrap();
+    db.outbox.enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    for (id, hash) in expected_hash {
+        let row = sqlx::query(&format!(
+            "SELECT key_hash FROM {} WHERE id = $1",
+            db.events()
+        ))
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(row.get::<i64, _>(0), hash);
+    }
+    let shard1 = ClaimRequest {
+        shard: ShardSpec::new(1, 4).unwrap(),
+        ..req("r1", 100)
+    };
+    let c = store.claim(&shard1).await.unwrap();
+    assert_eq!(c.events.len() as u64, expected[1]);
+    let by_shard = store.stats_by_shard(4).await.unwrap();
+    assert_eq!(by_shard.len(), 4);
+    for s in &by_shard {
+        let i = s.shard.index() as usize;
+        assert_eq!(s.shard.total(), 4);
+        if i == 1 {
+            assert_eq!((s.stats.pending, s.stats.in_flight), (0, expected[1]));
+        } else {
+            assert_eq!((s.stats.pending, s.stats.in_flight), (expected[i], 0));
+        }
+    }
+    let total: u64 = by_shard
+        .iter()
+        .map(|s| s.stats.pending + s.stats.in_flight)
+        .sum();
+    assert_eq!(total, 40);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_uses_the_database_clock_and_is_recorded() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let id = db.outbox.enqueue(&mut tx, ev(0)).await.unwrap();
+    tx.commit().await.unwrap();
+    let c = store.claim(&req("relay-x", 1)).await.unwrap();
+    let row = sqlx::query(&format!(
+        "SELECT locked_until, next_attempt_at, locked_by, lease_token, \
+                locked_until - now() > interval '590 seconds' \
+         FROM {} WHERE id = $1",
+        db.events()
+    ))
+    .bind(id.as_uuid())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let locked_until: chrono::DateTime<chrono::Utc> = row.get(0);
+    assert_eq!(locked_until, c.lease_until);
+    assert_eq!(
+        row.get::<chrono::DateTime<chrono::Utc>, _>(1),
+        c.lease_until
+    );
+    assert_eq!(row.get::<String, _>(2), "relay-x");
+    assert_eq!(row.get::<uuid::Uuid, _>(3), c.token.as_uuid());
+    assert!(
+        row.get::<bool, _>(4),
+        "lease is now() + 600 s on the database clock"
+    );
+}
+
+/// The free functions write to the default `outbox.events`; all of it runs
+/// inside one transaction that is rolled back, so nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn free_functions_use_the_default_outbox() {
+    let pool = pool(2).await;
+    let mut tx = pool.begin().await.unwrap();
+    PgOutbox::default().migrate(&mut tx).await.unwrap();
+    let one = outbox_postgres::enqueue(&mut tx, ev(0)).await.unwrap();
+    let more = outbox_postgres::enqueue_batch(&mut tx, vec![ev(1), ev(2)])
+        .await
+        .unwrap();
+    let ids: BTreeSet<uuid::Uuid> = sqlx::query_scalar("SELECT id FROM outbox.events")
+        .fetch_all(&mut *tx)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    for id in std::iter::once(one).chain(more) {
+        assert!(ids.contains(&id.as_uuid()));
+    }
+    tx.rollback().await.unwrap();
+}
