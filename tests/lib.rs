@@ -1,1 +1,64 @@
-//! End-to-end tests across crates.
+//! End-to-end tests of the `outbox` workspace, across crates and against
+//! real services: an application transaction on a real store (SQLite in a
+//! temporary file, PostgreSQL in a fresh schema) -> the real relay
+//! (`outbox-worker`) -> a real broker (NATS JetStream, RabbitMQ, Kafka) -> a
+//! real consumer.
+//!
+//! This library is the scaffolding the test files share, generic over the
+//! store ([`App`]) and the broker ([`Broker`]); each `e2e_<broker>.rs` only
+//! implements [`Broker`] (topology, publisher, consumer) and calls
+//! [`run_end_to_end`] once per store.
+//!
+//! | env var | default |
+//! |---|---|
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/test` |
+//! | `NATS_URL` | `nats://127.0.0.1:4222` |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` |
+//! | `KAFKA_BROKERS` | `127.0.0.1:9092` |
+//!
+//! A service that cannot be reached fails the test with a message naming it
+//! (tests never skip). This is test support: it panics on failures by design.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+#[path = "support/app.rs"]
+mod app;
+#[path = "support/broker.rs"]
+mod broker;
+#[path = "support/scenario.rs"]
+mod scenario;
+
+pub use app::{App, OutboxRows, PostgresApp, SqliteApp, TxEnd};
+pub use broker::{Broker, Received};
+pub use scenario::{check_delivery, run_end_to_end, Order, Scenario, RELAY_BOUND};
+
+/// `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
+}
+
+/// `NATS_URL`, or the local default.
+pub fn nats_url() -> String {
+    env_or("NATS_URL", "nats://127.0.0.1:4222")
+}
+
+/// `AMQP_URL`, or the local default.
+pub fn amqp_url() -> String {
+    env_or("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
+}
+
+/// `KAFKA_BROKERS`, or the local default.
+pub fn kafka_brokers() -> String {
+    env_or("KAFKA_BROKERS", "127.0.0.1:9092")
+}
+
+/// 12 random lowercase hex characters, for per-test names.
+pub fn unique_suffix() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}
+
+fn env_or(name: &str, default: &str) -> String {
+    std::env::var(name)
+        .ok()
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| default.to_owned())
+}

@@ -135,23 +135,30 @@ impl KafkaPublisher {
         self.recreated.load(Ordering::Relaxed)
     }
 
-    /// Replaces the producer if librdkafka reports a fatal error on it.
-    fn recreate_if_fatal(&self) {
+    /// Replaces the producer if librdkafka reports a fatal error on it, or
+    /// if `poisoned` (a delivery failed with an error that leaves this
+    /// producer id unusable).
+    fn recreate_if_broken(&self, poisoned: Option<RDKafkaErrorCode>) {
         let mut guard = self
             .producer
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let Some((code, reason)) = guard.client().fatal_error() else {
-            return;
+        let reason = match (guard.client().fatal_error(), poisoned) {
+            (Some((code, reason)), _) => format!("fatal error {code}: {reason}"),
+            (None, Some(code)) => format!("delivery failed with {code}"),
+            (None, None) => return,
         };
         match create_producer(&self.config) {
             Ok(fresh) => {
                 *guard = fresh;
                 self.recreated.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(%code, reason, "kafka producer had a fatal error; replaced it");
+                tracing::warn!(
+                    reason,
+                    "kafka producer unusable; replaced it with a new one"
+                );
             }
             Err(err) => {
-                tracing::error!(%code, reason, error = %err, "kafka producer had a fatal error and could not be replaced");
+                tracing::error!(reason, error = %err, "kafka producer unusable and could not be replaced");
             }
         }
     }
@@ -226,27 +233,49 @@ fn delivery_outcome<E>(
     event: &Event,
     report: Result<OwnedDeliveryResult, E>,
     config: &KafkaConfig,
-) -> Outcome {
+) -> (Outcome, Option<RDKafkaErrorCode>) {
     match report {
         Ok(Ok((partition, offset))) => {
             tracing::debug!(event_id = %event.id, topic = %event.topic, partition, offset, "delivered to kafka");
-            Outcome::Delivered
+            (Outcome::Delivered, None)
         }
         Ok(Err((err, _message))) => {
             let error = classify(&err, config.unknown_topic());
             tracing::warn!(event_id = %event.id, topic = %event.topic, %error, "kafka delivery failed");
-            Outcome::Failed(error)
+            let poison = err.rdkafka_error_code().filter(|c| poisons_producer(*c));
+            (Outcome::Failed(error), poison)
         }
-        Err(_canceled) => Outcome::Failed(DeliveryError::retryable(
-            ErrorCode::PUBLISH_CONNECTION_LOST,
-            "the producer was dropped before the delivery report arrived",
-        )),
+        Err(_canceled) => (
+            Outcome::Failed(DeliveryError::retryable(
+                ErrorCode::PUBLISH_CONNECTION_LOST,
+                "the producer was dropped before the delivery report arrived",
+            )),
+            None,
+        ),
     }
+}
+
+/// Errors after which this producer's id / epoch is unusable: librdkafka's
+/// fatal error, and the idempotence errors a broker returns when it no
+/// longer accepts the producer id (some Kafka-compatible brokers answer an
+/// epoch bump with `PRODUCER_FENCED`). A new producer gets a new id.
+fn poisons_producer(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::Fatal
+            | C::ProducerFenced
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+            | C::Fenced
+    )
 }
 
 impl Sink for KafkaPublisher {
     async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
-        self.recreate_if_fatal();
+        self.recreate_if_broken(None);
         let producer = self.producer();
         let mut pending = Vec::with_capacity(events.len());
         for event in events {
@@ -257,18 +286,19 @@ impl Sink for KafkaPublisher {
             .zip(events)
             .map(|(p, event)| async move {
                 match p {
-                    Pending::Done(outcome) => outcome,
+                    Pending::Done(outcome) => (outcome, None),
                     Pending::Waiting(delivery) => {
                         delivery_outcome(event, delivery.await, &self.config)
                     }
                 }
             });
-        let outcomes: Vec<Outcome> = join_all(reports).await;
-        if outcomes.iter().any(|o| !o.is_delivered()) {
-            // A fatal error fails every later send of this producer
-            // instance: replace it now rather than at the next batch.
-            self.recreate_if_fatal();
+        let results = join_all(reports).await;
+        let poisoned = results.iter().find_map(|(_, p)| *p);
+        if poisoned.is_some() || results.iter().any(|(o, _)| !o.is_delivered()) {
+            // A fatal or fencing error fails every later send of this
+            // producer instance: replace it now rather than at the next batch.
+            self.recreate_if_broken(poisoned);
         }
-        outcomes
+        results.into_iter().map(|(o, _)| o).collect()
     }
 }

@@ -8,30 +8,30 @@ use std::time::Duration;
 #[tokio::test(flavor = "multi_thread")]
 async fn debug_proxy() {
     tracing_subscriber::fmt()
+        .with_ansi(false)
         .with_env_filter("info,librdkafka=debug")
         .init();
-    let topic = support::topic_name("dbg");
-    support::create_topic("127.0.0.1:9092", &topic, 1).await;
-    let proxy = TcpProxy::start("127.0.0.1:9092".parse().unwrap()).await;
-    let port = 19555;
-    let url = format!("tcp://127.0.0.1:{port}");
+    let q = 19556;
+    let proxy = TcpProxy::start(format!("127.0.0.1:{q}").parse().unwrap()).await;
     let mut child = std::process::Command::new("/root/.cargo/bin/tansu")
         .args([
-            "proxy",
+            "broker",
             "--listener-url",
-            &url,
+            &format!("tcp://127.0.0.1:{q}"),
             "--advertised-listener-url",
-            &url,
-            "--origin-url",
             &format!("tcp://{}", proxy.addr()),
+            "--storage-engine",
+            "memory://tansu/",
         ])
-        .stdout(std::fs::File::create("/tmp/tproxy.log").unwrap())
-        .stderr(std::fs::File::create("/tmp/tproxy.err").unwrap())
+        .stdout(std::fs::File::create("/tmp/tb.log").unwrap())
+        .stderr(std::fs::File::create("/tmp/tb.err").unwrap())
         .spawn()
         .unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let topic = support::topic_name("dbg");
+    support::create_topic(&format!("127.0.0.1:{q}"), &topic, 1).await;
     let p = KafkaPublisher::new(
-        KafkaConfig::new(format!("127.0.0.1:{port}"))
+        KafkaConfig::new(proxy.addr().to_string())
             .with_delivery_timeout(Duration::from_secs(3))
             .with_property("debug", "broker,protocol,msg,eos"),
     )
@@ -45,5 +45,11 @@ async fn debug_proxy() {
     for i in 0..4 {
         eprintln!("ROUND {i} {:?}", p.deliver(&[ev(2)]).await);
     }
+    eprintln!("RECREATED {}", p.producers_recreated());
+    let p2 = KafkaPublisher::new(
+        KafkaConfig::new(proxy.addr().to_string()).with_delivery_timeout(Duration::from_secs(3)),
+    )
+    .unwrap();
+    eprintln!("FRESH {:?}", p2.deliver(&[ev(3)]).await);
     child.kill().unwrap();
 }

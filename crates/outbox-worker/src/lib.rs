@@ -18,6 +18,18 @@ pub use relay::{Progress, Relay, RelaySummary, NOT_ATTEMPTED, SINK_MISSING_OUTCO
 /// The shared vocabulary (events, retry policy, traits).
 pub use outbox_core as core;
 
+/// The RabbitMQ / AMQP 0.9.1 publisher (feature `amqp`).
+#[cfg(feature = "amqp")]
+pub use outbox_amqp as amqp;
+/// The Kafka publisher (feature `kafka`).
+#[cfg(feature = "kafka")]
+pub use outbox_kafka as kafka;
+/// The NATS JetStream publisher (feature `nats`).
+#[cfg(feature = "nats")]
+pub use outbox_nats as nats;
+/// The PostgreSQL store (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use outbox_postgres as postgres;
 /// The SQLite store (feature `sqlite`, on by default).
 #[cfg(feature = "sqlite")]
 pub use outbox_sqlite as sqlite;

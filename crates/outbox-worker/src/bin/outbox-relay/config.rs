@@ -2,9 +2,11 @@
 
 use anyhow::{bail, Context as _};
 use clap::Args;
+use outbox_worker::any::BackendSettings;
 use outbox_worker::core::{Jitter, RelayId, RetryPolicy, ShardSpec};
 use outbox_worker::RelayOptions;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -20,6 +22,12 @@ pub(crate) struct StoreArgs {
     /// TOML config file [default: ./outbox.toml when it exists].
     #[arg(long, env = "OUTBOX_CONFIG", value_name = "PATH")]
     pub(crate) config: Option<PathBuf>,
+    /// PostgreSQL schema of the outbox tables [default: outbox].
+    #[arg(long, env = "OUTBOX_PG_SCHEMA")]
+    pub(crate) pg_schema: Option<String>,
+    /// PostgreSQL events table [default: events].
+    #[arg(long, env = "OUTBOX_PG_TABLE")]
+    pub(crate) pg_table: Option<String>,
 }
 
 /// Relay settings of `run`. Each flag has an `OUTBOX_*` environment variable
@@ -28,9 +36,22 @@ pub(crate) struct StoreArgs {
 pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) store: StoreArgs,
-    /// Where events go: `stdout` or `jsonl:PATH`.
+    /// Where events go: `stdout`, `jsonl:PATH`, `nats://HOST:PORT`,
+    /// `amqp://USER:PASS@HOST:PORT/VHOST` or `kafka://HOST:PORT`.
     #[arg(long, env = "OUTBOX_SINK", value_name = "SINK")]
     pub(crate) sink: Option<String>,
+    /// NATS: subject prefix (topic `orders` -> `PREFIX.orders`).
+    #[arg(long, env = "OUTBOX_NATS_SUBJECT_PREFIX")]
+    pub(crate) nats_subject_prefix: Option<String>,
+    /// AMQP: exchange for topics without an `exchange/key` route [default: ""].
+    #[arg(long, env = "OUTBOX_AMQP_EXCHANGE")]
+    pub(crate) amqp_exchange: Option<String>,
+    /// Kafka: topic prefix.
+    #[arg(long, env = "OUTBOX_KAFKA_TOPIC_PREFIX")]
+    pub(crate) kafka_topic_prefix: Option<String>,
+    /// Kafka: a librdkafka property NAME=VALUE (repeatable), e.g. compression.type=lz4.
+    #[arg(long = "kafka-property", value_name = "NAME=VALUE")]
+    pub(crate) kafka_property: Vec<String>,
     /// Most events per claim [default: 20].
     #[arg(long, env = "OUTBOX_BATCH_SIZE")]
     pub(crate) batch_size: Option<u32>,
@@ -75,6 +96,13 @@ pub(crate) struct RunArgs {
 pub(crate) struct FileConfig {
     store: Option<String>,
     sink: Option<String>,
+    pg_schema: Option<String>,
+    pg_table: Option<String>,
+    nats_subject_prefix: Option<String>,
+    amqp_exchange: Option<String>,
+    kafka_topic_prefix: Option<String>,
+    #[serde(default)]
+    kafka_properties: BTreeMap<String, String>,
     batch_size: Option<u32>,
     poll_interval_ms: Option<u64>,
     lock_timeout_ms: Option<u64>,
@@ -94,6 +122,7 @@ pub(crate) struct FileConfig {
 pub(crate) struct RunConfig {
     pub(crate) store: String,
     pub(crate) sink: String,
+    pub(crate) settings: BackendSettings,
     pub(crate) options: RelayOptions,
     pub(crate) migrate: bool,
 }
@@ -120,10 +149,18 @@ fn config_name(path: Option<&Path>) -> String {
     path.map_or_else(|| DEFAULT_CONFIG.to_owned(), |p| p.display().to_string())
 }
 
-/// The store URL from flags, env or the config file.
-pub(crate) fn resolve_store(args: &StoreArgs) -> anyhow::Result<String> {
+/// The store URL and its settings from flags, env or the config file.
+pub(crate) fn resolve_store(args: &StoreArgs) -> anyhow::Result<(String, BackendSettings)> {
     let (file, path) = load_file(args.config.as_deref())?;
-    pick_store(args.store.clone(), file.store, path.as_deref())
+    let url = pick_store(args.store.clone(), file.store.clone(), path.as_deref())?;
+    Ok((url, store_settings(args, &file)))
+}
+
+fn store_settings(args: &StoreArgs, file: &FileConfig) -> BackendSettings {
+    let mut settings = BackendSettings::default();
+    settings.pg_schema = args.pg_schema.clone().or_else(|| file.pg_schema.clone());
+    settings.pg_table = args.pg_table.clone().or_else(|| file.pg_table.clone());
+    settings
 }
 
 fn pick_store(
@@ -143,11 +180,28 @@ fn pick_store(
 /// Resolves every `run` setting.
 pub(crate) fn resolve_run(args: RunArgs) -> anyhow::Result<RunConfig> {
     let (file, path) = load_file(args.store.config.as_deref())?;
-    let store = pick_store(args.store.store, file.store, path.as_deref())?;
+    let store = pick_store(
+        args.store.store.clone(),
+        file.store.clone(),
+        path.as_deref(),
+    )?;
+    let mut settings = store_settings(&args.store, &file);
+    settings.nats_subject_prefix = args.nats_subject_prefix.or(file.nats_subject_prefix);
+    settings.amqp_exchange = args.amqp_exchange.or(file.amqp_exchange);
+    settings.kafka_topic_prefix = args.kafka_topic_prefix.or(file.kafka_topic_prefix);
+    settings.kafka_properties = file.kafka_properties;
+    for prop in &args.kafka_property {
+        let Some((name, value)) = prop.split_once('=') else {
+            bail!("--kafka-property {prop:?} must be NAME=VALUE, e.g. compression.type=lz4");
+        };
+        settings
+            .kafka_properties
+            .insert(name.trim().to_owned(), value.to_owned());
+    }
     let sink = match args.sink.or(file.sink) {
         Some(s) if !s.trim().is_empty() => s,
         _ => bail!(
-            "no sink configured: pass --sink stdout (or --sink jsonl:events.jsonl), set OUTBOX_SINK, or add `sink = \"stdout\"` to {}",
+            "no sink configured: pass --sink stdout (or jsonl:events.jsonl, nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, kafka://127.0.0.1:9092), set OUTBOX_SINK, or add `sink = \"stdout\"` to {}",
             config_name(path.as_deref())
         ),
     };
@@ -209,6 +263,7 @@ pub(crate) fn resolve_run(args: RunArgs) -> anyhow::Result<RunConfig> {
     Ok(RunConfig {
         store,
         sink,
+        settings,
         options,
         migrate: args.migrate.or(file.migrate).unwrap_or(false),
     })

@@ -152,18 +152,18 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
 }
 
 async fn open(args: &StoreArgs) -> anyhow::Result<(AnyStore, String)> {
-    let url = config::resolve_store(args)?;
-    let store = AnyStore::connect(&url).await?;
+    let (url, settings) = config::resolve_store(args)?;
+    let store = AnyStore::connect_with(&url, &settings).await?;
     Ok((store, url))
 }
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let cfg = config::resolve_run(args)?;
-    let store = AnyStore::connect(&cfg.store).await?;
+    let store = AnyStore::connect_with(&cfg.store, &cfg.settings).await?;
     if cfg.migrate {
         store.migrate().await.context("migration failed")?;
     }
-    let sink = AnySink::open(&cfg.sink)?;
+    let sink = AnySink::connect(&cfg.sink, &cfg.settings).await?;
     outbox_worker::metrics::describe_metrics();
     info!(
         store = %redact_url(&cfg.store),
