@@ -27,9 +27,9 @@ mod broker;
 #[path = "support/scenario.rs"]
 mod scenario;
 
-pub use app::{App, OutboxRows, PostgresApp, SqliteApp, TxEnd};
+pub use app::{App, Order, OutboxRows, PostgresApp, SqliteApp, TxEnd};
 pub use broker::{Broker, Received};
-pub use scenario::{check_delivery, run_end_to_end, Order, Scenario, RELAY_BOUND};
+pub use scenario::{check_delivery, run_end_to_end, Scenario, RELAY_BOUND};
 
 /// `DATABASE_URL`, or the local default.
 pub fn database_url() -> String {

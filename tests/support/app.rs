@@ -40,6 +40,10 @@ pub struct OutboxRows {
 /// An application on one store: its database, its `orders` table, its
 /// outbox. [`App::start`] fails the test with a clear message when the
 /// database cannot be reached.
+///
+/// The futures are not required to be `Send`: the tests drive them on the
+/// test's own task (and sqlx's executor lifetimes defeat the compiler's
+/// `Send` proof for some of them).
 pub trait App: Sized + Send + Sync + 'static {
     /// The outbox store the relay claims from.
     type Store: Store + Clone;
@@ -49,7 +53,7 @@ pub trait App: Sized + Send + Sync + 'static {
 
     /// A fresh database (temporary file / fresh schema), migrated, with an
     /// empty `orders` table.
-    fn start() -> impl Future<Output = Self> + Send;
+    fn start() -> impl Future<Output = Self>;
 
     /// A handle on the store, for the relay.
     fn store(&self) -> Self::Store;
@@ -61,16 +65,16 @@ pub trait App: Sized + Send + Sync + 'static {
         order: &Order,
         events: Vec<NewEvent>,
         end: TxEnd,
-    ) -> impl Future<Output = Vec<EventId>> + Send;
+    ) -> impl Future<Output = Vec<EventId>>;
 
     /// Ids in the `orders` table, ascending.
-    fn order_ids(&self) -> impl Future<Output = Vec<i64>> + Send;
+    fn order_ids(&self) -> impl Future<Output = Vec<i64>>;
 
     /// What the outbox tables hold.
-    fn outbox_rows(&self) -> impl Future<Output = OutboxRows> + Send;
+    fn outbox_rows(&self) -> impl Future<Output = OutboxRows>;
 
     /// Closes connections and removes the database (file / schema).
-    fn cleanup(self) -> impl Future<Output = ()> + Send;
+    fn cleanup(self) -> impl Future<Output = ()>;
 }
 
 /// SQLite in a temporary file (WAL mode, as an application would run it).
@@ -190,7 +194,10 @@ impl App for PostgresApp {
                 outbox_postgres::redact_url(&url)
             )
         });
-        store.migrate().await.expect("migrate the PostgreSQL outbox");
+        store
+            .migrate()
+            .await
+            .expect("migrate the PostgreSQL outbox");
         let app = Self { store, schema };
         sqlx::query(&format!(
             "CREATE TABLE {} (id BIGINT PRIMARY KEY, customer TEXT NOT NULL, \
@@ -237,10 +244,13 @@ impl App for PostgresApp {
     }
 
     async fn order_ids(&self) -> Vec<i64> {
-        sqlx::query_scalar(&format!("SELECT id FROM {} ORDER BY id", self.table("orders")))
-            .fetch_all(self.store.pool())
-            .await
-            .expect("read the orders table")
+        sqlx::query_scalar(&format!(
+            "SELECT id FROM {} ORDER BY id",
+            self.table("orders")
+        ))
+        .fetch_all(self.store.pool())
+        .await
+        .expect("read the orders table")
     }
 
     async fn outbox_rows(&self) -> OutboxRows {

@@ -115,7 +115,11 @@ fn order_transaction(topic: &str, n: i64, end: TxEnd) -> (Order, Vec<NewEvent>, 
             1,
             "order.created",
             &customer,
-            format!(r#"{{"order":{n},"customer":"{customer}","total":"{}.{:02} €"}}"#, order.total_cents / 100, order.total_cents % 100),
+            format!(
+                r#"{{"order":{n},"customer":"{customer}","total":"{}.{:02} €"}}"#,
+                order.total_cents / 100,
+                order.total_cents % 100
+            ),
         ),
         event(
             2,
@@ -195,6 +199,15 @@ async fn scenario<A: App, B: Broker>(app: &A, broker: &B) {
 
     // 3. A real consumer on the real broker.
     let received = broker.consume(committed).await;
+    eprintln!(
+        "DEBUG {what}: {summary:?} received={} keys={:?}",
+        received.len(),
+        received
+            .iter()
+            .take(3)
+            .map(|r| (r.key.clone(), r.headers.clone()))
+            .collect::<Vec<_>>()
+    );
     let failures_happened = summary.retried > 0 || summary.lease_lost > 0;
     check_delivery(&scenario, &received, failures_happened, &what);
 
@@ -250,9 +263,9 @@ pub fn check_delivery(
     let mut arrival_by_key: BTreeMap<String, Vec<EventId>> = BTreeMap::new();
     let mut partition_by_key: BTreeMap<String, HashSet<i32>> = BTreeMap::new();
     for (i, msg) in received.iter().enumerate() {
-        let id = msg
-            .message_id
-            .unwrap_or_else(|| panic!("{what}: message #{i} has no event id as message id: {msg:?}"));
+        let id = msg.message_id.unwrap_or_else(|| {
+            panic!("{what}: message #{i} has no event id as message id: {msg:?}")
+        });
         assert!(
             !rolled_back.contains(&id),
             "{what}: message #{i} is event {id} of the ROLLED-BACK transaction"
@@ -260,8 +273,16 @@ pub fn check_delivery(
         let event = expected
             .get(&id)
             .unwrap_or_else(|| panic!("{what}: message #{i} is not a committed event: {msg:?}"));
-        assert_eq!(msg.event_id_header, Some(id), "{what}: event-id header of {id}");
-        assert_eq!(msg.payload, event.payload(), "{what}: payload bytes of {id}");
+        assert_eq!(
+            msg.event_id_header,
+            Some(id),
+            "{what}: event-id header of {id}"
+        );
+        assert_eq!(
+            msg.payload,
+            event.payload(),
+            "{what}: payload bytes of {id}"
+        );
         assert_eq!(
             msg.event_type.as_deref(),
             Some(event.event_type()),

@@ -11,7 +11,10 @@ use std::process::Command;
 /// Runs the benchmark. `args` are forwarded to `outbox-bench` (`--quick`,
 /// `--scenario NAME` (repeatable or comma-separated), `--batch N`, `--list`).
 pub(crate) fn run(args: &[String]) -> Result<()> {
-    if args.iter().any(|a| a == "--help" || a == "-h" || a == "--list") {
+    if args
+        .iter()
+        .any(|a| a == "--help" || a == "-h" || a == "--list")
+    {
         return run_bench(args);
     }
     let _services = crate::services::ensure_all()?;
@@ -26,7 +29,10 @@ fn run_bench(args: &[String]) -> Result<()> {
     cmd.args(["run", "--release", "-p", "outbox-bench", "--"])
         .args(args)
         .current_dir(crate::root());
-    println!("\n==> cargo run --release -p outbox-bench -- {}", args.join(" "));
+    println!(
+        "\n==> cargo run --release -p outbox-bench -- {}",
+        args.join(" ")
+    );
     let status = cmd
         .status()
         .with_context(|| format!("could not run {cargo}"))?;

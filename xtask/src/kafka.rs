@@ -81,7 +81,8 @@ pub(crate) fn ensure_tansu_installed() -> Result<PathBuf> {
     if !status.success() {
         bail!("`cargo {}` failed ({status})", INSTALL_ARGS.join(" "));
     }
-    find_tansu().context("cargo install tansu succeeded but the tansu binary is not in $CARGO_HOME/bin")
+    find_tansu()
+        .context("cargo install tansu succeeded but the tansu binary is not in $CARGO_HOME/bin")
 }
 
 fn find_tansu() -> Option<PathBuf> {

@@ -16,7 +16,10 @@ use std::process::Command;
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (cmd, rest) = args.split_first().map(|(c, r)| (c.as_str(), r)).unwrap_or(("help", &[]));
+    let (cmd, rest) = args
+        .split_first()
+        .map(|(c, r)| (c.as_str(), r))
+        .unwrap_or(("help", &[]));
     match cmd {
         "ci" => ci(rest),
         "services" => services::report_and_hold(rest),
@@ -68,7 +71,15 @@ pub(crate) fn cargo(args: &[&str]) -> Result<()> {
 fn ci(rest: &[String]) -> Result<()> {
     let started = std::time::Instant::now();
     cargo(&["fmt", "--all", "--", "--check"])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"])?;
+    cargo(&[
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--all-features",
+        "--",
+        "-D",
+        "warnings",
+    ])?;
     // Build everything before touching services, so compile time does not
     // count against broker timeouts.
     cargo(&["test", "--workspace", "--all-features", "--no-run"])?;

@@ -57,7 +57,10 @@ pub(crate) fn ensure_all() -> Result<Started> {
         if up(s.addr) {
             println!("{:<16} up     {} (tests read {})", s.name, s.addr, s.env);
         } else {
-            println!("{:<16} DOWN   {}: start it with: {}", s.name, s.addr, s.start);
+            println!(
+                "{:<16} DOWN   {}: start it with: {}",
+                s.name, s.addr, s.start
+            );
             down.push(s.name);
         }
     }

@@ -100,21 +100,8 @@ impl fmt::Debug for AmqpConfig {
     }
 }
 
-/// Replaces the password of an AMQP URI by `***` (`amqp://user:***@host`).
-pub fn redact_uri(uri: &str) -> String {
-    let (scheme, rest) = match uri.find("://") {
-        Some(i) => (&uri[..i + 3], &uri[i + 3..]),
-        None => ("", uri),
-    };
-    let host_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..host_end].rfind('@') {
-        Some(at) => {
-            let user = rest[..at].split(':').next().unwrap_or("");
-            format!("{scheme}{user}:***@{}", &rest[at + 1..])
-        }
-        None => uri.to_owned(),
-    }
-}
+/// `uri` with its password replaced by `***` (see [`outbox_core::redact_url`]).
+pub use outbox_core::redact_url as redact_uri;
 
 impl AmqpConfig {
     /// A configuration for `uri` (`amqp://user:pass@host:5672/vhost` or

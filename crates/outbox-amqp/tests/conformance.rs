@@ -227,7 +227,10 @@ async fn missing_exchange_is_unroutable_and_spares_the_rest_of_the_batch() {
         assert_eq!(got[1].event_id, Some(b.id));
         // `exchange/routing.key` topics reach an existing exchange too.
         let c = event(&format!("{}/orders", h.exchange), None, b"c".to_vec());
-        assert_eq!(sink.deliver(std::slice::from_ref(&c)).await, vec![Outcome::Delivered]);
+        assert_eq!(
+            sink.deliver(std::slice::from_ref(&c)).await,
+            vec![Outcome::Delivered]
+        );
         assert_eq!(h.consume(1).await[0].event_id, Some(c.id));
     })
     .await;

@@ -4,6 +4,7 @@
 mod envelope;
 mod error;
 mod event;
+mod redact;
 mod retry;
 mod shard;
 mod store;
@@ -11,6 +12,7 @@ mod store;
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
 pub use event::{Event, EventId, EventLimits, LastError, NewEvent, ValidationError};
+pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
 pub use shard::{key_hash, shard_of, InvalidShardSpec, ShardSpec};
 pub use store::{

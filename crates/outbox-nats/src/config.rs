@@ -135,18 +135,7 @@ impl fmt::Debug for NatsConfig {
     }
 }
 
-/// Replaces the user-info part of a URL (`user:password@`, `token@`) by `***@`.
-pub fn redact_url(url: &str) -> String {
-    let (scheme, rest) = match url.find("://") {
-        Some(i) => (&url[..i + 3], &url[i + 3..]),
-        None => ("", url),
-    };
-    let host_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..host_end].rfind('@') {
-        Some(at) => format!("{scheme}***@{}", &rest[at + 1..]),
-        None => url.to_owned(),
-    }
-}
+pub use outbox_core::redact_url;
 
 impl NatsConfig {
     /// Servers from a comma-separated list of URLs
@@ -356,10 +345,10 @@ mod tests {
 
     #[test]
     fn redacts_credentials_in_urls() {
-        assert_eq!(redact_url("nats://u:secret@h:4222"), "nats://***@h:4222");
+        assert_eq!(redact_url("nats://u:secret@h:4222"), "nats://u:***@h:4222");
         assert_eq!(redact_url("nats://tok@h"), "nats://***@h");
         assert_eq!(redact_url("nats://h:4222"), "nats://h:4222");
-        assert_eq!(redact_url("u:p@h"), "***@h");
+        assert_eq!(redact_url("u:p@h"), "u:***@h");
     }
 
     #[test]

@@ -163,8 +163,14 @@ async fn republished_event_is_deduplicated_by_msg_id() {
     with_harness(|h| async move {
         let sink = h.sink().await;
         let e = event("orders", Some("k"), b"once".to_vec());
-        assert_eq!(sink.deliver(std::slice::from_ref(&e)).await, vec![Outcome::Delivered]);
-        assert_eq!(sink.deliver(std::slice::from_ref(&e)).await, vec![Outcome::Delivered]);
+        assert_eq!(
+            sink.deliver(std::slice::from_ref(&e)).await,
+            vec![Outcome::Delivered]
+        );
+        assert_eq!(
+            sink.deliver(std::slice::from_ref(&e)).await,
+            vec![Outcome::Delivered]
+        );
         let mut stream = h.js.get_stream(&h.stream).await.unwrap();
         assert_eq!(stream.info().await.unwrap().state.messages, 1);
         let got = h.consume(1).await;

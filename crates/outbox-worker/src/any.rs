@@ -141,31 +141,7 @@ pub enum ConnectError {
     },
 }
 
-/// `url` with any password (`user:password@`) replaced by `***`, fit for logs.
-///
-/// ```
-/// assert_eq!(
-///     outbox_worker::any::redact_url("postgres://app:s3cret@db:5432/app"),
-///     "postgres://app:***@db:5432/app"
-/// );
-/// assert_eq!(outbox_worker::any::redact_url("sqlite://outbox.db"), "sqlite://outbox.db");
-/// ```
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &authority[..at];
-    let user = match userinfo.split_once(':') {
-        Some((user, _)) => format!("{user}:***"),
-        None => "***".to_owned(),
-    };
-    format!("{scheme}://{user}{}", &rest[at..])
-}
+pub use outbox_core::redact_url;
 
 impl AnyStore {
     /// Opens the store named by `url`: `sqlite://PATH` (created if missing)
@@ -492,20 +468,6 @@ impl Sink for AnySink {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_passwords_only() {
-        assert_eq!(
-            redact_url("amqp://guest:guest@127.0.0.1:5672/%2f"),
-            "amqp://guest:***@127.0.0.1:5672/%2f"
-        );
-        assert_eq!(
-            redact_url("postgres://token@db/x?sslmode=require"),
-            "postgres://***@db/x?sslmode=require"
-        );
-        assert_eq!(redact_url("sqlite:///tmp/a@b.db"), "sqlite:///tmp/a@b.db");
-        assert_eq!(redact_url("nats://127.0.0.1:4222"), "nats://127.0.0.1:4222");
-    }
 
     #[test]
     fn sink_specs() {
