@@ -231,7 +231,7 @@ impl App for PostgresApp {
             ids.push(
                 self.store
                     .outbox()
-                    .enqueue(&mut *tx, event)
+                    .enqueue(&mut tx, event)
                     .await
                     .expect("enqueue in the order's transaction"),
             );

@@ -199,15 +199,6 @@ async fn scenario<A: App, B: Broker>(app: &A, broker: &B) {
 
     // 3. A real consumer on the real broker.
     let received = broker.consume(committed).await;
-    eprintln!(
-        "DEBUG {what}: {summary:?} received={} keys={:?}",
-        received.len(),
-        received
-            .iter()
-            .take(3)
-            .map(|r| (r.key.clone(), r.headers.clone()))
-            .collect::<Vec<_>>()
-    );
     let failures_happened = summary.retried > 0 || summary.lease_lost > 0;
     check_delivery(&scenario, &received, failures_happened, &what);
 

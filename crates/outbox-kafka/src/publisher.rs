@@ -75,8 +75,10 @@ pub type OutboxProducer = FutureProducer<TracingContext>;
 ///   every delivery report is awaited together; an event is `Delivered` only
 ///   on a successful delivery report.
 /// - A fatal producer error (librdkafka's idempotence state is broken,
-///   e.g. after an unrecoverable sequence gap) fails the affected events as
-///   retryable and replaces the producer before the next batch: a new
+///   e.g. after an unrecoverable sequence gap), or a broker refusing the
+///   producer id (`PRODUCER_FENCED` and friends; Tansu 0.6 answers
+///   librdkafka's epoch bump after message timeouts that way), fails the
+///   affected events as retryable and replaces the producer at once: a new
 ///   producer gets a new producer id, and the retried events go out with it.
 pub struct KafkaPublisher {
     config: KafkaConfig,
