@@ -21,11 +21,11 @@ use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// Header (AMQP table entry) carrying the event type (also in the `type` property).
-pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
+pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
 /// Header carrying the event key (absent when the event has none).
-pub const HEADER_KEY: &str = "Outbox-Key";
+pub const HEADER_KEY: &str = outbox_core::headers::KEY;
 /// Header carrying the event id (also the `message_id` property).
-pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
+pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
 
 /// Publishes outbox events to RabbitMQ (AMQP 0.9.1) with publisher confirms
 /// and `mandatory` set; an event is `Delivered` only on a confirm that is

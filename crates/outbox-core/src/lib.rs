@@ -4,6 +4,7 @@
 mod envelope;
 mod error;
 mod event;
+pub mod headers;
 mod redact;
 mod retry;
 mod shard;

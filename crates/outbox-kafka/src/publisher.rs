@@ -16,9 +16,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Header carrying the event id (the consumer's deduplication id).
-pub const HEADER_EVENT_ID: &str = "outbox-event-id";
+pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
 /// Header carrying the event type.
-pub const HEADER_EVENT_TYPE: &str = "outbox-event-type";
+pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
 /// Header carrying the content type (the event's own `content-type` header,
 /// else [`KafkaConfig::with_content_type`]).
 pub const HEADER_CONTENT_TYPE: &str = "content-type";
@@ -67,7 +67,7 @@ pub type OutboxProducer = FutureProducer<TracingContext>;
 /// - Message key = event key (the event id when the event has none), so all
 ///   events of a key land in one partition, in order.
 /// - Topic = [`KafkaConfig::kafka_topic`] of the event topic.
-/// - Headers: `outbox-event-id`, `outbox-event-type`, `content-type`, then
+/// - Headers: `Outbox-Event-Id`, `Outbox-Event-Type`, `content-type`, then
 ///   the event's own headers (trace context such as `traceparent` /
 ///   `tracestate` lives there). Event headers named like the first two are
 ///   skipped: the publisher's values are authoritative.

@@ -41,7 +41,7 @@ fn brokers() -> String {
 struct KafkaHarness {
     brokers: String,
     topic: String,
-    consumer: Mutex<Arc<StreamConsumer>>,
+    consumer: Mutex<Option<Arc<StreamConsumer>>>,
     dedicated: Mutex<Option<Dedicated>>,
 }
 
@@ -80,7 +80,7 @@ impl KafkaHarness {
         Self {
             brokers,
             topic,
-            consumer: Mutex::new(consumer),
+            consumer: Mutex::new(Some(consumer)),
             dedicated: Mutex::new(None),
         }
     }
@@ -217,12 +217,12 @@ impl PublisherHarness for KafkaHarness {
         }
         // This case's topic and consumer live on the dedicated broker.
         support::create_topic(&direct.to_string(), &self.topic, PARTITIONS).await;
-        *self.consumer.lock().unwrap() = consumer_for(&direct.to_string(), &self.topic);
+        *self.consumer.lock().unwrap() = Some(consumer_for(&direct.to_string(), &self.topic));
         KafkaPublisher::new(self.config(&addr.to_string())).unwrap()
     }
 
     async fn consume(&self, n: usize) -> Vec<ReceivedMessage> {
-        let consumer = self.consumer.lock().unwrap().clone();
+        let consumer = self.consumer.lock().unwrap().clone().unwrap();
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             let msg = tokio::time::timeout(support::READ_BOUND, consumer.recv())
@@ -252,8 +252,9 @@ impl PublisherHarness for KafkaHarness {
                     headers.insert(header.key.to_owned(), value);
                 }
             }
-            let event_id: Option<EventId> =
-                headers.get("outbox-event-id").and_then(|v| v.parse().ok());
+            let event_id: Option<EventId> = headers
+                .get(outbox_kafka::HEADER_EVENT_ID)
+                .and_then(|v| v.parse().ok());
             let key = msg
                 .key()
                 .map(|k| String::from_utf8_lossy(k).into_owned())
@@ -261,7 +262,7 @@ impl PublisherHarness for KafkaHarness {
                 .filter(|k| Some(k.as_str()) != event_id.map(|id| id.to_string()).as_deref());
             out.push(ReceivedMessage {
                 payload: msg.payload().unwrap_or_default().to_vec(),
-                event_type: headers.get("outbox-event-type").cloned(),
+                event_type: headers.get(outbox_kafka::HEADER_EVENT_TYPE).cloned(),
                 event_id,
                 key,
                 headers,
@@ -271,6 +272,11 @@ impl PublisherHarness for KafkaHarness {
     }
 
     async fn cleanup(&self) {
+        // Close the consumer before deleting its topic: librdkafka 2.12
+        // crashes (strcmp on a NULL name) when Tansu 0.6 answers its
+        // by-topic-id metadata refresh for a deleted topic with a null name.
+        let consumer = self.consumer.lock().unwrap().take();
+        drop(consumer);
         let dedicated = self.dedicated.lock().unwrap().take();
         if let Some(mut d) = dedicated {
             let _ = d.child.kill();

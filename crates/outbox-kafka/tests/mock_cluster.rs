@@ -64,7 +64,7 @@ async fn delivers_with_key_headers_and_per_key_order() {
         let expected_key = ev.key.clone().unwrap_or_else(|| ev.id.to_string());
         assert_eq!(r.key.as_deref(), Some(expected_key.as_str()));
         assert_eq!(r.payload, ev.payload);
-        assert_eq!(r.headers["outbox-event-type"], "test.event");
+        assert_eq!(r.headers[outbox_kafka::HEADER_EVENT_TYPE], "test.event");
         assert_eq!(r.headers["content-type"], "application/octet-stream");
         assert_eq!(r.headers["traceparent"], ev.headers["traceparent"]);
         assert_eq!(r.headers["tracestate"], "vendor=value");
@@ -190,7 +190,7 @@ async fn brokers_down_past_the_timeout_fail_retryable_then_redelivery_succeeds()
     let got = read_back(&brokers, &topic, PARTITIONS, all.len()).await;
     assert_eq!(received_ids(&got), ids(&all));
     // Every event at least once; a timed-out send may also have landed
-    // ("maybe delivered"), which the consumer dedups by outbox-event-id.
+    // ("maybe delivered"), which the consumer dedups by Outbox-Event-Id.
     assert!(message_count(&brokers, &topic, PARTITIONS) >= all.len() as i64);
 }
 

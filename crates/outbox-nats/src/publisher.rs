@@ -14,11 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// Header carrying the event type.
-pub const HEADER_EVENT_TYPE: &str = "Outbox-Event-Type";
+pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
 /// Header carrying the event key (absent when the event has none).
-pub const HEADER_KEY: &str = "Outbox-Key";
+pub const HEADER_KEY: &str = outbox_core::headers::KEY;
 /// Header carrying the event id (also sent as `Nats-Msg-Id`).
-pub const HEADER_EVENT_ID: &str = "Outbox-Event-Id";
+pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
 /// JetStream's deduplication header.
 pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// Content type: the event's `content-type` header, else `application/octet-stream`.

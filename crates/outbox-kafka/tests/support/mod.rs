@@ -58,7 +58,7 @@ pub struct Received {
 impl Received {
     pub fn event_id(&self) -> &str {
         self.headers
-            .get("outbox-event-id")
+            .get(outbox_kafka::HEADER_EVENT_ID)
             .map(String::as_str)
             .unwrap_or("")
     }
