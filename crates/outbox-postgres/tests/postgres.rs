@@ -5,7 +5,7 @@
 mod common;
 
 use common::{database_url, fresh_schema, pool, SchemaGuard, TestDb};
-use outbox_core::{ClaimRequest, NewEvent, RelayId, ShardSpec, Store};
+use outbox_core::{ClaimRequest, NewEvent, RelayId, ShardSpec, Stats, Store};
 use outbox_postgres::{
     Ident, InvalidIdentifier, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
 };
@@ -441,4 +441,27 @@ async fn free_functions_use_the_default_outbox() {
         assert!(ids.contains(&id.as_uuid()));
     }
     tx.rollback().await.unwrap();
+}
+
+/// `sslmode=require` connects over TLS (rustls): the server's `pg_stat_ssl`
+/// shows the store's own connection as encrypted. The local PostgreSQL has
+/// TLS on (Debian's default snakeoil certificate); `require` does not verify it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sslmode_require_connects_over_tls() {
+    let schema = fresh_schema();
+    let _guard = SchemaGuard(schema.clone());
+    let url = database_url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let store = PgStore::connect(
+        PgStoreOptions::new(format!("{url}{sep}sslmode=require")).with_schema(schema.clone()),
+    )
+    .await
+    .expect("TLS connection with sslmode=require");
+    let ssl: bool = sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert!(ssl, "the store's connection is not encrypted");
+    store.migrate().await.unwrap();
+    assert_eq!(store.stats().await.unwrap(), Stats::default());
 }
