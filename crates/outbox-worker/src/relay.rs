@@ -227,26 +227,33 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             "relay started"
         );
 
+        // A claim made while the previous batch was being delivered (drain
+        // mode after a full batch): claim and delivery overlap, so the relay
+        // runs near the slower of the store and the sink instead of their sum.
+        let mut prefetched: Option<Claim> = None;
         loop {
             // Never poll `shutdown` again once it completed.
             if shutdown.as_mut().now_or_never().is_some() {
                 break;
             }
-            let claim = match self.store.claim(&req).await {
-                Ok(claim) => {
-                    store_errors = 0;
-                    claim
-                }
-                Err(err) => {
-                    store_errors = store_errors.saturating_add(1);
-                    let delay = error_backoff.next_delay(store_errors, rand::random());
-                    metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
-                    warn!(error = %err, retry_in = ?delay, "claim failed; backing off");
-                    if wait(delay, shutdown.as_mut(), None).await {
-                        break;
+            let claim = match prefetched.take() {
+                Some(claim) => claim,
+                None => match self.store.claim(&req).await {
+                    Ok(claim) => {
+                        store_errors = 0;
+                        claim
                     }
-                    continue;
-                }
+                    Err(err) => {
+                        store_errors = store_errors.saturating_add(1);
+                        let delay = error_backoff.next_delay(store_errors, rand::random());
+                        metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
+                        warn!(error = %err, retry_in = ?delay, "claim failed; backing off");
+                        if wait(delay, shutdown.as_mut(), None).await {
+                            break;
+                        }
+                        continue;
+                    }
+                },
             };
 
             let n = claim.events.len();
@@ -269,12 +276,31 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             }
 
             summary.batches += 1;
-            let stop = self.process(claim, shutdown.as_mut(), &mut summary).await;
+            let full = n >= usize::try_from(self.options.batch_size()).unwrap_or(usize::MAX);
+            let drain = self.options.drain() && full;
+            let stop = if drain {
+                // The events of this batch are leased, so the overlapping claim
+                // cannot take them, nor (per-key order) later events of their keys.
+                let (stop, next) = tokio::join!(
+                    self.process(claim, shutdown.as_mut(), &mut summary),
+                    self.store.claim(&req)
+                );
+                match next {
+                    Ok(next) if !next.events.is_empty() => prefetched = Some(next),
+                    Ok(_) => {}
+                    Err(err) => {
+                        metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
+                        warn!(error = %err, "overlapping claim failed; claiming again");
+                    }
+                }
+                stop
+            } else {
+                self.process(claim, shutdown.as_mut(), &mut summary).await
+            };
             if stop {
                 break;
             }
-            let full = n >= usize::try_from(self.options.batch_size()).unwrap_or(usize::MAX);
-            if !(self.options.drain() && full)
+            if !drain
                 && wait(
                     self.options.poll_interval(),
                     shutdown.as_mut(),
@@ -284,6 +310,11 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             {
                 break;
             }
+        }
+        if let Some(claim) = prefetched {
+            // Claimed but never handed to the sink: give it back unattempted.
+            let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+            self.release(claim.token, &ids, &mut summary).await;
         }
         info!(
             relay_id = %req.relay_id,
