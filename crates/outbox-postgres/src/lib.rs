@@ -13,7 +13,9 @@ pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 pub use migrate::{Migration, MIGRATIONS};
-pub use options::{redact_url, PgStoreOptions, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
+pub use options::{
+    redact_url, PgStoreOptions, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_VACUUM_EVERY,
+};
 pub use store::{PgStore, ShardStats};
 
 /// Re-exported so users name the same sqlx types as this crate.

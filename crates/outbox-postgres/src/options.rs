@@ -13,6 +13,9 @@ pub const DEFAULT_TABLE: &str = "events";
 /// Whether enqueue issues `pg_notify` by default (see the crate docs for the
 /// measurement behind it).
 pub const DEFAULT_NOTIFY: bool = false;
+/// Rows removed from the events table (delivered or dead-lettered) between
+/// two opportunistic `VACUUM`s of it (see [`PgStoreOptions::with_vacuum_every`]).
+pub const DEFAULT_VACUUM_EVERY: u64 = 50_000;
 
 /// Configuration of a [`crate::PgStore`]. `Debug` never shows the password.
 ///
@@ -27,6 +30,7 @@ pub const DEFAULT_NOTIFY: bool = false;
 /// | [`with_max_connections`](Self::with_max_connections) | - | 10 |
 /// | [`with_acquire_timeout`](Self::with_acquire_timeout) | - | 30 s |
 /// | [`with_auto_migrate`](Self::with_auto_migrate) | - | `false` |
+/// | [`with_vacuum_every`](Self::with_vacuum_every) | - | `Some(50_000)` rows removed |
 /// | [`with_limits`](Self::with_limits) | - | [`EventLimits::default()`] |
 #[derive(Clone)]
 pub struct PgStoreOptions {
@@ -41,6 +45,7 @@ pub struct PgStoreOptions {
     pub(crate) max_connections: u32,
     pub(crate) acquire_timeout: Duration,
     pub(crate) auto_migrate: bool,
+    pub(crate) vacuum_every: Option<u64>,
     pub(crate) limits: EventLimits,
 }
 
@@ -58,6 +63,7 @@ impl Default for PgStoreOptions {
             max_connections: 10,
             acquire_timeout: Duration::from_secs(30),
             auto_migrate: false,
+            vacuum_every: Some(DEFAULT_VACUUM_EVERY),
             limits: EventLimits::default(),
         }
     }
@@ -147,7 +153,19 @@ impl PgStoreOptions {
         self
     }
 
-    /// Apply the migrations when connecting.
+    /// After this many rows left the events table (completed or
+    /// dead-lettered) through this store, run `VACUUM (ANALYZE)` on it in the
+    /// background, so claims do not walk the index entries of deleted rows
+    /// until autovacuum gets there (a queue table churns faster than
+    /// autovacuum's defaults assume). `None` turns it off (leave it to
+    /// autovacuum). Needs table ownership; without it the store logs once and
+    /// stops trying. Default: every 50,000 rows.
+    pub fn with_vacuum_every(mut self, rows: Option<u64>) -> Self {
+        self.vacuum_every = rows.filter(|n| *n > 0);
+        self
+    }
+
+    /// Applies the migrations when the store connects.
     pub fn with_auto_migrate(mut self, yes: bool) -> Self {
         self.auto_migrate = yes;
         self
@@ -184,6 +202,7 @@ impl fmt::Debug for PgStoreOptions {
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
             .field("auto_migrate", &self.auto_migrate)
+            .field("vacuum_every", &self.vacuum_every)
             .field("limits", &self.limits)
             .finish()
     }

@@ -12,6 +12,7 @@ use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{PgPool, Row};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -36,6 +37,53 @@ struct Inner {
     purge_batch: u32,
     wakeup: Option<Arc<Notify>>,
     tasks: Vec<JoinHandle<()>>,
+    vacuum: Option<Vacuum>,
+}
+
+/// The opportunistic `VACUUM` of the events table (see
+/// [`PgStoreOptions::with_vacuum_every`]).
+struct Vacuum {
+    every: u64,
+    sql: String,
+    removed: AtomicU64,
+    /// A VACUUM is running, or vacuuming was turned off after an error.
+    busy: Arc<AtomicBool>,
+}
+
+impl Vacuum {
+    /// Counts `n` removed rows; starts a background VACUUM when the count
+    /// crosses a multiple of `every` and none is running.
+    fn removed(&self, pool: &PgPool, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let before = self.removed.fetch_add(n, Ordering::Relaxed);
+        if (before + n) / self.every == before / self.every {
+            return;
+        }
+        if self
+            .busy
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
+        let (pool, sql, busy) = (pool.clone(), self.sql.clone(), Arc::clone(&self.busy));
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            match sqlx::raw_sql(&sql).execute(&pool).await {
+                Ok(_) => {
+                    tracing::debug!(elapsed = ?started.elapsed(), "vacuumed the outbox table");
+                    busy.store(false, Ordering::Release);
+                }
+                // Left `busy`: no further attempts from this store.
+                Err(e) => tracing::warn!(
+                    error = %e,
+                    "VACUUM of the outbox table failed; not trying again (leave it to autovacuum, or grant ownership)"
+                ),
+            }
+        });
+    }
 }
 
 impl Drop for Inner {
@@ -310,6 +358,12 @@ fn uuids(ids: &[EventId]) -> Vec<Uuid> {
 }
 
 impl PgStore {
+    fn note_removed(&self, rows: usize) {
+        if let Some(v) = &self.inner.vacuum {
+            v.removed(&self.inner.pool, rows as u64);
+        }
+    }
+
     /// Connects a pool to `options`' URL, applies the migrations when
     /// [`PgStoreOptions::with_auto_migrate`] is set, and starts the LISTEN
     /// task (unless turned off) and the retention purge (when configured).
@@ -366,8 +420,15 @@ impl PgStore {
                 options.purge_interval,
             )));
         }
+        let vacuum = options.vacuum_every.map(|every| Vacuum {
+            every,
+            sql: outbox.names.render("VACUUM (ANALYZE) {{events}}"),
+            removed: AtomicU64::new(0),
+            busy: Arc::new(AtomicBool::new(false)),
+        });
         Ok(Self {
             inner: Arc::new(Inner {
+                vacuum,
                 pool,
                 outbox,
                 sql,
@@ -588,6 +649,7 @@ impl Store for PgStore {
             .bind(token.as_uuid())
             .fetch_all(&self.inner.pool)
             .await?;
+        self.note_removed(applied.len());
         Ok(fence_report(ids, applied))
     }
 

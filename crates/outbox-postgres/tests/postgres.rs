@@ -465,3 +465,53 @@ async fn sslmode_require_connects_over_tls() {
     store.migrate().await.unwrap();
     assert_eq!(store.stats().await.unwrap(), Stats::default());
 }
+
+/// After `vacuum_every` rows were completed, the store vacuums its table in
+/// the background (so claims stop walking dead index entries even where
+/// autovacuum is slow or, as on this machine, off); `None` never does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completed_rows_trigger_an_opportunistic_vacuum() {
+    let db = TestDb::new().await;
+    let vacuums = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = 'events'",
+        )
+        .bind(db.schema.as_str())
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+    };
+    for (every, expect_vacuum) in [(None, false), (Some(100), true)] {
+        let store = PgStore::from_pool(
+            db.pool.clone(),
+            db.options().with_listen(false).with_vacuum_every(every),
+        )
+        .await
+        .unwrap();
+        let mut tx = db.pool.begin().await.unwrap();
+        db.outbox
+            .enqueue_batch(&mut tx, (0..150).map(ev).collect::<Vec<_>>())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let before = vacuums().await;
+        let claim = store.claim(&req("r", 200)).await.unwrap();
+        assert_eq!(claim.events.len(), 150);
+        let ids: Vec<_> = claim.events.iter().map(|e| e.id).collect();
+        assert_eq!(
+            store.complete(claim.token, &ids).await.unwrap().applied,
+            150
+        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut after = vacuums().await;
+        while expect_vacuum && after == before && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            after = vacuums().await;
+        }
+        if !expect_vacuum {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            after = vacuums().await;
+        }
+        assert_eq!(after > before, expect_vacuum, "vacuum_every = {every:?}");
+    }
+}
