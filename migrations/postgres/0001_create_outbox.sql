@@ -30,8 +30,11 @@ CREATE TABLE {{events}} (
 )
 -- No index covers a column that a claim, retry or release changes, so those
 -- UPDATEs are HOT (no new index entries, less bloat) when the page has room:
--- fillfactor leaves it. A queue table churns: vacuum it early.
-WITH (fillfactor = 85, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000);
+-- fillfactor leaves it. A queue table churns: vacuum it early, and never
+-- truncate it (truncation takes an ACCESS EXCLUSIVE lock that stalls
+-- producers and claims, for pages the next burst refills anyway).
+WITH (fillfactor = 85, autovacuum_vacuum_scale_factor = 0.02, autovacuum_vacuum_threshold = 1000,
+      vacuum_truncate = false);
 
 -- The claim: WHERE delivered_at IS NULL AND next_attempt_at <= now() ... ORDER BY id LIMIT n.
 -- next_attempt_at is deliberately not indexed (it changes on every claim).

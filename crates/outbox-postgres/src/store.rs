@@ -422,7 +422,7 @@ impl PgStore {
         }
         let vacuum = options.vacuum_every.map(|every| Vacuum {
             every,
-            sql: outbox.names.render("VACUUM (ANALYZE) {{events}}"),
+            sql: outbox.names.render("VACUUM (TRUNCATE false) {{events}}"),
             removed: AtomicU64::new(0),
             busy: Arc::new(AtomicBool::new(false)),
         });
