@@ -229,6 +229,8 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!(
         "inspect: outbox-relay status --store {url}   replay: outbox-relay dead retry --store {url} --all"
     );
+    // Closing the pool checkpoints the WAL: only the .db file is left behind.
+    store.pool().close().await;
     Ok(())
 }
 
