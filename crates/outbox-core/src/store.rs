@@ -174,6 +174,22 @@ pub struct DeadLetter {
     pub dead_at: DateTime<Utc>,
 }
 
+impl DeadLetter {
+    /// A dead letter whose final error is the event's `last_error` (stores
+    /// record it when they dead-letter), or `MANUAL` when none was recorded.
+    pub fn new(event: Event, dead_at: DateTime<Utc>) -> Self {
+        let error = event.last_error.clone().unwrap_or(LastError {
+            code: ErrorCode::MANUAL,
+            message: String::new(),
+        });
+        Self {
+            event,
+            error,
+            dead_at,
+        }
+    }
+}
+
 /// Which dead letters to list.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterQuery {

@@ -742,15 +742,7 @@ impl DeadLetterStore for PgStore {
             .map(|row| {
                 let event = event_from(row)?;
                 let dead_at: DateTime<Utc> = row.try_get(8)?;
-                let error = event.last_error.clone().unwrap_or(LastError {
-                    code: ErrorCode::MANUAL,
-                    message: String::new(),
-                });
-                Ok(DeadLetter {
-                    event,
-                    error,
-                    dead_at,
-                })
+                Ok(DeadLetter::new(event, dead_at))
             })
             .collect()
     }

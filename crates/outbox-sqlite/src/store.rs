@@ -8,7 +8,7 @@ use crate::SqliteStoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Disposition, EventId,
-    Failure, FenceReport, FencingToken, LastError, Stats, Store,
+    Failure, FenceReport, FencingToken, Stats, Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -413,15 +413,7 @@ impl DeadLetterStore for SqliteStore {
             .map(|row| {
                 let event = event_from_row(row)?;
                 let dead_at = time_from_ms(event.id, "dead_at", row.try_get("dead_at")?)?;
-                let error = event.last_error.clone().unwrap_or_else(|| LastError {
-                    code: outbox_core::ErrorCode::MANUAL,
-                    message: String::new(),
-                });
-                Ok(DeadLetter {
-                    event,
-                    error,
-                    dead_at,
-                })
+                Ok(DeadLetter::new(event, dead_at))
             })
             .collect()
     }
