@@ -88,6 +88,10 @@ pub(crate) struct RunArgs {
     /// Create or upgrade the outbox tables before starting.
     #[arg(long, env = "OUTBOX_MIGRATE")]
     pub(crate) migrate: Option<bool>,
+    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464
+    /// [default: off].
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "ADDR")]
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// The config file: the same keys as the `run` flags.
@@ -111,6 +115,7 @@ pub(crate) struct FileConfig {
     max_attempts: Option<u32>,
     shard: Option<String>,
     lag_alert_secs: Option<u64>,
+    metrics_addr: Option<std::net::SocketAddr>,
     relay_id: Option<String>,
     drain: Option<bool>,
     shutdown_grace_ms: Option<u64>,
@@ -125,6 +130,7 @@ pub(crate) struct RunConfig {
     pub(crate) settings: BackendSettings,
     pub(crate) options: RelayOptions,
     pub(crate) migrate: bool,
+    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
 }
 
 fn load_file(explicit: Option<&Path>) -> anyhow::Result<(FileConfig, Option<PathBuf>)> {
@@ -266,6 +272,7 @@ pub(crate) fn resolve_run(args: RunArgs) -> anyhow::Result<RunConfig> {
         settings,
         options,
         migrate: args.migrate.or(file.migrate).unwrap_or(false),
+        metrics_addr: args.metrics_addr.or(file.metrics_addr),
     })
 }
 

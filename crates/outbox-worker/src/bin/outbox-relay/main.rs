@@ -164,6 +164,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         store.migrate().await.context("migration failed")?;
     }
     let sink = AnySink::connect(&cfg.sink, &cfg.settings).await?;
+    if let Some(addr) = cfg.metrics_addr {
+        install_prometheus(addr)?;
+    }
     outbox_worker::metrics::describe_metrics();
     info!(
         store = %redact_url(&cfg.store),
@@ -185,6 +188,22 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         "relay exited"
     );
     Ok(())
+}
+
+/// Serves the relay's metrics for Prometheus at `http://addr/metrics`.
+#[cfg(feature = "prometheus")]
+fn install_prometheus(addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    info!(%addr, "serving Prometheus metrics at /metrics");
+    Ok(())
+}
+
+#[cfg(not(feature = "prometheus"))]
+fn install_prometheus(_addr: std::net::SocketAddr) -> anyhow::Result<()> {
+    anyhow::bail!("--metrics-addr needs the `prometheus` feature (on by default): rebuild outbox-relay with it")
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

@@ -1,0 +1,91 @@
+//! `outbox-relay run --metrics-addr`: the binary serves the relay's metrics
+//! for Prometheus, and the counters match what was delivered.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use outbox_worker::core::{NewEvent, Store};
+use outbox_worker::sqlite::{enqueue_batch, SqliteStore};
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn scrape(addr: &str) -> Option<String> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).ok()?;
+    Some(body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_prometheus_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    let mut tx = store.pool().begin().await.unwrap();
+    let events = (0..20)
+        .map(|i| NewEvent::new("metrics.test", "m", format!("{i}").into_bytes()))
+        .collect();
+    enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let out = dir.path().join("out.jsonl");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+        .args([
+            "run",
+            "--store",
+            &url,
+            "--poll-interval-ms",
+            "100",
+            "--metrics-addr",
+            &addr,
+        ])
+        .arg("--sink")
+        .arg(format!("jsonl:{}", out.display()))
+        .env("RUST_LOG", "warn")
+        .env_remove("OUTBOX_CONFIG")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let body = loop {
+        let drained = store.stats().await.unwrap().pending == 0;
+        if drained {
+            if let Some(body) = scrape(&addr) {
+                if body
+                    .lines()
+                    .any(|l| l.starts_with("outbox_events_delivered_total"))
+                {
+                    break body;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no metrics served on {addr}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(child.wait().unwrap().success());
+
+    let delivered: f64 = body
+        .lines()
+        .filter(|l| l.starts_with("outbox_events_delivered_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(delivered, 20.0, "{body}");
+    assert!(body.contains("outbox_lag_seconds"), "{body}");
+}
