@@ -118,14 +118,9 @@ impl App for SqliteApp {
             .execute(&mut *tx)
             .await
             .expect("insert the order");
-        let mut ids = Vec::with_capacity(events.len());
-        for event in events {
-            ids.push(
-                outbox_sqlite::enqueue(&mut tx, event)
-                    .await
-                    .expect("enqueue in the order's transaction"),
-            );
-        }
+        let ids = outbox_sqlite::enqueue_batch(&mut tx, events)
+            .await
+            .expect("enqueue in the order's transaction");
         match end {
             TxEnd::Commit => tx.commit().await.expect("COMMIT"),
             TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),
@@ -226,16 +221,12 @@ impl App for PostgresApp {
         .execute(&mut *tx)
         .await
         .expect("insert the order");
-        let mut ids = Vec::with_capacity(events.len());
-        for event in events {
-            ids.push(
-                self.store
-                    .outbox()
-                    .enqueue(&mut tx, event)
-                    .await
-                    .expect("enqueue in the order's transaction"),
-            );
-        }
+        let ids = self
+            .store
+            .outbox()
+            .enqueue_batch(&mut tx, events)
+            .await
+            .expect("enqueue in the order's transaction");
         match end {
             TxEnd::Commit => tx.commit().await.expect("COMMIT"),
             TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),

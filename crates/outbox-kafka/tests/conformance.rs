@@ -20,9 +20,8 @@
 mod support;
 
 use outbox_core::EventId;
-use outbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
+use outbox_kafka::rdkafka::consumer::StreamConsumer;
 use outbox_kafka::rdkafka::message::{Headers, Message};
-use outbox_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use outbox_kafka::{KafkaConfig, KafkaPublisher};
 use outbox_testkit::publisher::{PublisherHarness, ReceivedMessage};
 use std::collections::BTreeMap;
@@ -53,22 +52,7 @@ struct Dedicated {
 }
 
 fn consumer_for(brokers: &str, topic: &str) -> Arc<StreamConsumer> {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!("outbox-conformance-{}", uuid::Uuid::new_v4()),
-        )
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        tpl.add_partition_offset(topic, p, Offset::Beginning)
-            .unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    Arc::new(consumer)
+    Arc::new(support::assigned_consumer(brokers, topic, PARTITIONS))
 }
 
 impl KafkaHarness {

@@ -358,6 +358,25 @@ fn uuids(ids: &[EventId]) -> Vec<Uuid> {
 }
 
 impl PgStore {
+    /// Runs a fenced statement (`$1` ids, `$2` token, `RETURNING id`) and
+    /// reports which ids the token no longer owned.
+    async fn fenced(
+        &self,
+        sql: &str,
+        token: FencingToken,
+        ids: &[EventId],
+    ) -> Result<FenceReport, StoreError> {
+        if ids.is_empty() {
+            return Ok(FenceReport::default());
+        }
+        let applied: Vec<Uuid> = sqlx::query_scalar(sql)
+            .bind(uuids(ids))
+            .bind(token.as_uuid())
+            .fetch_all(&self.inner.pool)
+            .await?;
+        Ok(fence_report(ids, applied))
+    }
+
     fn note_removed(&self, rows: usize) {
         if let Some(v) = &self.inner.vacuum {
             v.removed(&self.inner.pool, rows as u64);
@@ -641,16 +660,9 @@ impl Store for PgStore {
         token: FencingToken,
         ids: &[EventId],
     ) -> Result<FenceReport, StoreError> {
-        if ids.is_empty() {
-            return Ok(FenceReport::default());
-        }
-        let applied: Vec<Uuid> = sqlx::query_scalar(&self.inner.sql.complete)
-            .bind(uuids(ids))
-            .bind(token.as_uuid())
-            .fetch_all(&self.inner.pool)
-            .await?;
-        self.note_removed(applied.len());
-        Ok(fence_report(ids, applied))
+        let report = self.fenced(&self.inner.sql.complete, token, ids).await?;
+        self.note_removed(usize::try_from(report.applied).unwrap_or(usize::MAX));
+        Ok(report)
     }
 
     async fn fail(
@@ -700,15 +712,7 @@ impl Store for PgStore {
         token: FencingToken,
         ids: &[EventId],
     ) -> Result<FenceReport, StoreError> {
-        if ids.is_empty() {
-            return Ok(FenceReport::default());
-        }
-        let applied: Vec<Uuid> = sqlx::query_scalar(&self.inner.sql.release)
-            .bind(uuids(ids))
-            .bind(token.as_uuid())
-            .fetch_all(&self.inner.pool)
-            .await?;
-        Ok(fence_report(ids, applied))
+        self.fenced(&self.inner.sql.release, token, ids).await
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {

@@ -96,14 +96,9 @@ pub async fn delete_topic(brokers: &str, topic: &str) {
     }
 }
 
-/// Reads `topic` (partitions `0..partitions`) from the beginning until
-/// `expected` messages arrived or [`READ_BOUND`] passed.
-pub async fn read_back(
-    brokers: &str,
-    topic: &str,
-    partitions: i32,
-    expected: usize,
-) -> Vec<Received> {
+/// A consumer assigned to partitions `0..partitions` of `topic`, from the
+/// beginning (no group offsets are committed).
+pub fn assigned_consumer(brokers: &str, topic: &str, partitions: i32) -> StreamConsumer {
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set("group.id", format!("outbox-test-{}", uuid::Uuid::new_v4()))
@@ -117,6 +112,18 @@ pub async fn read_back(
             .unwrap();
     }
     consumer.assign(&tpl).unwrap();
+    consumer
+}
+
+/// Reads `topic` (partitions `0..partitions`) from the beginning until
+/// `expected` messages arrived or [`READ_BOUND`] passed.
+pub async fn read_back(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    expected: usize,
+) -> Vec<Received> {
+    let consumer = assigned_consumer(brokers, topic, partitions);
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + READ_BOUND;
     while out.len() < expected {
