@@ -20,7 +20,8 @@ impl ErrorCode {
         ErrorCode::from_static("HANDLER_PERMANENT_FAILURE");
     /// A handler panicked (retryable: the panic may be transient).
     pub const HANDLER_PANICKED: ErrorCode = ErrorCode::from_static("HANDLER_PANICKED");
-    /// The broker did not acknowledge in time: maybe delivered (retryable).
+    /// The broker did not acknowledge in time: maybe delivered (sink
+    /// unavailable: no attempt counted; the dedup id covers a duplicate).
     pub const PUBLISH_TIMEOUT: ErrorCode = ErrorCode::from_static("PUBLISH_TIMEOUT");
     /// The broker refused the message (nack, or a retriable broker error).
     pub const PUBLISH_REJECTED: ErrorCode = ErrorCode::from_static("PUBLISH_REJECTED");
@@ -28,13 +29,19 @@ impl ErrorCode {
     pub const PUBLISH_UNROUTABLE: ErrorCode = ErrorCode::from_static("PUBLISH_UNROUTABLE");
     /// The message exceeds the broker's size limit (permanent).
     pub const PUBLISH_TOO_LARGE: ErrorCode = ErrorCode::from_static("PUBLISH_TOO_LARGE");
-    /// The connection to the broker is down (retryable).
+    /// The connection to the broker is down (sink unavailable: no attempt counted).
     pub const PUBLISH_CONNECTION_LOST: ErrorCode =
         ErrorCode::from_static("PUBLISH_CONNECTION_LOST");
     /// The broker rejected the message as invalid (permanent).
     pub const PUBLISH_INVALID: ErrorCode = ErrorCode::from_static("PUBLISH_INVALID");
     /// The relay was shutting down before the event was delivered (released, not failed).
     pub const RELAY_SHUTDOWN: ErrorCode = ErrorCode::from_static("RELAY_SHUTDOWN");
+    /// The stored row could not be decoded into an event (dead-lettered by
+    /// the store at claim time, with the decoding error as the reason).
+    pub const UNDECODABLE: ErrorCode = ErrorCode::from_static("UNDECODABLE");
+    /// The sink did not finish a batch within the relay's delivery timeout
+    /// (the batch is cancelled and released).
+    pub const DELIVERY_TIMEOUT: ErrorCode = ErrorCode::from_static("DELIVERY_TIMEOUT");
     /// An operator moved the event to the dead letters by hand.
     pub const MANUAL: ErrorCode = ErrorCode::from_static("MANUAL");
 
@@ -66,13 +73,27 @@ impl fmt::Display for ErrorCode {
     }
 }
 
-/// Whether a failed delivery may be tried again.
+/// Whose failure it is, and whether it may be tried again.
+///
+/// [`FailureKind::Retryable`] and [`FailureKind::Permanent`] are the
+/// *event's* failures (unroutable, too large, rejected, handler error): they
+/// count as one of its attempts. [`FailureKind::Unavailable`] is the *sink's*
+/// failure (connection lost or refused, no acknowledgement before the
+/// timeout, broker unavailable, producer fenced): it is nobody's attempt; the
+/// relay gives the event back unattempted and stops claiming until the sink
+/// is back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum FailureKind {
-    /// Try again after the retry policy's delay (unless attempts are exhausted).
+    /// The event's failure; try again after the retry policy's delay (unless
+    /// attempts are exhausted).
     Retryable,
-    /// Never retry: dead-letter now.
+    /// The event's failure; never retry: dead-letter now.
     Permanent,
+    /// The sink could not take the event at all: not an attempt of the
+    /// event. It is released (attempt not counted) and delivered once the
+    /// sink is back.
+    Unavailable,
 }
 
 /// Why one event could not be delivered, classified.
@@ -94,6 +115,16 @@ impl DeliveryError {
         }
     }
 
+    /// The sink is unavailable (connection lost or refused, no ack before the
+    /// timeout, broker unavailable, producer fenced): not the event's attempt.
+    pub fn unavailable(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            kind: FailureKind::Unavailable,
+            code,
+            message: message.into(),
+        }
+    }
+
     /// A failure that retrying cannot fix.
     pub fn permanent(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
@@ -108,9 +139,16 @@ impl DeliveryError {
         self.kind
     }
 
-    /// Whether the failure may be retried.
+    /// Whether the event may be tried again (an event-level retryable
+    /// failure, or the sink's unavailability).
     pub fn is_retryable(&self) -> bool {
-        self.kind == FailureKind::Retryable
+        matches!(self.kind, FailureKind::Retryable | FailureKind::Unavailable)
+    }
+
+    /// Whether this is the sink's failure rather than the event's: it costs
+    /// the event no attempt.
+    pub fn is_sink_unavailable(&self) -> bool {
+        self.kind == FailureKind::Unavailable
     }
 
     /// The stable code.
@@ -127,17 +165,28 @@ impl DeliveryError {
 /// The result of delivering one event. A [`crate::Sink`] returns one per event,
 /// in the order the events were given.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// The destination took responsibility for the event (broker ack, handler Ok).
     Delivered,
-    /// The event was not delivered.
+    /// The event was not delivered. [`DeliveryError::kind`] says whether it
+    /// was the event's attempt or the sink's unavailability.
     Failed(DeliveryError),
+    /// The sink deliberately did not try this event (an earlier event of its
+    /// key failed in the same batch, or the sink stopped after an outage).
+    /// The relay releases it: lease cleared, attempt not counted.
+    NotAttempted,
 }
 
 impl Outcome {
     /// Whether the event was delivered.
     pub fn is_delivered(&self) -> bool {
         matches!(self, Outcome::Delivered)
+    }
+
+    /// Whether this outcome costs the event an attempt (an event-level failure).
+    pub fn is_attempt_failure(&self) -> bool {
+        matches!(self, Outcome::Failed(e) if !e.is_sink_unavailable())
     }
 }
 

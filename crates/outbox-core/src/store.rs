@@ -1,6 +1,6 @@
 //! The [`Store`] and [`Sink`] traits, and the data they exchange.
 
-use crate::{DeliveryError, ErrorCode, Event, EventId, LastError, Outcome, ShardSpec};
+use crate::{ErrorCode, Event, EventId, LastError, Outcome, ShardSpec};
 use chrono::{DateTime, Utc};
 use std::fmt;
 use std::future::Future;
@@ -110,44 +110,138 @@ pub struct Claim {
     pub events: Vec<Event>,
 }
 
-/// What to do with an event that failed.
+/// What to record for one claimed event when its batch is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Disposition {
-    /// Make it eligible again at the database's `now() + delay`.
+#[non_exhaustive]
+pub enum Resolution {
+    /// The sink took responsibility: the event is done.
+    Delivered,
+    /// An event-level failure worth another attempt: eligible again at the
+    /// database's `now() + delay`; the claim's attempt stays counted.
     Retry {
         /// Delay from the retry policy.
         delay: Duration,
+        /// Why it failed (stored as `last_error`).
+        error: LastError,
     },
-    /// Move it to the dead letters.
-    Dead,
+    /// A permanent failure or the last attempt: move it to the dead letters.
+    Dead {
+        /// Why it died (stored as `last_error` of the dead letter).
+        error: LastError,
+    },
+    /// Not attempted (sink unavailable, an earlier event of its key failed,
+    /// shutdown, delivery timeout): lease cleared, the claim's attempt undone,
+    /// eligible again at once.
+    Released,
 }
 
-/// A failed event and its fate.
+impl Resolution {
+    /// A short lowercase name for logs and metrics labels.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Resolution::Delivered => "delivered",
+            Resolution::Retry { .. } => "retry",
+            Resolution::Dead { .. } => "dead",
+            Resolution::Released => "released",
+        }
+    }
+}
+
+/// The outcome of a whole claimed batch, recorded by [`Store::settle`] in one
+/// statement (or one transaction) under the claim's fencing token.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Settlement {
+    items: Vec<(EventId, Resolution)>,
+}
+
+impl Settlement {
+    /// An empty settlement.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one event's resolution.
+    pub fn push(&mut self, id: EventId, resolution: Resolution) -> &mut Self {
+        self.items.push((id, resolution));
+        self
+    }
+
+    /// Builder-style [`Settlement::push`].
+    pub fn with(mut self, id: EventId, resolution: Resolution) -> Self {
+        self.push(id, resolution);
+        self
+    }
+
+    /// Every event released (shutdown, delivery cancelled).
+    pub fn release_all(ids: impl IntoIterator<Item = EventId>) -> Self {
+        Self {
+            items: ids
+                .into_iter()
+                .map(|id| (id, Resolution::Released))
+                .collect(),
+        }
+    }
+
+    /// The entries, in the order they were added.
+    pub fn items(&self) -> &[(EventId, Resolution)] {
+        &self.items
+    }
+
+    /// The ids whose resolution matches `f`.
+    pub fn ids_where(&self, f: impl Fn(&Resolution) -> bool) -> Vec<EventId> {
+        self.items
+            .iter()
+            .filter(|(_, r)| f(r))
+            .map(|(id, _)| *id)
+            .collect()
+    }
+
+    /// Number of events.
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Whether there is nothing to record.
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
+/// An event a settlement could not record as asked, and what the store did
+/// instead (e.g. a dead letter whose id already existed).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Failure {
+pub struct Rejected {
     /// The event.
     pub id: EventId,
-    /// Why it failed.
-    pub error: DeliveryError,
-    /// Retry later, or dead-letter.
-    pub disposition: Disposition,
+    /// What went wrong and what was done about it.
+    pub reason: String,
 }
 
-/// What a fenced write changed.
+/// What [`Store::settle`] changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FenceReport {
-    /// Events the write applied to.
+pub struct SettleReport {
+    /// Events whose resolution was recorded.
     pub applied: u64,
-    /// Events it did not apply to because the token no longer owns them
-    /// (the lease expired and another relay re-claimed them, or they are gone).
-    pub lost: Vec<EventId>,
+    /// Events not changed because the token no longer owns them (the lease
+    /// expired and another relay re-claimed them, or they are gone).
+    pub fenced: Vec<EventId>,
+    /// Events recorded differently from what was asked, with the reason.
+    pub rejected: Vec<Rejected>,
 }
 
-impl FenceReport {
+impl SettleReport {
     /// Whether every event was still owned by the token.
     pub fn all_applied(&self) -> bool {
-        self.lost.is_empty()
+        self.fenced.is_empty()
     }
+}
+
+/// Errors a store returns say whether trying the same call again may succeed
+/// (a dropped connection, a timeout, a busy database) or not (a missing
+/// table, bad credentials, a constraint).
+pub trait Retryable {
+    /// Whether the same call may succeed if tried again.
+    fn is_retryable(&self) -> bool;
 }
 
 /// Counts for `outbox-relay status` and metrics.
@@ -211,57 +305,57 @@ impl Default for DeadLetterQuery {
     }
 }
 
-/// Where events live: claims, fenced outcomes, stats.
+/// Where events live: claims, fenced settlements, lease renewal, stats.
 ///
 /// Enqueue is not here: it takes the backend's own transaction type, so each
 /// store crate offers it as a function.
 pub trait Store: Send + Sync + 'static {
     /// The store's error type.
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: std::error::Error + Retryable + Send + Sync + 'static;
 
     /// Claims up to `req.batch_size` eligible events of `req.shard` in one
     /// round trip: pending with `next_attempt_at <= now()`, or leased with an
     /// expired lease. Sets a fresh fencing token, the lease and `attempts + 1`.
+    /// A row that cannot be decoded is dead-lettered with
+    /// [`ErrorCode::UNDECODABLE`](crate::ErrorCode::UNDECODABLE) and left out
+    /// of the claim, never left leased.
     fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<Claim, Self::Error>> + Send;
 
-    /// Marks events delivered (one statement), if `token` still owns them.
-    fn complete(
+    /// Records the outcome of a claimed batch in ONE statement or
+    /// transaction, for the events `token` still owns; reports the others as
+    /// fenced. Idempotent for a given token: settling twice changes nothing
+    /// the second time (those ids come back fenced).
+    fn settle(
         &self,
         token: FencingToken,
-        ids: &[EventId],
-    ) -> impl Future<Output = Result<FenceReport, Self::Error>> + Send;
+        settlement: &Settlement,
+    ) -> impl Future<Output = Result<SettleReport, Self::Error>> + Send;
 
-    /// Records failures: schedules retries at `now() + delay` or moves events
-    /// to the dead letters, if `token` still owns them.
-    fn fail(
+    /// Extends the lease of every event `token` still holds to the database's
+    /// `now() + lease`. Returns how many events it still holds (0: the lease
+    /// was lost or the events were settled).
+    fn renew(
         &self,
         token: FencingToken,
-        failures: &[Failure],
-    ) -> impl Future<Output = Result<FenceReport, Self::Error>> + Send;
-
-    /// Gives events back unattempted (shutdown): clears the lease and undoes
-    /// the claim's attempt count, if `token` still owns them.
-    fn release(
-        &self,
-        token: FencingToken,
-        ids: &[EventId],
-    ) -> impl Future<Output = Result<FenceReport, Self::Error>> + Send;
+        lease: Duration,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
     /// Current counts.
     fn stats(&self) -> impl Future<Output = Result<Stats, Self::Error>> + Send;
 
-    /// A signal the store fires when new events may be ready (e.g. Postgres
-    /// LISTEN/NOTIFY). The relay waits on it between polls; `None` means
-    /// poll only.
-    fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
-        None
+    /// Resolves when new events may be ready (e.g. a Postgres NOTIFY arrived
+    /// since the last call). The relay races it against its poll timer; the
+    /// default never resolves (poll only). A signal that arrives while nobody
+    /// waits must be kept for the next call.
+    fn wakeup(&self) -> impl Future<Output = ()> + Send {
+        std::future::pending()
     }
 }
 
 /// Dead-letter administration.
 pub trait DeadLetterStore: Send + Sync + 'static {
     /// The store's error type.
-    type Error: std::error::Error + Send + Sync + 'static;
+    type Error: std::error::Error + Retryable + Send + Sync + 'static;
 
     /// Lists dead letters, oldest id first.
     fn list_dead(
@@ -287,8 +381,14 @@ pub trait DeadLetterStore: Send + Sync + 'static {
 pub trait Sink: Send + Sync + 'static {
     /// Delivers a batch and returns exactly one [`Outcome`] per event, in the
     /// same order. `Delivered` only once the destination took responsibility
-    /// (broker acknowledgement, handler success). Whole-batch problems (no
-    /// connection) are reported as a retryable failure for every event.
+    /// (broker acknowledgement, handler success). The sink's own problems (no
+    /// connection, no acknowledgement in time) are reported as
+    /// [`DeliveryError::unavailable`](crate::DeliveryError::unavailable) for
+    /// every event they touched: they cost the events no attempt.
+    ///
+    /// A sink may deliver events of different keys in any order or
+    /// concurrently; the relay wraps every sink in a per-key order layer, so
+    /// a sink only ever sees at most one event of a key per call.
     fn deliver(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send;
 }
 
