@@ -136,9 +136,23 @@ pub enum ValidationError {
     /// A header name brokers would reject (empty, non-ASCII, whitespace, `:` or control characters).
     #[error("header name {0:?} must be non-empty printable ASCII without spaces or ':'")]
     InvalidHeaderName(String),
-    /// A header value with CR, LF or NUL (it would break NATS / HTTP-style headers).
+    /// A header value with CR, LF or NUL. No longer returned: control
+    /// characters are reported as [`ValidationError::ControlCharacter`].
     #[error("value of header {0:?} must not contain CR, LF or NUL")]
     InvalidHeaderValue(String),
+    /// A control character (CR, LF, NUL, TAB, DEL, ... anything
+    /// [`char::is_control`] accepts) in the key, event type, topic or a
+    /// header: on the wire it could end a header line and inject another
+    /// header (NATS and HTTP-style headers), so it is refused at enqueue.
+    #[error("{field} contains control character U+{code:04X} at byte {at}; control characters could inject broker headers")]
+    ControlCharacter {
+        /// Where it was found.
+        field: EventField,
+        /// The character's code point.
+        code: u32,
+        /// Its byte offset in that field.
+        at: usize,
+    },
     /// A header above [`EventLimits::max_header_bytes`].
     #[error("header {name:?} is {size} bytes, above the maximum of {max}")]
     HeaderTooLarge {
@@ -149,6 +163,46 @@ pub enum ValidationError {
         /// Configured maximum.
         max: usize,
     },
+}
+
+/// The part of an event a [`ValidationError::ControlCharacter`] names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EventField {
+    /// The key.
+    Key,
+    /// The event type.
+    EventType,
+    /// The topic.
+    Topic,
+    /// The name of a header (shown escaped).
+    HeaderName(String),
+    /// The value of the header of this name.
+    HeaderValue(String),
+}
+
+impl fmt::Display for EventField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EventField::Key => f.write_str("the key"),
+            EventField::EventType => f.write_str("the event type"),
+            EventField::Topic => f.write_str("the topic"),
+            EventField::HeaderName(name) => write!(f, "header name {name:?}"),
+            EventField::HeaderValue(name) => write!(f, "the value of header {name:?}"),
+        }
+    }
+}
+
+/// The first control character of `text`, as a [`ValidationError`].
+fn refuse_control(field: impl FnOnce() -> EventField, text: &str) -> Result<(), ValidationError> {
+    match text.char_indices().find(|(_, c)| c.is_control()) {
+        Some((at, c)) => Err(ValidationError::ControlCharacter {
+            field: field(),
+            code: u32::from(c),
+            at,
+        }),
+        None => Ok(()),
+    }
 }
 
 /// An event to enqueue inside the caller's transaction.
@@ -264,7 +318,24 @@ impl NewEvent {
     }
 
     /// Checks the event against `limits`; store crates call this at enqueue.
+    ///
+    /// A control character anywhere in the key, event type, topic, a header
+    /// name or a header value is refused first, with
+    /// [`ValidationError::ControlCharacter`] naming the field: no event can
+    /// carry a line break (or NUL) into a broker header.
     pub fn validate(&self, limits: &EventLimits) -> Result<(), ValidationError> {
+        if let Some(key) = &self.key {
+            refuse_control(|| EventField::Key, key)?;
+        }
+        refuse_control(|| EventField::EventType, &self.event_type)?;
+        refuse_control(|| EventField::Topic, &self.topic)?;
+        for (name, value) in &self.headers {
+            refuse_control(
+                || EventField::HeaderName(name.escape_debug().to_string()),
+                name,
+            )?;
+            refuse_control(|| EventField::HeaderValue(name.clone()), value)?;
+        }
         if self.event_type.is_empty() {
             return Err(ValidationError::EmptyEventType);
         }
@@ -305,9 +376,6 @@ impl NewEvent {
         for (name, value) in &self.headers {
             if name.is_empty() || !name.bytes().all(|b| b.is_ascii_graphic() && b != b':') {
                 return Err(ValidationError::InvalidHeaderName(name.clone()));
-            }
-            if value.bytes().any(|b| b == b'\r' || b == b'\n' || b == 0) {
-                return Err(ValidationError::InvalidHeaderValue(name.clone()));
             }
             let size = name.len() + value.len();
             if size > limits.max_header_bytes {
@@ -457,10 +525,14 @@ mod tests {
             ok().with_header("a:b", "v").validate(&l),
             Err(ValidationError::InvalidHeaderName(_))
         ));
-        assert!(matches!(
+        assert_eq!(
             ok().with_header("x", "a\r\nb").validate(&l),
-            Err(ValidationError::InvalidHeaderValue(_))
-        ));
+            Err(ValidationError::ControlCharacter {
+                field: EventField::HeaderValue("x".into()),
+                code: 0x0D,
+                at: 1
+            })
+        );
         assert!(matches!(
             ok().with_key("").validate(&l),
             Err(ValidationError::InvalidKey { .. })
@@ -471,6 +543,57 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "payload is 4 bytes, above the maximum of 3 bytes"
+        );
+    }
+
+    #[test]
+    fn control_characters_are_refused_in_every_field_that_reaches_a_header() {
+        let l = EventLimits::default();
+        let refused = |e: NewEvent| match e.validate(&l) {
+            Err(ValidationError::ControlCharacter { field, code, at }) => (field, code, at),
+            other => panic!("expected ControlCharacter, got {other:?}"),
+        };
+        for (c, code) in [
+            ('\r', 0x0D),
+            ('\n', 0x0A),
+            ('\0', 0),
+            ('\t', 9),
+            ('\u{7f}', 0x7F),
+            ('\u{85}', 0x85),
+        ] {
+            let key = format!("order-{c}Outbox-Event-Type: evil");
+            assert_eq!(
+                refused(ok().with_key(key)),
+                (EventField::Key, code, 6),
+                "{c:?} in the key"
+            );
+        }
+        assert_eq!(
+            refused(NewEvent::new("order\r\n.created", "t", vec![])),
+            (EventField::EventType, 0x0D, 5)
+        );
+        assert_eq!(
+            refused(NewEvent::new("e", "orders\n", vec![])),
+            (EventField::Topic, 0x0A, 6)
+        );
+        assert_eq!(
+            refused(ok().with_header("x\r\ny", "v")),
+            (EventField::HeaderName("x\\r\\ny".into()), 0x0D, 1)
+        );
+        assert_eq!(
+            refused(ok().with_header("x-tenant", "a\0b")),
+            (EventField::HeaderValue("x-tenant".into()), 0, 1)
+        );
+        // Printable text, spaces and non-ASCII letters in a key are fine.
+        assert_eq!(ok().with_key("customer 42 / Zoë").validate(&l), Ok(()));
+        let msg = ok()
+            .with_key("a\r\nb")
+            .validate(&l)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            msg,
+            "the key contains control character U+000D at byte 1; control characters could inject broker headers"
         );
     }
 

@@ -1,6 +1,7 @@
 //! Header names every publisher sets on a broker message, the same on every
 //! broker so one consumer library can read them all. The event's own headers
 //! (trace context `traceparent` / `tracestate` among them) travel beside them.
+//! [`crate::BrokerMessage`] puts them together.
 
 /// The event id (UUIDv7 text): the consumer's deduplication id.
 pub const EVENT_ID: &str = "Outbox-Event-Id";
@@ -8,3 +9,18 @@ pub const EVENT_ID: &str = "Outbox-Event-Id";
 pub const EVENT_TYPE: &str = "Outbox-Event-Type";
 /// The event key, when the event has one.
 pub const KEY: &str = "Outbox-Key";
+/// The payload's media type, in this one spelling on every broker (AMQP
+/// also sets its `content_type` property). The event's own header of that
+/// name, in any letter case, is the value; else [`DEFAULT_CONTENT_TYPE`].
+pub const CONTENT_TYPE: &str = "content-type";
+/// The content type of an event that names none.
+pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
+
+/// Whether `name` is one of the headers the publisher sets itself (compared
+/// without regard to letter case): an event header of that name is not
+/// copied, the publisher's value wins.
+pub fn is_reserved(name: &str) -> bool {
+    [EVENT_ID, EVENT_TYPE, KEY, CONTENT_TYPE]
+        .iter()
+        .any(|r| r.eq_ignore_ascii_case(name))
+}

@@ -5,6 +5,7 @@ mod envelope;
 mod error;
 mod event;
 pub mod headers;
+mod message;
 mod redact;
 mod retry;
 mod shard;
@@ -12,7 +13,8 @@ mod store;
 
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
-pub use event::{Event, EventId, EventLimits, LastError, NewEvent, ValidationError};
+pub use event::{Event, EventField, EventId, EventLimits, LastError, NewEvent, ValidationError};
+pub use message::BrokerMessage;
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
 pub use shard::{key_hash, shard_of, InvalidShardSpec, ShardSpec};

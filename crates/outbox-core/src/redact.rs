@@ -5,6 +5,9 @@
 /// and query parameters whose name contains `password`, `token` or `secret`.
 /// A string without `://` and `@` is returned unchanged unless it mentions a password,
 /// in which case it is replaced whole (a `host=db password=x` DSN).
+/// A password that holds `@`, `?`, `#`, `/` or `:` without percent-encoding
+/// is hidden whole too, and a comma-separated list of URLs
+/// (`nats://a:p@h1,nats://b:q@h2`) is redacted URL by URL.
 ///
 /// ```
 /// use outbox_core::redact_url;
@@ -14,32 +17,63 @@
 /// assert_eq!(redact_url("host=db password=x"), "<redacted>");
 /// ```
 pub fn redact_url(url: &str) -> String {
+    if !url.contains("://") && !url.contains('@') {
+        let lower = url.to_ascii_lowercase();
+        return if lower.contains("password") || lower.contains("secret") {
+            "<redacted>".to_owned()
+        } else {
+            url.to_owned()
+        };
+    }
+    split_url_list(url)
+        .into_iter()
+        .map(redact_one)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// Splits a comma-separated list of URLs (`nats://a@h1,nats://b@h2`) at each
+/// comma that starts another `scheme://`; a comma anywhere else (inside a
+/// password, or a `host1,host2` list) stays in its part.
+fn split_url_list(url: &str) -> Vec<&str> {
+    let mut parts = Vec::new();
+    let mut start = 0;
+    for (i, _) in url.match_indices(',') {
+        let next = &url[i + 1..];
+        let scheme_len = next
+            .find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')))
+            .unwrap_or(next.len());
+        if scheme_len > 0 && next[scheme_len..].starts_with("://") && i >= start {
+            parts.push(&url[start..i]);
+            start = i + 1;
+        }
+    }
+    parts.push(&url[start..]);
+    parts
+}
+
+fn redact_one(url: &str) -> String {
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (format!("{scheme}://"), rest),
         // `user:password@host` without a scheme.
-        None if url.contains('@') => (String::new(), url),
-        None => {
-            let lower = url.to_ascii_lowercase();
-            return if lower.contains("password") || lower.contains("secret") {
-                "<redacted>".to_owned()
-            } else {
-                url.to_owned()
-            };
-        }
+        None => (String::new(), url),
     };
-    // The userinfo ends at the last '@' before the query string (a password
-    // may hold '/', '@' or ':' when it was not percent-encoded).
-    // An empty authority (`sqlite:///tmp/a@b.db`) has no userinfo.
-    let query_start = if rest.starts_with('/') {
-        0
+    // The userinfo ends at the last '@': a password that was not
+    // percent-encoded may hold '@', ':', '/', '?' or '#', so no delimiter
+    // before the last '@' can be trusted to end it. (A URL with an '@' only
+    // in its query, and no credentials, is over-redacted: hiding too much
+    // beats printing a password.) An empty authority (`sqlite:///tmp/a@b.db`)
+    // has no userinfo.
+    let userinfo_end = if rest.starts_with('/') {
+        None
     } else {
-        rest.find('?').unwrap_or(rest.len())
+        rest.rfind('@')
     };
-    let (userinfo, rest) = match rest[..query_start].rfind('@') {
+    let (userinfo, rest) = match userinfo_end {
         Some(i) => (Some(&rest[..i]), &rest[i + 1..]),
         None => (None, rest),
     };
-    let split = rest.find(['/', '?']).unwrap_or(rest.len());
+    let split = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (host, tail) = rest.split_at(split);
     let authority = match userinfo {
         Some(userinfo) => match userinfo.split_once(':') {
@@ -102,5 +136,58 @@ mod tests {
         );
         assert_eq!(redact_url("u:p@h"), "u:***@h");
         assert_eq!(redact_url("host=db password=x"), "<redacted>");
+    }
+
+    #[test]
+    fn passwords_with_url_delimiters_are_hidden() {
+        let cases = [
+            ("postgres://u:pa?ss@h/db?x=1", "postgres://u:***@h/db?x=1"),
+            ("postgres://u:pa#ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:p@ss@h/db", "postgres://u:***@h/db"),
+            ("postgres://u:?@h:5432", "postgres://u:***@h:5432"),
+            ("postgres://u:#@h", "postgres://u:***@h"),
+            (
+                "postgres://u:a?b#c@d/e@h:5432/db?sslmode=require",
+                "postgres://u:***@h:5432/db?sslmode=require",
+            ),
+            (
+                "amqp://guest:a?b@c#d@127.0.0.1:5672/%2f",
+                "amqp://guest:***@127.0.0.1:5672/%2f",
+            ),
+            ("redis://:pw?#@h", "redis://:***@h"),
+            ("nats://to?ken@h:4222", "nats://***@h:4222"),
+            ("nats://to#ken@h", "nats://***@h"),
+            ("u:p?x#y@h", "u:***@h"),
+            (
+                "nats://a:p?1@h1:4222,nats://b:p#2@h2:4222",
+                "nats://a:***@h1:4222,nats://b:***@h2:4222",
+            ),
+            (
+                "nats://a:p,1@h1:4222,tls://b:p2@h2",
+                "nats://a:***@h1:4222,tls://b:***@h2",
+            ),
+        ];
+        for (url, want) in cases {
+            let got = redact_url(url);
+            assert_eq!(got, want, "{url}");
+            for secret in [
+                "pa?ss", "pa#ss", "p@ss", "a?b", "pw?#", "to?ken", "to#ken", "p?1", "p#2", "p,1",
+            ] {
+                if url.contains(secret) {
+                    assert!(!got.contains(secret), "{url} -> {got}");
+                }
+            }
+        }
+        // An '@' only in the query is taken for the end of a userinfo.
+        assert_eq!(redact_url("postgres://h/db?user=a@b"), "postgres://***@b");
+        // Nothing secret: unchanged.
+        assert_eq!(
+            redact_url("postgres://h/db?x=1#frag"),
+            "postgres://h/db?x=1#frag"
+        );
+        assert_eq!(
+            redact_url("nats://h1:4222,nats://h2:4222"),
+            "nats://h1:4222,nats://h2:4222"
+        );
     }
 }
