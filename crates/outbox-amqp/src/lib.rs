@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 
 mod config;
+pub mod descriptor;
 mod error;
 mod publisher;
 
