@@ -1,7 +1,6 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
-pub mod any;
 mod handlers;
 mod jsonl;
 pub mod metrics;

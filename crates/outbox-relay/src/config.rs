@@ -2,8 +2,8 @@
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use outbox_worker::any::BackendSettings;
-use outbox_worker::core::{Jitter, RelayId, RetryPolicy, ShardSpec};
+use crate::any::BackendSettings;
+use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec};
 use outbox_worker::RelayOptions;
 use serde::Deserialize;
 use std::collections::BTreeMap;

@@ -6,8 +6,8 @@
 //! messages. Content checks live in the conformance and end-to-end suites.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use outbox_worker::core::{DeadLetterQuery, DeadLetterStore, NewEvent, Store};
-use outbox_worker::sqlite::{enqueue_batch, SqliteStore};
+use outbox_core::{DeadLetterQuery, DeadLetterStore, NewEvent, Store};
+use outbox_sqlite::{enqueue_batch, SqliteStore};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -72,7 +72,7 @@ async fn relay_until_drained(store: &SqliteStore, url: &str, sink_args: &[&str])
 #[cfg(feature = "nats")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_relays_to_nats_jetstream() {
-    use outbox_worker::nats::{NatsConfig, NatsPublisher};
+    use outbox_nats::{NatsConfig, NatsPublisher};
     let url = std::env::var("NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".into());
     let s = suffix();
     let (prefix, stream) = (format!("outbox-cli.{s}"), format!("OUTBOX_CLI_{s}"));
@@ -104,10 +104,10 @@ async fn run_relays_to_nats_jetstream() {
 #[cfg(feature = "amqp")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_relays_to_rabbitmq() {
-    use outbox_worker::amqp::lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
-    use outbox_worker::amqp::lapin::types::FieldTable;
-    use outbox_worker::amqp::lapin::{Connection, ConnectionProperties};
-    use outbox_worker::amqp::{AmqpConfig, AmqpPublisher};
+    use outbox_amqp::lapin::options::{QueueDeclareOptions, QueueDeleteOptions};
+    use outbox_amqp::lapin::types::FieldTable;
+    use outbox_amqp::lapin::{Connection, ConnectionProperties};
+    use outbox_amqp::{AmqpConfig, AmqpPublisher};
     let url = std::env::var("AMQP_URL")
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into());
     let s = suffix();
@@ -153,12 +153,12 @@ async fn run_relays_to_rabbitmq() {
 #[cfg(feature = "kafka")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_relays_to_kafka() {
-    use outbox_worker::kafka::rdkafka::admin::{
+    use outbox_kafka::rdkafka::admin::{
         AdminClient, AdminOptions, NewTopic, TopicReplication,
     };
-    use outbox_worker::kafka::rdkafka::client::DefaultClientContext;
-    use outbox_worker::kafka::rdkafka::consumer::{BaseConsumer, Consumer};
-    use outbox_worker::kafka::rdkafka::ClientConfig;
+    use outbox_kafka::rdkafka::client::DefaultClientContext;
+    use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+    use outbox_kafka::rdkafka::ClientConfig;
     let brokers = std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let topic = format!("outbox-cli-{}", suffix());
     let mut config = ClientConfig::new();
@@ -199,12 +199,12 @@ async fn run_relays_to_kafka() {
     let deadline = Instant::now() + Duration::from_secs(60);
     while ids.len() < EVENTS && Instant::now() < deadline {
         if let Some(Ok(m)) = consumer.poll(Duration::from_millis(500)) {
-            use outbox_worker::kafka::rdkafka::message::{Headers, Message};
+            use outbox_kafka::rdkafka::message::{Headers, Message};
             let id = m
                 .headers()
                 .and_then(|h| {
                     h.iter()
-                        .find(|h| h.key == outbox_worker::kafka::HEADER_EVENT_ID)
+                        .find(|h| h.key == outbox_kafka::HEADER_EVENT_ID)
                 })
                 .and_then(|h| h.value.map(<[u8]>::to_vec));
             ids.insert(id);

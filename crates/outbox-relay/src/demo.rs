@@ -2,11 +2,11 @@
 
 use anyhow::{bail, Context as _};
 use clap::Args;
-use outbox_worker::core::{
+use outbox_core::{
     DeadLetterQuery, DeadLetterStore, EventId, Jitter, NewEvent, RetryPolicy, Store,
 };
-use outbox_worker::sqlite::sqlx::{self, Sqlite, Transaction};
-use outbox_worker::sqlite::{enqueue, SqliteStore};
+use outbox_sqlite::sqlx::{self, Sqlite, Transaction};
+use outbox_sqlite::{enqueue, SqliteStore};
 use outbox_worker::{HandlerError, HandlerRegistry, Progress, Relay, RelayOptions};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};

@@ -2,8 +2,8 @@
 //! for Prometheus, and the counters match what was delivered.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use outbox_worker::core::{NewEvent, Store};
-use outbox_worker::sqlite::{enqueue_batch, SqliteStore};
+use outbox_core::{NewEvent, Store};
+use outbox_sqlite::{enqueue_batch, SqliteStore};
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -2,8 +2,8 @@
 //! and every committed event reaches the output at least once.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use outbox_worker::core::{DeadLetterQuery, DeadLetterStore, EventId, NewEvent, Store};
-use outbox_worker::sqlite::{enqueue_batch, SqliteStore};
+use outbox_core::{DeadLetterQuery, DeadLetterStore, EventId, NewEvent, Store};
+use outbox_sqlite::{enqueue_batch, SqliteStore};
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};

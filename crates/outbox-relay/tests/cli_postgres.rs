@@ -4,8 +4,8 @@
 //! `postgres://postgres@127.0.0.1:5432/test`); each run in its own schema.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use outbox_worker::core::{EventId, NewEvent};
-use outbox_worker::postgres::{sqlx, Ident, PgOutbox};
+use outbox_core::{EventId, NewEvent};
+use outbox_postgres::{sqlx, Ident, PgOutbox};
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -13,7 +13,7 @@
     allow(unused_variables, unreachable_code)
 )]
 
-use crate::{HandlerRegistry, JsonLinesSink};
+use outbox_worker::{HandlerRegistry, JsonLinesSink};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Event, EventId, Failure,
     FenceReport, FencingToken, Outcome, Sink, Stats, Store,

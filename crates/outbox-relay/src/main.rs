@@ -5,14 +5,15 @@
 // A command-line tool's output is its stdout.
 #![allow(clippy::print_stdout)]
 
+mod any;
 mod config;
 mod demo;
 
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
 use config::{RunArgs, StoreArgs};
-use outbox_worker::any::{redact_url, AnySink, AnyStore};
-use outbox_worker::core::{DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Store};
+use any::{redact_url, AnySink, AnyStore};
+use outbox_core::{DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Store};
 use outbox_worker::{JsonLinesSink, Relay};
 use std::process::ExitCode;
 use tracing::{info, warn};
@@ -297,7 +298,7 @@ fn selection(args: &DeadSelectArgs) -> anyhow::Result<Option<&[EventId]>> {
 }
 
 /// Prints dead letters as aligned text lines.
-pub(crate) fn print_dead_letters(dead: &[outbox_worker::core::DeadLetter]) {
+pub(crate) fn print_dead_letters(dead: &[outbox_core::DeadLetter]) {
     if dead.is_empty() {
         println!("(no dead letters)");
     }
