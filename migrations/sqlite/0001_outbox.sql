@@ -1,5 +1,8 @@
 -- outbox-sqlite schema, version 1.
 --
+-- Names in double braces are replaced by the quoted names derived from the
+-- configured table (default outbox_events, dead letters outbox_dead_letters).
+--
 -- Times are INTEGER milliseconds since the Unix epoch, always computed by the
 -- database clock (CAST(unixepoch('subsec') * 1000 AS INTEGER)), never by the
 -- application. Ids and fencing tokens are 16-byte UUID BLOBs; UUIDv7 bytes
@@ -7,7 +10,7 @@
 
 -- The hot table: only events not yet delivered. Delivered events are deleted,
 -- dead ones move to outbox_dead_letters.
-CREATE TABLE outbox_events (
+CREATE TABLE {{events}} (
     id                 BLOB    NOT NULL PRIMARY KEY,
     key                TEXT    NULL,
     -- 32-bit FNV-1a of the shard key (key, or id text), see outbox_core::key_hash.
@@ -28,19 +31,19 @@ CREATE TABLE outbox_events (
 );
 
 -- Claim, first branch: unleased events that are due, oldest first.
-CREATE INDEX outbox_events_ready ON outbox_events (next_attempt_at, id)
+CREATE INDEX {{events_ready}} ON {{events}} (next_attempt_at, id)
     WHERE locked_until IS NULL;
 
 -- Claim, second branch: leases that may have expired.
-CREATE INDEX outbox_events_leased ON outbox_events (locked_until)
+CREATE INDEX {{events_leased}} ON {{events}} (locked_until)
     WHERE locked_until IS NOT NULL;
 
 -- Per-key order check: earlier events of the same key.
-CREATE INDEX outbox_events_key_order ON outbox_events (key, id)
+CREATE INDEX {{events_key_order}} ON {{events}} (key, id)
     WHERE key IS NOT NULL;
 
 -- Dead letters live apart so the hot table stays small.
-CREATE TABLE outbox_dead_letters (
+CREATE TABLE {{dead}} (
     id                 BLOB    NOT NULL PRIMARY KEY,
     key                TEXT    NULL,
     key_hash           INTEGER NOT NULL,
@@ -56,4 +59,4 @@ CREATE TABLE outbox_dead_letters (
     dead_at            INTEGER NOT NULL
 );
 
-CREATE INDEX outbox_dead_letters_code ON outbox_dead_letters (last_error_code, id);
+CREATE INDEX {{dead_code}} ON {{dead}} (last_error_code, id);

@@ -1,36 +1,65 @@
 //! The library's own migration runner.
 //!
 //! The schema lives in plain SQL files under `migrations/sqlite/`, embedded
-//! at build time. They are applied in version order inside one
-//! `BEGIN IMMEDIATE` transaction (so two processes migrating at once
-//! serialize), and recorded in [`MIGRATIONS_TABLE`] — not in sqlx's
-//! `_sqlx_migrations`, which belongs to the application.
+//! at build time, with the table names as `{{events}}`-style placeholders.
+//! They are applied in version order inside one `BEGIN IMMEDIATE`
+//! transaction (so two processes migrating at once serialize), and recorded
+//! in the outbox's own history table ([`MIGRATIONS_TABLE`] for the default
+//! table) — not in sqlx's `_sqlx_migrations`, which belongs to the
+//! application.
 
-use crate::SqliteStoreError;
+use crate::names::Names;
+use crate::MigrateError;
 use chrono::{DateTime, Utc};
-use sqlx::{Row, SqlitePool};
+use sqlx::{Connection, Row, SqliteConnection};
 
-/// The table that records applied outbox migrations:
-/// `outbox_schema_migrations(version, name, checksum, applied_at)`.
+/// The table that records applied migrations of the default outbox:
+/// `outbox_schema_migrations(version, name, checksum, applied_at)`. (An
+/// outbox with another table `T` records them in `T_migrations`.)
 pub const MIGRATIONS_TABLE: &str = "outbox_schema_migrations";
 
-struct Migration {
-    version: i64,
-    name: &'static str,
-    sql: &'static str,
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    /// Version (the file's numeric prefix).
+    pub version: i32,
+    /// Name (the rest of the file name).
+    pub name: &'static str,
+    /// The SQL template (`{{events}}`, `{{dead}}`, `{{events_<index>}}`...).
+    pub sql: &'static str,
 }
 
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "outbox",
-    sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
-}];
+/// The embedded migrations, oldest first.
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "outbox",
+        sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "commit_order",
+        sql: include_str!("../../../migrations/sqlite/0002_commit_order.sql"),
+    },
+];
 
-/// One row of [`MIGRATIONS_TABLE`].
+/// Checksums recorded by earlier builds for SQL that is equivalent to this
+/// build's for the default table: migration 1 before table names became
+/// configurable (identifiers were written unquoted then).
+const LEGACY_CHECKSUMS: &[(i32, &str)] = &[(1, "ebbe0c9a74357b0d")];
+
+impl Migration {
+    /// The SQL with `names` substituted.
+    pub(crate) fn render(&self, names: &Names) -> String {
+        names.render(self.sql)
+    }
+}
+
+/// One row of the history table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AppliedMigration {
     /// Migration version (the file's numeric prefix).
-    pub version: i64,
+    pub version: i32,
     /// Migration name (the rest of the file name).
     pub name: String,
     /// Hex checksum of the SQL that was applied.
@@ -39,8 +68,8 @@ pub struct AppliedMigration {
     pub applied_at: Option<DateTime<Utc>>,
 }
 
-/// A change-detection checksum of a migration's SQL: 64-bit FNV-1a, hex.
-/// (It detects edits, it is not meant to resist forgery.)
+/// A change-detection checksum of a migration's rendered SQL: 64-bit
+/// FNV-1a, hex. (It detects edits, it is not meant to resist forgery.)
 fn checksum(sql: &str) -> String {
     let hash = sql.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
@@ -48,33 +77,43 @@ fn checksum(sql: &str) -> String {
     format!("{hash:016x}")
 }
 
-const CREATE_HISTORY: &str = "CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
-    version    INTEGER NOT NULL PRIMARY KEY,
-    name       TEXT    NOT NULL,
-    checksum   TEXT    NOT NULL,
-    applied_at INTEGER NOT NULL
-)";
+fn matches(version: i32, found: &str, expected: &str) -> bool {
+    found == expected || LEGACY_CHECKSUMS.contains(&(version, found))
+}
 
 /// Applies the migrations not yet applied; returns the versions it applied.
-pub(crate) async fn run(pool: &SqlitePool) -> Result<Vec<i64>, SqliteStoreError> {
-    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-    sqlx::query(CREATE_HISTORY).execute(&mut *tx).await?;
-    let rows = sqlx::query("SELECT version, name, checksum FROM outbox_schema_migrations")
+pub(crate) async fn run(
+    conn: &mut SqliteConnection,
+    names: &Names,
+) -> Result<Vec<i32>, MigrateError> {
+    let history = names.history.quoted();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {history} (
+            version    INTEGER NOT NULL PRIMARY KEY,
+            name       TEXT    NOT NULL,
+            checksum   TEXT    NOT NULL,
+            applied_at INTEGER NOT NULL
+        )"
+    ))
+    .execute(&mut *tx)
+    .await?;
+    let rows = sqlx::query(&format!("SELECT version, name, checksum FROM {history}"))
         .fetch_all(&mut *tx)
         .await?;
     let mut applied = Vec::with_capacity(rows.len());
     for row in rows {
-        let version: i64 = row.try_get("version")?;
+        let version: i32 = row.try_get("version")?;
         let name: String = row.try_get("name")?;
         let found: String = row.try_get("checksum")?;
         let Some(known) = MIGRATIONS.iter().find(|m| m.version == version) else {
-            return Err(SqliteStoreError::UnknownMigration { version, name });
+            return Err(MigrateError::UnknownVersion { version, name });
         };
-        let expected = checksum(known.sql);
-        if found != expected {
-            return Err(SqliteStoreError::ChecksumMismatch {
+        let expected = checksum(&known.render(names));
+        if !matches(version, &found, &expected) {
+            return Err(MigrateError::ChecksumMismatch {
                 version,
-                name,
+                name: known.name,
                 applied: found,
                 expected,
             });
@@ -83,27 +122,28 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<Vec<i64>, SqliteStoreError>
     }
     let mut newly = Vec::new();
     for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
-        sqlx::raw_sql(m.sql)
+        let sql = m.render(names);
+        sqlx::raw_sql(&sql)
             .execute(&mut *tx)
             .await
-            .map_err(|source| SqliteStoreError::Migration {
+            .map_err(|source| MigrateError::Failed {
                 version: m.version,
-                name: m.name.to_owned(),
+                name: m.name,
                 source,
             })?;
-        sqlx::query(concat!(
-            "INSERT INTO outbox_schema_migrations (version, name, checksum, applied_at) VALUES (?, ?, ?, ",
-            crate::sql::now_ms!(),
-            ")"
+        sqlx::query(&format!(
+            "INSERT INTO {history} (version, name, checksum, applied_at) VALUES (?, ?, ?, {})",
+            crate::sql::now_ms!()
         ))
         .bind(m.version)
         .bind(m.name)
-        .bind(checksum(m.sql))
+        .bind(checksum(&sql))
         .execute(&mut *tx)
         .await?;
         tracing::info!(
             version = m.version,
             name = m.name,
+            table = %names.table,
             "applied outbox migration"
         );
         newly.push(m.version);
@@ -112,20 +152,24 @@ pub(crate) async fn run(pool: &SqlitePool) -> Result<Vec<i64>, SqliteStoreError>
     Ok(newly)
 }
 
-/// Reads [`MIGRATIONS_TABLE`] (empty when it does not exist yet).
-pub(crate) async fn applied(pool: &SqlitePool) -> Result<Vec<AppliedMigration>, SqliteStoreError> {
-    let exists: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'outbox_schema_migrations'",
-    )
-    .fetch_optional(pool)
-    .await?;
+/// Reads the history table (empty when it does not exist yet).
+pub(crate) async fn applied(
+    conn: &mut SqliteConnection,
+    names: &Names,
+) -> Result<Vec<AppliedMigration>, MigrateError> {
+    let exists: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?")
+            .bind(names.history.as_str())
+            .fetch_optional(&mut *conn)
+            .await?;
     if exists.is_none() {
         return Ok(Vec::new());
     }
-    let rows = sqlx::query(
-        "SELECT version, name, checksum, applied_at FROM outbox_schema_migrations ORDER BY version",
-    )
-    .fetch_all(pool)
+    let rows = sqlx::query(&format!(
+        "SELECT version, name, checksum, applied_at FROM {} ORDER BY version",
+        names.history.quoted()
+    ))
+    .fetch_all(&mut *conn)
     .await?;
     rows.into_iter()
         .map(|row| {
@@ -142,6 +186,7 @@ pub(crate) async fn applied(pool: &SqlitePool) -> Result<Vec<AppliedMigration>, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Ident;
 
     #[test]
     fn versions_are_strictly_increasing_and_checksums_stable() {
@@ -152,5 +197,16 @@ mod tests {
             checksum("CREATE TABLE a (x)"),
             checksum("CREATE TABLE a (y)")
         );
+    }
+
+    #[test]
+    fn every_placeholder_is_rendered() {
+        for table in ["outbox_events", "order"] {
+            let names = Names::new(Ident::new(table).unwrap()).unwrap();
+            for m in MIGRATIONS {
+                let sql = m.render(&names);
+                assert!(!sql.contains("{{"), "{table} {}: {sql}", m.version);
+            }
+        }
     }
 }

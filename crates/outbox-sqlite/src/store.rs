@@ -1,14 +1,17 @@
 //! [`SqliteStore`]: the `Store` and `DeadLetterStore` implementations.
 
-use crate::migrate::{self, AppliedMigration};
+use crate::enqueue::SqliteOutbox;
+use crate::migrate::AppliedMigration;
+use crate::names::Names;
 use crate::sql::{
-    event_from_row, millis, now_ms, placeholders, time_from_ms, EVENT_COLUMNS, ID_CHUNK,
+    decode_event, delay_ms, millis, now_ms, placeholders, seq, value_rows, DecodeError,
+    EVENT_COLUMNS, ID_CHUNK,
 };
-use crate::SqliteStoreError;
+use crate::{MigrateError, SqliteStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Disposition, EventId,
-    Failure, FenceReport, FencingToken, Stats, Store,
+    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, ErrorCode, Event, EventId,
+    FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement, Stats, Store,
 };
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -17,11 +20,9 @@ use sqlx::{Row, Sqlite, Transaction};
 use std::collections::HashSet;
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
-
-/// How long a connection waits for another writer before `SQLITE_BUSY`.
-const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// "This row may be claimed now": unleased and due, or its lease expired.
 macro_rules! claimable {
@@ -47,39 +48,87 @@ macro_rules! claimable {
 ///
 /// An event is claimable when it is unleased and due, or its lease expired,
 /// and it is in the shard (`key_hash % total = index`), and no EARLIER event
-/// of the same key is still in the table and not claimable now (leased by
-/// someone else or waiting for a retry): per-key order.
+/// (smaller `seq`: committed before it) of the same key is still in the
+/// table and not claimable now (leased by someone else or waiting for a
+/// retry): per-key order is commit order.
 const CLAIM_SQL: &str = concat!(
-    "UPDATE outbox_events SET locked_by = ?, lease_token = ?, locked_until = ",
+    "UPDATE {{events}} SET locked_by = ?, lease_token = ?, locked_until = ",
     now_ms!(),
     " + ?, attempts = attempts + 1 \
-     WHERE id IN (\
-       SELECT e.id FROM outbox_events AS e \
+     WHERE seq IN (\
+       SELECT e.seq FROM {{events}} AS e \
        WHERE ",
     claimable!("e"),
     " AND e.key_hash % ? = ? \
          AND (e.key IS NULL OR NOT EXISTS (\
-           SELECT 1 FROM outbox_events AS p \
-           WHERE p.key = e.key AND p.id < e.id AND NOT ",
+           SELECT 1 FROM {{events}} AS p \
+           WHERE p.key = e.key AND p.seq < e.seq AND NOT ",
     claimable!("p"),
     ")) \
-       ORDER BY e.id LIMIT ?) \
-     RETURNING id, key, event_type, topic, payload, headers, created_at, attempts, \
+       ORDER BY e.seq LIMIT ?) \
+     RETURNING seq, id, key, event_type, topic, payload, headers, created_at, attempts, \
        next_attempt_at, last_error_code, last_error_message, locked_until"
 );
 
+/// The columns copied into the dead letters (after `seq`), in order.
+const DEAD_COLUMNS: &str = "seq, id, key, key_hash, event_type, topic, payload, headers, \
+     created_at, attempts, next_attempt_at, last_error_code, last_error_message, dead_at";
+
+/// On an id that is already a dead letter: the newer failure replaces it.
+const DEAD_UPSERT: &str =
+    " ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, key = excluded.key, \
+     key_hash = excluded.key_hash, event_type = excluded.event_type, topic = excluded.topic, \
+     payload = excluded.payload, headers = excluded.headers, created_at = excluded.created_at, \
+     attempts = excluded.attempts, next_attempt_at = excluded.next_attempt_at, \
+     last_error_code = excluded.last_error_code, \
+     last_error_message = excluded.last_error_message, dead_at = excluded.dead_at";
+
+/// Statements rendered once per store for its table names.
+#[derive(Debug)]
+struct StoreSql {
+    claim: String,
+    renew: String,
+    stats: String,
+}
+
+impl StoreSql {
+    fn new(names: &Names) -> Self {
+        Self {
+            claim: names.render(CLAIM_SQL),
+            renew: names.render(concat!(
+                "UPDATE {{events}} SET locked_until = ",
+                now_ms!(),
+                " + ? WHERE lease_token = ?"
+            )),
+            stats: names.render(concat!(
+                "SELECT (SELECT COUNT(*) FROM {{events}}) AS total, \
+                   (SELECT COUNT(*) FROM {{events}} WHERE locked_until > ",
+                now_ms!(),
+                ") AS in_flight, \
+                   (SELECT COUNT(*) FROM {{dead}}) AS dead, \
+                   (SELECT MIN(created_at) FROM {{events}}) AS oldest, ",
+                now_ms!(),
+                " AS now"
+            )),
+        }
+    }
+}
+
 /// A [`Store`] and [`DeadLetterStore`] on SQLite.
 ///
-/// Cheap to clone (it wraps a connection pool). `Debug` shows pool sizes
-/// only, never the database path or URL.
+/// Cheap to clone (it wraps a connection pool). `Debug` shows the table and
+/// pool sizes only, never the database path or URL.
 #[derive(Clone)]
 pub struct SqliteStore {
     pool: SqlitePool,
+    outbox: SqliteOutbox,
+    sql: Arc<StoreSql>,
 }
 
 impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
+            .field("table", self.outbox.table())
             .field("connections", &self.pool.size())
             .field("idle", &self.pool.num_idle())
             .finish_non_exhaustive()
@@ -87,39 +136,92 @@ impl fmt::Debug for SqliteStore {
 }
 
 impl SqliteStore {
-    /// The claim statement, for review and `EXPLAIN QUERY PLAN`. Binds, in
-    /// order: relay id, fencing token, lease in ms, shard total, shard index,
-    /// batch size.
-    pub const CLAIM_SQL: &'static str = CLAIM_SQL;
-
-    /// Opens (creating the file if missing) the database at `url`, e.g.
-    /// `sqlite://outbox.db` or `sqlite:///var/lib/app/app.db`, with WAL
-    /// journaling, `synchronous = NORMAL`, a busy timeout and foreign keys on.
-    /// Does not migrate: call [`Self::migrate`].
-    pub async fn connect(url: &str) -> Result<Self, SqliteStoreError> {
-        let options = SqliteConnectOptions::from_str(url)?;
-        Self::connect_with(options).await
+    /// Opens (creating the file if missing) the database named by `options`:
+    /// a URL (`"sqlite://outbox.db"`, `"sqlite:///var/lib/app/app.db"`) or
+    /// [`SqliteStoreOptions`], with WAL journaling, `synchronous = NORMAL`,
+    /// the busy timeout and foreign keys on. Migrates only with
+    /// [`SqliteStoreOptions::with_auto_migrate`]; otherwise call
+    /// [`Self::migrate`]. A missing directory is reported as
+    /// [`StoreError::Open`] naming the path.
+    pub async fn connect(options: impl Into<SqliteStoreOptions>) -> Result<Self, StoreError> {
+        let options = options.into();
+        let connect = SqliteConnectOptions::from_str(&options.url)
+            .map_err(|e| StoreError::InvalidUrl(crate::error::Cause(&e).to_string()))?;
+        Self::open(connect, options).await
     }
 
-    /// [`Self::connect`] with options built by the caller; the store still
-    /// turns on `create_if_missing`, WAL, the busy timeout and foreign keys.
-    pub async fn connect_with(options: SqliteConnectOptions) -> Result<Self, SqliteStoreError> {
-        let options = options
+    /// [`Self::connect`] with sqlx connect options built by the caller (the
+    /// URL of `options` is ignored); the store still turns on
+    /// `create_if_missing`, WAL, the busy timeout and foreign keys.
+    pub async fn connect_with(
+        connect: SqliteConnectOptions,
+        options: SqliteStoreOptions,
+    ) -> Result<Self, StoreError> {
+        Self::open(connect, options).await
+    }
+
+    async fn open(
+        connect: SqliteConnectOptions,
+        options: SqliteStoreOptions,
+    ) -> Result<Self, StoreError> {
+        let names = Names::new(options.table.clone())?;
+        let path = connect.get_filename().to_path_buf();
+        let in_memory = path.as_os_str() == ":memory:" || path.as_os_str().is_empty();
+        if !in_memory {
+            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                if !dir.is_dir() {
+                    return Err(StoreError::Open {
+                        reason: format!("directory {} does not exist", dir.display()),
+                        path,
+                    });
+                }
+            }
+        }
+        let connect = connect
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Normal)
-            .busy_timeout(BUSY_TIMEOUT)
+            .busy_timeout(options.busy_timeout)
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
-            .max_connections(8)
-            .connect_with(options)
-            .await?;
-        Ok(Self { pool })
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(|e| match e {
+                e @ (sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => StoreError::Database(e),
+                e => StoreError::Open {
+                    path: path.clone(),
+                    reason: crate::error::Cause(&e).to_string(),
+                },
+            })?;
+        let store = Self::with_names(pool, names, options.limits);
+        if options.auto_migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
     }
 
-    /// Wraps a pool the application already has (the same one it enqueues with).
+    /// Wraps a pool the application already has (the same one it enqueues
+    /// with), for the default table. The pool's own settings (busy timeout,
+    /// WAL) are the application's.
     pub fn from_pool(pool: SqlitePool) -> Self {
-        Self { pool }
+        Self::with_outbox(pool, SqliteOutbox::default())
+    }
+
+    /// Wraps a pool for the outbox `outbox` (its table and limits).
+    pub fn with_outbox(pool: SqlitePool, outbox: SqliteOutbox) -> Self {
+        let sql = Arc::new(StoreSql::new(&outbox.names));
+        Self { pool, outbox, sql }
+    }
+
+    fn with_names(pool: SqlitePool, names: Names, limits: outbox_core::EventLimits) -> Self {
+        Self::with_outbox(pool, SqliteOutbox::from_names(names).with_limits(limits))
+    }
+
+    /// The enqueue handle for this store's outbox (same table and limits).
+    pub fn outbox(&self) -> &SqliteOutbox {
+        &self.outbox
     }
 
     /// The connection pool.
@@ -127,147 +229,263 @@ impl SqliteStore {
         &self.pool
     }
 
-    /// Creates or upgrades the outbox tables. Idempotent; safe to call from
-    /// several processes at once. Returns the versions it applied (empty when
-    /// up to date). Fails with [`SqliteStoreError::ChecksumMismatch`] when an
-    /// applied migration differs from this build's.
-    pub async fn migrate(&self) -> Result<Vec<i64>, SqliteStoreError> {
-        migrate::run(&self.pool).await
+    /// The claim statement, for review and `EXPLAIN QUERY PLAN`. Binds, in
+    /// order: relay id, fencing token, lease in ms, shard total, shard index,
+    /// batch size.
+    pub fn claim_sql(&self) -> &str {
+        &self.sql.claim
+    }
+
+    /// Creates or upgrades the outbox tables (see [`SqliteOutbox::migrate`]).
+    /// Idempotent; safe to call from several processes at once. Returns the
+    /// versions it applied (empty when up to date). Fails with
+    /// [`MigrateError::ChecksumMismatch`] when an applied migration differs
+    /// from this build's.
+    pub async fn migrate(&self) -> Result<Vec<i32>, MigrateError> {
+        let mut conn = self.pool.acquire().await?;
+        self.outbox.migrate(&mut conn).await
     }
 
     /// The applied outbox migrations, oldest first.
-    pub async fn applied_migrations(&self) -> Result<Vec<AppliedMigration>, SqliteStoreError> {
-        migrate::applied(&self.pool).await
+    pub async fn applied_migrations(&self) -> Result<Vec<AppliedMigration>, MigrateError> {
+        let mut conn = self.pool.acquire().await?;
+        self.outbox.applied_migrations(&mut conn).await
     }
 
-    async fn now_plus(&self, ms: i64) -> Result<DateTime<Utc>, SqliteStoreError> {
+    fn names(&self) -> &Names {
+        &self.outbox.names
+    }
+
+    async fn now_plus(&self, ms: i64) -> Result<DateTime<Utc>, StoreError> {
         let at: i64 = sqlx::query_scalar(concat!("SELECT ", now_ms!(), " + ?"))
             .bind(ms)
             .fetch_one(&self.pool)
             .await?;
-        DateTime::<Utc>::from_timestamp_millis(at).ok_or_else(|| SqliteStoreError::Corrupt {
-            id: EventId::from_uuid(Uuid::nil()),
-            column: "now",
-            reason: format!("database clock returned {at}"),
-        })
+        DateTime::<Utc>::from_timestamp_millis(at).ok_or(StoreError::Clock(at))
     }
 
-    /// Runs `UPDATE/DELETE ... WHERE lease_token = ? AND id IN (...) RETURNING id`
-    /// over chunks of `ids` and reports which ids it did not touch.
-    async fn fenced_by_ids(
+    /// Moves rows of `token` that could not be decoded to the dead letters
+    /// with [`ErrorCode::UNDECODABLE`] and the reason, in one transaction.
+    async fn dead_letter_undecodable(
         &self,
-        head: &str,
         token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, SqliteStoreError> {
-        let mut done = HashSet::with_capacity(ids.len());
-        for chunk in ids.chunks(ID_CHUNK) {
-            let sql = format!(
-                "{head} WHERE lease_token = ? AND id IN ({}) RETURNING id",
-                placeholders(chunk.len())
-            );
-            let mut q = sqlx::query_scalar::<_, Uuid>(&sql).bind(token.as_uuid());
-            for id in chunk {
-                q = q.bind(id.as_uuid());
+        bad: &[(i64, String)],
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut moved = 0;
+        for chunk in bad.chunks(ID_CHUNK / 2) {
+            let sql = self.names().render(&format!(
+                "WITH f(f_seq, f_message) AS (VALUES {values}) \
+                 INSERT INTO {{{{dead}}}} ({DEAD_COLUMNS}) \
+                 SELECT e.seq, e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, \
+                   e.headers, e.created_at, e.attempts, e.next_attempt_at, ?, f.f_message, {now} \
+                 FROM {{{{events}}}} AS e JOIN f ON e.seq = f.f_seq WHERE e.lease_token = ?\
+                 {DEAD_UPSERT}",
+                values = value_rows(chunk.len(), 2),
+                now = now_ms!(),
+            ));
+            let mut q = sqlx::query(&sql);
+            for (seq, message) in chunk {
+                q = q.bind(seq).bind(message);
             }
-            done.extend(q.fetch_all(&self.pool).await?);
+            q.bind(ErrorCode::UNDECODABLE.as_str())
+                .bind(token.as_uuid())
+                .execute(&mut *tx)
+                .await?;
+            let sql = self.names().render(&format!(
+                "DELETE FROM {{{{events}}}} WHERE lease_token = ? AND seq IN ({})",
+                placeholders(chunk.len())
+            ));
+            let mut q = sqlx::query(&sql).bind(token.as_uuid());
+            for (seq, _) in chunk {
+                q = q.bind(seq);
+            }
+            moved += q.execute(&mut *tx).await?.rows_affected();
         }
-        Ok(report(ids, &done))
+        tx.commit().await?;
+        Ok(moved)
     }
 }
 
-fn report(ids: &[EventId], done: &HashSet<Uuid>) -> FenceReport {
-    let mut seen = HashSet::with_capacity(ids.len());
-    let lost = ids
-        .iter()
-        .filter(|id| !done.contains(&id.as_uuid()) && seen.insert(**id))
-        .copied()
-        .collect();
-    FenceReport {
-        applied: done.len() as u64,
-        lost,
+/// One settlement, split by resolution kind (first resolution of an id wins).
+#[derive(Default)]
+struct Plan<'a> {
+    delivered: Vec<EventId>,
+    released: Vec<EventId>,
+    retry: Vec<(EventId, i64, &'a LastError)>,
+    dead: Vec<(EventId, &'a LastError)>,
+    /// Ids given more than once, and resolutions this store does not know.
+    rejected: Vec<Rejected>,
+    /// Every distinct id, in the order given.
+    order: Vec<EventId>,
+}
+
+impl<'a> Plan<'a> {
+    fn new(settlement: &'a Settlement) -> Self {
+        let mut plan = Plan::default();
+        let mut seen = HashSet::with_capacity(settlement.len());
+        for (id, resolution) in settlement.items() {
+            if !seen.insert(*id) {
+                plan.rejected.push(Rejected {
+                    id: *id,
+                    reason: format!(
+                        "given more than once in one settlement; the first resolution was \
+                         recorded, this `{}` was ignored",
+                        resolution.name()
+                    ),
+                });
+                continue;
+            }
+            plan.order.push(*id);
+            match resolution {
+                Resolution::Delivered => plan.delivered.push(*id),
+                Resolution::Released => plan.released.push(*id),
+                Resolution::Retry { delay, error } => {
+                    plan.retry.push((*id, delay_ms(*delay), error));
+                }
+                Resolution::Dead { error } => plan.dead.push((*id, error)),
+                other => {
+                    plan.rejected.push(Rejected {
+                        id: *id,
+                        reason: format!(
+                            "resolution `{}` is not supported by this version of outbox-sqlite; \
+                             the event was released instead",
+                            other.name()
+                        ),
+                    });
+                    plan.released.push(*id);
+                }
+            }
+        }
+        plan
     }
 }
 
-/// Schedules retries: one `UPDATE ... FROM (VALUES ...)` per chunk.
-async fn fail_retry(
+/// `head WHERE lease_token = ? AND id IN (...) RETURNING id`, per chunk.
+async fn by_ids(
     tx: &mut Transaction<'static, Sqlite>,
+    head: &str,
     token: FencingToken,
-    retries: &[(&Failure, Duration)],
+    ids: &[EventId],
     done: &mut HashSet<Uuid>,
-) -> Result<(), SqliteStoreError> {
-    for chunk in retries.chunks(ID_CHUNK / 4) {
-        let values = vec!["(?, ?, ?, ?)"; chunk.len()].join(", ");
+) -> Result<(), StoreError> {
+    for chunk in ids.chunks(ID_CHUNK) {
         let sql = format!(
-            "WITH f(f_id, f_delay, f_code, f_message) AS (VALUES {values}) \
-             UPDATE outbox_events SET locked_by = NULL, locked_until = NULL, lease_token = NULL, \
-               next_attempt_at = {now} + f.f_delay, last_error_code = f.f_code, \
-               last_error_message = f.f_message \
-             FROM f WHERE outbox_events.id = f.f_id AND outbox_events.lease_token = ? \
-             RETURNING id",
-            now = now_ms!()
-        );
-        let mut q = sqlx::query_scalar::<_, Uuid>(&sql);
-        for (failure, delay) in chunk {
-            q = q
-                .bind(failure.id.as_uuid())
-                .bind(millis(*delay))
-                .bind(failure.error.code().as_str().to_owned())
-                .bind(failure.error.message().to_owned());
-        }
-        done.extend(q.bind(token.as_uuid()).fetch_all(&mut **tx).await?);
-    }
-    Ok(())
-}
-
-/// Moves events to the dead letters: `INSERT ... SELECT` then `DELETE`, per chunk.
-async fn fail_dead(
-    tx: &mut Transaction<'static, Sqlite>,
-    token: FencingToken,
-    dead: &[&Failure],
-    done: &mut HashSet<Uuid>,
-) -> Result<(), SqliteStoreError> {
-    for chunk in dead.chunks(ID_CHUNK / 3) {
-        let values = vec!["(?, ?, ?)"; chunk.len()].join(", ");
-        let sql = format!(
-            "WITH f(f_id, f_code, f_message) AS (VALUES {values}) \
-             INSERT INTO outbox_dead_letters (id, key, key_hash, event_type, topic, payload, \
-               headers, created_at, attempts, next_attempt_at, last_error_code, \
-               last_error_message, dead_at) \
-             SELECT e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, e.headers, \
-               e.created_at, e.attempts, e.next_attempt_at, f.f_code, f.f_message, {now} \
-             FROM outbox_events AS e JOIN f ON e.id = f.f_id WHERE e.lease_token = ?",
-            now = now_ms!()
-        );
-        let mut q = sqlx::query(&sql);
-        for failure in chunk {
-            q = q
-                .bind(failure.id.as_uuid())
-                .bind(failure.error.code().as_str().to_owned())
-                .bind(failure.error.message().to_owned());
-        }
-        q.bind(token.as_uuid()).execute(&mut **tx).await?;
-
-        let sql = format!(
-            "DELETE FROM outbox_events WHERE lease_token = ? AND id IN ({}) RETURNING id",
+            "{head} WHERE lease_token = ? AND id IN ({}) RETURNING id",
             placeholders(chunk.len())
         );
         let mut q = sqlx::query_scalar::<_, Uuid>(&sql).bind(token.as_uuid());
-        for failure in chunk {
-            q = q.bind(failure.id.as_uuid());
+        for id in chunk {
+            q = q.bind(id.as_uuid());
         }
         done.extend(q.fetch_all(&mut **tx).await?);
     }
     Ok(())
 }
 
-impl Store for SqliteStore {
-    type Error = SqliteStoreError;
+impl SqliteStore {
+    /// Retries: one `UPDATE ... FROM (VALUES ...)` per chunk.
+    async fn settle_retry(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        token: FencingToken,
+        retries: &[(EventId, i64, &LastError)],
+        done: &mut HashSet<Uuid>,
+    ) -> Result<(), StoreError> {
+        for chunk in retries.chunks(ID_CHUNK / 4) {
+            let sql = self.names().render(&format!(
+                "WITH f(f_id, f_delay, f_code, f_message) AS (VALUES {values}) \
+                 UPDATE {{{{events}}}} SET locked_by = NULL, locked_until = NULL, \
+                   lease_token = NULL, next_attempt_at = {now} + f.f_delay, \
+                   last_error_code = f.f_code, last_error_message = f.f_message \
+                 FROM f WHERE {{{{events}}}}.id = f.f_id AND {{{{events}}}}.lease_token = ? \
+                 RETURNING id",
+                values = value_rows(chunk.len(), 4),
+                now = now_ms!()
+            ));
+            let mut q = sqlx::query_scalar::<_, Uuid>(&sql);
+            for (id, delay, error) in chunk {
+                q = q
+                    .bind(id.as_uuid())
+                    .bind(*delay)
+                    .bind(error.code.as_str())
+                    .bind(error.message.as_str());
+            }
+            done.extend(q.bind(token.as_uuid()).fetch_all(&mut **tx).await?);
+        }
+        Ok(())
+    }
 
-    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, SqliteStoreError> {
+    /// Dead letters: `INSERT ... SELECT ... ON CONFLICT DO UPDATE` then
+    /// `DELETE`, per chunk. An id that already was a dead letter is replaced
+    /// by the newer failure and reported in `rejected`.
+    async fn settle_dead(
+        &self,
+        tx: &mut Transaction<'static, Sqlite>,
+        token: FencingToken,
+        dead: &[(EventId, &LastError)],
+        done: &mut HashSet<Uuid>,
+        rejected: &mut Vec<Rejected>,
+    ) -> Result<(), StoreError> {
+        for chunk in dead.chunks(ID_CHUNK / 3) {
+            let sql = self.names().render(&format!(
+                "SELECT d.id, d.last_error_code, d.last_error_message FROM {{{{dead}}}} AS d \
+                 JOIN {{{{events}}}} AS e ON e.id = d.id \
+                 WHERE e.lease_token = ? AND d.id IN ({})",
+                placeholders(chunk.len())
+            ));
+            let mut q = sqlx::query(&sql).bind(token.as_uuid());
+            for (id, _) in chunk {
+                q = q.bind(id.as_uuid());
+            }
+            for row in q.fetch_all(&mut **tx).await? {
+                let id = EventId::from_uuid(row.try_get("id")?);
+                let code: String = row.try_get("last_error_code")?;
+                let message: String = row.try_get("last_error_message")?;
+                rejected.push(Rejected {
+                    id,
+                    reason: format!(
+                        "a dead letter with this id already existed ({code}: {message}); \
+                         it was replaced by this failure"
+                    ),
+                });
+            }
+
+            let sql = self.names().render(&format!(
+                "WITH f(f_id, f_code, f_message) AS (VALUES {values}) \
+                 INSERT INTO {{{{dead}}}} ({DEAD_COLUMNS}) \
+                 SELECT e.seq, e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, \
+                   e.headers, e.created_at, e.attempts, e.next_attempt_at, f.f_code, \
+                   f.f_message, {now} \
+                 FROM {{{{events}}}} AS e JOIN f ON e.id = f.f_id WHERE e.lease_token = ?\
+                 {DEAD_UPSERT}",
+                values = value_rows(chunk.len(), 3),
+                now = now_ms!()
+            ));
+            let mut q = sqlx::query(&sql);
+            for (id, error) in chunk {
+                q = q
+                    .bind(id.as_uuid())
+                    .bind(error.code.as_str())
+                    .bind(error.message.as_str());
+            }
+            q.bind(token.as_uuid()).execute(&mut **tx).await?;
+
+            let ids: Vec<EventId> = chunk.iter().map(|(id, _)| *id).collect();
+            let head = self.names().render("DELETE FROM {{events}}");
+            by_ids(tx, &head, token, &ids, done).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Store for SqliteStore {
+    type Error = StoreError;
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let token = FencingToken::new();
         let lease_ms = millis(req.lease);
-        let rows = sqlx::query(CLAIM_SQL)
+        let rows = sqlx::query(&self.sql.claim)
             .bind(req.relay_id.as_str())
             .bind(token.as_uuid())
             .bind(lease_ms)
@@ -277,20 +495,45 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         let mut lease_until = None;
-        let mut events = Vec::with_capacity(rows.len());
+        let mut events: Vec<(i64, Event)> = Vec::with_capacity(rows.len());
+        let mut bad: Vec<(i64, String)> = Vec::new();
         for row in &rows {
-            let event = event_from_row(row)?;
+            let seq = match seq(row) {
+                Ok(seq) => seq,
+                // `seq` is the INTEGER PRIMARY KEY: it always decodes.
+                Err(e) => return Err(StoreError::Database(sqlx::Error::Protocol(e.to_string()))),
+            };
             if lease_until.is_none() {
-                lease_until = Some(time_from_ms(
-                    event.id,
-                    "locked_until",
-                    row.try_get("locked_until")?,
-                )?);
+                if let Ok(ms) = row.try_get::<i64, _>("locked_until") {
+                    lease_until = DateTime::<Utc>::from_timestamp_millis(ms);
+                }
             }
-            events.push(event);
+            match decode_event(row, false) {
+                Ok(event) => events.push((seq, event)),
+                Err(DecodeError { column, reason }) => {
+                    let id = crate::sql::id(row)
+                        .map(|id| id.to_string())
+                        .unwrap_or_else(|_| format!("at seq {seq}"));
+                    tracing::warn!(event = %id, column, %reason, "undecodable outbox row: dead-lettering it");
+                    bad.push((seq, format!("event {id}: column {column}: {reason}")));
+                }
+            }
         }
-        // RETURNING order is unspecified: restore oldest first.
-        events.sort_by_key(|e| e.id);
+        if !bad.is_empty() {
+            // Never fail the claim for this: the good events are leased now
+            // and must be delivered. If it fails, the bad rows come back when
+            // their lease expires and are tried again.
+            match self.dead_letter_undecodable(token, &bad).await {
+                Ok(n) => tracing::warn!(count = n, "dead-lettered undecodable outbox rows"),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "could not dead-letter undecodable outbox rows; they will be retried after their lease"
+                ),
+            }
+        }
+        // RETURNING order is unspecified: restore commit order.
+        events.sort_by_key(|(seq, _)| *seq);
+        let events: Vec<Event> = events.into_iter().map(|(_, e)| e).collect();
         let lease_until = match lease_until {
             Some(t) => t,
             None => self.now_plus(lease_ms).await?,
@@ -303,72 +546,68 @@ impl Store for SqliteStore {
         })
     }
 
-    async fn complete(
+    async fn settle(
         &self,
         token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, SqliteStoreError> {
-        self.fenced_by_ids("DELETE FROM outbox_events", token, ids)
-            .await
-    }
-
-    async fn fail(
-        &self,
-        token: FencingToken,
-        failures: &[Failure],
-    ) -> Result<FenceReport, SqliteStoreError> {
-        if failures.is_empty() {
-            return Ok(FenceReport::default());
+        settlement: &Settlement,
+    ) -> Result<SettleReport, StoreError> {
+        if settlement.is_empty() {
+            return Ok(SettleReport::default());
         }
-        // One disposition per id: the first one given wins.
-        let mut seen = HashSet::with_capacity(failures.len());
-        let mut retries = Vec::new();
-        let mut dead = Vec::new();
-        for failure in failures {
-            if !seen.insert(failure.id) {
-                continue;
-            }
-            match &failure.disposition {
-                Disposition::Retry { delay } => retries.push((failure, *delay)),
-                Disposition::Dead => dead.push(failure),
-            }
-        }
-        let mut done = HashSet::with_capacity(failures.len());
+        let mut plan = Plan::new(settlement);
+        let mut done = HashSet::with_capacity(plan.order.len());
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        fail_retry(&mut tx, token, &retries, &mut done).await?;
-        fail_dead(&mut tx, token, &dead, &mut done).await?;
+        let names = self.names();
+        if !plan.delivered.is_empty() {
+            let head = names.render("DELETE FROM {{events}}");
+            by_ids(&mut tx, &head, token, &plan.delivered, &mut done).await?;
+        }
+        if !plan.released.is_empty() {
+            let head = names.render(
+                "UPDATE {{events}} SET locked_by = NULL, locked_until = NULL, \
+                 lease_token = NULL, attempts = MAX(attempts - 1, 0)",
+            );
+            by_ids(&mut tx, &head, token, &plan.released, &mut done).await?;
+        }
+        if !plan.retry.is_empty() {
+            self.settle_retry(&mut tx, token, &plan.retry, &mut done)
+                .await?;
+        }
+        if !plan.dead.is_empty() {
+            self.settle_dead(&mut tx, token, &plan.dead, &mut done, &mut plan.rejected)
+                .await?;
+        }
         tx.commit().await?;
-        let ids: Vec<EventId> = failures.iter().map(|f| f.id).collect();
-        Ok(report(&ids, &done))
+        let fenced: Vec<EventId> = plan
+            .order
+            .iter()
+            .filter(|id| !done.contains(&id.as_uuid()))
+            .copied()
+            .collect();
+        if !fenced.is_empty() {
+            tracing::warn!(%token, fenced = fenced.len(), "settle: events no longer held by this token were left unchanged");
+        }
+        tracing::debug!(%token, applied = done.len(), "settled outbox events");
+        Ok(SettleReport {
+            applied: done.len() as u64,
+            fenced,
+            rejected: plan.rejected,
+        })
     }
 
-    async fn release(
-        &self,
-        token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, SqliteStoreError> {
-        self.fenced_by_ids(
-            "UPDATE outbox_events SET locked_by = NULL, locked_until = NULL, lease_token = NULL, \
-             attempts = MAX(attempts - 1, 0)",
-            token,
-            ids,
-        )
-        .await
+    async fn renew(&self, token: FencingToken, lease: Duration) -> Result<u64, StoreError> {
+        let held = sqlx::query(&self.sql.renew)
+            .bind(millis(lease))
+            .bind(token.as_uuid())
+            .execute(&self.pool)
+            .await?
+            .rows_affected();
+        tracing::trace!(%token, held, "renewed lease");
+        Ok(held)
     }
 
-    async fn stats(&self) -> Result<Stats, SqliteStoreError> {
-        let row = sqlx::query(concat!(
-            "SELECT (SELECT COUNT(*) FROM outbox_events) AS total, \
-               (SELECT COUNT(*) FROM outbox_events WHERE locked_until > ",
-            now_ms!(),
-            ") AS in_flight, \
-               (SELECT COUNT(*) FROM outbox_dead_letters) AS dead, \
-               (SELECT MIN(created_at) FROM outbox_events) AS oldest, ",
-            now_ms!(),
-            " AS now"
-        ))
-        .fetch_one(&self.pool)
-        .await?;
+    async fn stats(&self) -> Result<Stats, StoreError> {
+        let row = sqlx::query(&self.sql.stats).fetch_one(&self.pool).await?;
         let total: i64 = row.try_get("total")?;
         let in_flight: i64 = row.try_get("in_flight")?;
         let dead: i64 = row.try_get("dead")?;
@@ -386,14 +625,12 @@ impl Store for SqliteStore {
 }
 
 impl DeadLetterStore for SqliteStore {
-    type Error = SqliteStoreError;
+    type Error = StoreError;
 
-    async fn list_dead(
-        &self,
-        query: &DeadLetterQuery,
-    ) -> Result<Vec<DeadLetter>, SqliteStoreError> {
-        let mut sql =
-            format!("SELECT {EVENT_COLUMNS}, dead_at FROM outbox_dead_letters WHERE 1 = 1");
+    async fn list_dead(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetter>, StoreError> {
+        let mut sql = self.names().render(&format!(
+            "SELECT {EVENT_COLUMNS}, dead_at FROM {{{{dead}}}} WHERE 1 = 1"
+        ));
         if query.after.is_some() {
             sql.push_str(" AND id > ?");
         }
@@ -409,35 +646,50 @@ impl DeadLetterStore for SqliteStore {
             q = q.bind(code.as_str().to_owned());
         }
         let rows = q.bind(i64::from(query.limit)).fetch_all(&self.pool).await?;
-        rows.iter()
-            .map(|row| {
-                let event = event_from_row(row)?;
-                let dead_at = time_from_ms(event.id, "dead_at", row.try_get("dead_at")?)?;
-                Ok(DeadLetter::new(event, dead_at))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            // Dead letters stay listable even when a column is corrupt (an
+            // UNDECODABLE dead letter): only an id that is not a UUID hides one.
+            match decode_event(row, true) {
+                Ok(event) => {
+                    let dead_at = row
+                        .try_get::<i64, _>("dead_at")
+                        .ok()
+                        .and_then(DateTime::<Utc>::from_timestamp_millis)
+                        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+                    out.push(DeadLetter::new(event, dead_at));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping a dead letter whose id is not a UUID")
+                }
+            }
+        }
+        Ok(out)
     }
 
-    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, SqliteStoreError> {
-        let insert = concat!(
-            "INSERT INTO outbox_events (id, key, key_hash, event_type, topic, payload, headers, \
+    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
+        // A dead letter goes back to its place in commit order (its `seq`;
+        // a new one for letters dead before migration 2).
+        let insert = self.names().render(concat!(
+            "INSERT INTO {{events}} (seq, id, key, key_hash, event_type, topic, payload, headers, \
                created_at, attempts, next_attempt_at, last_error_code, last_error_message) \
-             SELECT id, key, key_hash, event_type, topic, payload, headers, created_at, 0, ",
+             SELECT seq, id, key, key_hash, event_type, topic, payload, headers, created_at, 0, ",
             now_ms!(),
-            ", last_error_code, last_error_message FROM outbox_dead_letters"
-        );
-        let delete = "DELETE FROM outbox_dead_letters";
+            ", last_error_code, last_error_message FROM {{dead}}"
+        ));
+        let delete = self.names().render("DELETE FROM {{dead}}");
         let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let mut moved = 0;
         match ids {
             None => {
-                moved += sqlx::query(insert).execute(&mut *tx).await?.rows_affected();
-                sqlx::query(delete).execute(&mut *tx).await?;
+                let sql = format!("{insert} ORDER BY seq");
+                moved += sqlx::query(&sql).execute(&mut *tx).await?.rows_affected();
+                sqlx::query(&delete).execute(&mut *tx).await?;
             }
             Some(ids) => {
                 for chunk in ids.chunks(ID_CHUNK) {
                     let filter = format!(" WHERE id IN ({})", placeholders(chunk.len()));
-                    for (sql, count) in [(insert, true), (delete, false)] {
+                    for (sql, count) in [(&insert, true), (&delete, false)] {
                         let sql = format!("{sql}{filter}");
                         let mut q = sqlx::query(&sql);
                         for id in chunk {
@@ -456,19 +708,17 @@ impl DeadLetterStore for SqliteStore {
         Ok(moved)
     }
 
-    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, SqliteStoreError> {
+    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
+        let delete = self.names().render("DELETE FROM {{dead}}");
         let purged = match ids {
-            None => sqlx::query("DELETE FROM outbox_dead_letters")
+            None => sqlx::query(&delete)
                 .execute(&self.pool)
                 .await?
                 .rows_affected(),
             Some(ids) => {
                 let mut n = 0;
                 for chunk in ids.chunks(ID_CHUNK) {
-                    let sql = format!(
-                        "DELETE FROM outbox_dead_letters WHERE id IN ({})",
-                        placeholders(chunk.len())
-                    );
+                    let sql = format!("{delete} WHERE id IN ({})", placeholders(chunk.len()));
                     let mut q = sqlx::query(&sql);
                     for id in chunk {
                         q = q.bind(id.as_uuid());

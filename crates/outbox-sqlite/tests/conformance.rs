@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox_core::{ErrorCode, EventId, FencingToken, NewEvent, ValidationError};
-use outbox_sqlite::{enqueue_batch, EnqueueError, SqliteStore};
+use outbox_sqlite::{EnqueueError, SqliteStore};
 use outbox_testkit::store::{RowState, StoreHarness};
 use sqlx::Row;
 use uuid::Uuid;
@@ -38,9 +38,9 @@ impl StoreHarness for SqliteHarness {
         commit: bool,
     ) -> Result<Vec<EventId>, ValidationError> {
         let mut tx = self.store.pool().begin().await.expect("begin");
-        let ids = match enqueue_batch(&mut tx, events).await {
+        let ids = match self.store.outbox().enqueue_batch(&mut tx, events).await {
             Ok(ids) => ids,
-            Err(EnqueueError::Validation(e)) => return Err(e),
+            Err(EnqueueError::Invalid { source, .. }) => return Err(source),
             Err(e) => panic!("enqueue failed: {e}"),
         };
         if commit {
@@ -104,6 +104,24 @@ impl StoreHarness for SqliteHarness {
             .await
             .unwrap();
         assert_eq!(done.rows_affected(), 1, "no leased row {id}");
+    }
+
+    /// A row whose headers are a JSON array, not an object of strings.
+    async fn insert_undecodable(&self) -> EventId {
+        let id = EventId::new();
+        let sql = format!(
+            "INSERT INTO outbox_events (id, key, key_hash, event_type, topic, payload, headers, \
+             created_at, attempts, next_attempt_at) \
+             VALUES (?, NULL, ?, 'test.event', 'conformance', X'00', '[\"not\", \"a\", \"map\"]', \
+             {NOW_MS}, 0, {NOW_MS})"
+        );
+        sqlx::query(&sql)
+            .bind(id.as_uuid())
+            .bind(i64::from(outbox_core::key_hash(id.to_string().as_bytes())))
+            .execute(self.store.pool())
+            .await
+            .unwrap();
+        id
     }
 }
 

@@ -1,7 +1,7 @@
 //! The migration runner: idempotent, its own history table, checksum checks.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-use outbox_sqlite::{SqliteStore, SqliteStoreError, MIGRATIONS_TABLE};
+use outbox_sqlite::{MigrateError, SqliteStore, MIGRATIONS_TABLE};
 
 async fn fresh() -> (SqliteStore, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -20,7 +20,7 @@ async fn tables(store: &SqliteStore) -> Vec<String> {
 async fn migrate_creates_tables_and_records_history_in_its_own_table() {
     let (store, _dir) = fresh().await;
     assert!(store.applied_migrations().await.unwrap().is_empty());
-    assert_eq!(store.migrate().await.unwrap(), vec![1]);
+    assert_eq!(store.migrate().await.unwrap(), vec![1, 2]);
     let names = tables(&store).await;
     assert!(names.contains(&"outbox_events".to_owned()), "{names:?}");
     assert!(
@@ -30,9 +30,10 @@ async fn migrate_creates_tables_and_records_history_in_its_own_table() {
     assert!(names.contains(&MIGRATIONS_TABLE.to_owned()), "{names:?}");
     assert!(!names.contains(&"_sqlx_migrations".to_owned()), "{names:?}");
     let applied = store.applied_migrations().await.unwrap();
-    assert_eq!(applied.len(), 1);
+    assert_eq!(applied.len(), 2);
     assert_eq!(applied[0].version, 1);
     assert_eq!(applied[0].name, "outbox");
+    assert_eq!(applied[1].name, "commit_order");
     assert_eq!(applied[0].checksum.len(), 16);
     assert!(applied[0].applied_at.is_some());
 }
@@ -64,7 +65,8 @@ async fn concurrent_migrations_apply_once() {
     let (a, b) = tokio::join!(store.migrate(), store.migrate());
     let mut applied = a.unwrap();
     applied.extend(b.unwrap());
-    assert_eq!(applied, vec![1]);
+    applied.sort_unstable();
+    assert_eq!(applied, vec![1, 2]);
 }
 
 #[tokio::test]
@@ -77,7 +79,7 @@ async fn checksum_mismatch_is_a_clear_error_and_changes_nothing() {
         .unwrap();
     let err = store.migrate().await.unwrap_err();
     assert!(
-        matches!(&err, SqliteStoreError::ChecksumMismatch { version: 1, applied, .. } if applied == "deadbeef"),
+        matches!(&err, MigrateError::ChecksumMismatch { version: 1, applied, .. } if applied == "deadbeef"),
         "{err:?}"
     );
     let text = err.to_string();
@@ -98,7 +100,7 @@ async fn a_migration_from_a_newer_build_is_refused() {
     .unwrap();
     let err = store.migrate().await.unwrap_err();
     assert!(
-        matches!(err, SqliteStoreError::UnknownMigration { version: 999, .. }),
+        matches!(err, MigrateError::UnknownVersion { version: 999, .. }),
         "{err:?}"
     );
 }

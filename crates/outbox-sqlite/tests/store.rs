@@ -55,7 +55,7 @@ async fn claim_uses_the_database_clock_and_an_index() {
         .unwrap();
     assert_eq!(hash, i64::from(outbox_core::key_hash(b"k")));
 
-    let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {}", SqliteStore::CLAIM_SQL))
+    let rows = sqlx::query(&format!("EXPLAIN QUERY PLAN {}", store.claim_sql()))
         .bind("r")
         .bind(uuid::Uuid::nil())
         .bind(1_i64)

@@ -160,7 +160,7 @@ fn assert_failed(outcome: &Outcome, code: &ErrorCode, retryable: bool, what: &st
                 "{what}: expected retryable = {retryable}, got {e}"
             );
         }
-        Outcome::Delivered => panic!("{what}: expected {code} failure, got Delivered"),
+        other => panic!("{what}: expected {code} failure, got {other:?}"),
     }
 }
 
@@ -344,6 +344,8 @@ pub mod cases {
                     Outcome::Failed(e) => {
                         assert!(e.is_retryable(), "round {round}: not retryable: {e}")
                     }
+                    Outcome::NotAttempted => {}
+                    other => panic!("round {round}: unexpected outcome {other:?}"),
                 }
             }
         }
@@ -366,6 +368,8 @@ pub mod cases {
                         assert!(err.is_retryable(), "after restore: {err}");
                         still.push(e);
                     }
+                    Outcome::NotAttempted => still.push(e),
+                    other => panic!("after restore: unexpected outcome {other:?}"),
                 }
             }
             pending = still;

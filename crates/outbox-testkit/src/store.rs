@@ -13,10 +13,24 @@
 //! tables hold (through [`StoreHarness::snapshot`] and `stats`), not only
 //! that calls returned `Ok`. No case depends on wall-clock timing: leases are
 //! long and expire only through [`StoreHarness::expire_lease`].
+//!
+//! The contract the cases pin, beyond the [`Store`] docs:
+//! - `settle` records a mixed batch (delivered, retry, dead, released) at
+//!   once; ids the token does not hold come back in `fenced`, in the order
+//!   given, and nothing about them changes.
+//! - A dead letter whose id already exists in the dead letters (the same
+//!   event enqueued again after it died) replaces the older one with the
+//!   newer failure; the id is counted in `applied` and reported in
+//!   `rejected` with a reason; the rest of the batch settles.
+//! - A row the store cannot decode is dead-lettered by `claim` with
+//!   [`ErrorCode::UNDECODABLE`] and left out of the claim; it stays listable.
+//! - Per-key order is commit order: an event committed later comes later,
+//!   whatever its id.
 
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetterQuery, DeadLetterStore, DeliveryError, Disposition, ErrorCode,
-    EventId, Failure, FencingToken, NewEvent, RelayId, ShardSpec, Stats, Store, ValidationError,
+    Claim, ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, FencingToken,
+    LastError, NewEvent, RelayId, Resolution, SettleReport, Settlement, ShardSpec, Stats, Store,
+    ValidationError,
 };
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
@@ -69,10 +83,11 @@ pub trait StoreHarness: Send + Sync + 'static {
     /// (the concurrency case takes one per claimer).
     fn store(&self) -> impl Future<Output = Self::Store> + Send;
 
-    /// Enqueues `events` with the store crate's own enqueue function inside a
-    /// real transaction, then commits it (`commit = true`) or rolls it back.
-    /// Returns the ids, or the validation error the enqueue function reported
-    /// (database errors panic).
+    /// Enqueues `events` with the store crate's own enqueue function inside
+    /// ONE real transaction, then commits it (`commit = true`) or rolls it
+    /// back. Returns the ids, or the validation error the enqueue function
+    /// reported (database errors panic). Events of one call commit together,
+    /// in the given order; two calls commit in call order.
     fn enqueue(
         &self,
         events: Vec<NewEvent>,
@@ -85,6 +100,12 @@ pub trait StoreHarness: Send + Sync + 'static {
     /// Moves the event's `locked_until` into the past (database clock), as if
     /// the lease had run out.
     fn expire_lease(&self, id: EventId) -> impl Future<Output = ()> + Send;
+
+    /// Inserts and commits, bypassing the enqueue function, one pending event
+    /// row (no key, due now, never attempted) that the store cannot decode:
+    /// e.g. its headers are valid JSON but not an object of strings
+    /// (`["not", "a", "map"]`). Returns its id (the id itself is valid).
+    fn insert_undecodable(&self) -> impl Future<Output = EventId> + Send;
 }
 
 /// Expands to one `#[test]` per conformance case, in a module `conformance`,
@@ -101,16 +122,22 @@ macro_rules! store_conformance_tests {
             claim_honours_next_attempt_at,
             leased_events_are_not_reclaimed_until_the_lease_expires,
             concurrent_claimers_never_share_an_event,
-            complete_with_a_stale_token_changes_nothing,
-            fail_and_release_with_a_stale_token_change_nothing,
-            complete_deletes_the_batch_and_reports_unknown_ids,
-            retry_schedules_the_event_and_records_the_error,
+            settle_records_a_mixed_batch_at_once,
+            settle_records_a_large_mixed_batch,
+            settle_with_a_stale_token_changes_nothing,
+            settling_twice_fences_the_second_time,
+            released_events_are_not_attempted,
+            retry_records_last_error_and_next_attempt_at,
             dead_letter_after_max_attempts,
+            dead_letter_id_conflict_settles_the_rest_of_the_batch,
             dead_letters_can_be_listed_retried_and_purged,
+            undecodable_row_is_dead_lettered_and_left_out_of_the_claim,
+            renew_extends_the_lease,
+            renew_with_a_stale_token_returns_zero,
             rolled_back_enqueue_never_appears,
             shard_filter_gives_each_event_to_its_owner_only,
             per_key_order_earlier_event_blocks_later_ones,
-            release_returns_events_unattempted,
+            per_key_order_is_commit_order_not_id_order,
             stats_count_pending_in_flight_and_dead,
             enqueue_rejects_invalid_events_and_writes_nothing,
             batch_enqueue_writes_all,
@@ -170,32 +197,44 @@ pub mod cases {
         claim.events.iter().map(|e| e.id).collect()
     }
 
-    fn temporary(message: &str) -> DeliveryError {
-        DeliveryError::retryable(ErrorCode::HANDLER_TEMPORARY_FAILURE, message)
+    fn error(code: ErrorCode, message: &str) -> LastError {
+        LastError {
+            code,
+            message: message.to_owned(),
+        }
     }
 
-    fn permanent(message: &str) -> DeliveryError {
-        DeliveryError::permanent(ErrorCode::HANDLER_PERMANENT_FAILURE, message)
+    fn temporary(message: &str) -> LastError {
+        error(ErrorCode::HANDLER_TEMPORARY_FAILURE, message)
     }
 
-    fn retry(id: EventId, delay: Duration) -> Failure {
-        Failure {
-            id,
+    fn permanent(message: &str) -> LastError {
+        error(ErrorCode::HANDLER_PERMANENT_FAILURE, message)
+    }
+
+    fn retry(delay: Duration) -> Resolution {
+        Resolution::Retry {
+            delay,
             error: temporary("temporarily down"),
-            disposition: Disposition::Retry { delay },
         }
     }
 
-    fn dead(id: EventId, error: DeliveryError) -> Failure {
-        Failure {
-            id,
-            error,
-            disposition: Disposition::Dead,
-        }
+    fn dead(error: LastError) -> Resolution {
+        Resolution::Dead { error }
+    }
+
+    fn delivered(ids: &[EventId]) -> Settlement {
+        ids.iter().fold(Settlement::new(), |s, id| {
+            s.with(*id, Resolution::Delivered)
+        })
     }
 
     async fn claim<S: Store>(store: &S, req: ClaimRequest) -> Claim {
         store.claim(&req).await.expect("claim")
+    }
+
+    async fn settle<S: Store>(store: &S, token: FencingToken, s: Settlement) -> SettleReport {
+        store.settle(token, &s).await.expect("settle")
     }
 
     async fn stats<S: Store>(store: &S) -> Stats {
@@ -217,6 +256,10 @@ pub mod cases {
             next_attempt_in_future: future,
             last_error_code: code,
         }
+    }
+
+    fn dead_row(code: ErrorCode, attempts: u32) -> RowState {
+        RowState::Dead { code, attempts }
     }
 
     /// Committed events come back oldest first, complete, with attempts = 1
@@ -274,12 +317,17 @@ pub mod cases {
         let (later, now) = (ids_in[0], ids_in[1]);
         let c = claim(&store, req("relay-a", 10)).await;
         assert_eq!(ids(&c), ids_in);
-        let report = store
-            .fail(c.token, &[retry(later, LATER), retry(now, Duration::ZERO)])
-            .await
-            .unwrap();
+        let report = settle(
+            &store,
+            c.token,
+            Settlement::new()
+                .with(later, retry(LATER))
+                .with(now, retry(Duration::ZERO)),
+        )
+        .await;
         assert_eq!(report.applied, 2);
         assert!(report.all_applied());
+        assert!(report.rejected.is_empty());
         let code = Some(ErrorCode::HANDLER_TEMPORARY_FAILURE);
         assert_eq!(h.snapshot(later).await, pending(1, true, code.clone()));
         assert_eq!(h.snapshot(now).await, pending(1, false, code.clone()));
@@ -319,8 +367,8 @@ pub mod cases {
         assert_eq!(h.snapshot(id).await, leased(2, second.token, "relay-b"));
     }
 
-    /// Two relays claiming concurrently (tokio tasks, many rounds) never get
-    /// the same event, and together get all of them.
+    /// Two relays claiming and settling concurrently (tokio tasks, many
+    /// rounds) never get the same event, and together get all of them.
     pub async fn concurrent_claimers_never_share_an_event<H: StoreHarness>(h: &H) {
         const N: usize = 300;
         let events: Vec<NewEvent> = (0..N)
@@ -344,8 +392,8 @@ pub mod cases {
                         break;
                     }
                     let mine = ids(&c);
-                    let report = store.complete(c.token, &mine).await.expect("complete");
-                    assert!(report.all_applied(), "{relay} lost {:?}", report.lost);
+                    let report = settle(&store, c.token, delivered(&mine)).await;
+                    assert!(report.all_applied(), "{relay} fenced {:?}", report.fenced);
                     assert_eq!(report.applied, mine.len() as u64);
                     got.extend(mine);
                     tokio::task::yield_now().await;
@@ -368,91 +416,220 @@ pub mod cases {
         assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
     }
 
-    /// After a lease expired and another relay re-claimed the event, the old
-    /// token's complete changes nothing and is reported lost; the new owner's
-    /// complete works.
-    pub async fn complete_with_a_stale_token_changes_nothing<H: StoreHarness>(h: &H) {
+    /// One settle records delivered, retry, dead and released events of one
+    /// claim together; an id the token never held is reported fenced.
+    pub async fn settle_records_a_mixed_batch_at_once<H: StoreHarness>(h: &H) {
         let store = h.store().await;
-        let id = h.enqueue(vec![ev(0)], true).await.unwrap()[0];
-        let old = claim(&store, req("relay-a", 10)).await;
-        h.expire_lease(id).await;
-        let new = claim(&store, req("relay-b", 10)).await;
-        assert_eq!(ids(&new), vec![id]);
-
-        let report = store.complete(old.token, &[id]).await.unwrap();
-        assert_eq!(report.applied, 0);
-        assert_eq!(report.lost, vec![id]);
-        assert_eq!(h.snapshot(id).await, leased(2, new.token, "relay-b"));
-
-        let report = store.complete(new.token, &[id]).await.unwrap();
-        assert_eq!(report.applied, 1);
-        assert!(report.lost.is_empty());
-        assert_eq!(h.snapshot(id).await, RowState::Missing);
-        let report = store.complete(new.token, &[id]).await.unwrap();
-        assert_eq!(report.lost, vec![id], "completing twice must report the id");
-    }
-
-    /// A stale token's fail (retry or dead) and release change nothing.
-    pub async fn fail_and_release_with_a_stale_token_change_nothing<H: StoreHarness>(h: &H) {
-        let store = h.store().await;
-        let id = h.enqueue(vec![ev(0)], true).await.unwrap()[0];
-        let old = claim(&store, req("relay-a", 10)).await;
-        h.expire_lease(id).await;
-        let new = claim(&store, req("relay-b", 10)).await;
-        assert_eq!(ids(&new), vec![id]);
-
-        let report = store.fail(old.token, &[retry(id, LATER)]).await.unwrap();
-        assert_eq!((report.applied, report.lost.clone()), (0, vec![id]));
-        let report = store
-            .fail(old.token, &[dead(id, permanent("nope"))])
-            .await
-            .unwrap();
-        assert_eq!((report.applied, report.lost.clone()), (0, vec![id]));
-        let report = store.release(old.token, &[id]).await.unwrap();
-        assert_eq!((report.applied, report.lost.clone()), (0, vec![id]));
-
-        assert_eq!(h.snapshot(id).await, leased(2, new.token, "relay-b"));
-        assert_eq!(stats(&store).await.dead, 0);
-    }
-
-    /// Complete removes a whole batch in one call and lists ids it did not own.
-    pub async fn complete_deletes_the_batch_and_reports_unknown_ids<H: StoreHarness>(h: &H) {
-        let store = h.store().await;
-        let all = h.enqueue((0..50).map(ev).collect(), true).await.unwrap();
-        let c = claim(&store, req("relay-a", 100)).await;
+        let all = h.enqueue((0..4).map(ev).collect(), true).await.unwrap();
+        let (done, again, gone, back) = (all[0], all[1], all[2], all[3]);
+        let c = claim(&store, req("relay-a", 10)).await;
         assert_eq!(ids(&c), all);
         let stranger = EventId::new();
-        let mut to_complete = all.clone();
-        to_complete.push(stranger);
-        let report = store.complete(c.token, &to_complete).await.unwrap();
-        assert_eq!(report.applied, 50);
-        assert_eq!(report.lost, vec![stranger]);
+        let report = settle(
+            &store,
+            c.token,
+            Settlement::new()
+                .with(done, Resolution::Delivered)
+                .with(
+                    again,
+                    Resolution::Retry {
+                        delay: LATER,
+                        error: error(ErrorCode::PUBLISH_REJECTED, "nack"),
+                    },
+                )
+                .with(stranger, Resolution::Delivered)
+                .with(gone, dead(permanent("bad payload")))
+                .with(back, Resolution::Released),
+        )
+        .await;
+        assert_eq!(report.applied, 4);
+        assert_eq!(report.fenced, vec![stranger]);
+        assert!(report.rejected.is_empty(), "{:?}", report.rejected);
+
+        assert_eq!(h.snapshot(done).await, RowState::Missing);
+        assert_eq!(
+            h.snapshot(again).await,
+            pending(1, true, Some(ErrorCode::PUBLISH_REJECTED))
+        );
+        assert_eq!(
+            h.snapshot(gone).await,
+            dead_row(ErrorCode::HANDLER_PERMANENT_FAILURE, 1)
+        );
+        assert_eq!(h.snapshot(back).await, pending(0, false, None));
+        let s = stats(&store).await;
+        assert_eq!((s.pending, s.in_flight, s.dead), (2, 0, 1));
+
+        let c = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&c), vec![back], "only the released event is due");
+        assert_eq!(c.events[0].attempts, 1);
+    }
+
+    /// A batch larger than any internal statement chunk settles completely
+    /// and exactly as asked.
+    pub async fn settle_records_a_large_mixed_batch<H: StoreHarness>(h: &H) {
+        const N: usize = 1203;
+        let store = h.store().await;
+        let all = h.enqueue((0..N).map(ev).collect(), true).await.unwrap();
+        let c = claim(&store, req("relay-a", 2000)).await;
+        assert_eq!(ids(&c), all);
+        let mut s = Settlement::new();
+        for (i, id) in all.iter().enumerate() {
+            let resolution = match i % 4 {
+                0 => Resolution::Delivered,
+                1 => retry(LATER),
+                2 => dead(permanent(&format!("bad {i}"))),
+                _ => Resolution::Released,
+            };
+            s.push(*id, resolution);
+        }
+        let report = settle(&store, c.token, s).await;
+        assert_eq!(report.applied, N as u64);
+        assert!(report.fenced.is_empty(), "{} fenced", report.fenced.len());
+        assert!(report.rejected.is_empty());
+        let per_kind = |k: usize| (0..N).filter(|i| i % 4 == k).count() as u64;
+        let st = stats(&store).await;
+        assert_eq!(st.pending, per_kind(1) + per_kind(3));
+        assert_eq!((st.in_flight, st.dead), (0, per_kind(2)));
+        for i in [0, 1, 2, 3, N - 4, N - 3, N - 2, N - 1] {
+            let want = match i % 4 {
+                0 => RowState::Missing,
+                1 => pending(1, true, Some(ErrorCode::HANDLER_TEMPORARY_FAILURE)),
+                2 => dead_row(ErrorCode::HANDLER_PERMANENT_FAILURE, 1),
+                _ => pending(0, false, None),
+            };
+            assert_eq!(h.snapshot(all[i]).await, want, "event {i}");
+        }
+        let c = claim(&store, req("relay-a", 2000)).await;
+        let released: Vec<EventId> = (0..N).filter(|i| i % 4 == 3).map(|i| all[i]).collect();
+        assert_eq!(ids(&c), released);
+    }
+
+    /// After the leases expired and another relay re-claimed the events, the
+    /// old token's settle (of every kind) changes nothing and reports every
+    /// id fenced; the new owner's settle works.
+    pub async fn settle_with_a_stale_token_changes_nothing<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let all = h.enqueue((0..4).map(ev).collect(), true).await.unwrap();
+        let old = claim(&store, req("relay-a", 10)).await;
+        for id in &all {
+            h.expire_lease(*id).await;
+        }
+        let new = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&new), all);
+
+        let report = settle(
+            &store,
+            old.token,
+            Settlement::new()
+                .with(all[0], Resolution::Delivered)
+                .with(all[1], retry(LATER))
+                .with(all[2], dead(permanent("nope")))
+                .with(all[3], Resolution::Released),
+        )
+        .await;
+        assert_eq!(report.applied, 0);
+        assert_eq!(report.fenced, all);
+        assert!(report.rejected.is_empty());
+        for id in &all {
+            assert_eq!(h.snapshot(*id).await, leased(2, new.token, "relay-b"));
+        }
+        assert_eq!(stats(&store).await.dead, 0);
+        assert!(store
+            .list_dead(&DeadLetterQuery::default())
+            .await
+            .unwrap()
+            .is_empty());
+
+        let report = settle(&store, new.token, delivered(&all)).await;
+        assert_eq!((report.applied, report.fenced.len()), (4, 0));
         for id in &all {
             assert_eq!(h.snapshot(*id).await, RowState::Missing);
         }
-        let s = stats(&store).await;
-        assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
     }
 
-    /// `Retry { delay }` clears the lease, schedules the event at
-    /// `now() + delay` and records the error; several in one call.
-    pub async fn retry_schedules_the_event_and_records_the_error<H: StoreHarness>(h: &H) {
+    /// Settling the same batch twice: the second time every id is fenced and
+    /// nothing changes (no double release, no second dead letter).
+    pub async fn settling_twice_fences_the_second_time<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let all = h.enqueue((0..4).map(ev).collect(), true).await.unwrap();
+        let c = claim(&store, req("relay-a", 10)).await;
+        let s = Settlement::new()
+            .with(all[0], Resolution::Delivered)
+            .with(all[1], retry(Duration::ZERO))
+            .with(all[2], dead(permanent("first")))
+            .with(all[3], Resolution::Released);
+        let first = settle(&store, c.token, s.clone()).await;
+        assert_eq!((first.applied, first.fenced.len()), (4, 0));
+        let states = [
+            RowState::Missing,
+            pending(1, false, Some(ErrorCode::HANDLER_TEMPORARY_FAILURE)),
+            dead_row(ErrorCode::HANDLER_PERMANENT_FAILURE, 1),
+            pending(0, false, None),
+        ];
+        for (id, want) in all.iter().zip(&states) {
+            assert_eq!(&h.snapshot(*id).await, want);
+        }
+
+        let second = settle(&store, c.token, s).await;
+        assert_eq!(second.applied, 0);
+        assert_eq!(second.fenced, all);
+        for (id, want) in all.iter().zip(&states) {
+            assert_eq!(&h.snapshot(*id).await, want, "changed by the second settle");
+        }
+        assert_eq!(stats(&store).await.dead, 1);
+    }
+
+    /// Released gives events back unattempted: lease cleared, attempts as
+    /// before the claim (a retry's counted attempt stays), claimable at once.
+    pub async fn released_events_are_not_attempted<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let id = h.enqueue(vec![ev(0)], true).await.unwrap()[0];
+        let c = claim(&store, req("relay-a", 10)).await;
+        let report = settle(&store, c.token, Settlement::release_all([id])).await;
+        assert_eq!((report.applied, report.fenced.len()), (1, 0));
+        assert_eq!(h.snapshot(id).await, pending(0, false, None));
+
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(c.events[0].attempts, 1);
+        settle(
+            &store,
+            c.token,
+            Settlement::new().with(id, retry(Duration::ZERO)),
+        )
+        .await;
+        let c2 = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(c2.events[0].attempts, 2);
+        settle(&store, c2.token, Settlement::release_all([id])).await;
+        assert_eq!(
+            h.snapshot(id).await,
+            pending(1, false, Some(ErrorCode::HANDLER_TEMPORARY_FAILURE))
+        );
+        let report = settle(&store, c2.token, Settlement::release_all([id])).await;
+        assert_eq!((report.applied, report.fenced), (0, vec![id]));
+        let c3 = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&c3), vec![id]);
+        assert_eq!(c3.events[0].attempts, 2);
+    }
+
+    /// `Retry` clears the lease, schedules the event at `now() + delay` and
+    /// records the error code and message.
+    pub async fn retry_records_last_error_and_next_attempt_at<H: StoreHarness>(h: &H) {
         let store = h.store().await;
         let all = h.enqueue(vec![ev(0), ev(1)], true).await.unwrap();
         let c = claim(&store, req("relay-a", 10)).await;
-        let stranger = EventId::new();
-        let failures = [
-            retry(all[0], LATER),
-            Failure {
-                id: all[1],
-                error: DeliveryError::retryable(ErrorCode::PUBLISH_TIMEOUT, "no ack in 5s"),
-                disposition: Disposition::Retry { delay: LATER },
-            },
-            retry(stranger, LATER),
-        ];
-        let report = store.fail(c.token, &failures).await.unwrap();
-        assert_eq!(report.applied, 2);
-        assert_eq!(report.lost, vec![stranger]);
+        let report = settle(
+            &store,
+            c.token,
+            Settlement::new().with(all[0], retry(LATER)).with(
+                all[1],
+                Resolution::Retry {
+                    delay: LATER,
+                    error: error(ErrorCode::PUBLISH_TIMEOUT, "no ack in 5s"),
+                },
+            ),
+        )
+        .await;
+        assert_eq!((report.applied, report.fenced.len()), (2, 0));
         assert_eq!(
             h.snapshot(all[0]).await,
             pending(1, true, Some(ErrorCode::HANDLER_TEMPORARY_FAILURE))
@@ -464,6 +641,29 @@ pub mod cases {
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (2, 0, 0));
         assert!(claim(&store, req("relay-a", 10)).await.events.is_empty());
+
+        // The message is kept too: visible once the retry is due.
+        let id = h.enqueue(vec![ev(2)], true).await.unwrap()[0];
+        let c = claim(&store, req("relay-a", 10)).await;
+        settle(
+            &store,
+            c.token,
+            Settlement::new().with(
+                id,
+                Resolution::Retry {
+                    delay: Duration::ZERO,
+                    error: error(ErrorCode::PUBLISH_TIMEOUT, "no ack in 7s"),
+                },
+            ),
+        )
+        .await;
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&c), vec![id]);
+        assert_eq!(
+            c.events[0].last_error,
+            Some(error(ErrorCode::PUBLISH_TIMEOUT, "no ack in 7s"))
+        );
+        assert!(c.events[0].next_attempt_at <= c.lease_until);
     }
 
     /// After several retries the relay dead-letters the event: it moves to the
@@ -475,20 +675,17 @@ pub mod cases {
             let c = claim(&store, req("relay-a", 10)).await;
             assert_eq!(ids(&c), vec![id]);
             assert_eq!(c.events[0].attempts, attempt);
-            let failure = if attempt < 3 {
-                retry(id, Duration::ZERO)
+            let resolution = if attempt < 3 {
+                retry(Duration::ZERO)
             } else {
-                dead(id, temporary("still down after 3 attempts"))
+                dead(temporary("still down after 3 attempts"))
             };
-            let report = store.fail(c.token, &[failure]).await.unwrap();
+            let report = settle(&store, c.token, Settlement::new().with(id, resolution)).await;
             assert_eq!(report.applied, 1);
         }
         assert_eq!(
             h.snapshot(id).await,
-            RowState::Dead {
-                code: ErrorCode::HANDLER_TEMPORARY_FAILURE,
-                attempts: 3
-            }
+            dead_row(ErrorCode::HANDLER_TEMPORARY_FAILURE, 3)
         );
         let listed = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
         assert_eq!(listed.len(), 1);
@@ -503,30 +700,90 @@ pub mod cases {
         assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 1));
     }
 
+    /// The same event enqueued again after it was dead-lettered, and dead
+    /// again: the settle does not fail; the newer failure replaces the old
+    /// dead letter, the id is reported in `rejected` with a reason, and the
+    /// rest of the batch settles.
+    pub async fn dead_letter_id_conflict_settles_the_rest_of_the_batch<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let event = ev(0);
+        let id = h.enqueue(vec![event.clone()], true).await.unwrap()[0];
+        let c = claim(&store, req("relay-a", 10)).await;
+        settle(
+            &store,
+            c.token,
+            Settlement::new().with(id, dead(permanent("first death"))),
+        )
+        .await;
+        assert_eq!(
+            h.snapshot(id).await,
+            dead_row(ErrorCode::HANDLER_PERMANENT_FAILURE, 1)
+        );
+
+        let all = h.enqueue(vec![ev(1), event, ev(2)], true).await.unwrap();
+        assert_eq!(all[1], id);
+        let (a, b) = (all[0], all[2]);
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&c), all);
+        let report = settle(
+            &store,
+            c.token,
+            Settlement::new()
+                .with(a, Resolution::Delivered)
+                .with(
+                    id,
+                    dead(error(ErrorCode::HANDLER_NOT_REGISTERED, "second death")),
+                )
+                .with(b, retry(LATER)),
+        )
+        .await;
+        assert!(report.fenced.is_empty(), "{:?}", report.fenced);
+        assert_eq!(report.applied, 3);
+        let rejected: Vec<EventId> = report.rejected.iter().map(|r| r.id).collect();
+        assert_eq!(rejected, vec![id]);
+        assert!(!report.rejected[0].reason.is_empty());
+
+        assert_eq!(h.snapshot(a).await, RowState::Missing);
+        assert_eq!(
+            h.snapshot(b).await,
+            pending(1, true, Some(ErrorCode::HANDLER_TEMPORARY_FAILURE))
+        );
+        assert_eq!(
+            h.snapshot(id).await,
+            dead_row(ErrorCode::HANDLER_NOT_REGISTERED, 1)
+        );
+        let listed = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].event.id, id);
+        assert_eq!(listed[0].error.message, "second death");
+        let s = stats(&store).await;
+        assert_eq!((s.pending, s.in_flight, s.dead), (1, 0, 1));
+    }
+
     /// Dead letters: keyset listing with a code filter, retry back to pending
     /// (attempts 0, last error kept), purge.
     pub async fn dead_letters_can_be_listed_retried_and_purged<H: StoreHarness>(h: &H) {
         let store = h.store().await;
         let all = h.enqueue((0..4).map(ev).collect(), true).await.unwrap();
         let c = claim(&store, req("relay-a", 10)).await;
-        let not_registered = DeliveryError::permanent(
+        let not_registered = error(
             ErrorCode::HANDLER_NOT_REGISTERED,
             "no handler for test.event",
         );
-        let failures = [
-            dead(all[0], permanent("bad payload")),
-            dead(all[1], not_registered.clone()),
-            dead(all[2], permanent("bad payload")),
-        ];
-        let report = store.fail(c.token, &failures).await.unwrap();
-        assert_eq!(report.applied, 3);
-        store.complete(c.token, &all[3..]).await.unwrap();
+        let report = settle(
+            &store,
+            c.token,
+            Settlement::new()
+                .with(all[0], dead(permanent("bad payload")))
+                .with(all[1], dead(not_registered))
+                .with(all[2], dead(permanent("bad payload")))
+                .with(all[3], Resolution::Delivered),
+        )
+        .await;
+        assert_eq!(report.applied, 4);
         assert_eq!(
             h.snapshot(all[1]).await,
-            RowState::Dead {
-                code: ErrorCode::HANDLER_NOT_REGISTERED,
-                attempts: 1
-            }
+            dead_row(ErrorCode::HANDLER_NOT_REGISTERED, 1)
         );
 
         let list = |code: Option<ErrorCode>, limit: u32, after: Option<EventId>| {
@@ -570,7 +827,7 @@ pub mod cases {
             c.events[0].last_error.as_ref().map(|e| e.code.clone()),
             Some(ErrorCode::HANDLER_PERMANENT_FAILURE)
         );
-        store.complete(c.token, &[all[0]]).await.unwrap();
+        settle(&store, c.token, delivered(&[all[0]])).await;
 
         // Purge one, then retry all the rest, then purge all.
         assert_eq!(store.purge_dead(Some(&[all[1]])).await.unwrap(), 1);
@@ -581,15 +838,122 @@ pub mod cases {
             pending(0, false, Some(ErrorCode::HANDLER_PERMANENT_FAILURE))
         );
         let c = claim(&store, req("relay-a", 10)).await;
-        store
-            .fail(c.token, &[dead(all[2], permanent("again"))])
-            .await
-            .unwrap();
+        settle(
+            &store,
+            c.token,
+            Settlement::new().with(all[2], dead(permanent("again"))),
+        )
+        .await;
         assert_eq!(store.purge_dead(None).await.unwrap(), 1);
         assert_eq!(h.snapshot(all[2]).await, RowState::Missing);
         assert!(list(None, 100, None).await.is_empty());
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
+    }
+
+    /// A row the store cannot decode is dead-lettered by the claim with
+    /// `UNDECODABLE` and a reason, left out of the claim (never left leased),
+    /// and the events around it are claimed and settle normally.
+    pub async fn undecodable_row_is_dead_lettered_and_left_out_of_the_claim<H: StoreHarness>(
+        h: &H,
+    ) {
+        let store = h.store().await;
+        let before = h.enqueue(vec![ev(0)], true).await.unwrap()[0];
+        let bad = h.insert_undecodable().await;
+        let after = h.enqueue(vec![ev(1)], true).await.unwrap()[0];
+
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&c), vec![before, after]);
+        assert!(
+            matches!(h.snapshot(bad).await, RowState::Dead { code, .. } if code == ErrorCode::UNDECODABLE),
+            "{:?}",
+            h.snapshot(bad).await
+        );
+        let s = stats(&store).await;
+        assert_eq!((s.pending, s.in_flight, s.dead), (0, 2, 1));
+        assert!(claim(&store, req("relay-b", 10)).await.events.is_empty());
+
+        let report = settle(&store, c.token, delivered(&[before, after])).await;
+        assert_eq!((report.applied, report.fenced.len()), (2, 0));
+
+        // It stays queryable, with the decoding error as the reason.
+        let listed = store
+            .list_dead(&DeadLetterQuery {
+                code: Some(ErrorCode::UNDECODABLE),
+                ..DeadLetterQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].event.id, bad);
+        assert_eq!(listed[0].error.code, ErrorCode::UNDECODABLE);
+        assert!(!listed[0].error.message.is_empty());
+    }
+
+    /// Renew extends every lease the token still holds to `now() + lease`:
+    /// a lease that had run out is current again and not claimable by
+    /// another relay; other claims' leases are untouched.
+    pub async fn renew_extends_the_lease<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let mine = h.enqueue(vec![ev(0), ev(1)], true).await.unwrap();
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&c), mine);
+        let theirs = h.enqueue(vec![ev(2)], true).await.unwrap()[0];
+        let other = claim(&store, req("relay-c", 10)).await;
+        assert_eq!(ids(&other), vec![theirs]);
+        for id in mine.iter().chain([&theirs]) {
+            h.expire_lease(*id).await;
+        }
+
+        assert_eq!(store.renew(c.token, LONG_LEASE).await.unwrap(), 2);
+        for id in &mine {
+            assert_eq!(h.snapshot(*id).await, leased(1, c.token, "relay-a"));
+        }
+        assert_eq!(
+            h.snapshot(theirs).await,
+            RowState::Leased {
+                attempts: 1,
+                token: other.token,
+                locked_by: "relay-c".into(),
+                lease_expired: true
+            }
+        );
+        let b = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&b), vec![theirs], "a renewed lease was claimed");
+
+        let report = settle(&store, c.token, delivered(&mine)).await;
+        assert_eq!((report.applied, report.fenced.len()), (2, 0));
+        assert_eq!(store.renew(c.token, LONG_LEASE).await.unwrap(), 0);
+    }
+
+    /// Renew with a token whose events were re-claimed by another relay
+    /// returns 0 and leaves the new owner's lease alone.
+    pub async fn renew_with_a_stale_token_returns_zero<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let id = h.enqueue(vec![ev(0)], true).await.unwrap()[0];
+        let old = claim(&store, req("relay-a", 10)).await;
+        h.expire_lease(id).await;
+        let new = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&new), vec![id]);
+        h.expire_lease(id).await;
+
+        assert_eq!(store.renew(old.token, LONG_LEASE).await.unwrap(), 0);
+        assert_eq!(
+            h.snapshot(id).await,
+            RowState::Leased {
+                attempts: 2,
+                token: new.token,
+                locked_by: "relay-b".into(),
+                lease_expired: true
+            },
+            "a stale renew touched the new owner's lease"
+        );
+        assert_eq!(
+            store.renew(FencingToken::new(), LONG_LEASE).await.unwrap(),
+            0
+        );
+        assert_eq!(store.renew(new.token, LONG_LEASE).await.unwrap(), 1);
+        assert_eq!(h.snapshot(id).await, leased(2, new.token, "relay-b"));
     }
 
     /// An event enqueued in a rolled-back transaction never appears.
@@ -680,48 +1044,65 @@ pub mod cases {
         assert_eq!(h.snapshot(m2).await, pending(0, false, None));
 
         // k1 waits for a retry an hour away: k2 still waits.
-        store.fail(first.token, &[retry(k1, LATER)]).await.unwrap();
+        settle(
+            &store,
+            first.token,
+            Settlement::new().with(k1, retry(LATER)),
+        )
+        .await;
         assert!(claim(&store, req("relay-b", 10)).await.events.is_empty());
         assert_eq!(h.snapshot(k2).await, pending(0, false, None));
 
         // m1 dead-lettered: it left the table, m2 flows.
-        store
-            .fail(first.token, &[dead(m1, permanent("bad"))])
-            .await
-            .unwrap();
+        settle(
+            &store,
+            first.token,
+            Settlement::new().with(m1, dead(permanent("bad"))),
+        )
+        .await;
         let c = claim(&store, req("relay-b", 10)).await;
         assert_eq!(ids(&c), vec![m2]);
         assert_eq!(h.snapshot(k2).await, pending(0, false, None));
     }
 
-    /// Release gives events back unattempted: lease cleared, attempts as
-    /// before the claim, claimable again at once.
-    pub async fn release_returns_events_unattempted<H: StoreHarness>(h: &H) {
+    /// Per-key order is commit order, not id order: an event whose id is
+    /// smaller (built first) but whose transaction commits later is claimed
+    /// after the earlier commit, and waits behind it while it is leased.
+    pub async fn per_key_order_is_commit_order_not_id_order<H: StoreHarness>(h: &H) {
         let store = h.store().await;
-        let id = h.enqueue(vec![ev(0)], true).await.unwrap()[0];
-        let c = claim(&store, req("relay-a", 10)).await;
-        let report = store.release(c.token, &[id]).await.unwrap();
-        assert_eq!((report.applied, report.lost.len()), (1, 0));
-        assert_eq!(h.snapshot(id).await, pending(0, false, None));
-
-        let c = claim(&store, req("relay-a", 10)).await;
-        assert_eq!(c.events[0].attempts, 1);
-        store
-            .fail(c.token, &[retry(id, Duration::ZERO)])
+        let built_first = keyed("k", 0);
+        let built_second = keyed("k", 1);
+        let loose_first = ev(2);
+        let loose_second = ev(3);
+        assert!(built_first.id() < built_second.id());
+        assert!(loose_first.id() < loose_second.id());
+        let committed_first = h
+            .enqueue(vec![built_second, loose_second], true)
             .await
             .unwrap();
-        let c2 = claim(&store, req("relay-a", 10)).await;
-        assert_eq!(c2.events[0].attempts, 2);
-        store.release(c2.token, &[id]).await.unwrap();
-        assert_eq!(
-            h.snapshot(id).await,
-            pending(1, false, Some(ErrorCode::HANDLER_TEMPORARY_FAILURE))
-        );
-        let report = store.release(c2.token, &[id]).await.unwrap();
-        assert_eq!((report.applied, report.lost), (0, vec![id]));
-        let c3 = claim(&store, req("relay-b", 10)).await;
-        assert_eq!(ids(&c3), vec![id]);
-        assert_eq!(c3.events[0].attempts, 2);
+        let committed_last = h
+            .enqueue(vec![built_first, loose_first], true)
+            .await
+            .unwrap();
+
+        let all = claim(&store, req("relay-a", 10)).await;
+        let want: Vec<EventId> = committed_first
+            .iter()
+            .chain(&committed_last)
+            .copied()
+            .collect();
+        assert_eq!(ids(&all), want, "claims follow commit order");
+        settle(&store, all.token, Settlement::release_all(want.clone())).await;
+
+        // The earlier commit of k, leased, holds back the later one.
+        let head = claim(&store, req("relay-a", 1)).await;
+        assert_eq!(ids(&head), vec![committed_first[0]]);
+        let rest = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&rest), vec![committed_first[1], committed_last[1]]);
+        assert_eq!(h.snapshot(committed_last[0]).await, pending(0, false, None));
+        settle(&store, head.token, delivered(&ids(&head))).await;
+        let tail = claim(&store, req("relay-b", 10)).await;
+        assert_eq!(ids(&tail), vec![committed_last[0]]);
     }
 
     /// Stats count pending (including expired leases and scheduled retries),
@@ -736,13 +1117,14 @@ pub mod cases {
         assert!(s.oldest_pending_age.is_some());
 
         let c = claim(&store, req("relay-a", 3)).await;
-        store
-            .fail(
-                c.token,
-                &[dead(all[0], permanent("x")), retry(all[1], LATER)],
-            )
-            .await
-            .unwrap();
+        settle(
+            &store,
+            c.token,
+            Settlement::new()
+                .with(all[0], dead(permanent("x")))
+                .with(all[1], retry(LATER)),
+        )
+        .await;
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (3, 1, 1));
         assert!(s.oldest_pending_age.is_some());
@@ -753,7 +1135,7 @@ pub mod cases {
 
         let c = claim(&store, req("relay-a", 10)).await;
         assert_eq!(ids(&c), vec![all[2], all[3], all[4]]);
-        store.complete(c.token, &ids(&c)).await.unwrap();
+        settle(&store, c.token, delivered(&ids(&c))).await;
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (1, 0, 1));
         store.purge_dead(None).await.unwrap();

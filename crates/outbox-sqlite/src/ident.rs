@@ -1,0 +1,172 @@
+//! Validated SQL identifiers for the outbox table name.
+
+use std::fmt;
+use thiserror::Error;
+
+/// The longest table name accepted (the same bound as `outbox-postgres`, so
+/// one name works on both stores).
+pub const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// A table name that is safe to put in SQL: it matches
+/// `[A-Za-z_][A-Za-z0-9_]*`, is at most [`MAX_IDENTIFIER_BYTES`] long and
+/// does not start with `sqlite_` (reserved by SQLite).
+///
+/// The store always writes it double-quoted (`"My_Table"`); because the
+/// character set excludes quotes, the quoted form can never break out of the
+/// identifier, and SQL keywords (`order`, `select`) are fine.
+///
+/// ```
+/// use outbox_sqlite::Ident;
+/// assert_eq!(Ident::new("outbox_events").unwrap().quoted(), "\"outbox_events\"");
+/// assert!(Ident::new("x\"; DROP TABLE y; --").is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Ident(String);
+
+/// Why a table name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidIdentifier {
+    /// The name was empty.
+    #[error("SQL identifier must not be empty")]
+    Empty,
+    /// The name was longer than [`MAX_IDENTIFIER_BYTES`].
+    #[error("SQL identifier {name:?} is {len} bytes long, above the maximum of {MAX_IDENTIFIER_BYTES} bytes")]
+    TooLong {
+        /// The refused name.
+        name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name had a character outside `[A-Za-z0-9_]`, or began with a digit.
+    #[error("SQL identifier {0:?} is not allowed: use only ASCII letters, digits and '_', not starting with a digit")]
+    InvalidCharacters(String),
+    /// The name starts with `sqlite_`, a prefix SQLite reserves for itself.
+    #[error("SQL identifier {0:?} is not allowed: names starting with \"sqlite_\" are reserved by SQLite")]
+    Reserved(String),
+}
+
+impl Ident {
+    /// Validates `name`.
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidIdentifier> {
+        let name = name.into();
+        let mut bytes = name.bytes();
+        let Some(first) = bytes.next() else {
+            return Err(InvalidIdentifier::Empty);
+        };
+        if !(first.is_ascii_alphabetic() || first == b'_')
+            || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        {
+            return Err(InvalidIdentifier::InvalidCharacters(name));
+        }
+        if name.len() > MAX_IDENTIFIER_BYTES {
+            let len = name.len();
+            return Err(InvalidIdentifier::TooLong { name, len });
+        }
+        if name
+            .get(..7)
+            .is_some_and(|p| p.eq_ignore_ascii_case("sqlite_"))
+        {
+            return Err(InvalidIdentifier::Reserved(name));
+        }
+        Ok(Self(name))
+    }
+
+    /// A name known to be valid (crate constants only).
+    pub(crate) fn from_static(name: &'static str) -> Self {
+        debug_assert!(Self::new(name).is_ok(), "{name}");
+        Self(name.to_owned())
+    }
+
+    /// The name as given.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The double-quoted form used in SQL.
+    pub fn quoted(&self) -> String {
+        format!("\"{}\"", self.0)
+    }
+
+    /// `self` followed by `suffix`, validated again.
+    pub(crate) fn with_suffix(&self, suffix: &str) -> Result<Self, InvalidIdentifier> {
+        Self::new(format!("{}{suffix}", self.0))
+    }
+}
+
+impl fmt::Debug for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Ident({})", self.0)
+    }
+}
+
+impl fmt::Display for Ident {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for Ident {
+    type Err = InvalidIdentifier;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<&str> for Ident {
+    type Error = InvalidIdentifier;
+    fn try_from(s: &str) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for Ident {
+    type Error = InvalidIdentifier;
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        Self::new(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_plain_names() {
+        for ok in ["outbox_events", "_x", "Events_2", "order", &"a".repeat(63)] {
+            assert_eq!(Ident::new(ok).unwrap().as_str(), ok);
+        }
+        assert_eq!(Ident::new("MyTable").unwrap().quoted(), "\"MyTable\"");
+    }
+
+    #[test]
+    fn rejects_hostile_reserved_and_odd_names() {
+        for bad in [
+            "x\"; DROP TABLE y; --",
+            "a b",
+            "1abc",
+            "main.table",
+            "tab\u{e9}",
+            "a-b",
+            "a\"b",
+            "a\0b",
+            "[x]",
+        ] {
+            assert_eq!(
+                Ident::new(bad),
+                Err(InvalidIdentifier::InvalidCharacters(bad.to_owned())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(Ident::new(""), Err(InvalidIdentifier::Empty));
+        assert!(matches!(
+            Ident::new("a".repeat(64)),
+            Err(InvalidIdentifier::TooLong { len: 64, .. })
+        ));
+        assert_eq!(
+            Ident::new("SQLite_master"),
+            Err(InvalidIdentifier::Reserved("SQLite_master".into()))
+        );
+        assert!(Ident::new("sqlite").is_ok());
+    }
+}
