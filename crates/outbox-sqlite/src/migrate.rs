@@ -11,7 +11,7 @@
 use crate::names::Names;
 use crate::MigrateError;
 use chrono::{DateTime, Utc};
-use sqlx::{Connection, Row, SqliteConnection};
+use sqlx::{Connection, Executor, Row, SqliteConnection};
 
 /// The table that records applied migrations of the default outbox:
 /// `outbox_schema_migrations(version, name, checksum, applied_at)`. (An
@@ -120,11 +120,18 @@ pub(crate) async fn run(
         }
         applied.push(version);
     }
+    // Collected first: an iterator adapter with a closure held across the
+    // awaits below makes the future not `Send` (a rustc limitation).
+    let pending: Vec<&'static Migration> = MIGRATIONS
+        .iter()
+        .filter(|m| !applied.contains(&m.version))
+        .collect();
     let mut newly = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| !applied.contains(&m.version)) {
+    for m in pending {
         let sql = m.render(names);
-        sqlx::raw_sql(&sql)
-            .execute(&mut *tx)
+        // `Executor::execute` with a plain string runs every statement of
+        // it (`sqlx::raw_sql` would too, but its future is not `Send`).
+        tx.execute(sql.as_str())
             .await
             .map_err(|source| MigrateError::Failed {
                 version: m.version,

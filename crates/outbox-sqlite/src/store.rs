@@ -145,6 +145,14 @@ impl SqliteStore {
     /// [`StoreError::Open`] naming the path.
     pub async fn connect(options: impl Into<SqliteStoreOptions>) -> Result<Self, StoreError> {
         let options = options.into();
+        let url = options.url.trim();
+        if let Some((scheme, _)) = url.split_once("://") {
+            if !scheme.eq_ignore_ascii_case("sqlite") {
+                return Err(StoreError::InvalidUrl(format!(
+                    "a {scheme}:// URL is not a SQLite database; use sqlite://PATH"
+                )));
+            }
+        }
         let connect = SqliteConnectOptions::from_str(&options.url)
             .map_err(|e| StoreError::InvalidUrl(crate::error::Cause(&e).to_string()))?;
         Self::open(connect, options).await
