@@ -1,6 +1,7 @@
 //! Connection and publishing options.
 
 use crate::NatsError;
+use outbox_broker::ConnectPolicy;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -66,10 +67,14 @@ pub struct NatsTls {
 /// | servers | `nats://127.0.0.1:4222` |
 /// | subject | `prefix.topic` (no prefix: the topic itself), or an explicit mapping |
 /// | `max_in_flight` | 256 un-acknowledged publishes per batch |
-/// | `ack_timeout` | 5 s (then `PUBLISH_TIMEOUT`, retryable: maybe delivered) |
+/// | `ack_timeout` | 5 s (then `PUBLISH_TIMEOUT`: the sink is unavailable, maybe delivered) |
 /// | `connect_timeout` | 5 s per attempt |
 /// | `connect_attempts` | 5 (exponential backoff, jittered) |
 /// | `reconnect_delay_max` | 4 s between reconnect attempts |
+///
+/// Connecting and reconnecting follow one [`ConnectPolicy`] (the same type
+/// every outbox publisher uses); the three `connect`/`reconnect` options
+/// above are its fields.
 /// | no stream for the subject | permanent `PUBLISH_UNROUTABLE` |
 #[derive(Clone)]
 pub struct NatsConfig {
@@ -80,9 +85,7 @@ pub struct NatsConfig {
     pub(crate) subject_map: BTreeMap<String, String>,
     pub(crate) max_in_flight: usize,
     pub(crate) ack_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) connect_attempts: usize,
-    pub(crate) reconnect_delay_max: Duration,
+    pub(crate) connect: ConnectPolicy,
     pub(crate) unroutable_retryable: bool,
     pub(crate) client_name: Option<String>,
     pub(crate) ignore_discovered_servers: bool,
@@ -98,9 +101,10 @@ impl Default for NatsConfig {
             subject_map: BTreeMap::new(),
             max_in_flight: 256,
             ack_timeout: Duration::from_secs(5),
-            connect_timeout: Duration::from_secs(5),
-            connect_attempts: 5,
-            reconnect_delay_max: Duration::from_secs(4),
+            connect: ConnectPolicy::default()
+                .with_attempts(5)
+                .with_timeout(Duration::from_secs(5))
+                .with_delays(Duration::from_millis(100), Duration::from_secs(4)),
             unroutable_retryable: false,
             client_name: Some("outbox-relay".to_owned()),
             ignore_discovered_servers: false,
@@ -125,9 +129,7 @@ impl fmt::Debug for NatsConfig {
             .field("subject_map", &self.subject_map)
             .field("max_in_flight", &self.max_in_flight)
             .field("ack_timeout", &self.ack_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("connect_attempts", &self.connect_attempts)
-            .field("reconnect_delay_max", &self.reconnect_delay_max)
+            .field("connect", &self.connect)
             .field("unroutable_retryable", &self.unroutable_retryable)
             .field("client_name", &self.client_name)
             .field("ignore_discovered_servers", &self.ignore_discovered_servers)
@@ -242,20 +244,31 @@ impl NatsConfig {
 
     /// Timeout of one connection attempt.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.connect = self.connect.with_timeout(timeout);
         self
     }
 
     /// Attempts for the initial connection (minimum 1), with exponential backoff.
     pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
-        self.connect_attempts = attempts.max(1);
+        self.connect = self.connect.with_attempts(attempts);
         self
     }
 
     /// Longest delay between two reconnect attempts after the connection is lost.
     pub fn with_reconnect_delay_max(mut self, delay: Duration) -> Self {
-        self.reconnect_delay_max = delay;
+        self.connect = self.connect.with_delays(self.connect.min_delay, delay);
         self
+    }
+
+    /// The whole connect / reconnect policy at once.
+    pub fn with_connect_policy(mut self, policy: ConnectPolicy) -> Self {
+        self.connect = policy;
+        self
+    }
+
+    /// The connect / reconnect policy.
+    pub fn connect_policy(&self) -> ConnectPolicy {
+        self.connect
     }
 
     /// Reports "no stream bound to the subject" as retryable instead of
@@ -328,12 +341,13 @@ impl NatsConfig {
         if self.ignore_discovered_servers {
             o = o.ignore_discovered_servers();
         }
-        let max = self.reconnect_delay_max;
+        let policy = self.connect;
         o = o
-            .connection_timeout(self.connect_timeout)
+            .connection_timeout(policy.timeout)
+            // async-nats counts the attempt about to be made (1 = the
+            // first, no delay before it).
             .reconnect_delay_callback(move |attempts| {
-                let exp = attempts.min(16) as u32;
-                Duration::from_millis(50u64.saturating_mul(1u64 << exp)).min(max)
+                policy.delay(u32::try_from(attempts.saturating_sub(1)).unwrap_or(u32::MAX))
             });
         Ok(o)
     }

@@ -5,13 +5,11 @@ use async_nats::connection::State;
 use async_nats::jetstream::context::{Publish, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
-use backon::{ExponentialBuilder, Retryable};
-use futures::future::{self, BoxFuture};
-use futures::stream::{FuturesOrdered, StreamExt};
-use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
+use futures::future::{BoxFuture, FutureExt};
+use outbox_broker::{SendWindow, Sent};
+use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, Outcome, Sink};
 use std::fmt;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 /// Header carrying the event type.
 pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
@@ -22,7 +20,7 @@ pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
 /// JetStream's deduplication header.
 pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
 /// Content type: the event's `content-type` header, else `application/octet-stream`.
-pub const HEADER_CONTENT_TYPE: &str = "Content-Type";
+pub const HEADER_CONTENT_TYPE: &str = outbox_core::headers::CONTENT_TYPE;
 
 /// Publishes outbox events to NATS JetStream and reports an event
 /// `Delivered` only once its PubAck arrived. Cheap to clone.
@@ -31,6 +29,7 @@ pub struct NatsPublisher {
     client: async_nats::Client,
     js: jetstream::Context,
     config: Arc<NatsConfig>,
+    last_error: Arc<Mutex<Option<String>>>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -45,37 +44,59 @@ impl fmt::Debug for NatsPublisher {
 
 impl NatsPublisher {
     /// Connects with the configured options, retrying the initial connection
-    /// (exponential backoff, `connect_attempts` times) while the error is
-    /// retryable. Later reconnects are done by the client on its own.
+    /// with the config's [`ConnectPolicy`](outbox_broker::ConnectPolicy)
+    /// while the error is retryable. Later reconnects are done by the client
+    /// on its own, spaced by the same policy.
     pub async fn connect(config: NatsConfig) -> Result<Self, NatsError> {
+        Self::open(config, false).await
+    }
+
+    /// A publisher whose client connects in the background (and keeps
+    /// trying): it returns at once, even when no server is reachable. Until
+    /// the connection is up every event of a batch fails as sink
+    /// unavailable, with the last connection error in its message.
+    pub async fn lazy(config: NatsConfig) -> Result<Self, NatsError> {
+        Self::open(config, true).await
+    }
+
+    async fn open(config: NatsConfig, lazy: bool) -> Result<Self, NatsError> {
         let servers: Vec<async_nats::ServerAddr> = config
             .servers
             .iter()
             .map(|s| s.parse())
             .collect::<Result<_, _>>()
             .map_err(|e: std::io::Error| NatsError::InvalidConfig(e.kind().to_string()))?;
+        let last_error = Arc::new(Mutex::new(None));
+        let policy = config.connect;
         let attempt = || async {
-            let options = config.connect_options().await?;
+            let mut options = config.connect_options().await?;
+            if lazy {
+                options = options.retry_on_initial_connect();
+            }
+            let last = last_error.clone();
             options
+                .event_callback(move |event| {
+                    let last = last.clone();
+                    async move { record_event(&last, event) }
+                })
                 .connect(servers.clone())
                 .await
                 .map_err(NatsError::from)
         };
-        let client = attempt
-            .retry(
-                ExponentialBuilder::default()
-                    .with_min_delay(Duration::from_millis(100))
-                    .with_max_delay(Duration::from_secs(5))
-                    .with_max_times(config.connect_attempts.saturating_sub(1))
-                    .with_jitter(),
-            )
-            .when(NatsError::is_retryable)
-            .notify(|e, delay| {
-                tracing::warn!(error = %e, ?delay, "NATS connection failed; retrying");
+        let client = policy
+            .connect("nats", attempt, NatsError::is_retryable, || {
+                NatsError::Connect {
+                    kind: async_nats::ConnectErrorKind::TimedOut,
+                    message: format!("no connection within {:?}", policy.timeout),
+                }
             })
             .await?;
-        tracing::info!(servers = ?config.servers_redacted(), "connected to NATS");
-        Ok(Self::from_client(client, config))
+        if !lazy {
+            tracing::info!(servers = ?config.servers_redacted(), "connected to NATS");
+        }
+        let mut publisher = Self::from_client(client, config);
+        publisher.last_error = last_error;
+        Ok(publisher)
     }
 
     /// Uses an already connected client.
@@ -86,6 +107,7 @@ impl NatsPublisher {
             client,
             js,
             config: Arc::new(config),
+            last_error: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -137,79 +159,85 @@ impl NatsPublisher {
         Ok(info)
     }
 
-    /// Publishes a batch (same as [`Sink::deliver`]).
+    /// Publishes a batch: the same as [`Sink::deliver`].
+    #[deprecated(note = "use `Sink::deliver`, the one send verb of every outbox publisher")]
     pub async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.send_batch(events).await
+    }
+
+    async fn send_batch(&self, events: &[Event]) -> Vec<Outcome> {
         if events.is_empty() {
             return Vec::new();
         }
-        if self.client.connection_state() != State::Connected {
-            tracing::warn!(
-                batch = events.len(),
-                "NATS connection is down; batch not sent"
-            );
-            let e = DeliveryError::retryable(
-                ErrorCode::PUBLISH_CONNECTION_LOST,
-                "not connected to NATS (reconnecting)",
-            );
+        let state = self.client.connection_state();
+        if state != State::Connected {
+            let last = self
+                .last_error
+                .lock()
+                .map(|l| l.clone())
+                .unwrap_or_default();
+            let message = match last {
+                Some(last) => {
+                    format!("not connected to NATS ({state}); last connection error: {last}")
+                }
+                None => format!("not connected to NATS ({state})"),
+            };
+            tracing::warn!(batch = events.len(), %message, "NATS batch not sent");
+            let e = DeliveryError::unavailable(ErrorCode::PUBLISH_CONNECTION_LOST, message);
             return vec![Outcome::Failed(e); events.len()];
         }
         let max_payload = self.client.server_info().max_payload;
-        let window = self.config.max_in_flight;
-        let mut outcomes = Vec::with_capacity(events.len());
-        let mut pending: FuturesOrdered<BoxFuture<'static, Outcome>> = FuturesOrdered::new();
-        for event in events {
-            while pending.len() >= window {
-                if let Some(o) = pending.next().await {
-                    outcomes.push(o);
-                }
-            }
-            pending.push_back(self.send_one(event, max_payload).await);
-        }
-        while let Some(o) = pending.next().await {
-            outcomes.push(o);
-        }
-        outcomes
+        SendWindow::new(self.config.max_in_flight)
+            .run(events, |event| self.send_one(event, max_payload))
+            .await
     }
 
-    /// Sends one event and returns the future of its outcome (already
-    /// resolved when it could not be sent).
-    async fn send_one(&self, event: &Event, max_payload: usize) -> BoxFuture<'static, Outcome> {
+    /// Sends one event; the ack future is returned to the window.
+    async fn send_one(
+        &self,
+        event: &Event,
+        max_payload: usize,
+    ) -> Sent<Outcome, BoxFuture<'static, Outcome>> {
         let subject = self.config.subject_for(&event.topic);
         if !valid_publish_subject(&subject) {
-            return done(DeliveryError::permanent(
+            return Sent::Done(Outcome::Failed(DeliveryError::permanent(
                 ErrorCode::PUBLISH_INVALID,
                 format!("{subject:?} is not a valid NATS subject to publish to"),
-            ));
+            )));
         }
-        let headers = headers_for(event);
+        let message = BrokerMessage::new(event);
+        let headers = headers_for(&message);
         let size = event.payload.len() + header_bytes(&headers);
         if max_payload > 0 && size > max_payload {
-            return done(DeliveryError::permanent(
+            return Sent::Done(Outcome::Failed(DeliveryError::permanent(
                 ErrorCode::PUBLISH_TOO_LARGE,
                 format!("message is {size} bytes (payload + headers), above the server's max_payload of {max_payload}"),
-            ));
+            )));
         }
         let publish = Publish::build()
             .payload(event.payload.clone().into())
             .headers(headers)
-            .message_id(event.id.to_string());
+            .message_id(message.dedup_id());
         let unroutable_retryable = self.config.unroutable_retryable;
         let id = event.id;
         match self.js.send_publish(subject.clone(), publish).await {
-            Ok(ack) => Box::pin(async move {
-                match ack.await {
-                    Ok(_) => Outcome::Delivered,
-                    Err(e) => {
-                        let err = classify(&e, &subject, unroutable_retryable);
-                        tracing::warn!(event_id = %id, code = %err.code(), error = %err.message(), "NATS publish failed");
-                        Outcome::Failed(err)
+            Ok(ack) => Sent::InFlight(
+                async move {
+                    match ack.await {
+                        Ok(_) => Outcome::Delivered,
+                        Err(e) => {
+                            let err = classify(&e, &subject, unroutable_retryable);
+                            tracing::warn!(event_id = %id, code = %err.code(), error = %err.message(), "NATS publish failed");
+                            Outcome::Failed(err)
+                        }
                     }
                 }
-            }),
+                .boxed(),
+            ),
             Err(e) => {
                 let err = classify(&e, &subject, unroutable_retryable);
                 tracing::warn!(event_id = %id, code = %err.code(), error = %err.message(), "NATS publish not sent");
-                done(err)
+                Sent::Done(Outcome::Failed(err))
             }
         }
     }
@@ -217,31 +245,35 @@ impl NatsPublisher {
 
 impl Sink for NatsPublisher {
     fn deliver(&self, events: &[Event]) -> impl std::future::Future<Output = Vec<Outcome>> + Send {
-        self.publish(events)
+        self.send_batch(events)
     }
 }
 
-fn done(e: DeliveryError) -> BoxFuture<'static, Outcome> {
-    Box::pin(future::ready(Outcome::Failed(e)))
+/// Keeps the last connection error (cleared on connect) for the message of
+/// "not connected" outcomes, and logs the client's events.
+fn record_event(last: &Mutex<Option<String>>, event: async_nats::Event) {
+    match &event {
+        async_nats::Event::Connected => {
+            tracing::info!("NATS connection (re)established");
+            if let Ok(mut l) = last.lock() {
+                *l = None;
+            }
+        }
+        async_nats::Event::ClientError(e) => {
+            tracing::warn!(error = %e, "NATS connection error");
+            if let Ok(mut l) = last.lock() {
+                *l = Some(e.to_string());
+            }
+        }
+        other => tracing::info!(event = %other, "NATS client event"),
+    }
 }
 
-/// The NATS headers of `event`: its own headers, then ours (which win).
-fn headers_for(event: &Event) -> HeaderMap {
+/// The NATS headers of a message: [`BrokerMessage::headers`], as is.
+fn headers_for(message: &BrokerMessage<'_>) -> HeaderMap {
     let mut h = HeaderMap::new();
-    for (name, value) in &event.headers {
-        h.insert(name.as_str(), value.as_str());
-    }
-    let content_type = event
-        .headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("application/octet-stream");
-    h.insert(HEADER_CONTENT_TYPE, content_type);
-    h.insert(HEADER_EVENT_TYPE, event.event_type.as_str());
-    h.insert(HEADER_EVENT_ID, event.id.to_string());
-    if let Some(key) = &event.key {
-        h.insert(HEADER_KEY, key.as_str());
+    for (name, value) in message.headers() {
+        h.insert(name, value);
     }
     h
 }
@@ -265,14 +297,36 @@ fn valid_publish_subject(s: &str) -> bool {
             .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
 }
 
-/// Maps an async-nats publish error to a classified delivery error.
+/// JetStream errors that say the service, not the message, is the problem.
+fn jetstream_unavailable(code: jetstream::ErrorCode) -> bool {
+    use jetstream::ErrorCode as C;
+    [
+        C::CLUSTER_NOT_AVAILABLE,
+        C::CLUSTER_NOT_ACTIVE,
+        C::CLUSTER_NOT_LEADER,
+        C::CLUSTER_NO_PEERS,
+        C::CLUSTER_INCOMPLETE,
+        C::JETSTREAM_NOT_ENABLED,
+        C::JETSTREAM_NOT_ENABLED_FOR_ACCOUNT,
+        C::INSUFFICIENT_RESOURCES,
+        C::STORAGE_RESOURCES_EXCEEDED,
+        C::MEMORY_RESOURCES_EXCEEDED,
+        C::ACCOUNT_RESOURCES_EXCEEDED,
+    ]
+    .contains(&code)
+}
+
+/// Maps an async-nats publish error to a classified delivery error: the
+/// connection (lost, no PubAck in time, JetStream unavailable) is the sink's
+/// failure; a missing stream, a refused size or a rejected message is the
+/// event's.
 fn classify(e: &PublishError, subject: &str, unroutable_retryable: bool) -> DeliveryError {
     match e.kind() {
-        PublishErrorKind::TimedOut => DeliveryError::retryable(
+        PublishErrorKind::TimedOut => DeliveryError::unavailable(
             ErrorCode::PUBLISH_TIMEOUT,
             "no PubAck in time (maybe delivered)",
         ),
-        PublishErrorKind::BrokenPipe => DeliveryError::retryable(
+        PublishErrorKind::BrokenPipe => DeliveryError::unavailable(
             ErrorCode::PUBLISH_CONNECTION_LOST,
             "connection to NATS lost before the PubAck",
         ),
@@ -296,9 +350,13 @@ fn classify(e: &PublishError, subject: &str, unroutable_retryable: bool) -> Deli
                 {
                     DeliveryError::permanent(ErrorCode::PUBLISH_TOO_LARGE, j.to_string())
                 }
+                Some(j) if jetstream_unavailable(j.error_code()) => DeliveryError::unavailable(
+                    ErrorCode::PUBLISH_REJECTED,
+                    format!("JetStream unavailable: {j}"),
+                ),
                 Some(j) => DeliveryError::retryable(ErrorCode::PUBLISH_REJECTED, j.to_string()),
                 // The command channel is closed: the client is gone.
-                None => DeliveryError::retryable(
+                None => DeliveryError::unavailable(
                     ErrorCode::PUBLISH_CONNECTION_LOST,
                     format!("publish not sent: {e}"),
                 ),
@@ -334,7 +392,7 @@ mod tests {
     #[test]
     fn headers_carry_metadata_and_trace_context() {
         let e = event();
-        let h = headers_for(&e);
+        let h = headers_for(&BrokerMessage::new(&e));
         assert_eq!(
             h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
             Some("application/json")
@@ -357,7 +415,7 @@ mod tests {
         let mut bare = event();
         bare.headers.clear();
         bare.key = None;
-        let h = headers_for(&bare);
+        let h = headers_for(&BrokerMessage::new(&bare));
         assert_eq!(
             h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
             Some("application/octet-stream")
@@ -377,7 +435,7 @@ mod tests {
     #[test]
     fn classification_of_publish_errors() {
         let t = classify(&PublishError::from(PublishErrorKind::TimedOut), "s", false);
-        assert!(t.is_retryable());
+        assert!(t.is_sink_unavailable(), "{t}");
         assert_eq!(t.code(), &ErrorCode::PUBLISH_TIMEOUT);
         let n = classify(
             &PublishError::from(PublishErrorKind::StreamNotFound),
@@ -391,13 +449,18 @@ mod tests {
             "s",
             true,
         );
-        assert!(n.is_retryable());
+        assert!(n.is_retryable() && !n.is_sink_unavailable());
         let b = classify(
             &PublishError::from(PublishErrorKind::BrokenPipe),
             "s",
             false,
         );
         assert_eq!(b.code(), &ErrorCode::PUBLISH_CONNECTION_LOST);
-        assert!(b.is_retryable());
+        assert!(b.is_sink_unavailable());
+        let o = classify(&PublishError::from(PublishErrorKind::Other), "s", false);
+        assert!(
+            o.is_sink_unavailable(),
+            "no JetStream answer: the client is gone"
+        );
     }
 }

@@ -11,9 +11,32 @@
 //!   crate implements [`publisher::PublisherHarness`] and invokes
 //!   [`publisher_conformance_tests!`].
 //!
+//! One fixture per broker (its topology for one test, a configured
+//! publisher, a consumer reading back what arrived), shared by that
+//! broker's conformance suite and the end-to-end tests, each behind a
+//! feature so that a crate pulls in only the broker it tests: `nats`
+//! ([`nats::NatsFixture`]), `amqp` ([`amqp::AmqpFixture`]), `kafka`
+//! ([`kafka::KafkaFixture`]); [`broker::Received`] is a message as any of
+//! them reads it.
+//!
+//! Helpers every integration test may use: [`proxy::TcpProxy`] (a TCP
+//! forwarder that can cut and refuse connections, for broker and database
+//! outages), [`process`] (signals, bounded waits, a guard that kills a
+//! child process), [`logs::LogCapture`] (what `tracing` logged).
+//!
 //! This crate is test support: it panics on failures by design.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[cfg(feature = "amqp")]
+pub mod amqp;
+pub mod broker;
+#[cfg(feature = "kafka")]
+pub mod kafka;
+pub mod logs;
+#[cfg(feature = "nats")]
+pub mod nats;
+pub mod process;
+pub mod proxy;
 pub mod publisher;
 pub mod store;
 

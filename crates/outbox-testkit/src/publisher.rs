@@ -10,33 +10,28 @@
 //!   event id, key, event type and per-key order as a consumer sees them;
 //! - `unknown_destination_is_a_permanent_unroutable_failure`;
 //! - `oversized_message_is_a_permanent_too_large_failure`;
-//! - `unreachable_broker_gives_retryable_failures_then_delivers`: a
-//!   [`TcpProxy`] between publisher and broker is cut, then restored.
+//! - `unreachable_broker_gives_unavailable_outcomes_then_delivers`: a
+//!   [`TcpProxy`] between publisher and broker is cut, then restored; while
+//!   it is cut every outcome is the sink's failure
+//!   ([`FailureKind::Unavailable`](outbox_core::FailureKind)), never the
+//!   event's;
+//! - `broker_never_reachable_every_outcome_is_unavailable`: a publisher
+//!   pointed where nothing listens reports every event as
+//!   sink-unavailable, none as an event failure.
+//!
+//! Connection lost or refused, no acknowledgement in time, broker
+//! unavailable, producer fenced: the sink's failure, nobody's attempt.
+//! Unroutable, too large, invalid, nack / rejected: the event's failure,
+//! retryable or permanent.
 
+pub use crate::broker::Received;
+pub use crate::proxy::TcpProxy;
 use outbox_core::{ErrorCode, Event, EventId, Outcome, Sink};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::task::AbortHandle;
-
-/// One message read back from the broker, in broker-neutral form.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReceivedMessage {
-    /// The message body.
-    pub payload: Vec<u8>,
-    /// Application headers as the broker delivered them (the event's own
-    /// headers must be among them, unchanged).
-    pub headers: BTreeMap<String, String>,
-    /// The event id the message carries (dedup id), if any.
-    pub event_id: Option<EventId>,
-    /// The event key the message carries, if any.
-    pub key: Option<String>,
-    /// The event type the message carries, if any.
-    pub event_type: Option<String>,
-}
 
 /// What a publisher crate provides to run the suite against its real broker.
 /// One harness value is built per test case and owns a fresh destination
@@ -66,10 +61,14 @@ pub trait PublisherHarness: Send + Sync + 'static {
     /// A sink whose connection goes to `addr` (a proxy) instead of the broker.
     fn sink_via(&self, addr: SocketAddr) -> impl Future<Output = Self::Sink> + Send;
 
+    /// A sink configured for `addr`, where nothing listens, built without
+    /// connecting (the publisher's lazy constructor), with short timeouts.
+    fn sink_unreachable(&self, addr: SocketAddr) -> impl Future<Output = Self::Sink> + Send;
+
     /// The next `n` messages of the destination, in broker order, read with
     /// the broker's own consumer API. Panics with a clear message when they
     /// do not arrive within a generous time.
-    fn consume(&self, n: usize) -> impl Future<Output = Vec<ReceivedMessage>> + Send;
+    fn consume(&self, n: usize) -> impl Future<Output = Vec<Received>> + Send;
 
     /// Deletes the destination. Called after every case, also a failed one.
     fn cleanup(&self) -> impl Future<Output = ()> + Send;
@@ -87,7 +86,8 @@ macro_rules! publisher_conformance_tests {
             batch_is_delivered_and_consumed_back_intact,
             unknown_destination_is_a_permanent_unroutable_failure,
             oversized_message_is_a_permanent_too_large_failure,
-            unreachable_broker_gives_retryable_failures_then_delivers,
+            unreachable_broker_gives_unavailable_outcomes_then_delivers,
+            broker_never_reachable_every_outcome_is_unavailable,
         );
     };
 }
@@ -150,6 +150,7 @@ pub fn event(topic: &str, key: Option<&str>, payload: Vec<u8>) -> Event {
     }
 }
 
+/// Asserts an event-level failure (an attempt of the event) with `code`.
 fn assert_failed(outcome: &Outcome, code: &ErrorCode, retryable: bool, what: &str) {
     match outcome {
         Outcome::Failed(e) => {
@@ -159,13 +160,28 @@ fn assert_failed(outcome: &Outcome, code: &ErrorCode, retryable: bool, what: &st
                 retryable,
                 "{what}: expected retryable = {retryable}, got {e}"
             );
+            assert!(
+                !e.is_sink_unavailable(),
+                "{what}: an event failure, not the sink's: {e}"
+            );
         }
         other => panic!("{what}: expected {code} failure, got {other:?}"),
     }
 }
 
-fn ids(messages: &[ReceivedMessage]) -> Vec<Option<EventId>> {
-    messages.iter().map(|m| m.event_id).collect()
+/// Asserts a sink-level failure: nobody's attempt.
+pub fn assert_unavailable(outcome: &Outcome, what: &str) {
+    match outcome {
+        Outcome::Failed(e) => assert!(
+            e.is_sink_unavailable(),
+            "{what}: expected the sink's failure (Unavailable), got the event's: {e}"
+        ),
+        other => panic!("{what}: expected an Unavailable failure, got {other:?}"),
+    }
+}
+
+fn ids(messages: &[Received]) -> Vec<Option<EventId>> {
+    messages.iter().map(Received::event_id).collect()
 }
 
 /// The cases. Each takes a fresh harness.
@@ -218,9 +234,9 @@ pub mod cases {
 
         let got = h.consume(events.len()).await;
         assert_eq!(got.len(), events.len());
-        let by_id: HashMap<EventId, &ReceivedMessage> = got
+        let by_id: HashMap<EventId, &Received> = got
             .iter()
-            .map(|m| (m.event_id.expect("message carries the event id"), m))
+            .map(|m| (m.event_id().expect("message carries the event id"), m))
             .collect();
         assert_eq!(
             by_id.len(),
@@ -233,6 +249,7 @@ pub mod cases {
                 .get(&e.id)
                 .unwrap_or_else(|| panic!("event {} not received", e.id));
             assert_eq!(m.payload, e.payload, "payload bytes of {}", e.id);
+            assert_eq!(m.event_id_header, Some(e.id), "Outbox-Event-Id of {}", e.id);
             assert_eq!(m.key.as_deref(), e.key.as_deref(), "key of {}", e.id);
             assert_eq!(m.event_type.as_deref(), Some(e.event_type.as_str()));
             for (name, value) in &e.headers {
@@ -254,7 +271,7 @@ pub mod cases {
             let received: Vec<EventId> = got
                 .iter()
                 .filter(|m| m.key.as_deref() == Some(key))
-                .filter_map(|m| m.event_id)
+                .filter_map(Received::event_id)
                 .collect();
             assert_eq!(received, sent, "order of key {key}");
         }
@@ -313,8 +330,11 @@ pub mod cases {
     }
 
     /// While the broker is unreachable nothing is reported `Delivered` and
-    /// every failure is retryable; once it is back, retries deliver.
-    pub async fn unreachable_broker_gives_retryable_failures_then_delivers<H: PublisherHarness>(
+    /// every failure is the sink's (Unavailable: no attempt counted); once
+    /// it is back, the same events are delivered.
+    pub async fn unreachable_broker_gives_unavailable_outcomes_then_delivers<
+        H: PublisherHarness,
+    >(
         h: &H,
     ) {
         let proxy = TcpProxy::start(h.broker_addr()).await;
@@ -337,16 +357,7 @@ pub mod cases {
             let outcomes = sink.deliver(&second).await;
             assert_eq!(outcomes.len(), second.len());
             for o in &outcomes {
-                match o {
-                    Outcome::Delivered => {
-                        panic!("round {round}: Delivered while the broker is unreachable")
-                    }
-                    Outcome::Failed(e) => {
-                        assert!(e.is_retryable(), "round {round}: not retryable: {e}")
-                    }
-                    Outcome::NotAttempted => {}
-                    other => panic!("round {round}: unexpected outcome {other:?}"),
-                }
+                assert_unavailable(o, &format!("round {round} while the broker is cut off"));
             }
         }
 
@@ -362,14 +373,9 @@ pub mod cases {
             let outcomes = sink.deliver(&pending).await;
             let mut still = Vec::new();
             for (e, o) in pending.into_iter().zip(outcomes) {
-                match o {
-                    Outcome::Delivered => {}
-                    Outcome::Failed(err) => {
-                        assert!(err.is_retryable(), "after restore: {err}");
-                        still.push(e);
-                    }
-                    Outcome::NotAttempted => still.push(e),
-                    other => panic!("after restore: unexpected outcome {other:?}"),
+                if !o.is_delivered() {
+                    assert_unavailable(&o, "after restore");
+                    still.push(e);
                 }
             }
             pending = still;
@@ -390,134 +396,32 @@ pub mod cases {
             );
             let m = h.consume(1).await.remove(0);
             read += 1;
-            let id = m.event_id.expect("event id");
+            let id = m.event_id().expect("event id");
             assert!(wanted.contains(&id), "unexpected message {id}");
             seen.insert(id);
         }
     }
-}
 
-/// A TCP proxy for tests: forwards every connection to `upstream` until
-/// [`cut`](Self::cut), which closes the open connections and turns new ones
-/// away (accepted, then closed at once) until [`restore`](Self::restore).
-#[derive(Debug)]
-pub struct TcpProxy {
-    addr: SocketAddr,
-    state: Arc<Mutex<ProxyState>>,
-    accept: AbortHandle,
-}
-
-#[derive(Debug, Default)]
-struct ProxyState {
-    cut: bool,
-    connections: Vec<AbortHandle>,
-}
-
-impl TcpProxy {
-    /// Listens on an ephemeral loopback port and forwards to `upstream`.
-    pub async fn start(upstream: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
-        let addr = listener.local_addr().expect("proxy address");
-        let state = Arc::new(Mutex::new(ProxyState::default()));
-        let st = state.clone();
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((mut downstream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let mut guard = st.lock().expect("proxy state");
-                if guard.cut {
-                    drop(downstream);
-                    continue;
-                }
-                let task = tokio::spawn(async move {
-                    if let Ok(mut upstream) = TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await;
-                    }
-                });
-                guard.connections.retain(|c| !c.is_finished());
-                guard.connections.push(task.abort_handle());
-            }
-        })
-        .abort_handle();
-        Self {
-            addr,
-            state,
-            accept,
-        }
-    }
-
-    /// Where clients connect.
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    /// Closes every forwarded connection and refuses new ones.
-    pub fn cut(&self) {
-        let mut guard = self.state.lock().expect("proxy state");
-        guard.cut = true;
-        for c in guard.connections.drain(..) {
-            c.abort();
-        }
-    }
-
-    /// Forwards new connections again.
-    pub fn restore(&self) {
-        self.state.lock().expect("proxy state").cut = false;
-    }
-}
-
-impl Drop for TcpProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-        if let Ok(mut guard) = self.state.lock() {
-            for c in guard.connections.drain(..) {
-                c.abort();
+    /// A publisher whose broker was never reachable (connection refused)
+    /// reports every event of a batch, of any destination, as the sink's
+    /// failure: not one of them is charged an attempt.
+    pub async fn broker_never_reachable_every_outcome_is_unavailable<H: PublisherHarness>(h: &H) {
+        let closed = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr")
+        };
+        let sink = h.sink_unreachable(closed).await;
+        let events = vec![
+            event(&h.topic(), Some("k"), b"a".to_vec()),
+            event(&h.unknown_topic(), Some("k"), b"b".to_vec()),
+            event(&h.topic(), None, vec![0u8; 64]),
+        ];
+        for round in 0..2 {
+            let outcomes = sink.deliver(&events).await;
+            assert_eq!(outcomes.len(), events.len(), "one outcome per event");
+            for (i, o) in outcomes.iter().enumerate() {
+                assert_unavailable(o, &format!("round {round}, event #{i}"));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-    async fn echo_server() -> SocketAddr {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move {
-            loop {
-                let (mut s, _) = l.accept().await.unwrap();
-                tokio::spawn(async move {
-                    let (mut r, mut w) = s.split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                });
-            }
-        });
-        addr
-    }
-
-    async fn roundtrip(s: &mut TcpStream) -> std::io::Result<[u8; 4]> {
-        s.write_all(b"ping").await?;
-        let mut buf = [0u8; 4];
-        s.read_exact(&mut buf).await?;
-        Ok(buf)
-    }
-
-    #[tokio::test]
-    async fn proxy_forwards_cuts_and_restores() {
-        let proxy = TcpProxy::start(echo_server().await).await;
-        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert_eq!(&roundtrip(&mut a).await.unwrap(), b"ping");
-
-        proxy.cut();
-        assert!(roundtrip(&mut a).await.is_err(), "open connection closed");
-        let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert!(roundtrip(&mut b).await.is_err(), "new connection refused");
-
-        proxy.restore();
-        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
-        assert_eq!(&roundtrip(&mut c).await.unwrap(), b"ping");
     }
 }

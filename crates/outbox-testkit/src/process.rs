@@ -1,0 +1,123 @@
+//! Child processes in tests: signals, a bounded wait, and a guard that
+//! never leaves a process behind.
+
+use std::process::{Child, ExitStatus};
+use std::time::{Duration, Instant};
+
+/// Sends `signal` (`"TERM"`, `"KILL"`, `"STOP"`, `"CONT"`, ...) to process
+/// `pid` with `kill(1)`; panics if it could not be sent.
+pub fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([format!("-{signal}"), pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("running kill -{signal} {pid}: {e}"));
+    assert!(status.success(), "kill -{signal} {pid} failed: {status}");
+}
+
+/// Waits up to `bound` for `child` to exit; `None` if it is still running.
+pub fn wait_timeout(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + bound;
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Some(status),
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            Ok(None) => return None,
+            Err(e) => panic!("waiting for child {}: {e}", child.id()),
+        }
+    }
+}
+
+/// SIGTERM, then up to `bound` for a clean exit; SIGKILL after that. Returns
+/// the exit status of a clean exit, `None` if the process had to be killed.
+pub fn terminate(child: &mut Child, bound: Duration) -> Option<ExitStatus> {
+    if let Ok(Some(status)) = child.try_wait() {
+        return Some(status);
+    }
+    signal(child.id(), "TERM");
+    match wait_timeout(child, bound) {
+        Some(status) => Some(status),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            None
+        }
+    }
+}
+
+/// Owns a child process and kills it (SIGKILL, then waits for it) when
+/// dropped, also when the test panics.
+#[derive(Debug)]
+pub struct ChildGuard {
+    child: Option<Child>,
+}
+
+impl ChildGuard {
+    /// Takes ownership of `child`.
+    pub fn new(child: Child) -> Self {
+        Self { child: Some(child) }
+    }
+
+    /// The process id.
+    pub fn id(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The child.
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("child already taken")
+    }
+
+    /// Sends `sig` to the child (see [`signal`]).
+    pub fn signal(&self, sig: &str) {
+        signal(self.id(), sig);
+    }
+
+    /// [`terminate`] the child.
+    pub fn terminate(&mut self, bound: Duration) -> Option<ExitStatus> {
+        terminate(self.child(), bound)
+    }
+
+    /// Kills the child now and waits for it.
+    pub fn kill(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Gives the child back without killing it.
+    pub fn into_inner(mut self) -> Child {
+        self.child.take().expect("child already taken")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn terminate_waits_for_a_clean_exit_and_the_guard_kills() {
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(wait_timeout(&mut child, Duration::from_millis(50)).is_none());
+        let status = terminate(&mut child, Duration::from_secs(5)).unwrap();
+        assert!(!status.success(), "sleep ends on SIGTERM: {status}");
+
+        let guard = ChildGuard::new(Command::new("sleep").arg("30").spawn().unwrap());
+        let pid = guard.id();
+        drop(guard);
+        // The process is gone (kill -0 fails).
+        let alive = Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(!alive.success());
+    }
+}

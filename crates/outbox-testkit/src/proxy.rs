@@ -1,0 +1,231 @@
+//! [`TcpProxy`]: a TCP forwarder a test can cut, refuse and restore, to put
+//! a broker or a database out of reach without touching the shared service.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::AbortHandle;
+
+/// What the proxy does with connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forward to the upstream.
+    Forward,
+    /// Accept, then close at once (the peer sees a reset / EOF).
+    Cut,
+    /// Do not listen: connecting fails with "connection refused".
+    Refuse,
+}
+
+/// A TCP proxy for tests: forwards every connection on a loopback port to
+/// an upstream address. [`cut`](Self::cut) closes the open connections and
+/// turns new ones away (accepted, then closed at once);
+/// [`refuse`](Self::refuse) closes them and stops listening, so a client
+/// gets "connection refused"; [`restore`](Self::restore) forwards again on
+/// the same port. The upstream can be changed while it runs.
+///
+/// It runs on the tokio runtime that is current when it is started.
+#[derive(Debug)]
+pub struct TcpProxy {
+    addr: SocketAddr,
+    state: Arc<Mutex<ProxyState>>,
+}
+
+#[derive(Debug)]
+struct ProxyState {
+    mode: ProxyMode,
+    upstream: SocketAddr,
+    connections: Vec<AbortHandle>,
+    accept: Option<AbortHandle>,
+}
+
+impl TcpProxy {
+    /// Listens on an ephemeral loopback port and forwards to `upstream`.
+    pub async fn start(upstream: SocketAddr) -> Self {
+        Self::bind(upstream)
+    }
+
+    /// [`start`](Self::start) from synchronous code running inside a tokio
+    /// runtime (the accept loop is spawned on it).
+    pub fn bind(upstream: SocketAddr) -> Self {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let state = Arc::new(Mutex::new(ProxyState {
+            mode: ProxyMode::Forward,
+            upstream,
+            connections: Vec::new(),
+            accept: None,
+        }));
+        let proxy = Self { addr, state };
+        proxy.listen(listener);
+        proxy
+    }
+
+    fn listen(&self, listener: std::net::TcpListener) {
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking listener");
+        let listener = TcpListener::from_std(listener).expect("tokio listener");
+        let st = self.state.clone();
+        let accept = tokio::spawn(async move {
+            loop {
+                let Ok((mut downstream, _)) = listener.accept().await else {
+                    continue;
+                };
+                let mut guard = st.lock().expect("proxy state");
+                if guard.mode != ProxyMode::Forward {
+                    drop(downstream);
+                    continue;
+                }
+                let upstream = guard.upstream;
+                let task = tokio::spawn(async move {
+                    if let Ok(mut upstream) = TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await;
+                    }
+                });
+                guard.connections.retain(|c| !c.is_finished());
+                guard.connections.push(task.abort_handle());
+            }
+        })
+        .abort_handle();
+        self.state.lock().expect("proxy state").accept = Some(accept);
+    }
+
+    /// Where clients connect.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> ProxyMode {
+        self.state.lock().expect("proxy state").mode
+    }
+
+    /// Forwards new connections to `upstream` from now on.
+    pub fn set_upstream(&self, upstream: SocketAddr) {
+        self.state.lock().expect("proxy state").upstream = upstream;
+    }
+
+    /// Closes every forwarded connection and closes new ones at once.
+    pub fn cut(&self) {
+        let mut guard = self.state.lock().expect("proxy state");
+        guard.mode = ProxyMode::Cut;
+        for c in guard.connections.drain(..) {
+            c.abort();
+        }
+    }
+
+    /// Closes every forwarded connection and stops listening: new
+    /// connections are refused until [`restore`](Self::restore).
+    pub fn refuse(&self) {
+        let mut guard = self.state.lock().expect("proxy state");
+        guard.mode = ProxyMode::Refuse;
+        for c in guard.connections.drain(..) {
+            c.abort();
+        }
+        if let Some(a) = guard.accept.take() {
+            a.abort();
+        }
+    }
+
+    /// Forwards new connections again (listening again on the same port
+    /// after [`refuse`](Self::refuse)).
+    pub fn restore(&self) {
+        let relisten = {
+            let mut guard = self.state.lock().expect("proxy state");
+            let was = guard.mode;
+            guard.mode = ProxyMode::Forward;
+            was == ProxyMode::Refuse
+        };
+        if relisten {
+            // The aborted accept task releases the port shortly after.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+            let listener = loop {
+                match std::net::TcpListener::bind(self.addr) {
+                    Ok(l) => break l,
+                    Err(e) => {
+                        assert!(
+                            std::time::Instant::now() < deadline,
+                            "cannot listen on {} again: {e}",
+                            self.addr
+                        );
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                }
+            };
+            self.listen(listener);
+        }
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        if let Ok(mut guard) = self.state.lock() {
+            if let Some(a) = guard.accept.take() {
+                a.abort();
+            }
+            for c in guard.connections.drain(..) {
+                c.abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    async fn echo_server() -> SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                });
+            }
+        });
+        addr
+    }
+
+    async fn roundtrip(s: &mut TcpStream) -> std::io::Result<[u8; 4]> {
+        s.write_all(b"ping").await?;
+        let mut buf = [0u8; 4];
+        s.read_exact(&mut buf).await?;
+        Ok(buf)
+    }
+
+    #[tokio::test]
+    async fn proxy_forwards_cuts_refuses_and_restores() {
+        let proxy = TcpProxy::start(echo_server().await).await;
+        let mut a = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(&roundtrip(&mut a).await.unwrap(), b"ping");
+
+        proxy.cut();
+        assert!(roundtrip(&mut a).await.is_err(), "open connection closed");
+        let mut b = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert!(roundtrip(&mut b).await.is_err(), "new connection closed");
+
+        proxy.restore();
+        let mut c = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(&roundtrip(&mut c).await.unwrap(), b"ping");
+
+        proxy.refuse();
+        assert!(roundtrip(&mut c).await.is_err(), "open connection closed");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let refused = TcpStream::connect(proxy.addr()).await.unwrap_err();
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+
+        proxy.restore();
+        let mut d = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(&roundtrip(&mut d).await.unwrap(), b"ping");
+
+        // A new upstream for new connections.
+        proxy.set_upstream(echo_server().await);
+        let mut e = TcpStream::connect(proxy.addr()).await.unwrap();
+        assert_eq!(&roundtrip(&mut e).await.unwrap(), b"ping");
+    }
+}
