@@ -1,6 +1,7 @@
 //! Connection and publishing options.
 
 use crate::AmqpError;
+use outbox_broker::ConnectPolicy;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -45,9 +46,10 @@ impl fmt::Debug for AmqpTls {
 /// | route of topic `t` | explicit route if configured; else `exchange/key` split at the first `/`; else the default exchange (`""`) with routing key `t` |
 /// | `max_in_flight` | 256 unconfirmed publishes |
 /// | `max_message_bytes` | 16 MiB (RabbitMQ 4's default `max_message_size`) |
-/// | `confirm_timeout` | 30 s (then `PUBLISH_TIMEOUT`, retryable) |
+/// | `confirm_timeout` | 30 s (then `PUBLISH_TIMEOUT`: the sink is unavailable, maybe delivered) |
 /// | `connect_timeout` | 10 s per attempt |
-/// | `connect_attempts` | 3 per (re)connection, exponential backoff |
+/// | `connect_attempts` | 3 for [`crate::AmqpPublisher::connect`], exponential backoff |
+/// | reconnect | one attempt per batch after the connection broke, spaced by the policy's backoff (100 ms doubling to 5 s) |
 /// | persistent (delivery mode 2) | on |
 #[derive(Clone)]
 pub struct AmqpConfig {
@@ -58,8 +60,7 @@ pub struct AmqpConfig {
     pub(crate) max_in_flight: usize,
     pub(crate) max_message_bytes: usize,
     pub(crate) confirm_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) connect_attempts: usize,
+    pub(crate) connect: ConnectPolicy,
     pub(crate) persistent: bool,
     pub(crate) connection_name: String,
 }
@@ -74,8 +75,9 @@ impl Default for AmqpConfig {
             max_in_flight: 256,
             max_message_bytes: 16 * 1024 * 1024,
             confirm_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(10),
-            connect_attempts: 3,
+            connect: ConnectPolicy::default()
+                .with_attempts(3)
+                .with_timeout(Duration::from_secs(10)),
             persistent: true,
             connection_name: "outbox-relay".to_owned(),
         }
@@ -85,30 +87,35 @@ impl Default for AmqpConfig {
 impl fmt::Debug for AmqpConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AmqpConfig")
-            .field("uri", &redact_uri(&self.uri))
+            .field("uri", &redact_url(&self.uri))
             .field("tls", &self.tls)
             .field("default_exchange", &self.default_exchange)
             .field("routes", &self.routes)
             .field("max_in_flight", &self.max_in_flight)
             .field("max_message_bytes", &self.max_message_bytes)
             .field("confirm_timeout", &self.confirm_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("connect_attempts", &self.connect_attempts)
+            .field("connect", &self.connect)
             .field("persistent", &self.persistent)
             .field("connection_name", &self.connection_name)
             .finish()
     }
 }
 
-/// `uri` with its password replaced by `***` (see [`outbox_core::redact_url`]).
-pub use outbox_core::redact_url as redact_uri;
+pub use outbox_core::redact_url;
+
+/// `uri` with its password replaced by `***`: the former name of
+/// [`redact_url`] (every publisher crate re-exports core's one function).
+#[deprecated(note = "use `redact_url` (outbox_core::redact_url)")]
+pub fn redact_uri(uri: &str) -> String {
+    redact_url(uri)
+}
 
 impl AmqpConfig {
     /// A configuration for `uri` (`amqp://user:pass@host:5672/vhost` or
     /// `amqps://...`), checked with lapin's URI parser.
     pub fn from_url(uri: &str) -> Result<Self, AmqpError> {
         uri.parse::<lapin::uri::AMQPUri>().map_err(|e| {
-            AmqpError::InvalidConfig(format!("AMQP URI {} is invalid: {e}", redact_uri(uri)))
+            AmqpError::InvalidConfig(format!("AMQP URI {} is invalid: {e}", redact_url(uri)))
         })?;
         Ok(Self {
             uri: uri.to_owned(),
@@ -169,14 +176,25 @@ impl AmqpConfig {
 
     /// Timeout of one connection attempt.
     pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
+        self.connect = self.connect.with_timeout(timeout);
         self
     }
 
-    /// Attempts per (re)connection (minimum 1), with exponential backoff.
+    /// Attempts of [`crate::AmqpPublisher::connect`] (minimum 1), with exponential backoff.
     pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
-        self.connect_attempts = attempts.max(1);
+        self.connect = self.connect.with_attempts(attempts);
         self
+    }
+
+    /// The whole connect / reconnect policy at once.
+    pub fn with_connect_policy(mut self, policy: ConnectPolicy) -> Self {
+        self.connect = policy;
+        self
+    }
+
+    /// The connect / reconnect policy.
+    pub fn connect_policy(&self) -> ConnectPolicy {
+        self.connect
     }
 
     /// Persistent messages (delivery mode 2, the default) or transient ones.
@@ -193,7 +211,7 @@ impl AmqpConfig {
 
     /// The URI, password redacted.
     pub fn uri_redacted(&self) -> String {
-        redact_uri(&self.uri)
+        redact_url(&self.uri)
     }
 
     /// Where an event of `topic` is published.
@@ -259,6 +277,6 @@ mod tests {
         assert!(!format!("{:?}", c.with_tls(t)).contains("p12pass"));
         let e = AmqpConfig::from_url("amqp://u:s3cr3t@host:notaport/").unwrap_err();
         assert!(!e.to_string().contains("s3cr3t"), "{e}");
-        assert_eq!(redact_uri("amqp://host/"), "amqp://host/");
+        assert_eq!(redact_url("amqp://host/"), "amqp://host/");
     }
 }

@@ -5,7 +5,12 @@ pub mod descriptor;
 mod error;
 mod publisher;
 
-pub use config::{redact_uri, AmqpConfig, AmqpTls, Route};
+#[allow(deprecated)]
+pub use config::redact_uri;
+pub use config::{redact_url, AmqpConfig, AmqpTls, Route};
 pub use error::AmqpError;
 pub use lapin;
-pub use publisher::{AmqpPublisher, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY};
+pub use outbox_broker::ConnectPolicy;
+pub use publisher::{
+    AmqpPublisher, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY,
+};

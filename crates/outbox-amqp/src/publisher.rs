@@ -1,9 +1,8 @@
 //! The AMQP publisher.
 
 use crate::{AmqpConfig, AmqpError};
-use backon::{ExponentialBuilder, Retryable};
-use futures::future::{self, BoxFuture};
-use futures::stream::{FuturesOrdered, StreamExt};
+use futures::future::{BoxFuture, FutureExt};
+use lapin::message::BasicReturnMessage;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
     QueueDeclareOptions,
@@ -13,8 +12,9 @@ use lapin::publisher_confirm::Confirmation;
 use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
-use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
-use std::collections::HashSet;
+use outbox_broker::{ReconnectGate, SendWindow, Sent, WindowResult};
+use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, Outcome, Sink};
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,16 +26,31 @@ pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
 pub const HEADER_KEY: &str = outbox_core::headers::KEY;
 /// Header carrying the event id (also the `message_id` property).
 pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
+/// Header carrying the content type (also the `content_type` property).
+pub const HEADER_CONTENT_TYPE: &str = outbox_core::headers::CONTENT_TYPE;
 
 /// Publishes outbox events to RabbitMQ (AMQP 0.9.1) with publisher confirms
 /// and `mandatory` set; an event is `Delivered` only on a confirm that is
-/// neither a nack nor preceded by a basic.return.
+/// not a nack, and only if the broker did not return it (basic.return).
 ///
-/// One channel per publisher; batches are serialized on it. The connection
-/// is opened again (with backoff) on the next batch after it broke.
+/// Returns are matched to events by their `message_id` (the event id), not
+/// by the confirm lapin hands them to: lapin attaches a basic.return to
+/// whichever confirm resolves next, and a multiple-ack resolves several at
+/// once, so the confirm carrying a return is often another message's.
+///
+/// One channel per publisher; batches are serialized on it. After the
+/// connection broke it is opened again on a later batch, one attempt at a
+/// time spaced by the config's [`ConnectPolicy`](outbox_broker::ConnectPolicy);
+/// meanwhile batches fail at once as sink unavailable.
 pub struct AmqpPublisher {
     config: Arc<AmqpConfig>,
-    live: Mutex<Option<Live>>,
+    state: Mutex<State>,
+}
+
+struct State {
+    live: Option<Live>,
+    gate: ReconnectGate,
+    last_error: Option<String>,
 }
 
 struct Live {
@@ -48,10 +63,10 @@ struct Live {
 impl fmt::Debug for AmqpPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let connected = self
-            .live
+            .state
             .try_lock()
             .ok()
-            .map(|l| l.as_ref().is_some_and(Live::healthy));
+            .map(|s| s.live.as_ref().is_some_and(Live::healthy));
         f.debug_struct("AmqpPublisher")
             .field("uri", &self.config.uri_redacted())
             .field("connected", &connected)
@@ -74,22 +89,67 @@ impl Live {
     }
 }
 
+/// One event's result before returns are matched: final already, or the
+/// broker's confirm (and the return lapin attached to it, maybe another
+/// message's).
+enum Ack {
+    Final(Outcome),
+    Confirmed {
+        nack: bool,
+        returned: Option<Box<BasicReturnMessage>>,
+    },
+}
+
+impl WindowResult for Ack {
+    fn sink_unavailable(&self) -> Option<&DeliveryError> {
+        match self {
+            Ack::Final(o) => o.sink_unavailable(),
+            Ack::Confirmed { .. } => None,
+        }
+    }
+
+    fn not_sent(error: DeliveryError) -> Self {
+        Ack::Final(Outcome::Failed(error))
+    }
+}
+
 impl AmqpPublisher {
-    /// Connects now (retrying with backoff while the error is retryable), so
-    /// that bad credentials or an unknown host show up at start-up.
+    /// Connects now (retrying with the config's
+    /// [`ConnectPolicy`](outbox_broker::ConnectPolicy) while the error is
+    /// retryable), so that bad credentials or an unknown host show up at
+    /// start-up.
     pub async fn connect(config: AmqpConfig) -> Result<Self, AmqpError> {
-        let live = open(&config).await?;
+        let live = config
+            .connect
+            .connect(
+                "amqp",
+                || open(&config),
+                AmqpError::is_retryable,
+                || AmqpError::ConnectTimeout,
+            )
+            .await?;
+        tracing::info!(uri = %config.uri_redacted(), "connected to the AMQP broker");
+        let gate = ReconnectGate::new(config.connect);
         Ok(Self {
             config: Arc::new(config),
-            live: Mutex::new(Some(live)),
+            state: Mutex::new(State {
+                live: Some(live),
+                gate,
+                last_error: None,
+            }),
         })
     }
 
     /// A publisher that connects on its first batch.
     pub fn lazy(config: AmqpConfig) -> Self {
+        let gate = ReconnectGate::new(config.connect);
         Self {
             config: Arc::new(config),
-            live: Mutex::new(None),
+            state: Mutex::new(State {
+                live: None,
+                gate,
+                last_error: None,
+            }),
         }
     }
 
@@ -151,53 +211,89 @@ impl AmqpPublisher {
 
     /// Closes the connection (a later batch would open it again).
     pub async fn close(&self) {
-        if let Some(live) = self.live.lock().await.take() {
+        if let Some(live) = self.state.lock().await.live.take() {
             live.close().await;
         }
     }
 
     /// A fresh channel on the (re)opened connection.
     async fn side_channel(&self) -> Result<Channel, AmqpError> {
-        let mut guard = self.live.lock().await;
-        let live = self.ensure_live(&mut guard).await?;
-        live.connection
-            .create_channel()
-            .await
-            .map_err(AmqpError::Connect)
+        let mut state = self.state.lock().await;
+        if !state.live.as_ref().is_some_and(Live::healthy) {
+            state.live = Some(open(&self.config).await?);
+        }
+        match &state.live {
+            Some(live) => live
+                .connection
+                .create_channel()
+                .await
+                .map_err(AmqpError::Connect),
+            None => Err(AmqpError::InvalidConfig("connection vanished".into())),
+        }
     }
 
-    async fn ensure_live<'a>(
-        &self,
-        guard: &'a mut Option<Live>,
-    ) -> Result<&'a mut Live, AmqpError> {
-        if !guard.as_ref().is_some_and(Live::healthy) {
-            if let Some(old) = guard.take() {
+    /// The healthy connection, reopened if it broke and the reconnect gate
+    /// allows an attempt now; else why not, as a sink-level failure.
+    async fn ensure_live<'a>(&self, state: &'a mut State) -> Result<&'a mut Live, DeliveryError> {
+        if !state.live.as_ref().is_some_and(Live::healthy) {
+            if let Some(old) = state.live.take() {
                 tracing::info!(uri = %self.config.uri_redacted(), "AMQP connection or channel lost; reconnecting");
                 old.close().await;
             }
-            *guard = Some(open(&self.config).await?);
+            if let Err(left) = state.gate.ready() {
+                let last = state.last_error.as_deref().unwrap_or("connection lost");
+                return Err(DeliveryError::unavailable(
+                    ErrorCode::PUBLISH_CONNECTION_LOST,
+                    format!(
+                        "AMQP broker unreachable ({last}); next connection attempt in {left:?}"
+                    ),
+                ));
+            }
+            let attempt = tokio::time::timeout(self.config.connect.timeout, open(&self.config))
+                .await
+                .unwrap_or(Err(AmqpError::ConnectTimeout));
+            match attempt {
+                Ok(live) => {
+                    tracing::info!(uri = %self.config.uri_redacted(), "connected to the AMQP broker");
+                    state.gate.succeeded();
+                    state.last_error = None;
+                    state.live = Some(live);
+                }
+                Err(e) => {
+                    let delay = state.gate.failed();
+                    tracing::warn!(error = %e, next_attempt_in = ?delay, "AMQP connection failed");
+                    // Even a non-retryable cause (bad credentials) is the
+                    // sink's failure, not the events': an operator fixing
+                    // the configuration should not find them dead-lettered.
+                    state.last_error = Some(e.to_string());
+                    return Err(DeliveryError::unavailable(
+                        ErrorCode::PUBLISH_CONNECTION_LOST,
+                        e.to_string(),
+                    ));
+                }
+            }
         }
-        guard
-            .as_mut()
-            .ok_or_else(|| AmqpError::InvalidConfig("connection vanished".into()))
+        state.live.as_mut().ok_or_else(|| {
+            DeliveryError::unavailable(ErrorCode::PUBLISH_CONNECTION_LOST, "connection vanished")
+        })
     }
 
-    /// Publishes a batch (same as [`Sink::deliver`]).
+    /// Publishes a batch: the same as [`Sink::deliver`].
+    #[deprecated(note = "use `Sink::deliver`, the one send verb of every outbox publisher")]
     pub async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
+        self.send_batch(events).await
+    }
+
+    async fn send_batch(&self, events: &[Event]) -> Vec<Outcome> {
         if events.is_empty() {
             return Vec::new();
         }
-        let mut guard = self.live.lock().await;
-        let live = match self.ensure_live(&mut guard).await {
+        let mut state = self.state.lock().await;
+        let live = match self.ensure_live(&mut state).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, batch = events.len(), "AMQP broker unreachable; batch not sent");
-                // Even a non-retryable cause (bad credentials) fails the
-                // events as retryable: they are not at fault, and an operator
-                // fixing the configuration should not find them dead-lettered.
-                let err =
-                    DeliveryError::retryable(ErrorCode::PUBLISH_CONNECTION_LOST, e.to_string());
-                return vec![Outcome::Failed(err); events.len()];
+                tracing::warn!(error = %e, batch = events.len(), "AMQP batch not sent");
+                return vec![Outcome::Failed(e); events.len()];
             }
         };
 
@@ -221,36 +317,27 @@ impl AmqpPublisher {
                     missing.insert(exchange);
                 }
                 Err(e) => {
-                    let err =
-                        DeliveryError::retryable(ErrorCode::PUBLISH_CONNECTION_LOST, e.to_string());
-                    let _ = guard.take();
+                    let err = DeliveryError::unavailable(
+                        ErrorCode::PUBLISH_CONNECTION_LOST,
+                        e.to_string(),
+                    );
+                    if let Some(old) = state.live.take() {
+                        old.close().await;
+                    }
                     return vec![Outcome::Failed(err); events.len()];
                 }
             }
         }
 
-        let window = self.config.max_in_flight;
-        let mut outcomes = Vec::with_capacity(events.len());
-        let mut pending: FuturesOrdered<BoxFuture<'static, Outcome>> = FuturesOrdered::new();
-        for event in events {
-            while pending.len() >= window {
-                if let Some(o) = pending.next().await {
-                    outcomes.push(o);
-                }
-            }
-            pending.push_back(self.send_one(&live.channel, event, &missing).await);
-        }
-        while let Some(o) = pending.next().await {
-            outcomes.push(o);
-        }
+        let channel = live.channel.clone();
+        let acks = SendWindow::new(self.config.max_in_flight)
+            .run(events, |event| self.send_one(&channel, event, &missing))
+            .await;
+        let outcomes = correlate_returns(events, acks);
 
-        let broken = outcomes.iter().any(|o| {
-            matches!(o, Outcome::Failed(e)
-                if e.code() == &ErrorCode::PUBLISH_CONNECTION_LOST
-                    || e.code() == &ErrorCode::PUBLISH_TIMEOUT)
-        });
-        if broken || !live.healthy() {
-            if let Some(old) = guard.take() {
+        let broken = outcomes.iter().any(|o| o.sink_unavailable().is_some());
+        if broken || !state.live.as_ref().is_some_and(Live::healthy) {
+            if let Some(old) = state.live.take() {
                 old.close().await;
             }
         }
@@ -262,23 +349,24 @@ impl AmqpPublisher {
         channel: &Channel,
         event: &Event,
         missing: &HashSet<String>,
-    ) -> BoxFuture<'static, Outcome> {
+    ) -> Sent<Ack, BoxFuture<'static, Ack>> {
+        let refuse = |e: DeliveryError| Sent::Done(Ack::Final(Outcome::Failed(e)));
         let route = self.config.route_for(&event.topic);
         if missing.contains(&route.exchange) {
-            return done(DeliveryError::permanent(
+            return refuse(DeliveryError::permanent(
                 ErrorCode::PUBLISH_UNROUTABLE,
                 format!("exchange {:?} does not exist", route.exchange),
             ));
         }
         if route.routing_key.len() > 255 || route.exchange.len() > 255 {
-            return done(DeliveryError::permanent(
+            return refuse(DeliveryError::permanent(
                 ErrorCode::PUBLISH_INVALID,
                 "exchange and routing key must be at most 255 bytes",
             ));
         }
         let max = self.config.max_message_bytes;
         if event.payload.len() > max {
-            return done(DeliveryError::permanent(
+            return refuse(DeliveryError::permanent(
                 ErrorCode::PUBLISH_TOO_LARGE,
                 format!(
                     "payload is {} bytes, above the maximum of {max}",
@@ -286,9 +374,9 @@ impl AmqpPublisher {
                 ),
             ));
         }
-        let properties = match properties_for(event, self.config.persistent) {
+        let properties = match properties_for(&BrokerMessage::new(event), self.config.persistent) {
             Ok(p) => p,
-            Err(e) => return done(e),
+            Err(e) => return refuse(e),
         };
         let id = event.id;
         let confirm_timeout = self.config.confirm_timeout;
@@ -305,22 +393,25 @@ impl AmqpPublisher {
             )
             .await;
         match published {
-            Ok(confirm) => Box::pin(async move {
-                let outcome = match tokio::time::timeout(confirm_timeout, confirm).await {
-                    Err(_) => Outcome::Failed(DeliveryError::retryable(
-                        ErrorCode::PUBLISH_TIMEOUT,
-                        "no publisher confirm in time (maybe delivered)",
-                    )),
-                    Ok(result) => classify(result),
-                };
-                if let Outcome::Failed(e) = &outcome {
-                    tracing::warn!(event_id = %id, code = %e.code(), error = %e.message(), "AMQP publish failed");
+            Ok(confirm) => Sent::InFlight(
+                async move {
+                    let ack = match tokio::time::timeout(confirm_timeout, confirm).await {
+                        Err(_) => Ack::Final(Outcome::Failed(DeliveryError::unavailable(
+                            ErrorCode::PUBLISH_TIMEOUT,
+                            "no publisher confirm in time (maybe delivered)",
+                        ))),
+                        Ok(result) => confirmed(result),
+                    };
+                    if let Ack::Final(Outcome::Failed(e)) = &ack {
+                        tracing::warn!(event_id = %id, code = %e.code(), error = %e.message(), "AMQP publish failed");
+                    }
+                    ack
                 }
-                outcome
-            }),
+                .boxed(),
+            ),
             Err(e) => {
                 tracing::warn!(event_id = %id, error = %e, "AMQP publish not sent");
-                done(DeliveryError::retryable(
+                refuse(DeliveryError::unavailable(
                     ErrorCode::PUBLISH_CONNECTION_LOST,
                     format!("publish not sent: {e}"),
                 ))
@@ -331,57 +422,116 @@ impl AmqpPublisher {
 
 impl Sink for AmqpPublisher {
     fn deliver(&self, events: &[Event]) -> impl std::future::Future<Output = Vec<Outcome>> + Send {
-        self.publish(events)
+        self.send_batch(events)
     }
 }
 
-fn done(e: DeliveryError) -> BoxFuture<'static, Outcome> {
-    Box::pin(future::ready(Outcome::Failed(e)))
+/// A publisher confirm (or its failure), before returns are matched.
+fn confirmed(result: lapin::Result<Confirmation>) -> Ack {
+    match result {
+        Ok(Confirmation::Ack(returned)) => Ack::Confirmed {
+            nack: false,
+            returned,
+        },
+        Ok(Confirmation::Nack(returned)) => Ack::Confirmed {
+            nack: true,
+            returned,
+        },
+        Ok(Confirmation::NotRequested) => Ack::Final(Outcome::Failed(DeliveryError::unavailable(
+            ErrorCode::PUBLISH_REJECTED,
+            "publisher confirms are not enabled on the channel",
+        ))),
+        Err(e) => Ack::Final(Outcome::Failed(DeliveryError::unavailable(
+            ErrorCode::PUBLISH_CONNECTION_LOST,
+            format!("channel closed before the confirm: {e}"),
+        ))),
+    }
 }
 
-/// Maps a publisher confirm (or its failure) to an outcome.
-fn classify(result: lapin::Result<Confirmation>) -> Outcome {
-    match result {
-        Ok(Confirmation::Ack(None)) => Outcome::Delivered,
-        Ok(Confirmation::Ack(Some(returned))) | Ok(Confirmation::Nack(Some(returned)))
-            if returned.reply_code == AMQPSoftError::NOROUTE.get_id() =>
+/// The outcome of every event of a batch once all its confirms are in.
+///
+/// RabbitMQ sends a mandatory message's basic.return before its confirm;
+/// lapin queues returns and hands each to the next confirm that resolves,
+/// whichever message that is (a multiple-ack resolves several confirms in
+/// arbitrary order). Within a batch whose confirms have all resolved, every
+/// return has been handed to one of them. So the returns are collected
+/// from all confirms first, keyed by their `message_id` (the event id), and
+/// exactly the events they name are failed; every other acked event is
+/// delivered.
+fn correlate_returns(events: &[Event], acks: Vec<Ack>) -> Vec<Outcome> {
+    let mut returned: HashMap<String, DeliveryError> = HashMap::new();
+    for ack in &acks {
+        if let Ack::Confirmed {
+            returned: Some(message),
+            ..
+        } = ack
         {
-            Outcome::Failed(DeliveryError::permanent(
-                ErrorCode::PUBLISH_UNROUTABLE,
-                format!(
-                    "broker returned the message: {} {} (no queue bound for exchange {:?}, routing key {:?})",
-                    returned.reply_code,
-                    returned.reply_text,
-                    returned.delivery.exchange.as_str(),
-                    returned.delivery.routing_key.as_str()
+            match message.properties.message_id() {
+                Some(id) => {
+                    returned.insert(id.as_str().to_owned(), classify_return(message));
+                }
+                None => tracing::warn!(
+                    exchange = message.delivery.exchange.as_str(),
+                    routing_key = message.delivery.routing_key.as_str(),
+                    "AMQP broker returned a message without message_id; ignored"
                 ),
-            ))
+            }
         }
-        Ok(Confirmation::Ack(Some(returned))) => Outcome::Failed(DeliveryError::retryable(
+    }
+    events
+        .iter()
+        .zip(acks)
+        .map(|(event, ack)| match ack {
+            Ack::Final(outcome) => outcome,
+            Ack::Confirmed { nack, .. } => {
+                if let Some(e) = returned.remove(&event.id.to_string()) {
+                    tracing::warn!(event_id = %event.id, code = %e.code(), error = %e.message(), "AMQP broker returned the message");
+                    Outcome::Failed(e)
+                } else if nack {
+                    tracing::warn!(event_id = %event.id, "AMQP broker nacked the message");
+                    Outcome::Failed(DeliveryError::retryable(
+                        ErrorCode::PUBLISH_REJECTED,
+                        "broker nacked the message",
+                    ))
+                } else {
+                    Outcome::Delivered
+                }
+            }
+        })
+        .collect()
+}
+
+/// What a basic.return means for its event.
+fn classify_return(returned: &BasicReturnMessage) -> DeliveryError {
+    if returned.reply_code == AMQPSoftError::NOROUTE.get_id() {
+        DeliveryError::permanent(
+            ErrorCode::PUBLISH_UNROUTABLE,
+            format!(
+                "broker returned the message: {} {} (no queue bound for exchange {:?}, routing key {:?})",
+                returned.reply_code,
+                returned.reply_text,
+                returned.delivery.exchange.as_str(),
+                returned.delivery.routing_key.as_str()
+            ),
+        )
+    } else {
+        DeliveryError::retryable(
             ErrorCode::PUBLISH_REJECTED,
             format!(
                 "broker returned the message: {} {}",
                 returned.reply_code, returned.reply_text
             ),
-        )),
-        Ok(Confirmation::Nack(_)) => Outcome::Failed(DeliveryError::retryable(
-            ErrorCode::PUBLISH_REJECTED,
-            "broker nacked the message",
-        )),
-        Ok(Confirmation::NotRequested) => Outcome::Failed(DeliveryError::retryable(
-            ErrorCode::PUBLISH_REJECTED,
-            "publisher confirms are not enabled on the channel",
-        )),
-        Err(e) => Outcome::Failed(DeliveryError::retryable(
-            ErrorCode::PUBLISH_CONNECTION_LOST,
-            format!("channel closed before the confirm: {e}"),
-        )),
+        )
     }
 }
 
-/// The AMQP properties of `event`: message id, type, content type,
-/// timestamp, delivery mode and the headers table.
-fn properties_for(event: &Event, persistent: bool) -> Result<BasicProperties, DeliveryError> {
+/// The AMQP properties of a message: message id, type, content type,
+/// timestamp, delivery mode and the headers table
+/// ([`BrokerMessage::headers`], as is).
+fn properties_for(
+    message: &BrokerMessage<'_>,
+    persistent: bool,
+) -> Result<BasicProperties, DeliveryError> {
     let invalid = |what: &str| {
         DeliveryError::permanent(
             ErrorCode::PUBLISH_INVALID,
@@ -389,46 +539,27 @@ fn properties_for(event: &Event, persistent: bool) -> Result<BasicProperties, De
         )
     };
     let mut table = FieldTable::default();
-    for (name, value) in &event.headers {
+    for (name, value) in message.headers() {
         if name.len() > 255 {
             return Err(invalid("a header name"));
         }
         table.insert(
-            ShortString::from(name.as_str()),
-            AMQPValue::LongString(LongString::from(value.as_str())),
+            ShortString::from(name),
+            AMQPValue::LongString(LongString::from(value)),
         );
     }
-    table.insert(
-        HEADER_EVENT_TYPE.into(),
-        AMQPValue::LongString(event.event_type.as_str().into()),
-    );
-    table.insert(
-        HEADER_EVENT_ID.into(),
-        AMQPValue::LongString(event.id.to_string().into()),
-    );
-    if let Some(key) = &event.key {
-        table.insert(
-            HEADER_KEY.into(),
-            AMQPValue::LongString(key.as_str().into()),
-        );
-    }
-    let content_type = event
-        .headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-        .map(|(_, v)| v.as_str())
-        .unwrap_or("application/octet-stream");
-    if content_type.len() > 255 {
+    if message.content_type().len() > 255 {
         return Err(invalid("the content type"));
     }
-    if event.event_type.len() > 255 {
+    if message.event_type().len() > 255 {
         return Err(invalid("the event type"));
     }
+    let created = message.event().created_at.timestamp();
     Ok(BasicProperties::default()
-        .with_message_id(event.id.to_string().into())
-        .with_type(event.event_type.as_str().into())
-        .with_content_type(content_type.into())
-        .with_timestamp(u64::try_from(event.created_at.timestamp()).unwrap_or(0))
+        .with_message_id(message.dedup_id().into())
+        .with_type(message.event_type().into())
+        .with_content_type(message.content_type().into())
+        .with_timestamp(u64::try_from(created).unwrap_or(0))
         .with_delivery_mode(if persistent { 2 } else { 1 })
         .with_headers(table))
 }
@@ -459,48 +590,27 @@ async fn exchange_exists(connection: &Connection, name: &str) -> Result<bool, la
     }
 }
 
-/// Opens a connection and a confirm-mode channel, retrying with backoff.
+/// Opens a connection and a confirm-mode channel (one attempt).
 async fn open(config: &AmqpConfig) -> Result<Live, AmqpError> {
-    let attempt = || async {
-        let tls = tls_config(config)?;
-        let properties = ConnectionProperties::default()
-            .with_connection_name(config.connection_name.as_str().into());
-        let connection = tokio::time::timeout(
-            config.connect_timeout,
-            Connection::connect_with_config(&config.uri, properties, tls),
-        )
+    let tls = tls_config(config)?;
+    let properties = ConnectionProperties::default()
+        .with_connection_name(config.connection_name.as_str().into());
+    let connection = Connection::connect_with_config(&config.uri, properties, tls)
         .await
-        .map_err(|_| AmqpError::ConnectTimeout)?
         .map_err(AmqpError::Connect)?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(AmqpError::Connect)?;
-        channel
-            .confirm_select(ConfirmSelectOptions::default())
-            .await
-            .map_err(AmqpError::Connect)?;
-        Ok::<_, AmqpError>(Live {
-            connection,
-            channel,
-            exchanges: HashSet::new(),
-        })
-    };
-    let live = attempt
-        .retry(
-            ExponentialBuilder::default()
-                .with_min_delay(Duration::from_millis(100))
-                .with_max_delay(Duration::from_secs(5))
-                .with_max_times(config.connect_attempts.saturating_sub(1))
-                .with_jitter(),
-        )
-        .when(AmqpError::is_retryable)
-        .notify(|e, delay| {
-            tracing::warn!(error = %e, ?delay, "AMQP connection failed; retrying");
-        })
-        .await?;
-    tracing::info!(uri = %config.uri_redacted(), "connected to the AMQP broker");
-    Ok(live)
+    let channel = connection
+        .create_channel()
+        .await
+        .map_err(AmqpError::Connect)?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .map_err(AmqpError::Connect)?;
+    Ok(Live {
+        connection,
+        channel,
+        exchanges: HashSet::new(),
+    })
 }
 
 fn tls_config(config: &AmqpConfig) -> Result<OwnedTLSConfig, AmqpError> {
@@ -552,7 +662,7 @@ mod tests {
     #[test]
     fn properties_carry_id_type_headers_and_persistence() {
         let e = event();
-        let p = properties_for(&e, true).unwrap();
+        let p = properties_for(&BrokerMessage::new(&e), true).unwrap();
         assert_eq!(p.delivery_mode(), &Some(2));
         assert_eq!(
             p.message_id().as_ref().map(|s| s.as_str().to_owned()),
@@ -568,18 +678,95 @@ mod tests {
             Some(&AMQPValue::LongString("00-abc-def-01".into()))
         );
         assert_eq!(h.get(HEADER_KEY), Some(&AMQPValue::LongString("k1".into())));
-        assert_eq!(properties_for(&e, false).unwrap().delivery_mode(), &Some(1));
+        assert_eq!(
+            properties_for(&BrokerMessage::new(&e), false)
+                .unwrap()
+                .delivery_mode(),
+            &Some(1)
+        );
+        assert_eq!(
+            h.get(HEADER_CONTENT_TYPE),
+            Some(&AMQPValue::LongString("application/octet-stream".into()))
+        );
+    }
+
+    fn returned(event: &Event, reply_code: u16) -> Box<BasicReturnMessage> {
+        Box::new(BasicReturnMessage {
+            delivery: lapin::message::Delivery {
+                delivery_tag: 0,
+                exchange: "x".into(),
+                routing_key: "nowhere".into(),
+                redelivered: false,
+                properties: BasicProperties::default().with_message_id(event.id.to_string().into()),
+                data: Vec::new(),
+                acker: Default::default(),
+            },
+            reply_code,
+            reply_text: "NO_ROUTE".into(),
+        })
     }
 
     #[test]
-    fn returned_and_nacked_messages_are_failures() {
-        assert_eq!(classify(Ok(Confirmation::Ack(None))), Outcome::Delivered);
-        match classify(Ok(Confirmation::Nack(None))) {
+    fn returns_fail_the_event_they_name_not_the_confirm_they_came_with() {
+        let events: Vec<Event> = (0..5).map(|_| event()).collect();
+        let no_route = AMQPSoftError::NOROUTE.get_id();
+        let acks = vec![
+            // lapin handed event 2's return to event 0's confirm.
+            Ack::Confirmed {
+                nack: false,
+                returned: Some(returned(&events[2], no_route)),
+            },
+            Ack::Confirmed {
+                nack: false,
+                returned: None,
+            },
+            Ack::Confirmed {
+                nack: false,
+                returned: None,
+            },
+            Ack::Confirmed {
+                nack: true,
+                returned: None,
+            },
+            Ack::Final(Outcome::Failed(DeliveryError::unavailable(
+                ErrorCode::PUBLISH_TIMEOUT,
+                "t",
+            ))),
+        ];
+        let o = correlate_returns(&events, acks);
+        assert_eq!(o[0], Outcome::Delivered);
+        assert_eq!(o[1], Outcome::Delivered);
+        match &o[2] {
             Outcome::Failed(e) => {
-                assert!(e.is_retryable());
-                assert_eq!(e.code(), &ErrorCode::PUBLISH_REJECTED);
+                assert_eq!(e.code(), &ErrorCode::PUBLISH_UNROUTABLE);
+                assert!(!e.is_retryable());
             }
-            Outcome::Delivered => panic!("nack is not delivered"),
+            other => panic!("{other:?}"),
         }
+        match &o[3] {
+            Outcome::Failed(e) => {
+                assert_eq!(e.code(), &ErrorCode::PUBLISH_REJECTED);
+                assert!(e.is_retryable() && !e.is_sink_unavailable());
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(&o[4], Outcome::Failed(e) if e.is_sink_unavailable()));
+        // Another reply code is a retryable rejection.
+        let acks = vec![Ack::Confirmed {
+            nack: false,
+            returned: Some(returned(&events[0], 313)),
+        }];
+        assert!(matches!(
+            &correlate_returns(&events[..1], acks)[0],
+            Outcome::Failed(e) if e.code() == &ErrorCode::PUBLISH_REJECTED && e.is_retryable()
+        ));
+    }
+
+    #[test]
+    fn a_lost_channel_is_the_sinks_failure() {
+        let lost = confirmed(Err(lapin::Error::InvalidChannelState(
+            lapin::ChannelState::Closed,
+        )));
+        assert!(matches!(lost, Ack::Final(Outcome::Failed(e)) if e.is_sink_unavailable()));
     }
 }

@@ -2,136 +2,31 @@
 //! real RabbitMQ at `AMQP_URL` (default `amqp://guest:guest@127.0.0.1:5672/%2f`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
-use lapin::types::AMQPValue;
-use lapin::{Connection, ConnectionProperties};
+use outbox_amqp::lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use outbox_amqp::lapin::types::FieldTable;
+use outbox_amqp::lapin::ExchangeKind;
 use outbox_amqp::{AmqpConfig, AmqpPublisher};
-use outbox_core::{ErrorCode, Outcome, Sink};
-use outbox_testkit::publisher::{event, PublisherHarness, ReceivedMessage};
-use std::collections::BTreeMap;
-use std::net::{SocketAddr, ToSocketAddrs};
+use outbox_core::{ErrorCode, EventId, Outcome, Sink};
+use outbox_testkit::amqp::{received, AmqpFixture};
+use outbox_testkit::publisher::{event, PublisherHarness, Received};
+use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const MAX: usize = 1024 * 1024;
-
-fn amqp_url() -> String {
-    std::env::var("AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-}
-
-/// (scheme, user-info with '@' or "", host:port, rest of the URI)
-fn split_uri(uri: &str) -> (String, String, String, String) {
-    let i = uri.find("://").unwrap();
-    let (scheme, rest) = (&uri[..i + 3], &uri[i + 3..]);
-    let end = rest.find('/').unwrap_or(rest.len());
-    let (authority, path) = (&rest[..end], &rest[end..]);
-    let (userinfo, hostport) = match authority.rfind('@') {
-        Some(at) => (&authority[..=at], &authority[at + 1..]),
-        None => ("", authority),
-    };
-    let hostport = if hostport.contains(':') {
-        hostport.to_owned()
-    } else {
-        format!("{hostport}:5672")
-    };
-    (scheme.into(), userinfo.into(), hostport, path.into())
-}
-
-struct AmqpHarness {
-    exchange: String,
-    queue: String,
-    connection: Connection,
-    channel: lapin::Channel,
-}
+/// The shared RabbitMQ fixture is the harness.
+struct AmqpHarness(AmqpFixture);
 
 impl AmqpHarness {
     async fn new() -> Self {
-        let url = amqp_url();
-        let connection = Connection::connect(&url, ConnectionProperties::default())
-            .await
-            .unwrap_or_else(|e| {
-                panic!(
-                    "RabbitMQ is not reachable at {} ({e}); start it or set AMQP_URL",
-                    outbox_amqp::redact_uri(&url)
-                )
-            });
-        let channel = connection.create_channel().await.unwrap();
-        let suffix = &uuid::Uuid::new_v4().simple().to_string()[..12];
-        let h = Self {
-            exchange: format!("outbox-test-{suffix}"),
-            queue: format!("outbox-test-{suffix}"),
-            connection,
-            channel,
-        };
-        let p = AmqpPublisher::connect(h.config()).await.unwrap();
-        p.declare_queue(&h.exchange, &h.queue, "orders")
-            .await
-            .unwrap();
-        p.close().await;
-        h
-    }
-
-    fn config(&self) -> AmqpConfig {
-        AmqpConfig::from_url(&amqp_url())
-            .unwrap()
-            .with_exchange(&self.exchange)
-            .with_max_message_bytes(MAX)
+        Self(AmqpFixture::new().await)
     }
 }
 
-fn text(v: &AMQPValue) -> Option<String> {
-    match v {
-        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
-        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
-        _ => None,
-    }
-}
-
-fn to_received(d: &lapin::message::Delivery) -> ReceivedMessage {
-    let mut headers = BTreeMap::new();
-    if let Some(table) = d.properties.headers() {
-        for (k, v) in table.inner() {
-            if let Some(t) = text(v) {
-                headers.insert(k.as_str().to_owned(), t);
-            }
-        }
-    }
-    ReceivedMessage {
-        payload: d.data.clone(),
-        event_id: d
-            .properties
-            .message_id()
-            .as_ref()
-            .and_then(|s| s.as_str().parse().ok()),
-        key: headers.get(outbox_amqp::HEADER_KEY).cloned(),
-        event_type: d.properties.kind().as_ref().map(|s| s.as_str().to_owned()),
-        headers,
-    }
-}
-
-impl AmqpHarness {
-    async fn get(&self, queue: &str, n: usize) -> Vec<lapin::message::Delivery> {
-        let mut out = Vec::with_capacity(n);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while out.len() < n {
-            let got = self
-                .channel
-                .basic_get(queue, BasicGetOptions { no_ack: true })
-                .await
-                .unwrap();
-            match got {
-                Some(m) => out.push(m.delivery),
-                None => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "only {} of {n} messages arrived in queue {queue}",
-                        out.len()
-                    );
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-        out
+impl std::ops::Deref for AmqpHarness {
+    type Target = AmqpFixture;
+    fn deref(&self) -> &AmqpFixture {
+        &self.0
     }
 }
 
@@ -139,56 +34,47 @@ impl PublisherHarness for AmqpHarness {
     type Sink = AmqpPublisher;
 
     fn topic(&self) -> String {
-        "orders".to_owned()
+        self.0.topic()
     }
 
     fn unknown_topic(&self) -> String {
-        "unbound".to_owned()
+        self.0.unknown_topic()
     }
 
     fn max_payload_bytes(&self) -> usize {
-        MAX
+        outbox_testkit::amqp::MAX_MESSAGE_BYTES
     }
 
     fn broker_addr(&self) -> SocketAddr {
-        let (_, _, hostport, _) = split_uri(&amqp_url());
-        hostport.to_socket_addrs().unwrap().next().unwrap()
+        self.0.broker_addr()
     }
 
     async fn sink(&self) -> AmqpPublisher {
-        AmqpPublisher::connect(self.config()).await.unwrap()
+        self.0.sink().await
     }
 
     async fn sink_via(&self, addr: SocketAddr) -> AmqpPublisher {
-        let (scheme, userinfo, _, path) = split_uri(&amqp_url());
-        let uri = format!("{scheme}{userinfo}{addr}{path}");
-        let config = AmqpConfig::from_url(&uri)
-            .unwrap()
-            .with_exchange(&self.exchange)
+        let config = self
+            .config_for(&self.url_via(addr))
             .with_connect_attempts(2)
             .with_connect_timeout(Duration::from_secs(2))
             .with_confirm_timeout(Duration::from_secs(5));
         AmqpPublisher::connect(config).await.unwrap()
     }
 
-    async fn consume(&self, n: usize) -> Vec<ReceivedMessage> {
-        self.get(&self.queue, n)
-            .await
-            .iter()
-            .map(to_received)
-            .collect()
+    async fn sink_unreachable(&self, addr: SocketAddr) -> AmqpPublisher {
+        let config = self
+            .config_for(&self.url_via(addr))
+            .with_connect_timeout(Duration::from_secs(1));
+        AmqpPublisher::lazy(config)
+    }
+
+    async fn consume(&self, n: usize) -> Vec<Received> {
+        self.0.next(n).await
     }
 
     async fn cleanup(&self) {
-        let _ = self
-            .channel
-            .queue_delete(&self.queue, QueueDeleteOptions::default())
-            .await;
-        let _ = self
-            .channel
-            .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
-            .await;
-        let _ = self.connection.close(200, "test done").await;
+        self.0.cleanup().await;
     }
 }
 
@@ -207,7 +93,7 @@ where
 async fn missing_exchange_is_unroutable_and_spares_the_rest_of_the_batch() {
     with_harness(|h| async move {
         let sink = h.sink().await;
-        let missing = format!("{}-missing/orders", h.exchange);
+        let missing = format!("{}-missing/orders", h.exchange());
         let a = event("orders", Some("k"), b"a".to_vec());
         let b = event("orders", Some("k"), b"b".to_vec());
         let outcomes = sink
@@ -219,19 +105,19 @@ async fn missing_exchange_is_unroutable_and_spares_the_rest_of_the_batch() {
                 assert_eq!(e.code(), &ErrorCode::PUBLISH_UNROUTABLE);
                 assert!(!e.is_retryable());
             }
-            Outcome::Delivered => panic!("missing exchange reported delivered"),
+            other => panic!("missing exchange reported {other:?}"),
         }
         assert_eq!(outcomes[2], Outcome::Delivered);
         let got = h.consume(2).await;
-        assert_eq!(got[0].event_id, Some(a.id));
-        assert_eq!(got[1].event_id, Some(b.id));
+        assert_eq!(got[0].event_id(), Some(a.id));
+        assert_eq!(got[1].event_id(), Some(b.id));
         // `exchange/routing.key` topics reach an existing exchange too.
-        let c = event(&format!("{}/orders", h.exchange), None, b"c".to_vec());
+        let c = event(&format!("{}/orders", h.exchange()), None, b"c".to_vec());
         assert_eq!(
             sink.deliver(std::slice::from_ref(&c)).await,
             vec![Outcome::Delivered]
         );
-        assert_eq!(h.consume(1).await[0].event_id, Some(c.id));
+        assert_eq!(h.consume(1).await[0].event_id(), Some(c.id));
     })
     .await;
 }
@@ -243,13 +129,13 @@ async fn message_properties_and_default_exchange_routing() {
         let sink = AmqpPublisher::connect(h.config().with_exchange(""))
             .await
             .unwrap();
-        let mut e = event(&h.queue, Some("k"), b"{}".to_vec());
+        let mut e = event(h.queue(), Some("k"), b"{}".to_vec());
         e.headers
             .insert("content-type".into(), "application/json".into());
-        let plain = event(&h.queue, None, b"raw".to_vec());
+        let plain = event(h.queue(), None, b"raw".to_vec());
         let outcomes = sink.deliver(&[e.clone(), plain.clone()]).await;
         assert!(outcomes.iter().all(Outcome::is_delivered), "{outcomes:?}");
-        let got = h.get(&h.queue, 2).await;
+        let got = h.next_from(h.queue(), 2).await;
         let p = &got[0].properties;
         assert_eq!(p.delivery_mode(), &Some(2));
         assert_eq!(
@@ -272,7 +158,7 @@ async fn message_properties_and_default_exchange_routing() {
                 .map(|s| s.as_str()),
             Some("application/octet-stream")
         );
-        let r = to_received(&got[1]);
+        let r = received(&got[1]);
         assert_eq!(r.key, None);
         assert_eq!(
             r.headers.get("Outbox-Event-Id"),
@@ -298,12 +184,121 @@ async fn connect_failure_is_retryable_and_debug_hides_the_password() {
     match &outcomes[0] {
         Outcome::Failed(e) => {
             assert_eq!(e.code(), &ErrorCode::PUBLISH_CONNECTION_LOST);
-            assert!(e.is_retryable());
+            assert!(e.is_sink_unavailable(), "{e}");
             assert!(!e.message().contains("s3cr3t"));
         }
-        Outcome::Delivered => panic!("delivered without a broker"),
+        other => panic!("without a broker: {other:?}"),
+    }
+    // The next batch does not try again at once: the reconnect gate
+    // answers, naming the last error and when it tries again.
+    let outcomes = lazy.deliver(&[event("orders", None, b"x".to_vec())]).await;
+    match &outcomes[0] {
+        Outcome::Failed(e) => {
+            assert!(e.is_sink_unavailable(), "{e}");
+            assert!(e.message().contains("next connection attempt in"), "{e}");
+        }
+        other => panic!("without a broker: {other:?}"),
     }
     let err = AmqpPublisher::connect(config).await.unwrap_err();
     assert!(err.is_retryable(), "{err}");
     assert!(!err.to_string().contains("s3cr3t"), "{err}");
+}
+
+/// lapin hands a basic.return to whichever publisher confirm resolves next,
+/// and RabbitMQ acknowledges a busy channel with multiple-acks: the return
+/// of an unroutable message routinely rides on another message's confirm.
+/// A full-speed window of 500 mandatory messages, every third one to a
+/// routing key no queue is bound with: exactly those fail as
+/// `PUBLISH_UNROUTABLE`, every other one is delivered and in the queue.
+#[tokio::test(flavor = "multi_thread")]
+async fn returns_are_matched_to_their_message_in_a_full_speed_mixed_window() {
+    with_harness(|h| async move {
+        const N: usize = 500;
+        // A second queue on the exchange so that routable messages take
+        // two routes (more work per confirm, more multiple-acks); it is
+        // exclusive to the fixture's connection, gone when that closes.
+        let channel = h.channel();
+        let extra = format!("{}-all", h.queue());
+        channel
+            .exchange_declare(
+                h.exchange(),
+                ExchangeKind::Topic,
+                ExchangeDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_declare(
+                &extra,
+                QueueDeclareOptions {
+                    exclusive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        channel
+            .queue_bind(
+                &extra,
+                h.exchange(),
+                "orders",
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .unwrap();
+        let sink = AmqpPublisher::connect(h.config().with_max_in_flight(N).with_persistent(false))
+            .await
+            .unwrap();
+        for round in 0..3 {
+            let events: Vec<_> = (0..N)
+                .map(|i| {
+                    let topic = if i % 3 == 2 { "unbound" } else { "orders" };
+                    event(
+                        topic,
+                        Some(&format!("k{}", i % 7)),
+                        format!("{round}-{i}").into_bytes(),
+                    )
+                })
+                .collect();
+            let outcomes = sink.deliver(&events).await;
+            assert_eq!(outcomes.len(), N);
+            let mut wanted = HashSet::new();
+            for (i, (e, o)) in events.iter().zip(&outcomes).enumerate() {
+                if i % 3 == 2 {
+                    match o {
+                        Outcome::Failed(err) => {
+                            assert_eq!(
+                                err.code(),
+                                &ErrorCode::PUBLISH_UNROUTABLE,
+                                "round {round} #{i}: {err}"
+                            );
+                            assert!(!err.is_retryable());
+                        }
+                        other => panic!("round {round}: unroutable #{i} reported {other:?}"),
+                    }
+                } else {
+                    assert_eq!(o, &Outcome::Delivered, "round {round}: routable #{i}");
+                    wanted.insert(e.id);
+                }
+            }
+            let got: HashSet<EventId> = h
+                .consume(wanted.len())
+                .await
+                .iter()
+                .filter_map(Received::event_id)
+                .collect();
+            assert_eq!(
+                got, wanted,
+                "round {round}: the queue holds exactly the delivered events"
+            );
+            assert_eq!(h.message_count().await, 0, "nothing else in the queue");
+        }
+    })
+    .await;
 }
