@@ -1,0 +1,262 @@
+//! The independent consumers, one per broker, connected straight to the
+//! broker (never through the fault proxy). Each records every message it
+//! receives (event id, key, sequence from the payload, arrival time), copies
+//! included, until told to stop. Each creates and deletes its own
+//! destination: a JetStream stream with the deduplication window at its
+//! minimum (so the relays' duplicates are stored and counted), a RabbitMQ
+//! queue, a Kafka topic.
+
+use crate::record::{now_us, parse_payload, Arrival, Ledger};
+use anyhow::{bail, Context as _, Result};
+use futures::StreamExt;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+use uuid::Uuid;
+
+/// A broker destination for one run.
+#[derive(Debug, Clone)]
+pub(crate) enum Destination {
+    /// Stream `stream` capturing `<prefix>.>`.
+    Nats {
+        url: String,
+        stream: String,
+        prefix: String,
+    },
+    /// Queue `queue` (bound by name on the default exchange).
+    Amqp { url: String, queue: String },
+    /// Topic `topic`.
+    Kafka { brokers: String, topic: String },
+}
+
+/// Kafka partitions of a run's topic.
+const KAFKA_PARTITIONS: i32 = 3;
+
+impl Destination {
+    /// Creates the stream / queue / topic.
+    pub(crate) async fn create(&self) -> Result<()> {
+        match self {
+            Self::Nats {
+                url,
+                stream,
+                prefix,
+            } => {
+                let js = nats_js(url).await?;
+                js.create_stream(outbox_nats::async_nats::jetstream::stream::Config {
+                    name: stream.clone(),
+                    subjects: vec![format!("{prefix}.>")],
+                    // The relays' duplicates must be stored, not dropped by
+                    // the server's Nats-Msg-Id deduplication.
+                    duplicate_window: Duration::from_millis(1),
+                    max_age: Duration::from_secs(6 * 3600),
+                    ..Default::default()
+                })
+                .await
+                .with_context(|| format!("creating JetStream stream {stream}"))?;
+            }
+            Self::Amqp { url, queue } => {
+                use outbox_amqp::lapin::options::QueueDeclareOptions;
+                use outbox_amqp::lapin::types::FieldTable;
+                let conn = amqp_connect(url).await?;
+                let ch = conn.create_channel().await?;
+                ch.queue_declare(
+                    queue,
+                    QueueDeclareOptions {
+                        durable: true,
+                        ..Default::default()
+                    },
+                    FieldTable::default(),
+                )
+                .await
+                .with_context(|| format!("declaring queue {queue}"))?;
+                let _ = conn.close(200, "bye").await;
+            }
+            Self::Kafka { brokers, topic } => {
+                use outbox_kafka::rdkafka::admin::{
+                    AdminClient, AdminOptions, NewTopic, TopicReplication,
+                };
+                use outbox_kafka::rdkafka::client::DefaultClientContext;
+                let admin: AdminClient<DefaultClientContext> = kafka_config(brokers)
+                    .create()
+                    .context("Kafka admin client")?;
+                let results = admin
+                    .create_topics(
+                        &[NewTopic::new(
+                            topic,
+                            KAFKA_PARTITIONS,
+                            TopicReplication::Fixed(1),
+                        )],
+                        &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))),
+                    )
+                    .await
+                    .with_context(|| format!("Kafka is not reachable at {brokers}"))?;
+                for r in results {
+                    if let Err((t, code)) = r {
+                        bail!("creating Kafka topic {t}: {code}");
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes what [`Destination::create`] made (best effort).
+    pub(crate) async fn delete(&self) {
+        match self {
+            Self::Nats { url, stream, .. } => {
+                if let Ok(js) = nats_js(url).await {
+                    let _ = js.delete_stream(stream).await;
+                }
+            }
+            Self::Amqp { url, queue } => {
+                use outbox_amqp::lapin::options::QueueDeleteOptions;
+                if let Ok(conn) = amqp_connect(url).await {
+                    if let Ok(ch) = conn.create_channel().await {
+                        let _ = ch.queue_delete(queue, QueueDeleteOptions::default()).await;
+                    }
+                    let _ = conn.close(200, "bye").await;
+                }
+            }
+            Self::Kafka { brokers, topic } => {
+                use outbox_kafka::rdkafka::admin::{AdminClient, AdminOptions};
+                use outbox_kafka::rdkafka::client::DefaultClientContext;
+                if let Ok(admin) =
+                    kafka_config(brokers).create::<AdminClient<DefaultClientContext>>()
+                {
+                    let _ = admin.delete_topics(&[topic], &AdminOptions::new()).await;
+                }
+            }
+        }
+    }
+
+    /// Consumes until `stop` turns true, recording every message.
+    pub(crate) async fn consume(
+        &self,
+        ledger: Arc<Ledger>,
+        mut stop: watch::Receiver<bool>,
+    ) -> Result<Vec<Arrival>> {
+        let mut out = Vec::new();
+        let mut record = |payload: &[u8]| {
+            let at = now_us();
+            let a = parse_payload(payload, at).unwrap_or_else(|| Arrival {
+                // Unreadable: an id nobody produced, so it counts as unexpected.
+                id: Uuid::now_v7(),
+                key: String::new(),
+                seq: 0,
+                at_us: at,
+            });
+            ledger.arrived(a.id);
+            out.push(a);
+        };
+        match self {
+            Self::Nats { url, stream, .. } => {
+                use outbox_nats::async_nats::jetstream::consumer::{
+                    pull, AckPolicy, DeliverPolicy,
+                };
+                let js = nats_js(url).await?;
+                let s = js.get_stream(stream).await?;
+                let consumer = s
+                    .create_consumer(pull::Config {
+                        deliver_policy: DeliverPolicy::All,
+                        ack_policy: AckPolicy::None,
+                        ..Default::default()
+                    })
+                    .await
+                    .context("creating the JetStream consumer")?;
+                let mut messages = consumer.messages().await?;
+                loop {
+                    tokio::select! {
+                        m = messages.next() => match m {
+                            Some(Ok(m)) => record(&m.payload),
+                            Some(Err(e)) => eprintln!("chaos consumer (nats): {e}"),
+                            None => bail!("the JetStream consumer ended"),
+                        },
+                        _ = stop.changed() => break,
+                    }
+                }
+            }
+            Self::Amqp { url, queue } => {
+                use outbox_amqp::lapin::options::BasicConsumeOptions;
+                use outbox_amqp::lapin::types::FieldTable;
+                let conn = amqp_connect(url).await?;
+                let ch = conn.create_channel().await?;
+                let mut consumer = ch
+                    .basic_consume(
+                        queue,
+                        "chaos",
+                        BasicConsumeOptions {
+                            no_ack: true,
+                            ..Default::default()
+                        },
+                        FieldTable::default(),
+                    )
+                    .await
+                    .context("basic.consume")?;
+                loop {
+                    tokio::select! {
+                        d = consumer.next() => match d {
+                            Some(Ok(d)) => record(&d.data),
+                            Some(Err(e)) => bail!("the RabbitMQ consumer failed: {e}"),
+                            None => bail!("the RabbitMQ consumer ended"),
+                        },
+                        _ = stop.changed() => break,
+                    }
+                }
+                let _ = conn.close(200, "bye").await;
+            }
+            Self::Kafka { brokers, topic } => {
+                use outbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
+                use outbox_kafka::rdkafka::message::Message;
+                use outbox_kafka::rdkafka::{Offset, TopicPartitionList};
+                let consumer: StreamConsumer = kafka_config(brokers)
+                    .set("group.id", format!("chaos-{topic}"))
+                    .set("enable.auto.commit", "false")
+                    .set("auto.offset.reset", "earliest")
+                    .create()
+                    .context("Kafka consumer")?;
+                let mut partitions = TopicPartitionList::new();
+                for p in 0..KAFKA_PARTITIONS {
+                    partitions.add_partition_offset(topic, p, Offset::Beginning)?;
+                }
+                consumer.assign(&partitions)?;
+                loop {
+                    tokio::select! {
+                        m = consumer.recv() => match m {
+                            Ok(m) => record(m.payload().unwrap_or_default()),
+                            Err(e) => eprintln!("chaos consumer (kafka): {e}"),
+                        },
+                        _ = stop.changed() => break,
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+async fn nats_js(url: &str) -> Result<outbox_nats::async_nats::jetstream::Context> {
+    let client = outbox_nats::async_nats::connect(url)
+        .await
+        .with_context(|| format!("NATS is not reachable at {url}"))?;
+    Ok(outbox_nats::async_nats::jetstream::new(client))
+}
+
+async fn amqp_connect(url: &str) -> Result<outbox_amqp::lapin::Connection> {
+    outbox_amqp::lapin::Connection::connect(
+        url,
+        outbox_amqp::lapin::ConnectionProperties::default(),
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "RabbitMQ is not reachable at {}",
+            outbox_core::redact_url(url)
+        )
+    })
+}
+
+fn kafka_config(brokers: &str) -> outbox_kafka::rdkafka::ClientConfig {
+    let mut c = outbox_kafka::rdkafka::ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    c
+}

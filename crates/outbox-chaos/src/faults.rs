@@ -1,0 +1,317 @@
+//! Faults and their schedule.
+//!
+//! A plan is a comma-separated list of steps; a step is one fault or several
+//! joined by `+` (run at the same time, "mixed"); `kind*N` repeats a step.
+//! Steps are spread evenly over the production time, one after the other.
+//! Example: `kill*2,stop,broker-outage+kill,db-flap`.
+
+use crate::proxy::Proxy;
+use crate::record::{now_us, FaultRecord};
+use crate::relays::Relays;
+use anyhow::{bail, Context as _, Result};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use sqlx::postgres::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio::time::Instant;
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FaultKind {
+    /// `kill -9` a relay, restart it at once.
+    Kill,
+    /// SIGSTOP a relay for longer than its lease, then SIGCONT.
+    Stop,
+    /// `pg_terminate_backend` of every relay connection.
+    PgTerminate,
+    /// `pg_ctlcluster <v> main restart` (opt-in).
+    PgRestart,
+    /// The broker unreachable (cut + refused) for the outage time.
+    BrokerOutage,
+    /// The broker connection cut and refused repeatedly.
+    BrokerFlap,
+    /// The database unreachable from the relays for the outage time.
+    DbOutage,
+    /// The database connection cut and refused repeatedly.
+    DbFlap,
+}
+
+impl FaultKind {
+    /// Every kind, in the order of the tables.
+    pub(crate) const ALL: [FaultKind; 8] = [
+        Self::Kill,
+        Self::Stop,
+        Self::PgTerminate,
+        Self::PgRestart,
+        Self::BrokerOutage,
+        Self::BrokerFlap,
+        Self::DbOutage,
+        Self::DbFlap,
+    ];
+
+    /// The name used in plans and reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Stop => "stop",
+            Self::PgTerminate => "pg-terminate",
+            Self::PgRestart => "pg-restart",
+            Self::BrokerOutage => "broker-outage",
+            Self::BrokerFlap => "broker-flap",
+            Self::DbOutage => "db-outage",
+            Self::DbFlap => "db-flap",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .with_context(|| {
+                let names: Vec<&str> = Self::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown fault {s:?}; known: {}", names.join(", "))
+            })
+    }
+}
+
+/// A plan: steps, each one or more faults started together.
+pub(crate) fn parse_plan(plan: &str) -> Result<Vec<Vec<FaultKind>>> {
+    let mut steps = Vec::new();
+    for part in plan.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        if part == "none" {
+            continue;
+        }
+        let (step, times) = match part.rsplit_once('*') {
+            Some((s, n)) => (
+                s,
+                n.parse::<usize>()
+                    .with_context(|| format!("bad repeat count in {part:?}"))?,
+            ),
+            None => (part, 1),
+        };
+        let kinds = step
+            .split('+')
+            .map(|k| FaultKind::parse(k.trim()))
+            .collect::<Result<Vec<_>>>()?;
+        for _ in 0..times {
+            steps.push(kinds.clone());
+        }
+    }
+    Ok(steps)
+}
+
+/// Timings of the faults.
+#[derive(Debug, Clone)]
+pub(crate) struct FaultTimes {
+    /// SIGSTOP length (longer than the lease).
+    pub(crate) stop: Duration,
+    /// Broker / database outage length.
+    pub(crate) outage: Duration,
+    /// Flap cycles.
+    pub(crate) flap_cycles: u32,
+    /// Down time of one flap.
+    pub(crate) flap_down: Duration,
+    /// Up time between flaps.
+    pub(crate) flap_up: Duration,
+}
+
+/// What the faults act on.
+#[derive(Debug, Clone)]
+pub(crate) struct Targets {
+    pub(crate) relays: Arc<Mutex<Relays>>,
+    pub(crate) broker_proxy: Option<Arc<Proxy>>,
+    pub(crate) db_proxy: Option<Arc<Proxy>>,
+    /// A direct admin connection and the relays' `application_name`.
+    pub(crate) pg_admin: Option<(PgPool, String)>,
+    /// Whether `pg-restart` may run.
+    pub(crate) allow_pg_restart: bool,
+}
+
+impl Targets {
+    /// Fails when `kind` cannot be injected in this run.
+    pub(crate) fn check(&self, kind: FaultKind) -> Result<()> {
+        match kind {
+            FaultKind::Kill | FaultKind::Stop => Ok(()),
+            FaultKind::PgTerminate if self.pg_admin.is_none() => {
+                bail!("pg-terminate needs the PostgreSQL store")
+            }
+            FaultKind::PgRestart if !self.allow_pg_restart || self.pg_admin.is_none() => {
+                bail!("pg-restart needs the PostgreSQL store and --allow-pg-restart")
+            }
+            FaultKind::BrokerOutage | FaultKind::BrokerFlap if self.broker_proxy.is_none() => {
+                bail!("{} needs a broker proxy (not possible for Kafka, whose clients reconnect to the advertised address)", kind.name())
+            }
+            FaultKind::DbOutage | FaultKind::DbFlap if self.db_proxy.is_none() => {
+                bail!(
+                    "{} needs the PostgreSQL store (SQLite is a file)",
+                    kind.name()
+                )
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Runs the plan: step `i` starts at `start + warmup + i * spacing`, or
+/// when the previous step is over if that is later. Returns every fault
+/// as injected.
+pub(crate) async fn run_plan(
+    steps: Vec<Vec<FaultKind>>,
+    targets: Targets,
+    times: FaultTimes,
+    start: Instant,
+    warmup: Duration,
+    spacing: Duration,
+    seed: u64,
+) -> Result<Vec<FaultRecord>> {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let mut records = Vec::new();
+    for (i, step) in steps.into_iter().enumerate() {
+        let planned = start + warmup + spacing * u32::try_from(i).unwrap_or(u32::MAX);
+        tokio::time::sleep_until(planned).await;
+        let n = targets.relays.lock().await.len();
+        let mut set = tokio::task::JoinSet::new();
+        // Distinct relays for the relay faults of one step.
+        let mut next_relay = rng.random_range(0..n.max(1));
+        for kind in step {
+            let relay = next_relay % n.max(1);
+            next_relay += 1;
+            let (targets, times) = (targets.clone(), times.clone());
+            set.spawn(async move { inject(kind, relay, &targets, &times).await });
+        }
+        while let Some(r) = set.join_next().await {
+            records.push(r.context("fault task panicked")??);
+        }
+    }
+    Ok(records)
+}
+
+async fn inject(
+    kind: FaultKind,
+    relay: usize,
+    t: &Targets,
+    times: &FaultTimes,
+) -> Result<FaultRecord> {
+    let start_us = now_us();
+    let mut target = String::new();
+    let mut may_duplicate = false;
+    match kind {
+        FaultKind::Kill => {
+            t.relays.lock().await.kill_and_restart(relay).await?;
+            target = format!("relay-{relay}");
+            may_duplicate = true;
+        }
+        FaultKind::Stop => {
+            t.relays.lock().await.stop(relay).await?;
+            tokio::time::sleep(times.stop).await;
+            t.relays.lock().await.resume(relay).await?;
+            target = format!("relay-{relay}");
+            may_duplicate = true;
+        }
+        FaultKind::PgTerminate => {
+            if let Some((pool, app)) = &t.pg_admin {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                )
+                .bind(app)
+                .fetch_one(pool)
+                .await
+                .context("pg_terminate_backend")?;
+                target = format!("{n} relay connection(s)");
+            }
+        }
+        FaultKind::PgRestart => {
+            pg_restart().await?;
+            target = "postgresql".to_owned();
+        }
+        FaultKind::BrokerOutage | FaultKind::DbOutage => {
+            let (proxy, what) = proxy_of(kind, t)?;
+            proxy.down();
+            tokio::time::sleep(times.outage).await;
+            proxy.up();
+            target = what.to_owned();
+        }
+        FaultKind::BrokerFlap | FaultKind::DbFlap => {
+            let (proxy, what) = proxy_of(kind, t)?;
+            for c in 0..times.flap_cycles {
+                if c > 0 {
+                    tokio::time::sleep(times.flap_up).await;
+                }
+                proxy.down();
+                tokio::time::sleep(times.flap_down).await;
+                proxy.up();
+            }
+            target = what.to_owned();
+        }
+    }
+    Ok(FaultRecord {
+        kind: kind.name().to_owned(),
+        target,
+        start_us,
+        end_us: now_us(),
+        may_duplicate,
+    })
+}
+
+fn proxy_of(kind: FaultKind, t: &Targets) -> Result<(&Proxy, &'static str)> {
+    let found = match kind {
+        FaultKind::BrokerOutage | FaultKind::BrokerFlap => {
+            t.broker_proxy.as_deref().map(|p| (p, "broker proxy"))
+        }
+        _ => t.db_proxy.as_deref().map(|p| (p, "database proxy")),
+    };
+    found.with_context(|| format!("{} has no proxy in this run", kind.name()))
+}
+
+/// Restarts the local PostgreSQL cluster and waits until it accepts
+/// connections again.
+async fn pg_restart() -> Result<()> {
+    let version = std::fs::read_dir("/etc/postgresql")
+        .context("no /etc/postgresql: cannot restart PostgreSQL here")?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .max()
+        .context("no PostgreSQL cluster under /etc/postgresql")?;
+    let status = tokio::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+        .status()
+        .await
+        .context("running pg_ctlcluster")?;
+    if !status.success() {
+        bail!("pg_ctlcluster {version} main restart failed ({status})");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect("127.0.0.1:5432")
+        .await
+        .is_err()
+    {
+        if Instant::now() > deadline {
+            bail!("PostgreSQL did not come back within 60 s of its restart");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plans_parse() {
+        let p = parse_plan("kill*2, stop+broker-flap,none").unwrap();
+        assert_eq!(
+            p,
+            vec![
+                vec![FaultKind::Kill],
+                vec![FaultKind::Kill],
+                vec![FaultKind::Stop, FaultKind::BrokerFlap]
+            ]
+        );
+        assert!(parse_plan("explode").is_err());
+        assert!(parse_plan("").unwrap().is_empty());
+    }
+}

@@ -1,0 +1,799 @@
+//! `outbox-chaos`: the reliability suite behind `cargo xtask chaos`.
+//!
+//! `outbox-chaos run` is one black-box run, as a user would set it up: a
+//! producer application commits events with per-key sequence numbers
+//! through the public enqueue API (some transactions rolled back), 2-4
+//! `outbox-relay run` processes (the built binary) relay them to a real
+//! broker, an independent consumer records every message, faults are
+//! injected on a schedule, and the checker reports lost, duplicated,
+//! unexpected, per-key order violations, latency and recovery times.
+//! Everything it creates is named after the run and removed at the end; its
+//! relays are killed whatever way it exits.
+//!
+//! `outbox-chaos check DIR` runs the checker again over a kept run.
+
+#![allow(clippy::print_stdout, reason = "a command-line tool")]
+
+mod checker;
+mod consumer;
+mod faults;
+mod producer;
+mod proxy;
+mod record;
+mod relays;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+use consumer::Destination;
+use faults::{FaultTimes, Targets};
+use producer::{AppDb, ProducerConfig};
+use proxy::Proxy;
+use rand::Rng;
+use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
+use relays::{RelaySpec, Relays};
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, BufWriter, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{watch, Mutex};
+use tokio::time::Instant;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outbox-chaos",
+    about = "The outbox reliability suite (cargo xtask chaos)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// One run: producer, relays, consumer, faults, checker.
+    Run(Box<RunArgs>),
+    /// Runs the checker again over a kept run directory.
+    Check {
+        /// The run's directory (holds run.json, produced.jsonl, arrivals.jsonl, faults.json).
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    Postgres,
+    Sqlite,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BrokerKind {
+    Nats,
+    Amqp,
+    Kafka,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct RunArgs {
+    /// The store.
+    #[arg(long, value_enum)]
+    store: StoreKind,
+    /// The broker.
+    #[arg(long, value_enum)]
+    broker: BrokerKind,
+    /// The `outbox-relay` binary [default: next to this binary].
+    #[arg(long)]
+    relay_bin: Option<PathBuf>,
+    /// Output directory (logs, records, report.json).
+    #[arg(long)]
+    out: PathBuf,
+    /// Relay processes.
+    #[arg(long, default_value_t = 2)]
+    relays: usize,
+    /// Offered events per second.
+    #[arg(long, default_value_t = 400)]
+    rate: u32,
+    /// Production time, seconds.
+    #[arg(long, default_value_t = 30)]
+    duration_s: u64,
+    /// Fault plan, e.g. `kill*2,stop,broker-outage+kill` (see faults.rs), or `none`.
+    #[arg(long, default_value = "kill,stop")]
+    faults: String,
+    /// Seconds before the first fault.
+    #[arg(long, default_value_t = 3)]
+    warmup_s: u64,
+    /// The relays' lease (`--lock-timeout-ms`).
+    #[arg(long, default_value_t = 4000)]
+    lease_ms: u64,
+    /// The relays' `--batch-size`.
+    #[arg(long, default_value_t = 20)]
+    batch_size: u32,
+    /// The relays' `--poll-interval-ms`.
+    #[arg(long, default_value_t = 100)]
+    poll_ms: u64,
+    /// SIGSTOP length beyond the lease, ms.
+    #[arg(long, default_value_t = 2000)]
+    stop_extra_ms: u64,
+    /// Broker / database outage length, seconds.
+    #[arg(long, default_value_t = 5)]
+    outage_s: u64,
+    /// Flap cycles per flap fault.
+    #[arg(long, default_value_t = 3)]
+    flap_cycles: u32,
+    /// Down time of one flap, ms.
+    #[arg(long, default_value_t = 2000)]
+    flap_down_ms: u64,
+    /// Up time between flaps, ms.
+    #[arg(long, default_value_t = 3000)]
+    flap_up_ms: u64,
+    /// Longest wait for the last events after production, seconds.
+    #[arg(long, default_value_t = 60)]
+    drain_timeout_s: u64,
+    /// Producer tasks (connections).
+    #[arg(long, default_value_t = 4)]
+    tasks: usize,
+    /// Keys per producer task.
+    #[arg(long, default_value_t = 16)]
+    keys: usize,
+    /// Most events per transaction.
+    #[arg(long, default_value_t = 5)]
+    max_per_tx: usize,
+    /// One transaction in N is rolled back.
+    #[arg(long, default_value_t = 20)]
+    rollback_one_in: u32,
+    /// Payload padding, bytes.
+    #[arg(long, default_value_t = 64)]
+    pad: usize,
+    /// Random seed [default: random].
+    #[arg(long)]
+    seed: Option<u64>,
+    /// PostgreSQL URL (the application's and the admin connection).
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "postgres://postgres@127.0.0.1:5432/test"
+    )]
+    database_url: String,
+    /// NATS URL.
+    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// RabbitMQ URL.
+    #[arg(
+        long,
+        env = "AMQP_URL",
+        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
+    )]
+    amqp_url: String,
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
+    kafka_brokers: String,
+    /// Keep the schema / stream / queue / topic and the SQLite file.
+    #[arg(long)]
+    keep: bool,
+    /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL).
+    #[arg(long)]
+    allow_pg_restart: bool,
+    /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
+    #[arg(long)]
+    timeout_s: Option<u64>,
+}
+
+/// What `check` needs besides the records (written as run.json).
+#[derive(Debug, Serialize, Deserialize)]
+struct RunMeta {
+    scenario: checker::Scenario,
+    produce_end_us: i64,
+    resolved_committed: Vec<uuid::Uuid>,
+    relay_exits: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async {
+        match cli.command {
+            Command::Run(args) => run_bounded(*args).await,
+            Command::Check { dir } => check_dir(&dir),
+        }
+    });
+    // Child processes are killed on drop; give the runtime a moment to
+    // reap them, without waiting on stuck tasks.
+    rt.shutdown_timeout(Duration::from_secs(2));
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(2),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The run under a hard time bound and SIGINT/SIGTERM: whichever comes
+/// first drops the run (its guards kill the relays).
+async fn run_bounded(args: RunArgs) -> Result<bool> {
+    let steps = faults::parse_plan(&args.faults)?;
+    let fault_time: u64 = steps.len() as u64 * (args.outage_s + 20);
+    let bound = Duration::from_secs(
+        args.timeout_s
+            .unwrap_or(args.duration_s + fault_time + args.drain_timeout_s + 120),
+    );
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("listening for SIGTERM")?;
+    tokio::select! {
+        r = tokio::time::timeout(bound, run(args, steps)) => match r {
+            Ok(r) => r,
+            Err(_) => bail!("the run did not finish within {bound:?}: stopped"),
+        },
+        _ = tokio::signal::ctrl_c() => bail!("interrupted"),
+        _ = term.recv() => bail!("terminated"),
+    }
+}
+
+/// Host and port of a URL (`scheme://[user[:pass]@]host:port[/...]`).
+fn host_port(url: &str) -> Result<(String, u16)> {
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
+    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let hostport = hostport.split(',').next().unwrap_or(hostport);
+    let (host, port) = hostport
+        .rsplit_once(':')
+        .with_context(|| format!("no port in {url:?}"))?;
+    Ok((host.to_owned(), port.parse().context("bad port")?))
+}
+
+/// `url` with its host:port replaced by `addr`.
+fn via(url: &str, addr: SocketAddr) -> Result<String> {
+    let (host, port) = host_port(url)?;
+    let from = format!("{host}:{port}");
+    let Some(i) = url.find(&from) else {
+        bail!("cannot rewrite {url:?}");
+    };
+    Ok(format!("{}{addr}{}", &url[..i], &url[i + from.len()..]))
+}
+
+async fn resolve(url: &str) -> Result<SocketAddr> {
+    let (host, port) = host_port(url)?;
+    let found = tokio::net::lookup_host((host.as_str(), port))
+        .await?
+        .find(SocketAddr::is_ipv4);
+    found.with_context(|| format!("cannot resolve {url}"))
+}
+
+fn default_relay_bin() -> Result<PathBuf> {
+    let me = std::env::current_exe()?;
+    let bin = me.with_file_name("outbox-relay");
+    if !bin.exists() {
+        bail!(
+            "{} not found: build it (`cargo build -p outbox-relay --features postgres,nats,amqp,kafka`) or pass --relay-bin",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+async fn run(args: RunArgs, steps: Vec<Vec<faults::FaultKind>>) -> Result<bool> {
+    let seed = args.seed.unwrap_or_else(|| rand::rng().random());
+    let store_short = match args.store {
+        StoreKind::Postgres => "pg",
+        StoreKind::Sqlite => "sq",
+    };
+    let broker_name = match args.broker {
+        BrokerKind::Nats => "nats",
+        BrokerKind::Amqp => "amqp",
+        BrokerKind::Kafka => "kafka",
+    };
+    let name = format!(
+        "chaos_{store_short}_{broker_name}_{:06x}",
+        rand::rng().random_range(0..0xff_ffffu32)
+    );
+    let relay_bin = match &args.relay_bin {
+        Some(b) => b.clone(),
+        None => default_relay_bin()?,
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let out = std::fs::canonicalize(&args.out)?;
+    eprintln!("chaos {name}: store {store_short}, broker {broker_name}, {} relays, {} ev/s for {} s, faults {:?}, seed {seed}, out {}",
+        args.relays, args.rate, args.duration_s, args.faults, out.display());
+
+    // The broker destination (created before any relay starts).
+    let dest = match args.broker {
+        BrokerKind::Nats => Destination::Nats {
+            url: args.nats_url.clone(),
+            stream: name.to_uppercase(),
+            prefix: name.clone(),
+        },
+        BrokerKind::Amqp => Destination::Amqp {
+            url: args.amqp_url.clone(),
+            queue: name.clone(),
+        },
+        BrokerKind::Kafka => Destination::Kafka {
+            brokers: args.kafka_brokers.clone(),
+            topic: name.clone(),
+        },
+    };
+    dest.create().await?;
+    let sqlite_path = out.join(format!("{name}.db"));
+    let result = run_created(
+        &args,
+        &name,
+        seed,
+        &steps,
+        &dest,
+        &relay_bin,
+        &out,
+        &sqlite_path,
+    )
+    .await;
+    if !args.keep {
+        dest.delete().await;
+        match args.store {
+            StoreKind::Postgres => {
+                if let Ok(pool) = sqlx::PgPool::connect(&args.database_url).await {
+                    let _ = sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+                        .execute(&pool)
+                        .await;
+                    pool.close().await;
+                }
+            }
+            StoreKind::Sqlite => {
+                for ext in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!("{}{ext}", sqlite_path.display()));
+                }
+            }
+        }
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_created(
+    args: &RunArgs,
+    name: &str,
+    seed: u64,
+    steps: &[Vec<faults::FaultKind>],
+    dest: &Destination,
+    relay_bin: &Path,
+    out: &Path,
+    sqlite_path: &Path,
+) -> Result<bool> {
+    // Proxies: the relays reach the broker (not Kafka: its clients reconnect
+    // to the address the broker advertises) and PostgreSQL through them.
+    let broker_proxy = match dest {
+        Destination::Nats { url, .. } | Destination::Amqp { url, .. } => {
+            Some(Arc::new(Proxy::start(resolve(url).await?).await?))
+        }
+        Destination::Kafka { .. } => None,
+    };
+    let db_proxy = match args.store {
+        StoreKind::Postgres => Some(Arc::new(
+            Proxy::start(resolve(&args.database_url).await?).await?,
+        )),
+        StoreKind::Sqlite => None,
+    };
+
+    // Store URLs: the relays' (through the proxy, tagged with the run's
+    // application_name) and the application's (direct).
+    let relay_store = match args.store {
+        StoreKind::Postgres => {
+            let proxied = via(
+                &args.database_url,
+                db_proxy.as_ref().map(|p| p.addr()).context("db proxy")?,
+            )?;
+            let sep = if proxied.contains('?') { '&' } else { '?' };
+            format!("{proxied}{sep}application_name={name}")
+        }
+        StoreKind::Sqlite => format!("sqlite://{}", sqlite_path.display()),
+    };
+    let mut store_args = vec!["--store".to_owned(), relay_store.clone()];
+    if args.store == StoreKind::Postgres {
+        store_args.extend(["--pg-schema".to_owned(), name.to_owned()]);
+    }
+    let (sink, topic, mut sink_args) = match dest {
+        Destination::Nats { url, .. } => {
+            let proxied = via(
+                url,
+                broker_proxy.as_ref().map(|p| p.addr()).context("proxy")?,
+            )?;
+            (
+                proxied,
+                "orders".to_owned(),
+                vec!["--nats-subject-prefix".to_owned(), name.to_owned()],
+            )
+        }
+        Destination::Amqp { url, queue } => {
+            let proxied = via(
+                url,
+                broker_proxy.as_ref().map(|p| p.addr()).context("proxy")?,
+            )?;
+            (proxied, queue.clone(), Vec::new())
+        }
+        Destination::Kafka { brokers, topic } => {
+            (format!("kafka://{brokers}"), topic.clone(), Vec::new())
+        }
+    };
+    sink_args.splice(0..0, ["--sink".to_owned(), sink]);
+
+    // Migrate with the relay binary, as a user would.
+    let status = tokio::process::Command::new(relay_bin)
+        .arg("migrate")
+        .args(&store_args)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await
+        .with_context(|| format!("running {} migrate", relay_bin.display()))?;
+    if !status.success() {
+        bail!("`outbox-relay migrate` failed ({status})");
+    }
+
+    let app_db = match args.store {
+        StoreKind::Postgres => {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(u32::try_from(args.tasks).unwrap_or(4) + 1)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect(&args.database_url)
+                .await
+                .context("the application cannot connect to PostgreSQL")?;
+            let outbox = outbox_postgres::PgOutbox::new(
+                outbox_postgres::Ident::new(name)?,
+                outbox_postgres::Ident::new("events")?,
+            )?;
+            AppDb::Postgres {
+                pool,
+                outbox,
+                business: format!("\"{name}\".chaos_orders"),
+            }
+        }
+        StoreKind::Sqlite => {
+            use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+            let opts = SqliteConnectOptions::new()
+                .filename(sqlite_path)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(10));
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(u32::try_from(args.tasks).unwrap_or(2))
+                .connect_with(opts)
+                .await
+                .context("the application cannot open the SQLite file")?;
+            AppDb::Sqlite { pool }
+        }
+    };
+    app_db.prepare().await?;
+    let pg_admin = match &app_db {
+        AppDb::Postgres { pool, .. } => Some((pool.clone(), name.to_owned())),
+        AppDb::Sqlite { .. } => None,
+    };
+
+    let ledger = Arc::new(Ledger::default());
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let consumer = {
+        let (dest, ledger) = (dest.clone(), ledger.clone());
+        tokio::spawn(async move { dest.consume(ledger, stop_rx).await })
+    };
+
+    let mut relay_args = store_args;
+    relay_args.extend(sink_args);
+    relay_args.extend([
+        "--batch-size".to_owned(),
+        args.batch_size.to_string(),
+        "--poll-interval-ms".to_owned(),
+        args.poll_ms.to_string(),
+        "--lock-timeout-ms".to_owned(),
+        args.lease_ms.to_string(),
+    ]);
+    let spec = RelaySpec {
+        bin: relay_bin.to_owned(),
+        args: relay_args,
+        log_dir: out.to_owned(),
+        name: name.to_owned(),
+    };
+    let relays = Arc::new(Mutex::new(Relays::start(spec, args.relays)?));
+    let targets = Targets {
+        relays: relays.clone(),
+        broker_proxy: broker_proxy.clone(),
+        db_proxy: db_proxy.clone(),
+        pg_admin,
+        allow_pg_restart: args.allow_pg_restart,
+    };
+    for k in steps.iter().flatten() {
+        targets.check(*k)?;
+    }
+    // Let the relays connect before the load starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut relay_exits = relays.lock().await.reap_and_restart()?;
+    if !relay_exits.is_empty() {
+        bail!("a relay exited at start:\n{}", relay_exits.join("\n"));
+    }
+
+    let start_us = now_us();
+    let start = Instant::now();
+    let producer = tokio::spawn(producer::run(
+        app_db.clone(),
+        ProducerConfig {
+            rate: args.rate,
+            duration: Duration::from_secs(args.duration_s),
+            tasks: args.tasks,
+            keys_per_task: args.keys,
+            max_events_per_tx: args.max_per_tx,
+            rollback_one_in: args.rollback_one_in,
+            pad: args.pad,
+            topic,
+            seed,
+        },
+        ledger.clone(),
+    ));
+    let warmup = Duration::from_secs(args.warmup_s.min(args.duration_s / 2));
+    let spacing = if steps.is_empty() {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(args.duration_s).saturating_sub(warmup)
+            / u32::try_from(steps.len()).unwrap_or(1)
+    };
+    let mut fault_task = tokio::spawn(faults::run_plan(
+        steps.to_vec(),
+        targets,
+        FaultTimes {
+            stop: Duration::from_millis(args.lease_ms + args.stop_extra_ms),
+            outage: Duration::from_secs(args.outage_s),
+            flap_cycles: args.flap_cycles,
+            flap_down: Duration::from_millis(args.flap_down_ms),
+            flap_up: Duration::from_millis(args.flap_up_ms),
+        },
+        start,
+        warmup,
+        spacing,
+        seed,
+    ));
+
+    // Watch: relays that die by themselves are restarted and reported.
+    let mut faults_done: Option<Vec<FaultRecord>> = None;
+    let mut last_print = Instant::now();
+    while faults_done.is_none() || start.elapsed() < Duration::from_secs(args.duration_s) {
+        tokio::select! {
+            r = &mut fault_task, if faults_done.is_none() => {
+                faults_done = Some(r.context("fault task panicked")??);
+            }
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        relay_exits.extend(relays.lock().await.reap_and_restart()?);
+        if last_print.elapsed() >= Duration::from_secs(5) {
+            last_print = Instant::now();
+            eprintln!(
+                "chaos {name}: {:>4.0} s  committed {:>8}  received {:>8}  outstanding {:>6}",
+                start.elapsed().as_secs_f64(),
+                ledger.committed_count(),
+                ledger.arrival_count(),
+                ledger.outstanding()
+            );
+        }
+    }
+    let produced = producer.await.context("producer panicked")??;
+    let produce_end_us = now_us();
+    let fault_records = faults_done.unwrap_or_default();
+
+    // Drain: until every committed event arrived, or the timeout; then a
+    // quiet period for late copies.
+    let drain_deadline = Instant::now() + Duration::from_secs(args.drain_timeout_s);
+    while ledger.outstanding() > 0 && Instant::now() < drain_deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        relay_exits.extend(relays.lock().await.reap_and_restart()?);
+    }
+    eprintln!(
+        "chaos {name}: drained, outstanding {} after {:.1} s",
+        ledger.outstanding(),
+        (now_us() - produce_end_us) as f64 / 1e6
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    relays.lock().await.shutdown(Duration::from_secs(10)).await;
+    let _ = stop_tx.send(true);
+    let arrivals = tokio::time::timeout(Duration::from_secs(10), consumer)
+        .await
+        .context("the consumer did not stop")?
+        .context("consumer panicked")??;
+
+    // Unknown outcomes: the business row says whether it committed.
+    let unknown_txs: Vec<uuid::Uuid> = produced
+        .iter()
+        .filter(|p| p.outcome == TxOutcome::Unknown)
+        .map(|p| p.tx)
+        .collect();
+    let resolved_committed = app_db
+        .committed_among(&unknown_txs)
+        .await
+        .context("resolving unknown commits")?;
+    if let AppDb::Postgres { pool, .. } = &app_db {
+        pool.close().await;
+    }
+
+    let meta = RunMeta {
+        scenario: checker::Scenario {
+            name: name.to_owned(),
+            store: match args.store {
+                StoreKind::Postgres => "postgres",
+                StoreKind::Sqlite => "sqlite",
+            }
+            .to_owned(),
+            broker: match args.broker {
+                BrokerKind::Nats => "nats",
+                BrokerKind::Amqp => "amqp",
+                BrokerKind::Kafka => "kafka",
+            }
+            .to_owned(),
+            relays: u32::try_from(args.relays).unwrap_or(0),
+            rate: args.rate,
+            duration_s: args.duration_s,
+            batch_size: args.batch_size,
+            lease_ms: args.lease_ms,
+            faults: args.faults.clone(),
+            start_us,
+        },
+        produce_end_us,
+        resolved_committed: resolved_committed.into_iter().collect(),
+        relay_exits,
+    };
+    write_records(out, &meta, &produced, &arrivals, &fault_records)?;
+    let report = report(&meta, &produced, &arrivals, &fault_records);
+    finish(out, &report)
+}
+
+fn write_records(
+    out: &Path,
+    meta: &RunMeta,
+    produced: &[Produced],
+    arrivals: &[Arrival],
+    faults: &[FaultRecord],
+) -> Result<()> {
+    std::fs::write(out.join("run.json"), serde_json::to_vec_pretty(meta)?)?;
+    std::fs::write(out.join("faults.json"), serde_json::to_vec_pretty(faults)?)?;
+    write_jsonl(&out.join("produced.jsonl"), produced)?;
+    write_jsonl(&out.join("arrivals.jsonl"), arrivals)?;
+    Ok(())
+}
+
+fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
+    let mut w = BufWriter::new(std::fs::File::create(path)?);
+    for i in items {
+        serde_json::to_writer(&mut w, i)?;
+        w.write_all(b"\n")?;
+    }
+    w.flush()?;
+    Ok(())
+}
+
+fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
+    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut out = Vec::new();
+    for line in std::io::BufReader::new(f).lines() {
+        let line = line?;
+        if !line.trim().is_empty() {
+            out.push(serde_json::from_str(&line)?);
+        }
+    }
+    Ok(out)
+}
+
+fn report(
+    meta: &RunMeta,
+    produced: &[Produced],
+    arrivals: &[Arrival],
+    faults: &[FaultRecord],
+) -> checker::Report {
+    let resolved = meta.resolved_committed.iter().copied().collect();
+    let mut report = checker::check(&checker::Inputs {
+        scenario: meta.scenario.clone(),
+        produced,
+        arrivals,
+        faults,
+        produce_end_us: meta.produce_end_us,
+        resolved_committed: &resolved,
+    });
+    if !meta.relay_exits.is_empty() {
+        report.failures.push(format!(
+            "{} relay process(es) exited by themselves:\n{}",
+            meta.relay_exits.len(),
+            meta.relay_exits.join("\n")
+        ));
+        report.passed = false;
+    }
+    report
+}
+
+fn finish(out: &Path, report: &checker::Report) -> Result<bool> {
+    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(report)?)?;
+    print_summary(report);
+    Ok(report.passed)
+}
+
+fn check_dir(dir: &Path) -> Result<bool> {
+    let meta: RunMeta = serde_json::from_slice(&std::fs::read(dir.join("run.json"))?)?;
+    let faults: Vec<FaultRecord> =
+        serde_json::from_slice(&std::fs::read(dir.join("faults.json"))?)?;
+    let produced: Vec<Produced> = read_jsonl(&dir.join("produced.jsonl"))?;
+    let arrivals: Vec<Arrival> = read_jsonl(&dir.join("arrivals.jsonl"))?;
+    let report = report(&meta, &produced, &arrivals, &faults);
+    finish(dir, &report)
+}
+
+fn print_summary(r: &checker::Report) {
+    let s = &r.scenario;
+    println!(
+        "{} ({}+{}, {} relays): committed {} (rolled back {}, unknown {}), received {} ({} distinct)",
+        s.name, s.store, s.broker, s.relays, r.committed, r.rolled_back, r.unknown, r.messages, r.distinct
+    );
+    println!(
+        "  lost {}  duplicated {} (+{} copies, allowance {})  unexpected {}  order violations {}  latency p50 {:.1} ms p99 {:.1} ms max {:.1} ms  drain {}",
+        r.lost,
+        r.duplicated,
+        r.extra_copies,
+        r.duplicate_allowance,
+        r.unexpected,
+        r.order_violations,
+        r.latency_ms.p50,
+        r.latency_ms.p99,
+        r.latency_ms.max,
+        r.drain_s.map_or("never".to_owned(), |d| format!("{d:.1} s"))
+    );
+    for f in &r.faults {
+        println!(
+            "  fault {:<14} {:<26} at {:>6.1} s for {:>5.1} s: recovery {:>7}  extra copies {}",
+            f.kind,
+            f.target,
+            f.at_s,
+            f.duration_s,
+            f.recovery_s
+                .map_or("NEVER".to_owned(), |r| format!("{r:.2} s")),
+            f.extra_copies
+        );
+    }
+    for (kind, (n, worst, extra)) in checker::by_kind(r) {
+        println!(
+            "  {kind:<14} x{n}: worst recovery {}, extra copies {extra}",
+            worst.map_or("NEVER".to_owned(), |w| format!("{w:.2} s"))
+        );
+    }
+    if r.passed {
+        println!("  PASSED");
+    } else {
+        for f in &r.failures {
+            println!("  FAILED: {f}");
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_rewritten_to_the_proxy() {
+        let addr: SocketAddr = "127.0.0.1:40000".parse().unwrap();
+        assert_eq!(
+            via("postgres://postgres@127.0.0.1:5432/test", addr).unwrap(),
+            "postgres://postgres@127.0.0.1:40000/test"
+        );
+        assert_eq!(
+            via("amqp://guest:guest@localhost:5672/%2f", addr).unwrap(),
+            "amqp://guest:guest@127.0.0.1:40000/%2f"
+        );
+        assert_eq!(
+            via("nats://127.0.0.1:4222", addr).unwrap(),
+            "nats://127.0.0.1:40000"
+        );
+        assert_eq!(host_port("nats://h:1").unwrap(), ("h".to_owned(), 1));
+    }
+}
