@@ -1,6 +1,7 @@
 //! [`KafkaConfig`]: brokers, librdkafka properties, topic mapping.
 
-use crate::Error;
+use crate::KafkaError;
+use outbox_broker::ConnectPolicy;
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -44,6 +45,8 @@ pub struct KafkaConfig {
     unknown_topic: UnknownTopic,
     content_type: String,
     queue_full_timeout: Duration,
+    max_in_flight: usize,
+    connect: ConnectPolicy,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -68,6 +71,8 @@ impl fmt::Debug for KafkaConfig {
             .field("unknown_topic", &self.unknown_topic)
             .field("content_type", &self.content_type)
             .field("queue_full_timeout", &self.queue_full_timeout)
+            .field("max_in_flight", &self.max_in_flight)
+            .field("connect", &self.connect)
             .finish()
     }
 }
@@ -105,26 +110,28 @@ impl KafkaConfig {
             topic_prefix: String::new(),
             topic_map: BTreeMap::new(),
             unknown_topic: UnknownTopic::default(),
-            content_type: "application/octet-stream".to_owned(),
+            content_type: outbox_core::headers::DEFAULT_CONTENT_TYPE.to_owned(),
             queue_full_timeout: Duration::from_secs(30),
+            max_in_flight: 10_000,
+            connect: ConnectPolicy::default(),
         }
     }
 
     /// Parses `kafka://host:port[,host2:port]`. Credentials in the URL are
     /// refused (they would end up in logs): set `sasl.username` /
     /// `sasl.password` with [`with_property`](Self::with_property) instead.
-    pub fn from_url(url: &str) -> Result<Self, Error> {
+    pub fn from_url(url: &str) -> Result<Self, KafkaError> {
         let rest = url
             .strip_prefix("kafka://")
-            .ok_or_else(|| Error::InvalidUrl("the URL must start with kafka://".into()))?;
+            .ok_or_else(|| KafkaError::InvalidUrl("the URL must start with kafka://".into()))?;
         let rest = rest.trim_end_matches('/');
         if rest.contains('@') {
-            return Err(Error::InvalidUrl(
+            return Err(KafkaError::InvalidUrl(
                 "credentials are not accepted in a kafka:// URL; set sasl.username and sasl.password properties".into(),
             ));
         }
         if rest.contains(['/', '?', '#']) {
-            return Err(Error::InvalidUrl(
+            return Err(KafkaError::InvalidUrl(
                 "a kafka:// URL holds only host:port pairs separated by commas".into(),
             ));
         }
@@ -135,7 +142,7 @@ impl KafkaConfig {
                 .rsplit_once(':')
                 .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok());
             if !valid {
-                return Err(Error::InvalidUrl(format!(
+                return Err(KafkaError::InvalidUrl(format!(
                     "{host:?} is not a host:port pair"
                 )));
             }
@@ -146,7 +153,7 @@ impl KafkaConfig {
 
     /// Brokers from `KAFKA_BROKERS` (a broker list or a `kafka://` URL),
     /// default `127.0.0.1:9092`.
-    pub fn from_env() -> Result<Self, Error> {
+    pub fn from_env() -> Result<Self, KafkaError> {
         match std::env::var(KAFKA_BROKERS_ENV) {
             Ok(v) if v.starts_with("kafka://") => Self::from_url(&v),
             Ok(v) if !v.trim().is_empty() => Ok(Self::new(v.trim())),
@@ -209,6 +216,31 @@ impl KafkaConfig {
         self
     }
 
+    /// At most `n` sends wait for their delivery report at once (minimum 1;
+    /// default 10 000: librdkafka batches and pipelines them itself).
+    pub fn with_max_in_flight(mut self, n: usize) -> Self {
+        self.max_in_flight = n.max(1);
+        self
+    }
+
+    /// How [`KafkaPublisher::connect`](crate::KafkaPublisher::connect)
+    /// checks the brokers at start-up (attempts, timeout per metadata
+    /// request, backoff). librdkafka reconnects by itself afterwards.
+    pub fn with_connect_policy(mut self, policy: ConnectPolicy) -> Self {
+        self.connect = policy;
+        self
+    }
+
+    /// The send window bound.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
+    }
+
+    /// The connect policy.
+    pub fn connect_policy(&self) -> ConnectPolicy {
+        self.connect
+    }
+
     /// The broker list.
     pub fn brokers(&self) -> &str {
         &self.brokers
@@ -259,7 +291,7 @@ impl KafkaConfig {
     /// The producer's [`ClientConfig`]: [`client_config`](Self::client_config)
     /// plus `enable.idempotence=true` and `acks=all`. Refuses a config that
     /// sets those two otherwise.
-    pub(crate) fn producer_config(&self) -> Result<ClientConfig, Error> {
+    pub(crate) fn producer_config(&self) -> Result<ClientConfig, KafkaError> {
         for (name, required) in FIXED {
             if let Some(v) = self.properties.get(*name) {
                 let ok = match *name {
@@ -267,7 +299,7 @@ impl KafkaConfig {
                     _ => v.eq_ignore_ascii_case(required),
                 };
                 if !ok {
-                    return Err(Error::Config {
+                    return Err(KafkaError::Config {
                         property: (*name).to_owned(),
                         reason: format!("the outbox publisher requires {name}={required}"),
                     });

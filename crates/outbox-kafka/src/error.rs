@@ -4,14 +4,14 @@
 use crate::config::is_secret_property;
 use crate::UnknownTopic;
 use outbox_core::{DeliveryError, ErrorCode};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError as RdKafkaError, RDKafkaErrorCode};
 
 /// Building a [`KafkaConfig`](crate::KafkaConfig) or a
 /// [`KafkaPublisher`](crate::KafkaPublisher) failed. Never contains the value
 /// of a secret property.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum KafkaError {
     /// A `kafka://` URL could not be parsed.
     #[error("invalid kafka URL: {0}")]
     InvalidUrl(String),
@@ -26,50 +26,65 @@ pub enum Error {
     /// librdkafka could not create the producer.
     #[error("could not create the Kafka producer: {0}")]
     Client(String),
+    /// No broker answered a metadata request (after the connect policy's attempts).
+    #[error("no Kafka broker reachable: {0}")]
+    Unreachable(String),
 }
 
-impl Error {
+/// The former name of [`KafkaError`] (every publisher crate now names its
+/// error after its broker: `NatsError`, `AmqpError`, `KafkaError`). Kept so
+/// that existing code compiles; it will be deprecated once nothing in the
+/// workspace uses it.
+pub type Error = KafkaError;
+
+impl KafkaError {
     /// Converts an rdkafka client-creation error, keeping secret values out.
-    pub(crate) fn from_kafka(err: KafkaError) -> Self {
+    pub(crate) fn from_kafka(err: RdKafkaError) -> Self {
         match err {
-            KafkaError::ClientConfig(_, desc, key, value) => {
+            RdKafkaError::ClientConfig(_, desc, key, value) => {
                 let reason = if is_secret_property(&key) || value.is_empty() {
                     desc
                 } else {
                     format!("{desc} (value {value:?})")
                 };
-                Error::Config {
+                KafkaError::Config {
                     property: key,
                     reason,
                 }
             }
-            KafkaError::ClientCreation(msg) => Error::Client(msg),
-            other => Error::Client(other.to_string()),
+            RdKafkaError::ClientCreation(msg) => KafkaError::Client(msg),
+            other => KafkaError::Client(other.to_string()),
         }
     }
 }
 
 /// Classifies an rdkafka error reported for one message (at enqueue or in
-/// its delivery report).
+/// its delivery report). The event's failures:
 ///
 /// - message too large -> permanent `PUBLISH_TOO_LARGE`;
 /// - unknown topic / partition -> `PUBLISH_UNROUTABLE`, permanent or retryable
 ///   per [`UnknownTopic`]; an invalid topic name is always permanent;
 /// - a record the broker calls invalid (bad timestamp, invalid record,
 ///   policy violation, unsupported format) -> permanent `PUBLISH_INVALID`;
-/// - message timed out -> retryable `PUBLISH_TIMEOUT` (maybe delivered);
-/// - transport / all brokers down / resolve -> retryable `PUBLISH_CONNECTION_LOST`;
-/// - fatal producer error -> retryable `PUBLISH_REJECTED` (the publisher
-///   recreates the producer before the next send);
-/// - everything else, including every retriable Kafka code and codes this
-///   crate does not know -> retryable `PUBLISH_REJECTED`: retrying an
-///   unknown failure at worst ends in a dead letter after the retry
-///   policy's attempts, while guessing "permanent" could dead-letter a
-///   healthy event at once.
-pub(crate) fn classify(err: &KafkaError, unknown_topic: UnknownTopic) -> DeliveryError {
+/// - everything else, including codes this crate does not know -> retryable
+///   `PUBLISH_REJECTED`: retrying an unknown failure at worst ends in a dead
+///   letter after the retry policy's attempts, while guessing "permanent"
+///   could dead-letter a healthy event at once.
+///
+/// The sink's failures ([`DeliveryError::unavailable`]: no attempt counted):
+///
+/// - no acknowledgement in time -> `PUBLISH_TIMEOUT` (maybe delivered);
+/// - transport, all brokers down, resolve, TLS or authentication failure ->
+///   `PUBLISH_CONNECTION_LOST`;
+/// - no leader, not enough replicas, local queue full -> `PUBLISH_REJECTED`
+///   (the broker cannot take anything right now);
+/// - fatal producer error or a producer id the broker refuses (fenced,
+///   invalid epoch, unknown producer id, sequence gap) -> `PUBLISH_REJECTED`
+///   (the publisher recreates the producer before the next send).
+pub(crate) fn classify(err: &RdKafkaError, unknown_topic: UnknownTopic) -> DeliveryError {
     let Some(code) = err.rdkafka_error_code() else {
         return match err {
-            KafkaError::Canceled => DeliveryError::retryable(
+            RdKafkaError::Canceled => DeliveryError::unavailable(
                 ErrorCode::PUBLISH_CONNECTION_LOST,
                 "the producer was dropped before the delivery report arrived",
             ),
@@ -99,7 +114,7 @@ pub(crate) fn classify_code(code: RDKafkaErrorCode, unknown_topic: UnknownTopic)
         | C::KeySerialization
         | C::ValueSerialization => DeliveryError::permanent(ErrorCode::PUBLISH_INVALID, msg),
         C::MessageTimedOut | C::OperationTimedOut | C::RequestTimedOut | C::TimedOutQueue => {
-            DeliveryError::retryable(ErrorCode::PUBLISH_TIMEOUT, msg)
+            DeliveryError::unavailable(ErrorCode::PUBLISH_TIMEOUT, msg)
         }
         C::BrokerTransportFailure
         | C::AllBrokersDown
@@ -107,13 +122,39 @@ pub(crate) fn classify_code(code: RDKafkaErrorCode, unknown_topic: UnknownTopic)
         | C::NetworkException
         | C::BrokerNotAvailable
         | C::SSL
-        | C::Authentication => DeliveryError::retryable(ErrorCode::PUBLISH_CONNECTION_LOST, msg),
-        C::Fatal => DeliveryError::retryable(
+        | C::Authentication => DeliveryError::unavailable(ErrorCode::PUBLISH_CONNECTION_LOST, msg),
+        C::LeaderNotAvailable
+        | C::NotLeaderForPartition
+        | C::NotEnoughReplicas
+        | C::NotEnoughReplicasAfterAppend
+        | C::QueueFull => DeliveryError::unavailable(
             ErrorCode::PUBLISH_REJECTED,
-            format!("{msg}: fatal producer error, the producer is recreated"),
+            format!("{msg}: the broker cannot take messages now"),
+        ),
+        c if poisons_producer(c) => DeliveryError::unavailable(
+            ErrorCode::PUBLISH_REJECTED,
+            format!("{msg}: the producer is fenced or failed; it is recreated"),
         ),
         _ => DeliveryError::retryable(ErrorCode::PUBLISH_REJECTED, msg),
     }
+}
+
+/// Errors after which this producer's id / epoch is unusable: librdkafka's
+/// fatal error, and the idempotence errors a broker returns when it no
+/// longer accepts the producer id (some Kafka-compatible brokers answer an
+/// epoch bump with `PRODUCER_FENCED`). A new producer gets a new id.
+pub(crate) fn poisons_producer(code: RDKafkaErrorCode) -> bool {
+    use RDKafkaErrorCode as C;
+    matches!(
+        code,
+        C::Fatal
+            | C::ProducerFenced
+            | C::InvalidProducerEpoch
+            | C::InvalidProducerIdMapping
+            | C::UnknownProducerId
+            | C::OutOfOrderSequenceNumber
+            | C::Fenced
+    )
 }
 
 #[cfg(test)]
@@ -123,13 +164,13 @@ mod tests {
     use rdkafka::types::RDKafkaConfRes;
 
     fn kind_code(c: RDKafkaErrorCode, p: UnknownTopic) -> (FailureKind, String) {
-        let e = classify(&KafkaError::MessageProduction(c), p);
+        let e = classify(&RdKafkaError::MessageProduction(c), p);
         (e.kind(), e.code().to_string())
     }
 
     #[test]
     fn classification_table() {
-        use FailureKind::{Permanent as P, Retryable as R};
+        use FailureKind::{Permanent as P, Retryable as R, Unavailable as U};
         use RDKafkaErrorCode as C;
         let perm = UnknownTopic::Permanent;
         let cases = [
@@ -139,15 +180,18 @@ mod tests {
             (C::UnknownTopic, P, "PUBLISH_UNROUTABLE"),
             (C::InvalidTopic, P, "PUBLISH_UNROUTABLE"),
             (C::InvalidRecord, P, "PUBLISH_INVALID"),
-            (C::MessageTimedOut, R, "PUBLISH_TIMEOUT"),
-            (C::RequestTimedOut, R, "PUBLISH_TIMEOUT"),
-            (C::AllBrokersDown, R, "PUBLISH_CONNECTION_LOST"),
-            (C::BrokerTransportFailure, R, "PUBLISH_CONNECTION_LOST"),
-            (C::Fatal, R, "PUBLISH_REJECTED"),
-            (C::NotLeaderForPartition, R, "PUBLISH_REJECTED"),
-            (C::NotEnoughReplicas, R, "PUBLISH_REJECTED"),
-            (C::QueueFull, R, "PUBLISH_REJECTED"),
-            (C::OutOfOrderSequenceNumber, R, "PUBLISH_REJECTED"),
+            (C::MessageTimedOut, U, "PUBLISH_TIMEOUT"),
+            (C::RequestTimedOut, U, "PUBLISH_TIMEOUT"),
+            (C::AllBrokersDown, U, "PUBLISH_CONNECTION_LOST"),
+            (C::BrokerTransportFailure, U, "PUBLISH_CONNECTION_LOST"),
+            (C::SSL, U, "PUBLISH_CONNECTION_LOST"),
+            (C::Fatal, U, "PUBLISH_REJECTED"),
+            (C::ProducerFenced, U, "PUBLISH_REJECTED"),
+            (C::NotLeaderForPartition, U, "PUBLISH_REJECTED"),
+            (C::NotEnoughReplicas, U, "PUBLISH_REJECTED"),
+            (C::QueueFull, U, "PUBLISH_REJECTED"),
+            (C::OutOfOrderSequenceNumber, U, "PUBLISH_REJECTED"),
+            (C::DuplicateSequenceNumber, R, "PUBLISH_REJECTED"),
         ];
         for (code, kind, name) in cases {
             assert_eq!(kind_code(code, perm), (kind, name.to_owned()), "{code:?}");
@@ -156,14 +200,14 @@ mod tests {
             kind_code(C::UnknownTopicOrPartition, UnknownTopic::Retryable),
             (R, "PUBLISH_UNROUTABLE".to_owned())
         );
-        let canceled = classify(&KafkaError::Canceled, perm);
+        let canceled = classify(&RdKafkaError::Canceled, perm);
         assert_eq!(canceled.code(), &ErrorCode::PUBLISH_CONNECTION_LOST);
-        assert!(canceled.is_retryable());
+        assert!(canceled.is_sink_unavailable());
     }
 
     #[test]
     fn config_errors_never_echo_secret_values() {
-        let e = Error::from_kafka(KafkaError::ClientConfig(
+        let e = KafkaError::from_kafka(RdKafkaError::ClientConfig(
             RDKafkaConfRes::RD_KAFKA_CONF_UNKNOWN,
             "No such configuration property".into(),
             "sasl.password".into(),
@@ -171,7 +215,7 @@ mod tests {
         ));
         assert!(!e.to_string().contains("hunter2"), "{e}");
         assert!(!format!("{e:?}").contains("hunter2"));
-        let e = Error::from_kafka(KafkaError::ClientConfig(
+        let e = KafkaError::from_kafka(RdKafkaError::ClientConfig(
             RDKafkaConfRes::RD_KAFKA_CONF_INVALID,
             "Invalid value".into(),
             "linger.ms".into(),

@@ -8,9 +8,10 @@ mod publisher;
 pub use config::{
     is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV,
 };
-pub use error::Error;
+pub use error::{Error, KafkaError};
+pub use outbox_broker::ConnectPolicy;
 pub use publisher::{
     KafkaPublisher, OutboxProducer, TracingContext, HEADER_CONTENT_TYPE, HEADER_EVENT_ID,
-    HEADER_EVENT_TYPE,
+    HEADER_EVENT_TYPE, HEADER_KEY,
 };
 pub use rdkafka;

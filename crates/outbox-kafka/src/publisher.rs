@@ -1,15 +1,16 @@
 //! [`KafkaPublisher`]: the [`Sink`] that publishes events to Kafka.
 
-use crate::error::classify;
-use crate::{Error, KafkaConfig};
-use futures::future::join_all;
-use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
+use crate::error::{classify, poisons_producer};
+use crate::{KafkaConfig, KafkaError};
+use futures::future::{BoxFuture, FutureExt};
+use outbox_broker::{SendWindow, Sent, WindowResult};
+use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, Outcome, Sink};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::{KafkaError as RdKafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -19,9 +20,12 @@ use std::time::{Duration, Instant};
 pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
 /// Header carrying the event type.
 pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
+/// Header carrying the event key (absent when the event has none; the
+/// message key is the event key, or the event id).
+pub const HEADER_KEY: &str = outbox_core::headers::KEY;
 /// Header carrying the content type (the event's own `content-type` header,
 /// else [`KafkaConfig::with_content_type`]).
-pub const HEADER_CONTENT_TYPE: &str = "content-type";
+pub const HEADER_CONTENT_TYPE: &str = outbox_core::headers::CONTENT_TYPE;
 
 /// How long a send waits before trying again when librdkafka's local queue is full.
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(20);
@@ -52,7 +56,7 @@ impl ClientContext for TracingContext {
         }
     }
 
-    fn error(&self, error: KafkaError, reason: &str) {
+    fn error(&self, error: RdKafkaError, reason: &str) {
         tracing::warn!(target: "librdkafka", error = %error, "{reason}");
     }
 }
@@ -67,19 +71,22 @@ pub type OutboxProducer = FutureProducer<TracingContext>;
 /// - Message key = event key (the event id when the event has none), so all
 ///   events of a key land in one partition, in order.
 /// - Topic = [`KafkaConfig::kafka_topic`] of the event topic.
-/// - Headers: `Outbox-Event-Id`, `Outbox-Event-Type`, `content-type`, then
-///   the event's own headers (trace context such as `traceparent` /
-///   `tracestate` lives there). Event headers named like the first two are
-///   skipped: the publisher's values are authoritative.
-/// - A batch is enqueued whole (librdkafka batches and pipelines it), then
-///   every delivery report is awaited together; an event is `Delivered` only
-///   on a successful delivery report.
+/// - Headers: [`BrokerMessage::headers`], the same as on every broker: the
+///   event's own headers (trace context such as `traceparent` /
+///   `tracestate` lives there), then `content-type`, `Outbox-Event-Type`,
+///   `Outbox-Event-Id` and `Outbox-Key`.
+/// - A batch goes through the shared [`SendWindow`] (up to
+///   [`KafkaConfig::with_max_in_flight`] sends waiting for their report;
+///   librdkafka batches and pipelines them), every delivery report is
+///   awaited together; an event is `Delivered` only on a successful
+///   delivery report.
 /// - A fatal producer error (librdkafka's idempotence state is broken,
 ///   e.g. after an unrecoverable sequence gap), or a broker refusing the
 ///   producer id (`PRODUCER_FENCED` and friends; Tansu 0.6 answers
 ///   librdkafka's epoch bump after message timeouts that way), fails the
-///   affected events as retryable and replaces the producer at once: a new
-///   producer gets a new producer id, and the retried events go out with it.
+///   affected events as sink unavailable and replaces the producer at once:
+///   a new producer gets a new producer id, and the retried events go out
+///   with it.
 pub struct KafkaPublisher {
     config: KafkaConfig,
     producer: Mutex<OutboxProducer>,
@@ -98,17 +105,64 @@ impl fmt::Debug for KafkaPublisher {
     }
 }
 
-/// One event's send: refused before it reached librdkafka's queue, or
-/// waiting for its delivery report.
-enum Pending {
-    Done(Outcome),
-    Waiting(DeliveryFuture),
+/// One event's result, with the error code that makes the producer
+/// unusable if its report carried one.
+struct Report(Outcome, Option<RDKafkaErrorCode>);
+
+impl WindowResult for Report {
+    fn sink_unavailable(&self) -> Option<&DeliveryError> {
+        self.0.sink_unavailable()
+    }
+
+    fn not_sent(error: DeliveryError) -> Self {
+        Report(Outcome::Failed(error), None)
+    }
 }
 
 impl KafkaPublisher {
+    /// Creates the producer and checks that a broker answers (a metadata
+    /// request), retried with the config's
+    /// [`ConnectPolicy`](outbox_broker::ConnectPolicy): an unreachable
+    /// broker list shows up at start-up, as with the other publishers.
+    pub async fn connect(config: KafkaConfig) -> Result<Self, KafkaError> {
+        let publisher = Self::new(config)?;
+        let policy = publisher.config.connect_policy();
+        let timeout = policy.timeout;
+        policy
+            .connect(
+                "kafka",
+                || {
+                    let producer = publisher.producer();
+                    async move {
+                        tokio::task::spawn_blocking(move || {
+                            producer
+                                .client()
+                                .fetch_metadata(None, timeout)
+                                .map(|_| ())
+                                .map_err(|e| KafkaError::Unreachable(e.to_string()))
+                        })
+                        .await
+                        .map_err(|e| KafkaError::Unreachable(e.to_string()))?
+                    }
+                },
+                |_| true,
+                || KafkaError::Unreachable(format!("no broker answered within {timeout:?}")),
+            )
+            .await?;
+        tracing::info!(brokers = publisher.config.brokers(), "connected to Kafka");
+        Ok(publisher)
+    }
+
+    /// Creates the producer without any I/O: it connects lazily, and a
+    /// broker that is down makes sends time out (`PUBLISH_TIMEOUT`, sink
+    /// unavailable) instead of this call failing. The same as [`Self::new`].
+    pub fn lazy(config: KafkaConfig) -> Result<Self, KafkaError> {
+        Self::new(config)
+    }
+
     /// Creates the producer. It connects lazily: a broker that is down makes
-    /// sends time out (`PUBLISH_TIMEOUT`), not this call fail.
-    pub fn new(config: KafkaConfig) -> Result<Self, Error> {
+    /// sends time out (`PUBLISH_TIMEOUT`, sink unavailable), not this call fail.
+    pub fn new(config: KafkaConfig) -> Result<Self, KafkaError> {
         let producer = create_producer(&config)?;
         tracing::info!(?config, "kafka publisher created");
         Ok(Self {
@@ -166,49 +220,40 @@ impl KafkaPublisher {
     }
 
     /// Hands one event to librdkafka's queue, waiting (bounded) while the
-    /// queue is full.
-    async fn enqueue(&self, producer: &OutboxProducer, event: &Event) -> Pending {
+    /// queue is full; the delivery report's future goes to the window.
+    async fn send_one(
+        &self,
+        producer: &OutboxProducer,
+        event: &Event,
+    ) -> Sent<Report, BoxFuture<'static, Report>> {
         let topic = self.config.kafka_topic(&event.topic);
-        let id = event.id.to_string();
-        let key = event.key.as_deref().unwrap_or(&id);
-        let content_type = event
-            .headers
-            .get(HEADER_CONTENT_TYPE)
-            .map_or(self.config.content_type(), String::as_str);
-        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 3)
-            .insert(Header {
-                key: HEADER_EVENT_ID,
-                value: Some(id.as_str()),
-            })
-            .insert(Header {
-                key: HEADER_EVENT_TYPE,
-                value: Some(event.event_type.as_str()),
-            })
-            .insert(Header {
-                key: HEADER_CONTENT_TYPE,
-                value: Some(content_type),
-            });
-        for (name, value) in &event.headers {
-            if matches!(
-                name.as_str(),
-                HEADER_EVENT_ID | HEADER_EVENT_TYPE | HEADER_CONTENT_TYPE
-            ) {
-                continue;
-            }
+        let message = BrokerMessage::with_default_content_type(event, self.config.content_type());
+        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 4);
+        for (name, value) in message.headers() {
             headers = headers.insert(Header {
-                key: name.as_str(),
-                value: Some(value.as_str()),
+                key: name,
+                value: Some(value),
             });
         }
         let mut record = FutureRecord::to(&topic)
-            .key(key)
-            .payload(event.payload.as_slice())
+            .key(message.partition_key())
+            .payload(message.payload())
             .headers(headers);
         let started = Instant::now();
         loop {
             match producer.send_result(record) {
-                Ok(delivery) => return Pending::Waiting(delivery),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                Ok(delivery) => {
+                    let event_id = event.id;
+                    let topic = event.topic.clone();
+                    let unknown_topic = self.config.unknown_topic();
+                    return Sent::InFlight(
+                        async move {
+                            delivery_report(event_id, &topic, delivery.await, unknown_topic)
+                        }
+                        .boxed(),
+                    );
+                }
+                Err((RdKafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if started.elapsed() < self.config.queue_full_timeout() =>
                 {
                     record = back;
@@ -217,38 +262,40 @@ impl KafkaPublisher {
                 Err((err, _)) => {
                     let error = classify(&err, self.config.unknown_topic());
                     tracing::warn!(event_id = %event.id, topic, %error, "kafka refused the event at enqueue");
-                    return Pending::Done(Outcome::Failed(error));
+                    let poison = err.rdkafka_error_code().filter(|c| poisons_producer(*c));
+                    return Sent::Done(Report(Outcome::Failed(error), poison));
                 }
             }
         }
     }
 }
 
-fn create_producer(config: &KafkaConfig) -> Result<OutboxProducer, Error> {
+fn create_producer(config: &KafkaConfig) -> Result<OutboxProducer, KafkaError> {
     let cc = config.producer_config()?;
-    FutureProducer::from_config_and_context(&cc, TracingContext).map_err(Error::from_kafka)
+    FutureProducer::from_config_and_context(&cc, TracingContext).map_err(KafkaError::from_kafka)
 }
 
 /// The outcome of one delivery report (or of the report channel closing
 /// because the producer went away).
-fn delivery_outcome<E>(
-    event: &Event,
+fn delivery_report<E>(
+    event_id: outbox_core::EventId,
+    topic: &str,
     report: Result<OwnedDeliveryResult, E>,
-    config: &KafkaConfig,
-) -> (Outcome, Option<RDKafkaErrorCode>) {
+    unknown_topic: crate::UnknownTopic,
+) -> Report {
     match report {
         Ok(Ok((partition, offset))) => {
-            tracing::debug!(event_id = %event.id, topic = %event.topic, partition, offset, "delivered to kafka");
-            (Outcome::Delivered, None)
+            tracing::debug!(event_id = %event_id, topic, partition, offset, "delivered to kafka");
+            Report(Outcome::Delivered, None)
         }
         Ok(Err((err, _message))) => {
-            let error = classify(&err, config.unknown_topic());
-            tracing::warn!(event_id = %event.id, topic = %event.topic, %error, "kafka delivery failed");
+            let error = classify(&err, unknown_topic);
+            tracing::warn!(event_id = %event_id, topic, %error, "kafka delivery failed");
             let poison = err.rdkafka_error_code().filter(|c| poisons_producer(*c));
-            (Outcome::Failed(error), poison)
+            Report(Outcome::Failed(error), poison)
         }
-        Err(_canceled) => (
-            Outcome::Failed(DeliveryError::retryable(
+        Err(_canceled) => Report(
+            Outcome::Failed(DeliveryError::unavailable(
                 ErrorCode::PUBLISH_CONNECTION_LOST,
                 "the producer was dropped before the delivery report arrived",
             )),
@@ -257,50 +304,22 @@ fn delivery_outcome<E>(
     }
 }
 
-/// Errors after which this producer's id / epoch is unusable: librdkafka's
-/// fatal error, and the idempotence errors a broker returns when it no
-/// longer accepts the producer id (some Kafka-compatible brokers answer an
-/// epoch bump with `PRODUCER_FENCED`). A new producer gets a new id.
-fn poisons_producer(code: RDKafkaErrorCode) -> bool {
-    use RDKafkaErrorCode as C;
-    matches!(
-        code,
-        C::Fatal
-            | C::ProducerFenced
-            | C::InvalidProducerEpoch
-            | C::InvalidProducerIdMapping
-            | C::UnknownProducerId
-            | C::OutOfOrderSequenceNumber
-            | C::Fenced
-    )
-}
-
 impl Sink for KafkaPublisher {
     async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
+        if events.is_empty() {
+            return Vec::new();
+        }
         self.recreate_if_broken(None);
         let producer = self.producer();
-        let mut pending = Vec::with_capacity(events.len());
-        for event in events {
-            pending.push(self.enqueue(&producer, event).await);
-        }
-        let reports = pending
-            .into_iter()
-            .zip(events)
-            .map(|(p, event)| async move {
-                match p {
-                    Pending::Done(outcome) => (outcome, None),
-                    Pending::Waiting(delivery) => {
-                        delivery_outcome(event, delivery.await, &self.config)
-                    }
-                }
-            });
-        let results = join_all(reports).await;
-        let poisoned = results.iter().find_map(|(_, p)| *p);
-        if poisoned.is_some() || results.iter().any(|(o, _)| !o.is_delivered()) {
+        let reports = SendWindow::new(self.config.max_in_flight())
+            .run(events, |event| self.send_one(&producer, event))
+            .await;
+        let poisoned = reports.iter().find_map(|r| r.1);
+        if poisoned.is_some() || reports.iter().any(|r| !r.0.is_delivered()) {
             // A fatal or fencing error fails every later send of this
             // producer instance: replace it now rather than at the next batch.
             self.recreate_if_broken(poisoned);
         }
-        results.into_iter().map(|(o, _)| o).collect()
+        reports.into_iter().map(|r| r.0).collect()
     }
 }

@@ -10,72 +10,53 @@
 //!   the bootstrap address, so the suite's TCP proxy in front of the shared
 //!   broker would be bypassed. The "broker unreachable" case (the only one
 //!   that asks for `broker_addr`) therefore runs on a dedicated Tansu broker
-//!   started by the harness, which advertises a local forwarder; `sink_via`
-//!   points that forwarder at the suite's proxy, so every connection the
-//!   client makes goes through the cuttable proxy. (`tansu proxy`, a
-//!   Kafka-aware proxy, was tried: it does not reconnect to its origin after
-//!   a cut.)
+//!   started by the harness, which advertises a local forwarder (a testkit
+//!   `TcpProxy`); `sink_via` points that forwarder at the suite's proxy, so
+//!   every connection the client makes goes through the cuttable proxy.
+//!   (`tansu proxy`, a Kafka-aware proxy, was tried: it does not reconnect
+//!   to its origin after a cut.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-mod support;
-
-use outbox_core::EventId;
-use outbox_kafka::rdkafka::consumer::StreamConsumer;
-use outbox_kafka::rdkafka::message::{Headers, Message};
 use outbox_kafka::{KafkaConfig, KafkaPublisher};
-use outbox_testkit::publisher::{PublisherHarness, ReceivedMessage};
-use std::collections::BTreeMap;
-use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use outbox_testkit::kafka::{topic_name, KafkaFixture};
+use outbox_testkit::process::ChildGuard;
+use outbox_testkit::proxy::TcpProxy;
+use outbox_testkit::publisher::{PublisherHarness, Received};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-const PARTITIONS: i32 = 3;
-
-fn brokers() -> String {
-    std::env::var("KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".to_owned())
-}
-
 struct KafkaHarness {
-    brokers: String,
-    topic: String,
-    consumer: Mutex<Option<Arc<StreamConsumer>>>,
+    /// The topic on the shared broker.
+    shared: Arc<KafkaFixture>,
+    /// The same topic on the dedicated broker, once the proxy case asked
+    /// for it: then reads go there.
+    dedicated_topic: Mutex<Option<Arc<KafkaFixture>>>,
     dedicated: Mutex<Option<Dedicated>>,
 }
 
 /// A Tansu broker of this harness alone, advertising `forwarder`.
 struct Dedicated {
-    child: Child,
+    _child: ChildGuard,
     direct: SocketAddr,
-    forward_to: Arc<Mutex<SocketAddr>>,
-}
-
-fn consumer_for(brokers: &str, topic: &str) -> Arc<StreamConsumer> {
-    Arc::new(support::assigned_consumer(brokers, topic, PARTITIONS))
+    forwarder: TcpProxy,
 }
 
 impl KafkaHarness {
     async fn new() -> Self {
-        let brokers = brokers();
-        let topic = support::topic_name("conformance");
-        support::create_topic(&brokers, &topic, PARTITIONS).await;
-        let consumer = consumer_for(&brokers, &topic);
         Self {
-            brokers,
-            topic,
-            consumer: Mutex::new(Some(consumer)),
+            shared: Arc::new(KafkaFixture::new().await),
+            dedicated_topic: Mutex::new(None),
             dedicated: Mutex::new(None),
         }
     }
 
-    fn config(&self, brokers: &str) -> KafkaConfig {
-        // An unknown topic is reported after 3 s instead of librdkafka's
-        // 30 s propagation allowance, and an unacknowledged send after 10 s
-        // instead of 30 s, to keep the suite quick on loopback.
-        KafkaConfig::new(brokers)
-            .with_property("topic.metadata.propagation.max.ms", "3000")
-            .with_delivery_timeout(Duration::from_secs(10))
+    /// Where reads go: the dedicated broker's topic once it exists.
+    fn reader(&self) -> Arc<KafkaFixture> {
+        let guard = self.dedicated_topic.lock().unwrap();
+        guard.as_ref().unwrap_or(&self.shared).clone()
     }
 }
 
@@ -102,46 +83,15 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A plain TCP forwarder on an ephemeral port to whatever `target` holds
-/// when a connection arrives (threads; lives until the test process ends).
-fn start_forwarder(target: Arc<Mutex<SocketAddr>>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    std::thread::spawn(move || {
-        for downstream in listener.incoming() {
-            let Ok(downstream) = downstream else { continue };
-            let to = *target.lock().unwrap();
-            std::thread::spawn(move || {
-                let Ok(upstream) = TcpStream::connect(to) else {
-                    return;
-                };
-                let (mut d_read, mut u_write) = (
-                    downstream.try_clone().unwrap(),
-                    upstream.try_clone().unwrap(),
-                );
-                let (mut u_read, mut d_write) = (upstream, downstream);
-                let t = std::thread::spawn(move || {
-                    let _ = std::io::copy(&mut d_read, &mut u_write);
-                    let _ = u_write.shutdown(Shutdown::Both);
-                });
-                let _ = std::io::copy(&mut u_read, &mut d_write);
-                let _ = d_write.shutdown(Shutdown::Both);
-                let _ = t.join();
-            });
-        }
-    });
-    addr
-}
-
 impl PublisherHarness for KafkaHarness {
     type Sink = KafkaPublisher;
 
     fn topic(&self) -> String {
-        self.topic.clone()
+        self.shared.topic()
     }
 
     fn unknown_topic(&self) -> String {
-        support::topic_name("conformance-missing")
+        topic_name("conformance-missing")
     }
 
     fn max_payload_bytes(&self) -> usize {
@@ -155,8 +105,9 @@ impl PublisherHarness for KafkaHarness {
             return d.direct;
         }
         let direct: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let forward_to = Arc::new(Mutex::new(direct));
-        let advertised = start_forwarder(forward_to.clone());
+        // The broker advertises the forwarder, so every connection the
+        // client makes (bootstrap and the advertised one) goes through it.
+        let forwarder = TcpProxy::bind(direct);
         let bin = tansu_bin();
         let child = Command::new(&bin)
             .args([
@@ -164,7 +115,7 @@ impl PublisherHarness for KafkaHarness {
                 "--listener-url",
                 &format!("tcp://{direct}"),
                 "--advertised-listener-url",
-                &format!("tcp://{advertised}"),
+                &format!("tcp://{}", forwarder.addr()),
                 "--storage-engine",
                 "memory://tansu/",
             ])
@@ -173,6 +124,7 @@ impl PublisherHarness for KafkaHarness {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|e| panic!("starting `{} broker`: {e}", bin.display()));
+        let child = ChildGuard::new(child);
         let mut tries = 0;
         while TcpStream::connect(direct).is_err() {
             tries += 1;
@@ -183,90 +135,47 @@ impl PublisherHarness for KafkaHarness {
             std::thread::sleep(Duration::from_millis(100));
         }
         *dedicated = Some(Dedicated {
-            child,
+            _child: child,
             direct,
-            forward_to,
+            forwarder,
         });
         direct
     }
 
     async fn sink(&self) -> KafkaPublisher {
-        KafkaPublisher::new(self.config(&self.brokers)).unwrap()
+        self.shared.sink().await
     }
 
     async fn sink_via(&self, addr: SocketAddr) -> KafkaPublisher {
         let direct = self.broker_addr();
         if let Some(d) = self.dedicated.lock().unwrap().as_ref() {
-            *d.forward_to.lock().unwrap() = addr;
+            d.forwarder.set_upstream(addr);
         }
         // This case's topic and consumer live on the dedicated broker.
-        support::create_topic(&direct.to_string(), &self.topic, PARTITIONS).await;
-        *self.consumer.lock().unwrap() = Some(consumer_for(&direct.to_string(), &self.topic));
-        KafkaPublisher::new(self.config(&addr.to_string())).unwrap()
+        let on_dedicated = KafkaFixture::on(&direct.to_string(), &self.shared.topic()).await;
+        *self.dedicated_topic.lock().unwrap() = Some(Arc::new(on_dedicated));
+        KafkaPublisher::new(self.shared.config_for(&addr.to_string())).unwrap()
     }
 
-    async fn consume(&self, n: usize) -> Vec<ReceivedMessage> {
-        let consumer = self.consumer.lock().unwrap().clone().unwrap();
-        let mut out = Vec::with_capacity(n);
-        while out.len() < n {
-            let msg = tokio::time::timeout(support::READ_BOUND, consumer.recv())
-                .await
-                .unwrap_or_else(|_| {
-                    panic!(
-                        "only {} of {n} messages arrived on {} within {:?}",
-                        out.len(),
-                        self.topic,
-                        support::READ_BOUND
-                    )
-                });
-            let msg = match msg {
-                Ok(m) => m,
-                Err(e) => {
-                    eprintln!("consumer error (continuing): {e}");
-                    continue;
-                }
-            };
-            let mut headers = BTreeMap::new();
-            if let Some(h) = msg.headers() {
-                for header in h.iter() {
-                    let value = header
-                        .value
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                        .unwrap_or_default();
-                    headers.insert(header.key.to_owned(), value);
-                }
-            }
-            let event_id: Option<EventId> = headers
-                .get(outbox_kafka::HEADER_EVENT_ID)
-                .and_then(|v| v.parse().ok());
-            let key = msg
-                .key()
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                // A keyless event is keyed by its id.
-                .filter(|k| Some(k.as_str()) != event_id.map(|id| id.to_string()).as_deref());
-            out.push(ReceivedMessage {
-                payload: msg.payload().unwrap_or_default().to_vec(),
-                event_type: headers.get(outbox_kafka::HEADER_EVENT_TYPE).cloned(),
-                event_id,
-                key,
-                headers,
-            });
-        }
-        out
+    async fn sink_unreachable(&self, addr: SocketAddr) -> KafkaPublisher {
+        let config: KafkaConfig = self
+            .shared
+            .config_for(&addr.to_string())
+            .with_delivery_timeout(Duration::from_secs(2));
+        KafkaPublisher::lazy(config).unwrap()
+    }
+
+    async fn consume(&self, n: usize) -> Vec<Received> {
+        self.reader().next(n).await
     }
 
     async fn cleanup(&self) {
-        // Close the consumer before deleting its topic: librdkafka 2.12
-        // crashes (strcmp on a NULL name) when Tansu 0.6 answers its
-        // by-topic-id metadata refresh for a deleted topic with a null name.
-        let consumer = self.consumer.lock().unwrap().take();
-        drop(consumer);
+        // Its consumer goes before its broker.
+        let on_dedicated = self.dedicated_topic.lock().unwrap().take();
+        drop(on_dedicated);
         let dedicated = self.dedicated.lock().unwrap().take();
-        if let Some(mut d) = dedicated {
-            let _ = d.child.kill();
-            let _ = d.child.wait();
-        }
-        support::delete_topic(&self.brokers, &self.topic).await;
+        drop(dedicated);
+        self.shared.cleanup().await;
     }
 }
 

@@ -4,17 +4,31 @@
 //! must be injected on demand; the conformance suite runs against Tansu.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod support;
-
-use outbox_core::{ErrorCode, Outcome, Sink};
+use outbox_core::{ErrorCode, Event, EventId, Outcome, Sink};
 use outbox_kafka::rdkafka::mocking::MockCluster;
 use outbox_kafka::rdkafka::producer::Producer;
 use outbox_kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use outbox_kafka::{KafkaConfig, KafkaPublisher, UnknownTopic};
+use outbox_testkit::kafka::{message_count, read_back, topic_name};
+use outbox_testkit::publisher::{assert_unavailable, Received};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{event, message_count, read_back, topic_name};
+
+/// An event as a relay would have claimed it, with trace headers.
+fn event(topic: &str, key: Option<&str>, n: usize) -> Event {
+    let mut e = outbox_testkit::publisher::event(topic, key, format!("payload-{n}").into_bytes());
+    e.event_type = "test.event".to_owned();
+    e.headers = BTreeMap::from([
+        (
+            "traceparent".to_owned(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+        ),
+        ("tracestate".to_owned(), "vendor=value".to_owned()),
+        ("x-n".to_owned(), n.to_string()),
+    ]);
+    e
+}
 
 const PARTITIONS: i32 = 3;
 
@@ -26,12 +40,12 @@ fn cluster(
     mock
 }
 
-fn ids(events: &[outbox_core::Event]) -> BTreeSet<String> {
-    events.iter().map(|e| e.id.to_string()).collect()
+fn ids(events: &[Event]) -> BTreeSet<EventId> {
+    events.iter().map(|e| e.id).collect()
 }
 
-fn received_ids(received: &[support::Received]) -> BTreeSet<String> {
-    received.iter().map(|r| r.event_id().to_owned()).collect()
+fn received_ids(received: &[Received]) -> BTreeSet<EventId> {
+    received.iter().filter_map(Received::event_id).collect()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -57,12 +71,9 @@ async fn delivers_with_key_headers_and_per_key_order() {
     );
     // Key, headers, payload per event.
     for ev in &events {
-        let r = got
-            .iter()
-            .find(|r| r.event_id() == ev.id.to_string())
-            .unwrap();
-        let expected_key = ev.key.clone().unwrap_or_else(|| ev.id.to_string());
-        assert_eq!(r.key.as_deref(), Some(expected_key.as_str()));
+        let r = got.iter().find(|r| r.event_id() == Some(ev.id)).unwrap();
+        // A keyless event is keyed by its id, which the reader reports as keyless.
+        assert_eq!(r.key, ev.key);
         assert_eq!(r.payload, ev.payload);
         assert_eq!(r.headers[outbox_kafka::HEADER_EVENT_TYPE], "test.event");
         assert_eq!(r.headers["content-type"], "application/octet-stream");
@@ -71,20 +82,20 @@ async fn delivers_with_key_headers_and_per_key_order() {
         assert_eq!(r.headers["x-n"], ev.headers["x-n"]);
     }
     // One partition per key, and in that partition the key's events in enqueue order.
-    let mut by_key: BTreeMap<&str, Vec<&support::Received>> = BTreeMap::new();
-    for r in &got {
+    let mut by_key: BTreeMap<&str, Vec<&Received>> = BTreeMap::new();
+    for r in got.iter().filter(|r| r.key.is_some()) {
         by_key.entry(r.key.as_deref().unwrap()).or_default().push(r);
     }
     for key in keys {
         let mut msgs = by_key.remove(key).unwrap();
-        let partitions: BTreeSet<i32> = msgs.iter().map(|r| r.partition).collect();
+        let partitions: BTreeSet<Option<i32>> = msgs.iter().map(|r| r.partition).collect();
         assert_eq!(partitions.len(), 1, "key {key} spread over {partitions:?}");
         msgs.sort_by_key(|r| r.offset);
-        let order: Vec<String> = msgs.iter().map(|r| r.event_id().to_owned()).collect();
-        let expected: Vec<String> = events
+        let order: Vec<EventId> = msgs.iter().filter_map(|r| r.event_id()).collect();
+        let expected: Vec<EventId> = events
             .iter()
             .filter(|e| e.key.as_deref() == Some(key))
-            .map(|e| e.id.to_string())
+            .map(|e| e.id)
             .collect();
         assert_eq!(order, expected, "order of key {key}");
     }
@@ -139,7 +150,7 @@ async fn brokers_down_then_up_while_in_flight_delivers_everything_once() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn brokers_down_past_the_timeout_fail_retryable_then_redelivery_succeeds() {
+async fn brokers_down_past_the_timeout_fail_unavailable_then_redelivery_succeeds() {
     let topic = topic_name("mock-timeout");
     let mock = cluster(&topic);
     let brokers = mock.bootstrap_servers();
@@ -154,12 +165,10 @@ async fn brokers_down_past_the_timeout_fail_retryable_then_redelivery_succeeds()
     let events: Vec<_> = (1..=10).map(|n| event(&topic, Some("k"), n)).collect();
     let outcomes = publisher.deliver(&events).await;
     for o in &outcomes {
+        assert_unavailable(o, "every broker down");
         match o {
-            Outcome::Failed(e) => {
-                assert!(e.is_retryable(), "{e}");
-                assert_eq!(e.code(), &ErrorCode::PUBLISH_TIMEOUT, "{e}");
-            }
-            Outcome::Delivered => panic!("reported delivered while every broker was down"),
+            Outcome::Failed(e) => assert_eq!(e.code(), &ErrorCode::PUBLISH_TIMEOUT, "{e}"),
+            other => panic!("reported {other:?} while every broker was down"),
         }
     }
     mock.broker_up(-1).unwrap();
@@ -176,10 +185,11 @@ async fn brokers_down_past_the_timeout_fail_retryable_then_redelivery_succeeds()
         left = left
             .into_iter()
             .zip(outcomes)
-            .filter_map(|(e, o)| match o {
-                Outcome::Delivered => None,
-                Outcome::Failed(err) => {
-                    assert!(err.is_retryable(), "{err}");
+            .filter_map(|(e, o)| {
+                if o.is_delivered() {
+                    None
+                } else {
+                    assert_unavailable(&o, "librdkafka still reconnecting");
                     Some(e)
                 }
             })
@@ -323,7 +333,7 @@ async fn unknown_topic_follows_the_configured_policy() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn fatal_producer_error_fails_retryable_and_replaces_the_producer() {
+async fn fatal_producer_error_fails_unavailable_and_replaces_the_producer() {
     let topic = topic_name("mock-fatal");
     let mock = cluster(&topic);
     let brokers = mock.bootstrap_servers();
@@ -341,10 +351,8 @@ async fn fatal_producer_error_fails_retryable_and_replaces_the_producer() {
     let events: Vec<_> = (1..=5).map(|n| event(&topic, Some("k"), n)).collect();
     let outcomes = publisher.deliver(&events).await;
     for o in &outcomes {
-        match o {
-            Outcome::Failed(e) => assert!(e.is_retryable(), "{e}"),
-            Outcome::Delivered => panic!("delivered through a fatal producer error"),
-        }
+        // The producer's failure, not the events': no attempt counted.
+        assert_unavailable(o, "fatal producer error");
     }
     assert_eq!(publisher.producers_recreated(), 1);
 
@@ -356,4 +364,31 @@ async fn fatal_producer_error_fails_retryable_and_replaces_the_producer() {
     let all: Vec<_> = warm.iter().chain(&events).cloned().collect();
     let got = read_back(&brokers, &topic, PARTITIONS, all.len()).await;
     assert_eq!(received_ids(&got), ids(&all));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn connect_checks_that_a_broker_answers() {
+    let topic = topic_name("mock-connect");
+    let mock = cluster(&topic);
+    let publisher = KafkaPublisher::connect(KafkaConfig::new(mock.bootstrap_servers()))
+        .await
+        .unwrap();
+    let e = vec![event(&topic, Some("k"), 0)];
+    assert_eq!(publisher.deliver(&e).await, vec![Outcome::Delivered]);
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let policy = outbox_kafka::ConnectPolicy::default()
+        .with_attempts(2)
+        .with_timeout(Duration::from_secs(1));
+    let err =
+        KafkaPublisher::connect(KafkaConfig::new(closed.to_string()).with_connect_policy(policy))
+            .await
+            .unwrap_err();
+    assert!(
+        matches!(err, outbox_kafka::KafkaError::Unreachable(_)),
+        "{err}"
+    );
 }
