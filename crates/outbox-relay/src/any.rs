@@ -1,31 +1,33 @@
-//! Runtime selection of the store and the sink, for the `outbox-relay` binary.
+//! Runtime selection of the store and the sink.
 //!
 //! The [`Store`] and [`Sink`] traits return `impl Future` and are generic at
-//! the hot path, so they are not object safe. A binary that picks its backend
-//! from a URL at run time uses these enums instead: one variant per backend,
-//! each behind the backend's cargo feature. Adding a backend means adding a
-//! variant and one arm per method; nothing else changes.
+//! the hot path, so they are not object safe. This binary picks its backends
+//! from URLs at run time, so it uses these enums instead: one variant per
+//! backend, each behind the backend's cargo feature, opened through the
+//! backend's [`Backend`] descriptor. Adding a backend means adding its
+//! descriptor to [`crate::backends`], a variant here and one arm per method.
 
 // Built without any store feature, `AnyStore` has no variants and its
 // methods are empty matches.
 #![cfg_attr(
     not(any(feature = "sqlite", feature = "postgres")),
-    allow(unused_variables, unreachable_code)
+    allow(unused_variables, unreachable_code, unused_imports, dead_code)
 )]
 
-use outbox_worker::{HandlerRegistry, JsonLinesSink};
+use crate::backends::{self, scheme_of};
+use crate::config::role_name;
+use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Event, EventId, Failure,
-    FenceReport, FencingToken, Outcome, Sink, Stats, Store,
+    redact_url, Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Event, EventId,
+    FencingToken, Outcome, Retryable, SettleReport, Settlement, Sink, Stats, Store,
 };
-use std::collections::BTreeMap;
+use outbox_worker::JsonLinesSink;
 use std::fmt;
-use std::sync::Arc;
+use std::time::Duration;
 
 /// Any compiled-in store, chosen at run time by [`AnyStore::connect`].
 #[derive(Debug, Clone)]
-#[non_exhaustive]
-pub enum AnyStore {
+pub(crate) enum AnyStore {
     /// SQLite (`sqlite://PATH`), feature `sqlite`.
     #[cfg(feature = "sqlite")]
     Sqlite(outbox_sqlite::SqliteStore),
@@ -46,180 +48,172 @@ macro_rules! each_store {
     };
 }
 
-/// Backend settings that do not belong in a URL. Each is also a flag, an
-/// environment variable and a config-file key of `outbox-relay run`.
-#[derive(Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct BackendSettings {
-    /// PostgreSQL schema of the outbox tables (default `outbox`).
-    pub pg_schema: Option<String>,
-    /// PostgreSQL events table (default `events`).
-    pub pg_table: Option<String>,
-    /// Whether `pg_notify` is sent by enqueue through this store (default off).
-    pub pg_notify: Option<bool>,
-    /// NATS subject prefix: topic `orders` goes to `PREFIX.orders`.
-    pub nats_subject_prefix: Option<String>,
-    /// AMQP exchange for topics without an explicit `exchange/key` route
-    /// (default: the default exchange `""`, routing key = topic).
-    pub amqp_exchange: Option<String>,
-    /// Kafka topic prefix.
-    pub kafka_topic_prefix: Option<String>,
-    /// librdkafka properties passed through (SASL/SSL, compression, linger...).
-    pub kafka_properties: BTreeMap<String, String>,
-}
-
-impl fmt::Debug for BackendSettings {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Property values may be secrets (sasl.password): names only.
-        f.debug_struct("BackendSettings")
-            .field("pg_schema", &self.pg_schema)
-            .field("pg_table", &self.pg_table)
-            .field("pg_notify", &self.pg_notify)
-            .field("nats_subject_prefix", &self.nats_subject_prefix)
-            .field("amqp_exchange", &self.amqp_exchange)
-            .field("kafka_topic_prefix", &self.kafka_topic_prefix)
-            .field(
-                "kafka_properties",
-                &self.kafka_properties.keys().collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-/// The error of any store, boxed. Its message never contains a connection URL.
+/// The error of any store, boxed, with its backend's classification.
 #[derive(Debug)]
-pub struct AnyStoreError(Box<dyn std::error::Error + Send + Sync + 'static>);
+pub(crate) struct AnyStoreError {
+    inner: Box<dyn std::error::Error + Send + Sync + 'static>,
+    retryable: bool,
+}
 
 impl AnyStoreError {
-    /// Boxes a backend's error.
-    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
-        Self(Box::new(e))
-    }
-
-    /// The backend's error.
-    pub fn into_inner(self) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-        self.0
+    fn new(e: impl std::error::Error + Retryable + Send + Sync + 'static) -> Self {
+        Self {
+            retryable: e.is_retryable(),
+            inner: Box::new(e),
+        }
     }
 }
 
 impl fmt::Display for AnyStoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
+        fmt::Display::fmt(&self.inner, f)
     }
 }
 
 impl std::error::Error for AnyStoreError {
+    // Transparent: the backend's error is this error.
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.0.source()
+        self.inner.source()
     }
 }
 
-/// Why [`AnyStore::connect`] failed. URLs in messages are redacted.
+impl Retryable for AnyStoreError {
+    fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+/// Why a store or sink could not be opened. Its messages never hold a
+/// password; each cause is printed once (the backend's error is the
+/// `source`, not repeated in the message).
 #[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConnectError {
+pub(crate) enum ConnectError {
     /// The URL has no `scheme:` prefix.
-    #[error("store URL {0:?} has no scheme: use e.g. sqlite://outbox.db")]
-    NoScheme(String),
-    /// No backend handles this scheme.
-    #[error("unknown store URL scheme {0:?}: use e.g. sqlite://outbox.db")]
-    UnknownScheme(String),
-    /// The backend exists but this build does not include it.
-    #[error("store backend `{0}` is not compiled into this build: rebuild with `--features {0}`")]
-    NotCompiled(&'static str),
-    /// A backend setting is invalid (e.g. a schema name).
-    #[error("invalid store setting: {0}")]
-    InvalidSetting(String),
-    /// The backend could not open the store.
-    #[error("could not open store {url}: {source}")]
-    Open {
-        /// The URL, redacted.
+    #[error("{} URL {url:?} has no scheme: use e.g. {example}", role_name(*.role))]
+    NoScheme {
+        role: Role,
+        /// Redacted.
         url: String,
-        /// The backend's error.
+        example: String,
+    },
+    /// No backend of this build handles the scheme.
+    #[error("unknown {} {what}: use {known}", role_name(*.role))]
+    Unknown {
+        role: Role,
+        /// `URL scheme "x"`, or the whole (redacted, quoted) sink spec.
+        what: String,
+        known: String,
+    },
+    /// The backend exists but this build does not include it.
+    #[error("{} backend `{feature}` is not compiled into this build: rebuild outbox-relay with `--features {feature}`", role_name(*.role))]
+    NotCompiled { role: Role, feature: &'static str },
+    /// The backend refused a setting or the URL.
+    #[error("invalid {} setting", role_name(.descriptor.role()))]
+    Invalid {
+        descriptor: &'static Descriptor,
         #[source]
-        source: AnyStoreError,
+        error: InvalidSetting,
+    },
+    /// The backend could not connect or open.
+    #[error("cannot connect to the {}", role_name(*.role))]
+    Connect {
+        role: Role,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+    /// A local sink's file could not be opened.
+    #[error("cannot open sink file {path}")]
+    File {
+        path: String,
+        #[source]
+        source: std::io::Error,
     },
 }
 
-pub use outbox_core::redact_url;
+/// The compiled backend of `role` for `url`, or why there is none.
+fn descriptor_for(role: Role, url: &str) -> Result<&'static Descriptor, ConnectError> {
+    let example = backends::compiled(role)
+        .map(|d| d.example())
+        .next()
+        .unwrap_or("sqlite://outbox.db");
+    let Some(scheme) = scheme_of(url) else {
+        return Err(ConnectError::NoScheme {
+            role,
+            url: redact_url(url),
+            example: example.to_owned(),
+        });
+    };
+    if let Some(d) = backends::compiled(role).find(|d| d.handles(url)) {
+        return Ok(d);
+    }
+    if let Some(k) =
+        backends::missing().find(|k| k.role == role && k.schemes.contains(&scheme.as_str()))
+    {
+        return Err(ConnectError::NotCompiled {
+            role,
+            feature: k.feature,
+        });
+    }
+    Err(ConnectError::Unknown {
+        role,
+        what: format!("URL scheme {scheme:?}"),
+        known: known(role),
+    })
+}
+
+fn known(role: Role) -> String {
+    let schemes = backends::schemes(role);
+    match role {
+        Role::Sink if schemes.is_empty() => "stdout or jsonl:PATH".to_owned(),
+        Role::Sink => format!("stdout, jsonl:PATH or a broker URL ({schemes})"),
+        _ => schemes,
+    }
+}
+
+/// Configures and connects backend `B`.
+async fn open<B: Backend>(
+    d: &'static Descriptor,
+    url: &str,
+    settings: &Settings,
+) -> Result<B::Connected, ConnectError> {
+    let config = B::configure(url, settings).map_err(|error| ConnectError::Invalid {
+        descriptor: d,
+        error,
+    })?;
+    B::connect(config).await.map_err(|e| ConnectError::Connect {
+        role: d.role(),
+        source: Box::new(e),
+    })
+}
 
 impl AnyStore {
-    /// Opens the store named by `url`: `sqlite://PATH` (created if missing)
-    /// or `postgres://user@host/db`. Does not migrate: call [`AnyStore::migrate`].
-    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
-        Self::connect_with(url, &BackendSettings::default()).await
-    }
-
-    /// [`AnyStore::connect`] with backend settings (Postgres schema, table...).
-    pub async fn connect_with(url: &str, settings: &BackendSettings) -> Result<Self, ConnectError> {
-        let Some((scheme, _)) = url.split_once(':') else {
-            return Err(ConnectError::NoScheme(redact_url(url)));
-        };
-        match scheme.to_ascii_lowercase().as_str() {
-            "sqlite" => Self::connect_sqlite(url).await,
-            "postgres" | "postgresql" => Self::connect_postgres(url, settings).await,
-            other => Err(ConnectError::UnknownScheme(other.to_owned())),
+    /// Opens the store named by `url` with the settings `settings_for`
+    /// gives its backend. Does not migrate: call [`AnyStore::migrate`].
+    pub(crate) async fn connect(
+        url: &str,
+        settings_for: impl Fn(&Descriptor) -> Settings,
+    ) -> Result<Self, ConnectError> {
+        let d = descriptor_for(Role::Store, url)?;
+        let settings = settings_for(d);
+        match d.name() {
+            #[cfg(feature = "sqlite")]
+            "sqlite" => open::<outbox_sqlite::descriptor::SqliteBackend>(d, url, &settings)
+                .await
+                .map(AnyStore::Sqlite),
+            #[cfg(feature = "postgres")]
+            "postgres" => open::<outbox_postgres::descriptor::PgBackend>(d, url, &settings)
+                .await
+                .map(AnyStore::Postgres),
+            _ => Err(ConnectError::NotCompiled {
+                role: Role::Store,
+                feature: d.name(),
+            }),
         }
-    }
-
-    #[cfg(feature = "postgres")]
-    async fn connect_postgres(url: &str, settings: &BackendSettings) -> Result<Self, ConnectError> {
-        use outbox_postgres::{Ident, PgStoreOptions};
-        let ident =
-            |name: &str| Ident::new(name).map_err(|e| ConnectError::InvalidSetting(e.to_string()));
-        let mut options = PgStoreOptions::new(url);
-        if let Some(schema) = &settings.pg_schema {
-            options = options.with_schema(ident(schema)?);
-        }
-        if let Some(table) = &settings.pg_table {
-            options = options.with_table(ident(table)?);
-        }
-        if let Some(notify) = settings.pg_notify {
-            options = options.with_notify(notify);
-        }
-        outbox_postgres::PgStore::connect(options)
-            .await
-            .map(AnyStore::Postgres)
-            .map_err(|e| ConnectError::Open {
-                url: redact_url(url),
-                source: AnyStoreError::new(e),
-            })
-    }
-
-    #[cfg(not(feature = "postgres"))]
-    async fn connect_postgres(_url: &str, _: &BackendSettings) -> Result<Self, ConnectError> {
-        Err(ConnectError::NotCompiled("postgres"))
-    }
-
-    #[cfg(feature = "sqlite")]
-    async fn connect_sqlite(url: &str) -> Result<Self, ConnectError> {
-        outbox_sqlite::SqliteStore::connect(url)
-            .await
-            .map(AnyStore::Sqlite)
-            .map_err(|e| ConnectError::Open {
-                url: redact_url(url),
-                source: AnyStoreError::new(e),
-            })
-    }
-
-    #[cfg(not(feature = "sqlite"))]
-    async fn connect_sqlite(_url: &str) -> Result<Self, ConnectError> {
-        Err(ConnectError::NotCompiled("sqlite"))
     }
 
     /// Creates or upgrades the outbox tables (idempotent).
-    pub async fn migrate(&self) -> Result<(), AnyStoreError> {
+    pub(crate) async fn migrate(&self) -> Result<(), AnyStoreError> {
         each_store!(self, s => s.migrate().await.map(drop).map_err(AnyStoreError::new))
-    }
-
-    /// The backend's name (`sqlite`, ...).
-    pub fn backend(&self) -> &'static str {
-        match *self {
-            #[cfg(feature = "sqlite")]
-            AnyStore::Sqlite(_) => "sqlite",
-            #[cfg(feature = "postgres")]
-            AnyStore::Postgres(_) => "postgres",
-        }
     }
 }
 
@@ -230,36 +224,24 @@ impl Store for AnyStore {
         each_store!(self, s => s.claim(req).await.map_err(AnyStoreError::new))
     }
 
-    async fn complete(
+    async fn settle(
         &self,
         token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, AnyStoreError> {
-        each_store!(self, s => s.complete(token, ids).await.map_err(AnyStoreError::new))
+        settlement: &Settlement,
+    ) -> Result<SettleReport, AnyStoreError> {
+        each_store!(self, s => s.settle(token, settlement).await.map_err(AnyStoreError::new))
     }
 
-    async fn fail(
-        &self,
-        token: FencingToken,
-        failures: &[Failure],
-    ) -> Result<FenceReport, AnyStoreError> {
-        each_store!(self, s => s.fail(token, failures).await.map_err(AnyStoreError::new))
-    }
-
-    async fn release(
-        &self,
-        token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, AnyStoreError> {
-        each_store!(self, s => s.release(token, ids).await.map_err(AnyStoreError::new))
+    async fn renew(&self, token: FencingToken, lease: Duration) -> Result<u64, AnyStoreError> {
+        each_store!(self, s => s.renew(token, lease).await.map_err(AnyStoreError::new))
     }
 
     async fn stats(&self) -> Result<Stats, AnyStoreError> {
         each_store!(self, s => s.stats().await.map_err(AnyStoreError::new))
     }
 
-    fn wakeup(&self) -> Option<Arc<tokio::sync::Notify>> {
-        each_store!(self, s => s.wakeup())
+    async fn wakeup(&self) {
+        each_store!(self, s => s.wakeup().await)
     }
 }
 
@@ -279,181 +261,88 @@ impl DeadLetterStore for AnyStore {
     }
 }
 
-/// Any sink, chosen at run time: in-process handlers, JSON lines, or a
-/// broker publisher behind its feature.
+/// Any sink, chosen at run time: JSON lines, or a broker publisher behind
+/// its feature (boxed: publishers are large, and built once). In-process
+/// handlers need code: the demo uses a `HandlerRegistry` directly.
 #[derive(Debug)]
-#[non_exhaustive]
-pub enum AnySink {
-    /// In-process handlers.
-    Handlers(HandlerRegistry),
+pub(crate) enum AnySink {
     /// JSON lines to stdout or a file.
     JsonLines(JsonLinesSink),
     /// NATS JetStream (`nats://`, `tls://`), feature `nats`.
     #[cfg(feature = "nats")]
-    Nats(outbox_nats::NatsPublisher),
+    Nats(Box<outbox_nats::NatsPublisher>),
     /// RabbitMQ / AMQP 0.9.1 (`amqp://`, `amqps://`), feature `amqp`.
     #[cfg(feature = "amqp")]
-    Amqp(outbox_amqp::AmqpPublisher),
+    Amqp(Box<outbox_amqp::AmqpPublisher>),
     /// Kafka (`kafka://host:port[,host:port]`), feature `kafka`.
     #[cfg(feature = "kafka")]
-    Kafka(outbox_kafka::KafkaPublisher),
-}
-
-/// Why a sink spec could not be opened. Messages never contain a password.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum SinkSpecError {
-    /// The spec names no known sink.
-    #[error("unknown sink {0:?}: use stdout, jsonl:PATH, nats://HOST:PORT, amqp://USER:PASS@HOST:PORT/VHOST or kafka://HOST:PORT")]
-    Unknown(String),
-    /// `jsonl:` without a path.
-    #[error("sink `jsonl:` needs a file path, e.g. jsonl:events.jsonl")]
-    MissingPath,
-    /// The output file could not be opened.
-    #[error("could not open sink file {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The broker exists but this build does not include it.
-    #[error("sink `{0}` is not compiled into this build: rebuild with `--features {0}`")]
-    NotCompiled(&'static str),
-    /// The broker publisher could not be created or connected.
-    #[error("could not open sink {sink}: {source}")]
-    Connect {
-        /// The sink spec, redacted.
-        sink: String,
-        /// The publisher's error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync + 'static>,
-    },
+    Kafka(Box<outbox_kafka::KafkaPublisher>),
 }
 
 impl AnySink {
-    /// Opens a local sink from its text form: `stdout` (JSON lines on standard
-    /// output) or `jsonl:PATH` (JSON lines appended to a file). Broker sinks
-    /// need [`AnySink::connect`].
-    pub fn open(spec: &str) -> Result<Self, SinkSpecError> {
+    /// Opens a sink from its text form: `stdout` (JSON lines on standard
+    /// output), `jsonl:PATH` (JSON lines appended to a file), or a broker URL
+    /// of a compiled sink backend, configured with `settings_for`.
+    #[cfg_attr(
+        not(any(feature = "nats", feature = "amqp", feature = "kafka")),
+        allow(unused_variables)
+    )]
+    pub(crate) async fn connect(
+        spec: &str,
+        settings_for: impl Fn(&Descriptor) -> Settings,
+    ) -> Result<Self, ConnectError> {
         let spec = spec.trim();
         if spec == "stdout" || spec == "jsonl:-" {
             return Ok(AnySink::JsonLines(JsonLinesSink::stdout()));
         }
         if let Some(path) = spec.strip_prefix("jsonl:") {
             if path.is_empty() {
-                return Err(SinkSpecError::MissingPath);
+                return Err(ConnectError::Unknown {
+                    role: Role::Sink,
+                    what: format!("{spec:?}"),
+                    known: "jsonl:PATH with a file path, e.g. jsonl:events.jsonl".to_owned(),
+                });
             }
             return JsonLinesSink::file(path)
                 .map(AnySink::JsonLines)
-                .map_err(|source| SinkSpecError::Io {
+                .map_err(|source| ConnectError::File {
                     path: path.to_owned(),
                     source,
                 });
         }
-        Err(SinkSpecError::Unknown(redact_url(spec)))
-    }
-
-    /// Opens any sink: the local ones of [`AnySink::open`], or a broker
-    /// publisher (`nats://`, `tls://`, `amqp://`, `amqps://`, `kafka://`)
-    /// configured with `settings`.
-    pub async fn connect(spec: &str, settings: &BackendSettings) -> Result<Self, SinkSpecError> {
-        let spec = spec.trim();
-        let scheme = spec.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
-        match scheme.as_deref() {
-            Some("nats" | "tls") => Self::connect_nats(spec, settings).await,
-            Some("amqp" | "amqps") => Self::connect_amqp(spec, settings).await,
-            Some("kafka") => Self::connect_kafka(spec, settings),
-            _ => Self::open(spec),
+        let d = descriptor_for(Role::Sink, spec).map_err(|e| match e {
+            ConnectError::NoScheme { .. } => ConnectError::Unknown {
+                role: Role::Sink,
+                what: format!("{:?}", redact_url(spec)),
+                known: known(Role::Sink),
+            },
+            e => e,
+        })?;
+        let settings = settings_for(d);
+        match d.name() {
+            #[cfg(feature = "nats")]
+            "nats" => open::<outbox_nats::descriptor::NatsBackend>(d, spec, &settings)
+                .await
+                .map(|p| AnySink::Nats(Box::new(p))),
+            #[cfg(feature = "amqp")]
+            "amqp" => open::<outbox_amqp::descriptor::AmqpBackend>(d, spec, &settings)
+                .await
+                .map(|p| AnySink::Amqp(Box::new(p))),
+            #[cfg(feature = "kafka")]
+            "kafka" => open::<outbox_kafka::descriptor::KafkaBackend>(d, spec, &settings)
+                .await
+                .map(|p| AnySink::Kafka(Box::new(p))),
+            _ => Err(ConnectError::NotCompiled {
+                role: Role::Sink,
+                feature: d.name(),
+            }),
         }
-    }
-
-    #[cfg(feature = "nats")]
-    async fn connect_nats(spec: &str, settings: &BackendSettings) -> Result<Self, SinkSpecError> {
-        let connect = async {
-            let mut config = outbox_nats::NatsConfig::from_url(spec)?;
-            if let Some(prefix) = &settings.nats_subject_prefix {
-                config = config.with_subject_prefix(prefix.clone());
-            }
-            outbox_nats::NatsPublisher::connect(config).await
-        };
-        connect
-            .await
-            .map(AnySink::Nats)
-            .map_err(|e| connect_error(spec, e))
-    }
-
-    #[cfg(not(feature = "nats"))]
-    async fn connect_nats(_: &str, _: &BackendSettings) -> Result<Self, SinkSpecError> {
-        Err(SinkSpecError::NotCompiled("nats"))
-    }
-
-    #[cfg(feature = "amqp")]
-    async fn connect_amqp(spec: &str, settings: &BackendSettings) -> Result<Self, SinkSpecError> {
-        let connect = async {
-            let mut config = outbox_amqp::AmqpConfig::from_url(spec)?;
-            if let Some(exchange) = &settings.amqp_exchange {
-                config = config.with_exchange(exchange.clone());
-            }
-            outbox_amqp::AmqpPublisher::connect(config).await
-        };
-        connect
-            .await
-            .map(AnySink::Amqp)
-            .map_err(|e| connect_error(spec, e))
-    }
-
-    #[cfg(not(feature = "amqp"))]
-    async fn connect_amqp(_: &str, _: &BackendSettings) -> Result<Self, SinkSpecError> {
-        Err(SinkSpecError::NotCompiled("amqp"))
-    }
-
-    #[cfg(feature = "kafka")]
-    fn connect_kafka(spec: &str, settings: &BackendSettings) -> Result<Self, SinkSpecError> {
-        let mut config =
-            outbox_kafka::KafkaConfig::from_url(spec).map_err(|e| connect_error(spec, e))?;
-        if let Some(prefix) = &settings.kafka_topic_prefix {
-            config = config.with_topic_prefix(prefix.clone());
-        }
-        for (name, value) in &settings.kafka_properties {
-            config = config.with_property(name.clone(), value.clone());
-        }
-        outbox_kafka::KafkaPublisher::new(config)
-            .map(AnySink::Kafka)
-            .map_err(|e| connect_error(spec, e))
-    }
-
-    #[cfg(not(feature = "kafka"))]
-    fn connect_kafka(_: &str, _: &BackendSettings) -> Result<Self, SinkSpecError> {
-        Err(SinkSpecError::NotCompiled("kafka"))
-    }
-}
-
-#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
-fn connect_error(spec: &str, e: impl std::error::Error + Send + Sync + 'static) -> SinkSpecError {
-    SinkSpecError::Connect {
-        sink: redact_url(spec),
-        source: Box::new(e),
-    }
-}
-
-impl From<HandlerRegistry> for AnySink {
-    fn from(h: HandlerRegistry) -> Self {
-        AnySink::Handlers(h)
-    }
-}
-
-impl From<JsonLinesSink> for AnySink {
-    fn from(s: JsonLinesSink) -> Self {
-        AnySink::JsonLines(s)
     }
 }
 
 impl Sink for AnySink {
     async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
         match self {
-            AnySink::Handlers(h) => h.deliver(events).await,
             AnySink::JsonLines(j) => j.deliver(events).await,
             #[cfg(feature = "nats")]
             AnySink::Nats(p) => p.deliver(events).await,
@@ -469,25 +358,29 @@ impl Sink for AnySink {
 mod tests {
     use super::*;
 
-    #[test]
-    fn sink_specs() {
-        assert!(matches!(AnySink::open("stdout"), Ok(AnySink::JsonLines(_))));
+    #[tokio::test]
+    async fn sink_specs() {
+        let none = |_: &Descriptor| Settings::new();
         assert!(matches!(
-            AnySink::open("jsonl:"),
-            Err(SinkSpecError::MissingPath)
+            AnySink::connect("stdout", none).await,
+            Ok(AnySink::JsonLines(_))
         ));
-        assert!(matches!(
-            AnySink::open("kafka://x"),
-            Err(SinkSpecError::Unknown(_))
-        ));
+        let e = AnySink::connect("jsonl:", none).await.unwrap_err();
+        assert!(e.to_string().contains("jsonl:PATH"), "{e}");
+        let e = AnySink::connect("smtp://u:pw@h", none).await.unwrap_err();
+        assert!(matches!(e, ConnectError::Unknown { .. }), "{e}");
+        assert!(!e.to_string().contains("pw"), "{e}");
     }
 
     #[tokio::test]
     async fn connect_errors_name_the_fix() {
-        let e = AnyStore::connect("outbox.db").await.unwrap_err();
-        assert!(e.to_string().contains("sqlite://"), "{e}");
-        let e = AnyStore::connect("mysql://u:pw@h/db").await.unwrap_err();
-        assert!(matches!(e, ConnectError::UnknownScheme(_)), "{e}");
+        let none = |_: &Descriptor| Settings::new();
+        let e = AnyStore::connect("outbox.db", none).await.unwrap_err();
+        assert!(matches!(e, ConnectError::NoScheme { .. }), "{e}");
+        let e = AnyStore::connect("mysql://u:pw@h/db", none)
+            .await
+            .unwrap_err();
+        assert!(matches!(e, ConnectError::Unknown { .. }), "{e}");
         assert!(!e.to_string().contains("pw"));
     }
 }

@@ -1,278 +1,642 @@
-//! `run` configuration: flags > environment > `outbox.toml` > defaults.
+//! Settings of every command: flags > environment > `outbox.toml` > defaults.
+//!
+//! No backend setting is named here: the flags, environment variables and
+//! config-file keys of the store and sink backends come from their crates'
+//! descriptors ([`crate::backends`]). The relay's own settings are declared
+//! once below in the same form ([`Setting`]), so one piece of code turns
+//! every setting into a clap argument, reads it back with its source, and
+//! generates the README's table ([`crate::table`]).
 
-use anyhow::{bail, Context as _};
-use clap::Args;
-use crate::any::BackendSettings;
+use crate::backends::{self, Section};
+use anyhow::{anyhow, bail, Context as _};
+use clap::builder::BoolishValueParser;
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
+use outbox_core::backend::{
+    Descriptor, InvalidSetting, Role, Setting, SettingKind, SettingValue, Settings,
+};
 use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec};
 use outbox_worker::RelayOptions;
-use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// The default config file, read when present and `--config` is not given.
 pub(crate) const DEFAULT_CONFIG: &str = "outbox.toml";
 
-/// Where the store is: used by every command that talks to one.
-#[derive(Debug, Args)]
+const STORE_KEY: &str = "store";
+const CONFIG_KEY: &str = "config";
+const SINK_KEY: &str = "sink";
+
+/// Where the store is: every command that talks to one.
+const STORE: &[Setting] = &[
+    Setting::text(STORE_KEY, "Store URL.").with_value_name("URL"),
+    Setting::text(
+        CONFIG_KEY,
+        "TOML file of settings keyed by name (`batch_size = 50`); ./outbox.toml is read when it exists.",
+    )
+    .with_value_name("PATH"),
+];
+
+/// Where events go: `run`.
+const SINK: &[Setting] = &[Setting::text(
+    SINK_KEY,
+    "Where events go: `stdout`, `jsonl:PATH` or a broker URL.",
+)
+.with_value_name("SINK")];
+
+/// The relay loop: `run`. The defaults are `RelayOptions::default()`'s (the
+/// `relay_defaults_are_the_library_defaults` test keeps them equal).
+const RELAY: &[Setting] = &[
+    Setting::integer("batch_size", "Most events per claim.").with_default("20"),
+    Setting::integer("poll_interval_ms", "Wait between claims when idle, in ms.")
+        .with_default("2000"),
+    Setting::integer("lock_timeout_ms", "Lease length of a claim, in ms.").with_default("60000"),
+    Setting::integer("retry_base_ms", "First retry delay, in ms.").with_default("1000"),
+    Setting::integer("retry_cap_ms", "Largest retry delay, in ms.").with_default("900000"),
+    Setting::integer("max_attempts", "Attempts before an event is dead-lettered.")
+        .with_default("8"),
+    Setting::text(
+        "shard",
+        "This relay's shard as INDEX/TOTAL: it owns the keys hashing to INDEX.",
+    )
+    .with_default("0/1")
+    .with_value_name("INDEX/TOTAL"),
+    Setting::integer("lag_alert_secs", "Lag alert threshold, in seconds.").with_default("300"),
+    Setting::text("relay_id", "Lease owner id.")
+        .with_default("relay-<pid>-<random>")
+        .with_value_name("ID"),
+    Setting::bool("drain", "Claim again at once after a full batch.").with_default("true"),
+    Setting::integer(
+        "shutdown_grace_ms",
+        "How long an in-flight batch may finish after SIGINT/SIGTERM, in ms.",
+    )
+    .with_default("30000"),
+    Setting::bool("migrate", "Create or upgrade the outbox tables before starting.")
+        .with_default("false"),
+    Setting::text(
+        "metrics_addr",
+        "Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (feature `prometheus`).",
+    )
+    .with_value_name("ADDR"),
+];
+
+/// Settings without a default that a command cannot do without.
+pub(crate) const REQUIRED: &[&str] = &[STORE_KEY, SINK_KEY];
+
+/// The settings of the commands that open a store.
+pub(crate) fn store_sections() -> Vec<Section> {
+    std::iter::once(Section::relay(STORE))
+        .chain(backends::compiled(Role::Store).map(Section::backend))
+        .collect()
+}
+
+/// The settings `run` adds to [`store_sections`].
+fn run_sections() -> Vec<Section> {
+    [Section::relay(SINK), Section::relay(RELAY)]
+        .into_iter()
+        .chain(backends::compiled(Role::Sink).map(Section::backend))
+        .collect()
+}
+
+/// Every setting of this build, in table order.
+pub(crate) fn all_sections() -> Vec<Section> {
+    let mut all = store_sections();
+    all.extend(run_sections());
+    all
+}
+
+/// The setting whose config-file key is `key`.
+fn find(key: &str) -> Option<(Section, &'static Setting)> {
+    all_sections().into_iter().find_map(|section| {
+        section
+            .settings
+            .iter()
+            .find(|s| section.key(s) == key)
+            .map(|s| (section, s))
+    })
+}
+
+/// Help text computed from this build: the URL schemes it knows.
+pub(crate) fn build_note(section: &Section, s: &Setting) -> Option<String> {
+    if section.backend.is_some() {
+        return None;
+    }
+    match s.name() {
+        STORE_KEY => Some(format!("Schemes: {}.", backends::schemes(Role::Store))),
+        SINK_KEY => {
+            let brokers = backends::schemes(Role::Sink);
+            Some(if brokers.is_empty() {
+                "No broker in this build.".to_owned()
+            } else {
+                format!("Brokers: {brokers}.")
+            })
+        }
+        _ => None,
+    }
+}
+
+fn arg(section: &Section, s: &'static Setting) -> Arg {
+    let mut help = s.help().to_owned();
+    if let Some(note) = build_note(section, s) {
+        help = format!("{help} {note}");
+    }
+    if let Some(default) = s.default() {
+        help = format!("{help} [default: {}]", shown_default(default));
+    }
+    let mut arg = Arg::new(section.key(s))
+        .long(section.flag(s))
+        .value_name(s.value_name())
+        .help(help)
+        // An environment value may be a URL with a password.
+        .hide_env_values(true);
+    if let Some(env) = section.env(s) {
+        arg = arg.env(env);
+    }
+    match s.kind() {
+        // `--migrate` alone means true; `--drain false` still works.
+        SettingKind::Bool => arg
+            .value_parser(BoolishValueParser::new())
+            .num_args(0..=1)
+            .default_missing_value("true"),
+        SettingKind::Integer => arg.value_parser(clap::value_parser!(u64)),
+        SettingKind::Map { .. } => arg.action(ArgAction::Append).value_parser(parse_pair),
+        _ => arg,
+    }
+}
+
+/// A default as shown in help and in the table: `""` for the empty string.
+pub(crate) fn shown_default(default: &str) -> &str {
+    if default.is_empty() {
+        "\"\""
+    } else {
+        default
+    }
+}
+
+fn parse_pair(s: &str) -> Result<String, String> {
+    match s.split_once('=') {
+        Some((name, _)) if !name.trim().is_empty() => Ok(s.to_owned()),
+        _ => Err("expected NAME=VALUE, e.g. compression.type=lz4".to_owned()),
+    }
+}
+
+fn augment(cmd: Command, sections: &[Section]) -> Command {
+    sections.iter().fold(cmd, |cmd, section| {
+        cmd.args(section.settings.iter().map(|s| arg(section, s)))
+    })
+}
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone)]
+enum Source {
+    Flag(String),
+    Env(String),
+    File { key: String, path: PathBuf },
+}
+
+impl fmt::Display for Source {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Source::Flag(flag) => write!(f, "--{flag}"),
+            Source::Env(var) => f.write_str(var),
+            Source::File { key, path } => write!(f, "`{key}` in {}", path.display()),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    value: SettingValue,
+    source: Source,
+}
+
+/// Values by config-file key, with where each came from.
+#[derive(Debug, Clone, Default)]
+struct Layer {
+    entries: BTreeMap<String, Entry>,
+}
+
+impl Layer {
+    fn from_matches(m: &ArgMatches, sections: &[Section]) -> Self {
+        let mut entries = BTreeMap::new();
+        for section in sections {
+            for s in section.settings {
+                let id = section.key(s);
+                let source = match m.value_source(&id) {
+                    Some(ValueSource::CommandLine) => Source::Flag(section.flag(s)),
+                    Some(ValueSource::EnvVariable) => {
+                        Source::Env(section.env(s).unwrap_or_default())
+                    }
+                    _ => continue,
+                };
+                let raw: Vec<String> = m
+                    .get_raw(&id)
+                    .into_iter()
+                    .flatten()
+                    .map(|v| v.to_string_lossy().into_owned())
+                    .collect();
+                let value = match s.kind() {
+                    SettingKind::Map { .. } => SettingValue::Map(
+                        raw.iter()
+                            .filter_map(|pair| pair.split_once('='))
+                            .map(|(k, v)| (k.trim().to_owned(), v.to_owned()))
+                            .collect(),
+                    ),
+                    _ => SettingValue::Text(raw.last().cloned().unwrap_or_default()),
+                };
+                entries.insert(id, Entry { value, source });
+            }
+        }
+        Self { entries }
+    }
+
+    /// `self` with `top`'s values on top; maps are merged entry by entry.
+    fn overlaid(mut self, top: &Layer) -> Self {
+        for (key, entry) in &top.entries {
+            match (self.entries.get_mut(key), &entry.value) {
+                (
+                    Some(Entry {
+                        value: SettingValue::Map(below),
+                        source,
+                    }),
+                    SettingValue::Map(above),
+                ) => {
+                    below.extend(above.iter().map(|(k, v)| (k.clone(), v.clone())));
+                    *source = entry.source.clone();
+                }
+                _ => {
+                    self.entries.insert(key.clone(), entry.clone());
+                }
+            }
+        }
+        self
+    }
+
+    fn text(&self, key: &str) -> Option<&str> {
+        match self.entries.get(key).map(|e| &e.value) {
+            Some(SettingValue::Text(s)) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// The settings of a command that opens a store (`--store`, `--config`, and
+/// each compiled store backend's settings).
+#[derive(Debug, Clone)]
 pub(crate) struct StoreArgs {
-    /// Store URL, e.g. sqlite://outbox.db (or `store = ...` in the config file).
-    #[arg(long, env = "OUTBOX_STORE", value_name = "URL")]
-    pub(crate) store: Option<String>,
-    /// TOML config file [default: ./outbox.toml when it exists].
-    #[arg(long, env = "OUTBOX_CONFIG", value_name = "PATH")]
-    pub(crate) config: Option<PathBuf>,
-    /// PostgreSQL schema of the outbox tables [default: outbox].
-    #[arg(long, env = "OUTBOX_PG_SCHEMA")]
-    pub(crate) pg_schema: Option<String>,
-    /// PostgreSQL events table [default: events].
-    #[arg(long, env = "OUTBOX_PG_TABLE")]
-    pub(crate) pg_table: Option<String>,
+    layer: Layer,
 }
 
-/// Relay settings of `run`. Each flag has an `OUTBOX_*` environment variable
-/// and a config-file key of the same name (snake_case).
-#[derive(Debug, Args)]
+impl Args for StoreArgs {
+    fn augment_args(cmd: Command) -> Command {
+        augment(cmd, &store_sections())
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
+}
+
+impl FromArgMatches for StoreArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            layer: Layer::from_matches(m, &store_sections()),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
+}
+
+impl StoreArgs {
+    /// The command line and environment on top of the config file.
+    pub(crate) fn resolve(&self) -> anyhow::Result<Resolved> {
+        Resolved::load(&self.layer)
+    }
+}
+
+/// The settings of `run`: [`StoreArgs`] plus the sink, the relay loop and
+/// each compiled sink backend's settings.
+#[derive(Debug, Clone)]
 pub(crate) struct RunArgs {
-    #[command(flatten)]
-    pub(crate) store: StoreArgs,
-    /// Where events go: `stdout`, `jsonl:PATH`, `nats://HOST:PORT`,
-    /// `amqp://USER:PASS@HOST:PORT/VHOST` or `kafka://HOST:PORT`.
-    #[arg(long, env = "OUTBOX_SINK", value_name = "SINK")]
-    pub(crate) sink: Option<String>,
-    /// NATS: subject prefix (topic `orders` -> `PREFIX.orders`).
-    #[arg(long, env = "OUTBOX_NATS_SUBJECT_PREFIX")]
-    pub(crate) nats_subject_prefix: Option<String>,
-    /// AMQP: exchange for topics without an `exchange/key` route [default: ""].
-    #[arg(long, env = "OUTBOX_AMQP_EXCHANGE")]
-    pub(crate) amqp_exchange: Option<String>,
-    /// Kafka: topic prefix.
-    #[arg(long, env = "OUTBOX_KAFKA_TOPIC_PREFIX")]
-    pub(crate) kafka_topic_prefix: Option<String>,
-    /// Kafka: a librdkafka property NAME=VALUE (repeatable), e.g. compression.type=lz4.
-    #[arg(long = "kafka-property", value_name = "NAME=VALUE")]
-    pub(crate) kafka_property: Vec<String>,
-    /// Most events per claim [default: 20].
-    #[arg(long, env = "OUTBOX_BATCH_SIZE")]
-    pub(crate) batch_size: Option<u32>,
-    /// Wait between claims when idle, in ms [default: 2000].
-    #[arg(long, env = "OUTBOX_POLL_INTERVAL_MS")]
-    pub(crate) poll_interval_ms: Option<u64>,
-    /// Lease length of a claim, in ms [default: 60000].
-    #[arg(long, env = "OUTBOX_LOCK_TIMEOUT_MS")]
-    pub(crate) lock_timeout_ms: Option<u64>,
-    /// First retry delay, in ms [default: 1000].
-    #[arg(long, env = "OUTBOX_RETRY_BASE_MS")]
-    pub(crate) retry_base_ms: Option<u64>,
-    /// Largest retry delay, in ms [default: 900000].
-    #[arg(long, env = "OUTBOX_RETRY_CAP_MS")]
-    pub(crate) retry_cap_ms: Option<u64>,
-    /// Attempts before an event is dead-lettered [default: 8].
-    #[arg(long, env = "OUTBOX_MAX_ATTEMPTS")]
-    pub(crate) max_attempts: Option<u32>,
-    /// This relay's shard as INDEX/TOTAL, e.g. 0/4 [default: 0/1].
-    #[arg(long, env = "OUTBOX_SHARD")]
-    pub(crate) shard: Option<ShardSpec>,
-    /// Lag alert threshold, in seconds [default: 300].
-    #[arg(long, env = "OUTBOX_LAG_ALERT_SECS")]
-    pub(crate) lag_alert_secs: Option<u64>,
-    /// Lease owner id [default: relay-<pid>-<random>].
-    #[arg(long, env = "OUTBOX_RELAY_ID")]
-    pub(crate) relay_id: Option<String>,
-    /// Claim again at once after a full batch [default: true].
-    #[arg(long, env = "OUTBOX_DRAIN")]
-    pub(crate) drain: Option<bool>,
-    /// How long an in-flight batch may finish after SIGINT/SIGTERM, in ms [default: 30000].
-    #[arg(long, env = "OUTBOX_SHUTDOWN_GRACE_MS")]
-    pub(crate) shutdown_grace_ms: Option<u64>,
-    /// Create or upgrade the outbox tables before starting.
-    #[arg(long, env = "OUTBOX_MIGRATE")]
-    pub(crate) migrate: Option<bool>,
-    /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464
-    /// [default: off].
-    #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "ADDR")]
-    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+    store: StoreArgs,
+    layer: Layer,
 }
 
-/// The config file: the same keys as the `run` flags.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct FileConfig {
-    store: Option<String>,
-    sink: Option<String>,
-    pg_schema: Option<String>,
-    pg_table: Option<String>,
-    nats_subject_prefix: Option<String>,
-    amqp_exchange: Option<String>,
-    kafka_topic_prefix: Option<String>,
-    #[serde(default)]
-    kafka_properties: BTreeMap<String, String>,
-    batch_size: Option<u32>,
-    poll_interval_ms: Option<u64>,
-    lock_timeout_ms: Option<u64>,
-    retry_base_ms: Option<u64>,
-    retry_cap_ms: Option<u64>,
-    max_attempts: Option<u32>,
-    shard: Option<String>,
-    lag_alert_secs: Option<u64>,
-    metrics_addr: Option<std::net::SocketAddr>,
-    relay_id: Option<String>,
-    drain: Option<bool>,
-    shutdown_grace_ms: Option<u64>,
-    migrate: Option<bool>,
+impl Args for RunArgs {
+    fn augment_args(cmd: Command) -> Command {
+        augment(StoreArgs::augment_args(cmd), &run_sections())
+    }
+
+    fn augment_args_for_update(cmd: Command) -> Command {
+        Self::augment_args(cmd)
+    }
 }
 
-/// A fully resolved `run` configuration.
-#[derive(Debug)]
-pub(crate) struct RunConfig {
-    pub(crate) store: String,
-    pub(crate) sink: String,
-    pub(crate) settings: BackendSettings,
-    pub(crate) options: RelayOptions,
-    pub(crate) migrate: bool,
-    pub(crate) metrics_addr: Option<std::net::SocketAddr>,
+impl FromArgMatches for RunArgs {
+    fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        Ok(Self {
+            store: StoreArgs::from_arg_matches(m)?,
+            layer: Layer::from_matches(m, &run_sections()),
+        })
+    }
+
+    fn update_from_arg_matches(&mut self, m: &ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(m)?;
+        Ok(())
+    }
 }
 
-fn load_file(explicit: Option<&Path>) -> anyhow::Result<(FileConfig, Option<PathBuf>)> {
+impl RunArgs {
+    /// The command line and environment on top of the config file.
+    pub(crate) fn resolve(&self) -> anyhow::Result<Resolved> {
+        Resolved::load(&self.store.layer.clone().overlaid(&self.layer))
+    }
+}
+
+/// Every setting's value after layering, with its source.
+#[derive(Debug, Clone)]
+pub(crate) struct Resolved {
+    layer: Layer,
+    file: Option<PathBuf>,
+}
+
+impl Resolved {
+    fn load(cli: &Layer) -> anyhow::Result<Self> {
+        let explicit = cli.text(CONFIG_KEY).map(PathBuf::from);
+        let (file, path) = load_file(explicit.as_deref())?;
+        Ok(Self {
+            layer: file.overlaid(cli),
+            file: path,
+        })
+    }
+
+    fn config_name(&self) -> String {
+        self.file
+            .as_deref()
+            .map_or_else(|| DEFAULT_CONFIG.to_owned(), |p| p.display().to_string())
+    }
+
+    /// Where the value of `key` came from, or its flag when it was not given.
+    fn origin(&self, key: &str) -> String {
+        match self.layer.entries.get(key) {
+            Some(entry) => entry.source.to_string(),
+            None => find(key).map_or_else(
+                || key.to_owned(),
+                |(section, s)| format!("--{}", section.flag(s)),
+            ),
+        }
+    }
+
+    fn text(&self, key: &str) -> Option<&str> {
+        debug_assert!(find(key).is_some(), "undeclared setting {key}");
+        self.layer.text(key)
+    }
+
+    /// `key` parsed; the error names where the value came from.
+    pub(crate) fn parse<T>(&self, key: &str) -> anyhow::Result<Option<T>>
+    where
+        T: std::str::FromStr,
+        T::Err: fmt::Display,
+    {
+        let Some(text) = self.text(key) else {
+            return Ok(None);
+        };
+        text.trim()
+            .parse::<T>()
+            .map(Some)
+            .map_err(|e| anyhow!("invalid {} {text:?}: {e}", self.origin(key)))
+    }
+
+    fn bool(&self, key: &str) -> anyhow::Result<Option<bool>> {
+        let Some(text) = self.text(key) else {
+            return Ok(None);
+        };
+        outbox_core::backend::parse_bool(text)
+            .map(Some)
+            .ok_or_else(|| {
+                anyhow!(
+                    "invalid {} {text:?}: expected true or false",
+                    self.origin(key)
+                )
+            })
+    }
+
+    /// The store URL.
+    pub(crate) fn store_url(&self) -> anyhow::Result<String> {
+        match self.text(STORE_KEY) {
+            Some(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+            _ => bail!(
+                "no store configured: pass --store sqlite://outbox.db, set OUTBOX_STORE, or add `store = \"sqlite://outbox.db\"` to {}",
+                self.config_name()
+            ),
+        }
+    }
+
+    /// The sink.
+    pub(crate) fn sink(&self) -> anyhow::Result<String> {
+        match self.text(SINK_KEY) {
+            Some(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
+            _ => bail!(
+                "no sink configured: pass --sink stdout (or jsonl:events.jsonl, or a broker URL such as nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, kafka://127.0.0.1:9092), set OUTBOX_SINK, or add `sink = \"stdout\"` to {}",
+                self.config_name()
+            ),
+        }
+    }
+
+    /// The values given for `d`'s settings, by setting name.
+    pub(crate) fn backend_settings(&self, d: &Descriptor) -> Settings {
+        let mut settings = Settings::new();
+        for s in d.settings() {
+            if let Some(entry) = self.layer.entries.get(&d.key(s)) {
+                settings.insert(s.name(), entry.value.clone());
+            }
+        }
+        settings
+    }
+
+    /// A backend's refusal, told with the flag (or variable, or file key)
+    /// the value came from.
+    pub(crate) fn explain_invalid(&self, d: &Descriptor, e: &InvalidSetting) -> anyhow::Error {
+        let role = role_name(d.role());
+        if e.setting() == InvalidSetting::URL {
+            let key = if d.role() == Role::Store {
+                STORE_KEY
+            } else {
+                SINK_KEY
+            };
+            return anyhow!("invalid {role} URL ({}): {}", self.origin(key), e.reason());
+        }
+        let origin = d
+            .setting(e.setting())
+            .map_or_else(|| e.setting().to_owned(), |s| self.origin(&d.key(s)));
+        anyhow!("invalid {role} setting {origin}: {}", e.reason())
+    }
+
+    /// Strings that must never be printed: the passwords of the store and
+    /// sink URLs and the values of secret-looking map entries.
+    pub(crate) fn secrets(&self) -> Vec<String> {
+        let mut secrets = Vec::new();
+        for key in [STORE_KEY, SINK_KEY] {
+            if let Some(url) = self.layer.text(key) {
+                secrets.extend(crate::report::url_secrets(url));
+            }
+        }
+        for entry in self.layer.entries.values() {
+            if let SettingValue::Map(map) = &entry.value {
+                secrets.extend(
+                    map.iter()
+                        .filter(|(k, _)| crate::report::looks_secret(k))
+                        .map(|(_, v)| v.clone()),
+                );
+            }
+        }
+        secrets
+    }
+}
+
+/// `store` / `sink`.
+pub(crate) fn role_name(role: Role) -> &'static str {
+    match role {
+        Role::Store => "store",
+        Role::Sink => "sink",
+        _ => "backend",
+    }
+}
+
+fn load_file(explicit: Option<&Path>) -> anyhow::Result<(Layer, Option<PathBuf>)> {
     let path = match explicit {
         Some(p) => p.to_path_buf(),
         None => {
             let p = PathBuf::from(DEFAULT_CONFIG);
             if !p.exists() {
-                return Ok((FileConfig::default(), None));
+                return Ok((Layer::default(), None));
             }
             p
         }
     };
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("cannot read config file {}", path.display()))?;
-    let config: FileConfig =
+    let table: toml::Table =
         toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))?;
-    Ok((config, Some(path)))
+    let layer = file_layer(table, &path)?;
+    Ok((layer, Some(path)))
 }
 
-fn config_name(path: Option<&Path>) -> String {
-    path.map_or_else(|| DEFAULT_CONFIG.to_owned(), |p| p.display().to_string())
-}
-
-/// The store URL and its settings from flags, env or the config file.
-pub(crate) fn resolve_store(args: &StoreArgs) -> anyhow::Result<(String, BackendSettings)> {
-    let (file, path) = load_file(args.config.as_deref())?;
-    let url = pick_store(args.store.clone(), file.store.clone(), path.as_deref())?;
-    Ok((url, store_settings(args, &file)))
-}
-
-fn store_settings(args: &StoreArgs, file: &FileConfig) -> BackendSettings {
-    let mut settings = BackendSettings::default();
-    settings.pg_schema = args.pg_schema.clone().or_else(|| file.pg_schema.clone());
-    settings.pg_table = args.pg_table.clone().or_else(|| file.pg_table.clone());
-    settings
-}
-
-fn pick_store(
-    flag: Option<String>,
-    file: Option<String>,
-    path: Option<&Path>,
-) -> anyhow::Result<String> {
-    match flag.or(file) {
-        Some(s) if !s.trim().is_empty() => Ok(s),
-        _ => bail!(
-            "no store configured: pass --store sqlite://outbox.db, set OUTBOX_STORE, or add `store = \"sqlite://outbox.db\"` to {}",
-            config_name(path)
-        ),
-    }
-}
-
-/// Resolves every `run` setting.
-pub(crate) fn resolve_run(args: RunArgs) -> anyhow::Result<RunConfig> {
-    let (file, path) = load_file(args.store.config.as_deref())?;
-    let store = pick_store(
-        args.store.store.clone(),
-        file.store.clone(),
-        path.as_deref(),
-    )?;
-    let mut settings = store_settings(&args.store, &file);
-    settings.nats_subject_prefix = args.nats_subject_prefix.or(file.nats_subject_prefix);
-    settings.amqp_exchange = args.amqp_exchange.or(file.amqp_exchange);
-    settings.kafka_topic_prefix = args.kafka_topic_prefix.or(file.kafka_topic_prefix);
-    settings.kafka_properties = file.kafka_properties;
-    for prop in &args.kafka_property {
-        let Some((name, value)) = prop.split_once('=') else {
-            bail!("--kafka-property {prop:?} must be NAME=VALUE, e.g. compression.type=lz4");
+/// The config file's values, each key checked against the settings.
+fn file_layer(table: toml::Table, path: &Path) -> anyhow::Result<Layer> {
+    let mut entries = BTreeMap::new();
+    for (key, value) in table {
+        let Some((_, setting)) = find(&key).filter(|_| key != CONFIG_KEY) else {
+            if let Some(k) =
+                backends::missing().find(|k| key.starts_with(&format!("{}_", k.prefix)))
+            {
+                tracing::warn!(
+                    "ignoring `{key}` in {}: the {} backend is not compiled into this build (feature `{}`)",
+                    path.display(), k.feature, k.feature
+                );
+                continue;
+            }
+            bail!("unknown key `{key}` in {}", path.display());
         };
-        settings
-            .kafka_properties
-            .insert(name.trim().to_owned(), value.to_owned());
+        let value = match (setting.kind(), value) {
+            (SettingKind::Map { .. }, toml::Value::Table(t)) => SettingValue::Map(
+                t.into_iter()
+                    .map(|(k, v)| scalar(&v).map(|v| (k, v)))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| {
+                        anyhow!(
+                            "`{key}` in {} must hold NAME = \"VALUE\" pairs",
+                            path.display()
+                        )
+                    })?,
+            ),
+            (SettingKind::Map { .. }, _) => bail!(
+                "`{key}` in {} must be a table, e.g. [{key}]",
+                path.display()
+            ),
+            (_, v) => SettingValue::Text(scalar(&v).ok_or_else(|| {
+                anyhow!(
+                    "`{key}` in {} must be a string, a number or a boolean",
+                    path.display()
+                )
+            })?),
+        };
+        let source = Source::File {
+            key: key.clone(),
+            path: path.to_path_buf(),
+        };
+        entries.insert(key, Entry { value, source });
     }
-    let sink = match args.sink.or(file.sink) {
-        Some(s) if !s.trim().is_empty() => s,
-        _ => bail!(
-            "no sink configured: pass --sink stdout (or jsonl:events.jsonl, nats://127.0.0.1:4222, amqp://guest:guest@127.0.0.1:5672/%2f, kafka://127.0.0.1:9092), set OUTBOX_SINK, or add `sink = \"stdout\"` to {}",
-            config_name(path.as_deref())
-        ),
-    };
+    Ok(Layer { entries })
+}
+
+fn scalar(v: &toml::Value) -> Option<String> {
+    match v {
+        toml::Value::String(s) => Some(s.clone()),
+        toml::Value::Integer(i) => Some(i.to_string()),
+        toml::Value::Float(f) => Some(f.to_string()),
+        toml::Value::Boolean(b) => Some(b.to_string()),
+        _ => None,
+    }
+}
+
+/// A fully resolved `run` configuration (backend settings stay in
+/// [`Resolved`] until the backends are opened).
+#[derive(Debug)]
+pub(crate) struct RunConfig {
+    pub(crate) sink: String,
+    pub(crate) options: RelayOptions,
+    pub(crate) migrate: bool,
+    pub(crate) metrics_addr: Option<SocketAddr>,
+}
+
+/// The relay's own settings of `run`.
+pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
+    let sink = r.sink()?;
     let defaults = RelayOptions::default();
-    let ms = |flag: Option<u64>, file: Option<u64>, default: Duration| {
-        flag.or(file).map_or(default, Duration::from_millis)
+    let ms = |key: &str, default: Duration| -> anyhow::Result<Duration> {
+        Ok(r.parse::<u64>(key)?.map_or(default, Duration::from_millis))
     };
     let retry_default = defaults.retry();
     let retry = RetryPolicy::new(
-        ms(args.retry_base_ms, file.retry_base_ms, retry_default.base()),
-        ms(args.retry_cap_ms, file.retry_cap_ms, retry_default.cap()),
-        args.max_attempts
-            .or(file.max_attempts)
+        ms("retry_base_ms", retry_default.base())?,
+        ms("retry_cap_ms", retry_default.cap())?,
+        r.parse::<u32>("max_attempts")?
             .unwrap_or(retry_default.max_attempts()),
         Jitter::Equal,
     )
     .context("invalid retry settings (retry_base_ms, retry_cap_ms, max_attempts)")?;
-    let shard = match (args.shard, file.shard) {
-        (Some(s), _) => s,
-        (None, Some(s)) => s
-            .parse::<ShardSpec>()
-            .with_context(|| format!("invalid `shard` in {}", config_name(path.as_deref())))?,
-        (None, None) => ShardSpec::ALL,
-    };
     let mut options = defaults
         .clone()
         .with_batch_size(
-            args.batch_size
-                .or(file.batch_size)
+            r.parse::<u32>("batch_size")?
                 .unwrap_or(defaults.batch_size()),
         )
-        .with_poll_interval(ms(
-            args.poll_interval_ms,
-            file.poll_interval_ms,
-            defaults.poll_interval(),
-        ))
-        .with_lock_timeout(ms(
-            args.lock_timeout_ms,
-            file.lock_timeout_ms,
-            defaults.lock_timeout(),
-        ))
+        .with_poll_interval(ms("poll_interval_ms", defaults.poll_interval())?)
+        .with_lock_timeout(ms("lock_timeout_ms", defaults.lock_timeout())?)
         .with_retry(retry)
-        .with_shard(shard)
+        .with_shard(r.parse::<ShardSpec>("shard")?.unwrap_or(ShardSpec::ALL))
         .with_lag_alert(
-            args.lag_alert_secs
-                .or(file.lag_alert_secs)
+            r.parse::<u64>("lag_alert_secs")?
                 .map_or(defaults.lag_alert(), Duration::from_secs),
         )
-        .with_drain(args.drain.or(file.drain).unwrap_or(true))
-        .with_shutdown_grace(ms(
-            args.shutdown_grace_ms,
-            file.shutdown_grace_ms,
-            defaults.shutdown_grace(),
-        ));
-    if let Some(id) = args.relay_id.or(file.relay_id) {
+        .with_drain(r.bool("drain")?.unwrap_or(defaults.drain()))
+        .with_shutdown_grace(ms("shutdown_grace_ms", defaults.shutdown_grace())?);
+    if let Some(id) = r.text("relay_id") {
         options = options.with_relay_id(RelayId::new(id));
     }
     options.validate().context("invalid relay settings")?;
     Ok(RunConfig {
-        store,
         sink,
-        settings,
         options,
-        migrate: args.migrate.or(file.migrate).unwrap_or(false),
-        metrics_addr: args.metrics_addr.or(file.metrics_addr),
+        migrate: r.bool("migrate")?.unwrap_or(false),
+        metrics_addr: r.parse::<SocketAddr>("metrics_addr")?,
     })
 }
 
@@ -280,9 +644,17 @@ pub(crate) fn resolve_run(args: RunArgs) -> anyhow::Result<RunConfig> {
 mod tests {
     use super::*;
 
+    fn resolved(file: &str) -> anyhow::Result<Resolved> {
+        let table: toml::Table = toml::from_str(file)?;
+        Ok(Resolved {
+            layer: file_layer(table, Path::new("outbox.toml"))?,
+            file: Some(PathBuf::from("outbox.toml")),
+        })
+    }
+
     #[test]
     fn missing_store_names_the_fix() {
-        let err = pick_store(None, None, None).unwrap_err().to_string();
+        let err = resolved("").unwrap().store_url().unwrap_err().to_string();
         assert!(err.contains("--store sqlite://"), "{err}");
         assert!(err.contains("OUTBOX_STORE"), "{err}");
         assert!(err.contains("outbox.toml"), "{err}");
@@ -290,10 +662,51 @@ mod tests {
 
     #[test]
     fn unknown_config_keys_are_rejected() {
-        let err = toml::from_str::<FileConfig>("stor = \"x\"").unwrap_err();
+        let err = resolved("stor = \"x\"").unwrap_err();
         assert!(err.to_string().contains("stor"), "{err}");
-        let ok: FileConfig =
-            toml::from_str("store = \"sqlite://a.db\"\nbatch_size = 5\nshard = \"1/4\"").unwrap();
-        assert_eq!(ok.batch_size, Some(5));
+        let ok = resolved(
+            "store = \"sqlite://a.db\"\nbatch_size = 5\nshard = \"1/4\"\nsink = \"stdout\"",
+        )
+        .unwrap();
+        let cfg = run_config(&ok).unwrap();
+        assert_eq!(cfg.options.batch_size(), 5);
+        assert_eq!(cfg.options.shard().to_string(), "1/4");
+    }
+
+    #[test]
+    fn bad_values_name_their_source() {
+        let r = resolved("sink = \"stdout\"\nbatch_size = \"lots\"").unwrap();
+        let err = run_config(&r).unwrap_err().to_string();
+        assert!(err.contains("`batch_size` in outbox.toml"), "{err}");
+    }
+
+    #[test]
+    fn relay_defaults_are_the_library_defaults() {
+        let d = RelayOptions::default();
+        let default = |name: &str| {
+            RELAY
+                .iter()
+                .find(|s| s.name() == name)
+                .and_then(|s| s.default())
+                .unwrap_or_else(|| panic!("{name} has no default"))
+                .to_owned()
+        };
+        let ms = |dur: Duration| dur.as_millis().to_string();
+        assert_eq!(default("batch_size"), d.batch_size().to_string());
+        assert_eq!(default("poll_interval_ms"), ms(d.poll_interval()));
+        assert_eq!(default("lock_timeout_ms"), ms(d.lock_timeout()));
+        assert_eq!(default("retry_base_ms"), ms(d.retry().base()));
+        assert_eq!(default("retry_cap_ms"), ms(d.retry().cap()));
+        assert_eq!(
+            default("max_attempts"),
+            d.retry().max_attempts().to_string()
+        );
+        assert_eq!(default("shard"), d.shard().to_string());
+        assert_eq!(
+            default("lag_alert_secs"),
+            d.lag_alert().as_secs().to_string()
+        );
+        assert_eq!(default("drain"), d.drain().to_string());
+        assert_eq!(default("shutdown_grace_ms"), ms(d.shutdown_grace()));
     }
 }

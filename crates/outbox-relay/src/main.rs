@@ -2,19 +2,26 @@
 //!
 //! Commands: `demo`, `run`, `migrate`, `status`, `dead list|retry|purge`.
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
+//! Errors are printed as one line, each cause once, root cause last, with
+//! every password the user passed replaced by `***`.
 // A command-line tool's output is its stdout.
 #![allow(clippy::print_stdout)]
 
 mod any;
+mod backends;
 mod config;
+#[cfg(feature = "sqlite")]
 mod demo;
+mod report;
+mod table;
 
+use any::{AnySink, AnyStore, ConnectError};
 use anyhow::{bail, Context as _};
 use clap::{Args, Parser, Subcommand};
-use config::{RunArgs, StoreArgs};
-use any::{redact_url, AnySink, AnyStore};
-use outbox_core::{DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Store};
+use config::{Resolved, RunArgs, StoreArgs};
+use outbox_core::{redact_url, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Store};
 use outbox_worker::{JsonLinesSink, Relay};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use tracing::{info, warn};
 
@@ -29,6 +36,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the embedded default end to end (SQLite + in-process handlers), no services needed.
+    #[cfg(feature = "sqlite")]
     Demo(demo::DemoArgs),
     /// Run the relay until SIGINT/SIGTERM.
     Run(Box<RunArgs>),
@@ -41,6 +49,21 @@ enum Command {
         #[command(subcommand)]
         command: DeadCommand,
     },
+    /// Print the README's configuration table (generated from the settings
+    /// and the backends' descriptors), or check or update a file's copy.
+    #[command(hide = true)]
+    ConfigTable(TableArgs),
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("mode").args(["check", "write"])))]
+struct TableArgs {
+    /// Fail when the table between the markers of FILE is stale.
+    #[arg(long, value_name = "FILE")]
+    check: Option<PathBuf>,
+    /// Rewrite the table between the markers of FILE.
+    #[arg(long, value_name = "FILE")]
+    write: Option<PathBuf>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -104,17 +127,25 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(dispatch(cli.command)) {
+    // Every URL on the command line or in the environment may carry a
+    // password; the resolved configuration adds those of the config file.
+    let mut secrets: Vec<String> = std::env::args()
+        .chain(std::env::vars().map(|(_, v)| v))
+        .filter(|a| a.contains('@'))
+        .flat_map(|a| report::url_secrets(&a))
+        .collect();
+    match runtime.block_on(dispatch(cli.command, &mut secrets)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", report::render(&e, &secrets));
             ExitCode::FAILURE
         }
     }
 }
 
-async fn dispatch(command: Command) -> anyhow::Result<()> {
+async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result<()> {
     match command {
+        #[cfg(feature = "sqlite")]
         Command::Demo(args) => {
             // The demo prints its own progress lines.
             init_logging("error");
@@ -122,18 +153,20 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             init_logging("info");
-            run(*args).await
+            let resolved = args.resolve()?;
+            secrets.extend(resolved.secrets());
+            run(&resolved).await
         }
         Command::Migrate(args) => {
             init_logging("warn");
-            let (store, url) = open(&args).await?;
+            let (store, url) = open(&args, secrets).await?;
             store.migrate().await.context("migration failed")?;
             println!("migrated {}", redact_url(&url));
             Ok(())
         }
         Command::Status(args) => {
             init_logging("warn");
-            let (store, url) = open(&args).await?;
+            let (store, url) = open(&args, secrets).await?;
             let stats = store.stats().await.context("cannot read stats")?;
             println!("store:      {}", redact_url(&url));
             println!("pending:    {}", stats.pending);
@@ -147,30 +180,56 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
         Command::Dead { command } => {
             init_logging("warn");
-            dead(command).await
+            dead(command, secrets).await
         }
+        Command::ConfigTable(args) => match (args.check, args.write) {
+            (Some(path), _) => table::check(&path),
+            (None, Some(path)) => table::write(&path),
+            (None, None) => {
+                print!("{}", table::markdown());
+                Ok(())
+            }
+        },
     }
 }
 
-async fn open(args: &StoreArgs) -> anyhow::Result<(AnyStore, String)> {
-    let (url, settings) = config::resolve_store(args)?;
-    let store = AnyStore::connect_with(&url, &settings).await?;
+/// A connect error, with the flag, variable or file key of a refused setting.
+fn connect_error(resolved: &Resolved, e: ConnectError) -> anyhow::Error {
+    match e {
+        ConnectError::Invalid { descriptor, error } => resolved.explain_invalid(descriptor, &error),
+        e => e.into(),
+    }
+}
+
+async fn open_store(resolved: &Resolved) -> anyhow::Result<(AnyStore, String)> {
+    let url = resolved.store_url()?;
+    let store = AnyStore::connect(&url, |d| resolved.backend_settings(d))
+        .await
+        .map_err(|e| connect_error(resolved, e))?;
     Ok((store, url))
 }
 
-async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let cfg = config::resolve_run(args)?;
-    let store = AnyStore::connect_with(&cfg.store, &cfg.settings).await?;
+async fn open(args: &StoreArgs, secrets: &mut Vec<String>) -> anyhow::Result<(AnyStore, String)> {
+    let resolved = args.resolve()?;
+    secrets.extend(resolved.secrets());
+    open_store(&resolved).await
+}
+
+async fn run(resolved: &Resolved) -> anyhow::Result<()> {
+    let cfg = config::run_config(resolved)?;
+    let (store, url) = open_store(resolved).await?;
     if cfg.migrate {
         store.migrate().await.context("migration failed")?;
     }
-    let sink = AnySink::connect(&cfg.sink, &cfg.settings).await?;
+    let sink = AnySink::connect(&cfg.sink, |d| resolved.backend_settings(d))
+        .await
+        .map_err(|e| connect_error(resolved, e))?;
     if let Some(addr) = cfg.metrics_addr {
         install_prometheus(addr)?;
     }
     outbox_worker::metrics::describe_metrics();
     info!(
-        store = %redact_url(&cfg.store),
+        store = %redact_url(&url),
         sink = %redact_url(&cfg.sink),
         relay_id = %cfg.options.relay_id(),
         shard = %cfg.options.shard(),
@@ -235,10 +294,10 @@ async fn shutdown_signal() {
     }
 }
 
-async fn dead(command: DeadCommand) -> anyhow::Result<()> {
+async fn dead(command: DeadCommand, secrets: &mut Vec<String>) -> anyhow::Result<()> {
     match command {
         DeadCommand::List(args) => {
-            let (store, _) = open(&args.store).await?;
+            let (store, _) = open(&args.store, secrets).await?;
             let query = DeadLetterQuery {
                 code: args.code.map(ErrorCode::new),
                 limit: args.limit,
@@ -267,7 +326,7 @@ async fn dead(command: DeadCommand) -> anyhow::Result<()> {
             Ok(())
         }
         DeadCommand::Retry(args) => {
-            let (store, _) = open(&args.store).await?;
+            let (store, _) = open(&args.store, secrets).await?;
             let ids = selection(&args)?;
             let n = store
                 .retry_dead(ids)
@@ -277,7 +336,7 @@ async fn dead(command: DeadCommand) -> anyhow::Result<()> {
             Ok(())
         }
         DeadCommand::Purge(args) => {
-            let (store, _) = open(&args.store).await?;
+            let (store, _) = open(&args.store, secrets).await?;
             let ids = selection(&args)?;
             let n = store
                 .purge_dead(ids)

@@ -28,7 +28,7 @@ async fn run_serves_prometheus_metrics() {
     let store = SqliteStore::connect(&url).await.unwrap();
     store.migrate().await.unwrap();
     let mut tx = store.pool().begin().await.unwrap();
-    let events = (0..20)
+    let events: Vec<NewEvent> = (0..20)
         .map(|i| NewEvent::new("metrics.test", "m", format!("{i}").into_bytes()))
         .collect();
     enqueue_batch(&mut tx, events).await.unwrap();
