@@ -2,9 +2,11 @@
 
 use futures::stream::{self, StreamExt};
 use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
+use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -67,16 +69,23 @@ type Handler = Arc<dyn Fn(Event) -> BoxFuture + Send + Sync>;
 ///   `HANDLER_NOT_REGISTERED` (dead-lettered, never silently dropped);
 /// - a handler's [`HandlerError`] maps to `HANDLER_TEMPORARY_FAILURE` or
 ///   `HANDLER_PERMANENT_FAILURE`;
-/// - a handler that panics fails retryably with `HANDLER_PANICKED` (each
-///   call runs in its own tokio task, so a panic is caught as a `JoinError`).
+/// - a handler that panics fails retryably with `HANDLER_PANICKED`, whether
+///   it panics inside its future (each future runs in its own tokio task, so
+///   the panic is caught as a `JoinError`) or synchronously, before it
+///   returns its future (caught with [`std::panic::catch_unwind`]): it is
+///   retried like any retryable failure and dead-lettered after
+///   `max_attempts`; the relay never dies of it.
 ///
-/// Within one batch, events with different keys run concurrently (at most
-/// [`HandlerRegistry::with_concurrency`] keys at a time, default 16); events
-/// with the same key (or, without a key, the same id) run one after the
-/// other in claim order. When an event fails retryably, the later events of
-/// its key in the same batch are not run: they are reported
-/// [`crate::NOT_ATTEMPTED`] and the relay releases them, so they are handled
-/// after the failed one (the store claims a key's events in order).
+/// One [`Sink::deliver`] call runs its events concurrently, at most
+/// [`HandlerRegistry::with_concurrency`] at a time (default 16). Per-key
+/// order is not this sink's job: the [`Relay`](crate::Relay) puts every sink
+/// behind [`KeyOrder`](crate::KeyOrder), which hands it at most one event of
+/// a key per call and holds back the later events of a key whose event
+/// failed. Wrap it in [`KeyOrder`](crate::KeyOrder) yourself when calling it
+/// by hand with several events of one key.
+///
+/// When a delivery is dropped (shutdown grace or the relay's delivery
+/// timeout ran out), the handler tasks still running are aborted.
 #[derive(Clone)]
 pub struct HandlerRegistry {
     handlers: HashMap<String, Handler>,
@@ -109,7 +118,8 @@ impl HandlerRegistry {
         }
     }
 
-    /// Most keys handled at the same time within a batch (default 16, at least 1).
+    /// Most handlers running at the same time within one delivery (default
+    /// 16, at least 1).
     pub fn with_concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self
@@ -154,6 +164,11 @@ impl HandlerRegistry {
         self.handlers.contains_key(event_type)
     }
 
+    /// Whether no handler is registered.
+    pub fn is_empty(&self) -> bool {
+        self.handlers.is_empty()
+    }
+
     /// Runs the handler of one event in its own task.
     async fn handle(&self, event: Event) -> Outcome {
         let Some(handler) = self.handlers.get(&event.event_type).cloned() else {
@@ -165,28 +180,36 @@ impl HandlerRegistry {
                 ),
             ));
         };
-        let task = AbortOnDrop(tokio::spawn(handler(event)));
+        // A handler may panic before it returns its future: that is the same
+        // bug as a panic inside the future and is reported the same way.
+        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(event))) {
+            Ok(future) => future,
+            Err(payload) => return panicked(payload.as_ref()),
+        };
+        let task = AbortOnDrop(tokio::spawn(future));
         match task.join().await {
             Ok(Ok(())) => Outcome::Delivered,
             Ok(Err(e)) => Outcome::Failed(e.into()),
-            Err(join) if join.is_panic() => {
-                let payload = join.into_panic();
-                let msg = payload
-                    .downcast_ref::<&str>()
-                    .map(|s| (*s).to_owned())
-                    .or_else(|| payload.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-text panic payload".to_owned());
-                Outcome::Failed(DeliveryError::retryable(
-                    ErrorCode::HANDLER_PANICKED,
-                    format!("handler panicked: {msg}"),
-                ))
-            }
+            Err(join) if join.is_panic() => panicked(join.into_panic().as_ref()),
             Err(_) => Outcome::Failed(DeliveryError::retryable(
                 ErrorCode::HANDLER_PANICKED,
                 "handler task was cancelled",
             )),
         }
     }
+}
+
+/// The outcome of a handler that panicked with `payload`.
+fn panicked(payload: &(dyn Any + Send)) -> Outcome {
+    let msg = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-text panic payload".to_owned());
+    Outcome::Failed(DeliveryError::retryable(
+        ErrorCode::HANDLER_PANICKED,
+        format!("handler panicked: {msg}"),
+    ))
 }
 
 /// Aborts the handler task if the delivery is dropped (shutdown grace expired).
@@ -206,56 +229,87 @@ impl<T> Drop for AbortOnDrop<T> {
 
 impl Sink for HandlerRegistry {
     async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
-        // Group by shard key, keeping claim order inside each group.
-        let mut groups: Vec<(String, Vec<usize>)> = Vec::new();
-        let mut index: HashMap<String, usize> = HashMap::new();
-        for (i, event) in events.iter().enumerate() {
-            let key = event.shard_key();
-            match index.get(&key) {
-                Some(&g) => groups[g].1.push(i),
-                None => {
-                    index.insert(key.clone(), groups.len());
-                    groups.push((key, vec![i]));
-                }
-            }
-        }
-        let mut outcomes: Vec<Option<Outcome>> = vec![None; events.len()];
-        let results: Vec<Vec<(usize, Outcome)>> = stream::iter(groups)
-            .map(|(_, members)| async move {
-                let mut out = Vec::with_capacity(members.len());
-                let mut blocked = false;
-                for i in members {
-                    let outcome = if blocked {
-                        Outcome::Failed(DeliveryError::retryable(
-                            crate::NOT_ATTEMPTED,
-                            "an earlier event of the same key failed in this batch",
-                        ))
-                    } else {
-                        self.handle(events[i].clone()).await
-                    };
-                    if let Outcome::Failed(e) = &outcome {
-                        blocked |= e.is_retryable();
-                    }
-                    out.push((i, outcome));
-                }
-                out
-            })
-            .buffer_unordered(self.concurrency)
+        // `buffered` keeps the outcomes in the events' order while running up
+        // to `concurrency` handlers at once.
+        stream::iter(events.iter().cloned())
+            .map(|event| self.handle(event))
+            .buffered(self.concurrency)
             .collect()
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use chrono::Utc;
+    use outbox_core::EventId;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    fn event(event_type: &str) -> Event {
+        Event {
+            id: EventId::new(),
+            key: Some("same".into()),
+            event_type: event_type.into(),
+            topic: "orders".into(),
+            payload: Vec::new(),
+            headers: Default::default(),
+            created_at: Utc::now(),
+            attempts: 1,
+            next_attempt_at: Utc::now(),
+            last_error: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_synchronous_panic_is_caught_like_an_async_one() {
+        #[allow(unreachable_code, clippy::diverging_sub_expression)]
+        let handlers = HandlerRegistry::new()
+            .with_handler("sync", |_| {
+                panic!("before the future");
+                async { Ok(()) }
+            })
+            .with_handler("async", |_| async { panic!("inside the future") })
+            .with_handler("ok", |_| async { Ok(()) });
+        let outcomes = handlers
+            .deliver(&[event("sync"), event("async"), event("ok")])
             .await;
-        for (i, outcome) in results.into_iter().flatten() {
-            outcomes[i] = Some(outcome);
-        }
-        outcomes
-            .into_iter()
-            .map(|o| {
-                o.unwrap_or_else(|| {
-                    Outcome::Failed(DeliveryError::retryable(
-                        ErrorCode::HANDLER_PANICKED,
-                        "handler produced no outcome",
-                    ))
-                })
-            })
-            .collect()
+        let message = |o: &Outcome| match o {
+            Outcome::Failed(e) => {
+                assert_eq!(*e.code(), ErrorCode::HANDLER_PANICKED);
+                assert!(e.is_retryable() && !e.is_sink_unavailable());
+                e.message().to_owned()
+            }
+            other => panic!("expected a failure, got {other:?}"),
+        };
+        assert_eq!(message(&outcomes[0]), "handler panicked: before the future");
+        assert_eq!(message(&outcomes[1]), "handler panicked: inside the future");
+        assert_eq!(outcomes[2], Outcome::Delivered);
+    }
+
+    #[tokio::test]
+    async fn runs_the_events_it_is_given_concurrently_up_to_the_limit() {
+        let running = Arc::new(AtomicUsize::new(0));
+        let peak = Arc::new(AtomicUsize::new(0));
+        let (r, p) = (Arc::clone(&running), Arc::clone(&peak));
+        let handlers = HandlerRegistry::new()
+            .with_concurrency(3)
+            .with_handler("slow", move |_| {
+                let (r, p) = (Arc::clone(&r), Arc::clone(&p));
+                async move {
+                    let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                    p.fetch_max(now, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    r.fetch_sub(1, Ordering::SeqCst);
+                    Ok(())
+                }
+            });
+        let events: Vec<Event> = (0..8).map(|_| event("slow")).collect();
+        let outcomes = handlers.deliver(&events).await;
+        assert_eq!(outcomes, vec![Outcome::Delivered; 8]);
+        let peak = peak.load(Ordering::SeqCst);
+        assert!((2..=3).contains(&peak), "peak concurrency {peak}");
     }
 }

@@ -9,7 +9,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 /// Code recorded when the JSON-lines sink could not write or sync its output
-/// (retryable: the disk may come back).
+/// (the sink's failure, [`DeliveryError::unavailable`]: no attempt is
+/// counted, the relay gives the batch back and probes until the disk takes
+/// writes again).
 pub const SINK_WRITE_FAILED: ErrorCode = ErrorCode::from_static("SINK_WRITE_FAILED");
 
 /// Writes each event as one line of JSON:
@@ -168,7 +170,7 @@ impl Sink for JsonLinesSink {
             Ok(()) => vec![Outcome::Delivered; events.len()],
             Err(err) => {
                 tracing::warn!(error = %err, "json-lines sink write failed");
-                let error = DeliveryError::retryable(
+                let error = DeliveryError::unavailable(
                     SINK_WRITE_FAILED,
                     format!("writing the json-lines output failed: {err}"),
                 );

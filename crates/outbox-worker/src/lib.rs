@@ -1,18 +1,23 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
+pub mod breaker;
 mod handlers;
 mod jsonl;
+pub mod layer;
+mod lease;
 pub mod metrics;
 mod options;
-mod relay;
+pub mod relay;
 #[cfg(all(test, feature = "sqlite"))]
 mod relay_tests;
 
+pub use breaker::{SinkHealth, SinkState, SinkStatus};
 pub use handlers::{HandlerError, HandlerRegistry};
 pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};
+pub use layer::{KeyOrder, KeyOrderLayer};
 pub use options::{InvalidOptions, RelayOptions};
-pub use relay::{Progress, Relay, RelaySummary, NOT_ATTEMPTED, SINK_MISSING_OUTCOME};
+pub use relay::{Progress, Relay, RelaySummary, SINK_PANICKED};
 
 /// The shared vocabulary (events, retry policy, traits).
 pub use outbox_core as core;

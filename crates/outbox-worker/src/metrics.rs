@@ -13,10 +13,25 @@ pub const EVENTS_DEAD: &str = "outbox_events_dead_total";
 /// Counter: events whose outcome could not be recorded because this relay's
 /// lease had expired and another relay re-claimed them (fencing).
 pub const LEASE_LOST: &str = "outbox_lease_lost_total";
-/// Counter: events given back unattempted at shutdown.
+/// Counter, label `reason`: events given back unattempted (lease cleared,
+/// attempt not counted). Reasons: `sink_unavailable` (the sink was down),
+/// `not_attempted` (held back by the per-key order layer), `delivery_timeout`,
+/// `shutdown`, `missing_outcome` (a sink bug), `lease_renewal` (a prefetched
+/// batch whose lease could not be kept).
 pub const EVENTS_RELEASED: &str = "outbox_events_released_total";
-/// Counter: store calls that failed (claim, complete, fail, release).
+/// Counter: events a settlement could not record as asked (the store
+/// reported them `rejected`, with a reason logged at WARN).
+pub const EVENTS_REJECTED: &str = "outbox_events_rejected_total";
+/// Counter, label `op` (`claim`, `settle`, `renew`, `stats`): store calls that failed.
 pub const STORE_ERRORS: &str = "outbox_store_errors_total";
+/// Counter: batches whose delivery was cancelled after the delivery timeout.
+pub const DELIVERY_TIMEOUTS: &str = "outbox_delivery_timeouts_total";
+/// Gauge: the sink's circuit breaker: 0 closed (delivering), 1 half-open
+/// (probing with one small batch), 2 open (the sink is unavailable; not
+/// claiming).
+pub const SINK_STATE: &str = "outbox_sink_state";
+/// Counter, label `to` (`closed`, `half_open`, `open`): circuit breaker transitions.
+pub const SINK_STATE_TRANSITIONS: &str = "outbox_sink_state_transitions_total";
 /// Histogram, seconds: per event, from the claim to its recorded outcome.
 pub const EVENT_PROCESS_SECONDS: &str = "outbox_event_process_seconds";
 /// Gauge, seconds: age of the oldest event in the last batch (database clock).
@@ -37,8 +52,27 @@ pub fn describe_metrics() {
         LEASE_LOST,
         "Events whose outcome was not recorded because the lease was lost"
     );
-    describe_counter!(EVENTS_RELEASED, "Events released unattempted at shutdown");
-    describe_counter!(STORE_ERRORS, "Failed store calls");
+    describe_counter!(
+        EVENTS_RELEASED,
+        "Events given back unattempted (attempt not counted), by reason"
+    );
+    describe_counter!(
+        EVENTS_REJECTED,
+        "Events a settlement could not record as asked"
+    );
+    describe_counter!(STORE_ERRORS, "Failed store calls, by operation");
+    describe_counter!(
+        DELIVERY_TIMEOUTS,
+        "Deliveries cancelled after the delivery timeout"
+    );
+    describe_gauge!(
+        SINK_STATE,
+        "Sink circuit breaker: 0 closed, 1 half-open, 2 open"
+    );
+    describe_counter!(
+        SINK_STATE_TRANSITIONS,
+        "Sink circuit breaker transitions, by new state"
+    );
     describe_histogram!(
         EVENT_PROCESS_SECONDS,
         Unit::Seconds,

@@ -8,8 +8,9 @@ use thiserror::Error;
 ///
 /// | option            | default          | meaning |
 /// |-------------------|------------------|---------|
-/// | `poll_interval`   | 2 s              | wait between claims when the last one came back empty |
-/// | `lock_timeout`    | 1 min            | lease length of a claim (database clock) |
+/// | `poll_interval`   | 2 s              | longest wait between claims while the outbox is empty (idle polling starts at a few ms and doubles up to it) |
+/// | `lock_timeout`    | 1 min            | lease length of a claim (database clock); renewed every third of it while the batch is held |
+/// | `delivery_timeout`| 5 min            | longest a sink may take for one batch before the delivery is cancelled and its events released |
 /// | `retry`           | 1 s / 15 min / 8 attempts, equal jitter | [`RetryPolicy`] for failed deliveries |
 /// | `batch_size`      | 20               | most events per claim |
 /// | `lag_alert`       | 5 min            | `outbox_lag_alert` is 1 while the oldest event of a batch is older |
@@ -31,6 +32,7 @@ pub struct RelayOptions {
     relay_id: RelayId,
     drain: bool,
     shutdown_grace: Duration,
+    delivery_timeout: Duration,
 }
 
 /// Options that cannot work, with the offending value.
@@ -50,6 +52,9 @@ pub enum InvalidOptions {
     /// The relay id was empty.
     #[error("relay id must not be empty")]
     EmptyRelayId,
+    /// `delivery_timeout` was 0.
+    #[error("delivery timeout must be greater than zero")]
+    ZeroDeliveryTimeout,
 }
 
 impl Default for RelayOptions {
@@ -64,18 +69,25 @@ impl Default for RelayOptions {
             relay_id: RelayId::generate(),
             drain: true,
             shutdown_grace: Duration::from_secs(30),
+            delivery_timeout: Duration::from_secs(5 * 60),
         }
     }
 }
 
 impl RelayOptions {
-    /// Wait between claims after an empty one (default 2 s).
+    /// The longest wait between claims while the outbox is empty (default
+    /// 2 s). After an empty claim the relay checks again after a few
+    /// milliseconds and doubles the wait up to this; any batch or store
+    /// wake-up resets it.
     pub fn with_poll_interval(mut self, d: Duration) -> Self {
         self.poll_interval = d;
         self
     }
 
-    /// Lease length of a claim (default 1 min).
+    /// Lease length of a claim (default 1 min, at least 1 s). While a batch
+    /// (or the prefetched next batch) is held, the relay renews its lease
+    /// every third of this, so a delivery may take longer than the lease; it
+    /// only bounds how long a crashed relay's events stay leased.
     pub fn with_lock_timeout(mut self, d: Duration) -> Self {
         self.lock_timeout = d;
         self
@@ -124,6 +136,16 @@ impl RelayOptions {
         self
     }
 
+    /// The longest a sink may take for one batch (default 5 min). A
+    /// delivery still running then is cancelled (its future dropped; a
+    /// [`HandlerRegistry`](crate::HandlerRegistry) aborts its handler
+    /// tasks) and its events are released unattempted, with a warning coded
+    /// `DELIVERY_TIMEOUT`.
+    pub fn with_delivery_timeout(mut self, d: Duration) -> Self {
+        self.delivery_timeout = d;
+        self
+    }
+
     /// Poll interval.
     pub fn poll_interval(&self) -> Duration {
         self.poll_interval
@@ -169,6 +191,11 @@ impl RelayOptions {
         self.shutdown_grace
     }
 
+    /// Delivery timeout.
+    pub fn delivery_timeout(&self) -> Duration {
+        self.delivery_timeout
+    }
+
     /// Checks the options (the retry policy and shard spec are validated when built).
     pub fn validate(&self) -> Result<(), InvalidOptions> {
         if self.batch_size == 0 {
@@ -182,6 +209,9 @@ impl RelayOptions {
         }
         if self.relay_id.as_str().is_empty() {
             return Err(InvalidOptions::EmptyRelayId);
+        }
+        if self.delivery_timeout.is_zero() {
+            return Err(InvalidOptions::ZeroDeliveryTimeout);
         }
         Ok(())
     }
@@ -202,6 +232,7 @@ mod tests {
         assert_eq!(o.retry().max_attempts(), 8);
         assert_eq!(o.shard(), ShardSpec::ALL);
         assert!(o.drain());
+        assert_eq!(o.delivery_timeout(), Duration::from_secs(300));
         assert_eq!(o.validate(), Ok(()));
     }
 
@@ -223,8 +254,12 @@ mod tests {
             Err(InvalidOptions::LockTimeoutTooShort(_))
         ));
         assert_eq!(
-            o.with_relay_id(RelayId::new("")).validate(),
+            o.clone().with_relay_id(RelayId::new("")).validate(),
             Err(InvalidOptions::EmptyRelayId)
+        );
+        assert_eq!(
+            o.with_delivery_timeout(Duration::ZERO).validate(),
+            Err(InvalidOptions::ZeroDeliveryTimeout)
         );
     }
 }

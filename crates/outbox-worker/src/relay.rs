@@ -1,35 +1,68 @@
-//! The relay loop: claim, deliver, record outcomes, wait.
+//! The relay loop: claim, deliver, settle, wait.
+//!
+//! One batch goes through the relay like this:
+//!
+//! 1. **claim** up to `batch_size` events of the relay's shard, leased for
+//!    `lock_timeout` (database clock) under a fresh fencing token;
+//! 2. **deliver** them through [`KeyOrder`] (the per-key order layer every
+//!    sink gets) to the sink, within `delivery_timeout`;
+//! 3. **settle** the whole batch with ONE [`Store::settle`] call, each
+//!    outcome mapped to a [`Resolution`]:
+//!
+//!    | outcome | resolution |
+//!    |---------|------------|
+//!    | `Delivered` | `Delivered` |
+//!    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`] (jittered) |
+//!    | `Failed`, event-level, permanent or last attempt | `Dead` |
+//!    | `Failed`, sink unavailable | `Released` (no attempt) and the sink's circuit breaker opens |
+//!    | `NotAttempted`, or no outcome | `Released` |
+//!    | delivery timed out / shutdown grace over | `Released` for the whole batch |
+//!
+//!    Fenced ids (the lease was lost) are logged at WARN, counted in
+//!    `outbox_lease_lost_total` and reported as [`Progress::LeaseLost`];
+//!    rejected ids are logged at WARN with the store's reason.
+//!
+//! While a claim is held, its lease is renewed every third of the lock
+//! timeout (see the lease module), including the batch claimed ahead in
+//! drain mode, so a slow sink does not let a lease run out and another relay
+//! (or this one) deliver the batch twice.
+//!
+//! Between batches: a full batch in drain mode was already followed by an
+//! overlapping claim; otherwise the relay waits a few milliseconds, and after
+//! each empty claim twice as long, up to `poll_interval`; the store's
+//! [`Store::wakeup`] cuts any wait short.
 
+use crate::breaker::{Breaker, SinkHealth, SinkState};
+use crate::lease::{Leases, Renewed, Use};
 use crate::metrics as m;
-use crate::{InvalidOptions, RelayOptions};
+use crate::{InvalidOptions, KeyOrder, RelayOptions};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use outbox_core::{
-    Claim, ClaimRequest, DeliveryError, Disposition, ErrorCode, Event, EventId, Failure,
-    FenceReport, FencingToken, Jitter, Outcome, RetryPolicy, Sink, Store,
+    Claim, ClaimRequest, DeliveryError, ErrorCode, Event, EventId, FencingToken, Jitter, LastError,
+    Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, Sink, Store,
 };
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
-/// Code recorded when a sink returned fewer outcomes than events (a sink bug;
-/// the missing events are retried).
-pub const SINK_MISSING_OUTCOME: ErrorCode = ErrorCode::from_static("SINK_MISSING_OUTCOME");
+/// Code recorded when a sink panicked while delivering a batch (retryable:
+/// every event of the batch counts the attempt, so a sink that panics on
+/// one event dead-letters it after `max_attempts` instead of looping).
+pub const SINK_PANICKED: ErrorCode = ErrorCode::from_static("SINK_PANICKED");
 
-/// Code a sink returns for an event it deliberately did not attempt (e.g. a
-/// later event of a key whose earlier event just failed, to keep per-key
-/// order). The relay releases such events (lease cleared, attempt not
-/// counted) instead of failing them.
-pub const NOT_ATTEMPTED: ErrorCode = ErrorCode::from_static("NOT_ATTEMPTED");
-
-/// How many times recording a batch's outcome is tried before giving up (the
-/// events then come back when their lease expires: at-least-once).
-const RECORD_ATTEMPTS: u32 = 3;
+/// First wait after an empty claim; it doubles up to the poll interval.
+const IDLE_FIRST: Duration = Duration::from_millis(5);
+/// Settle retries start at this delay and double up to [`SETTLE_RETRY_MAX`].
+const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(50);
+/// Longest wait between two settle attempts.
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// One thing the relay did, reported to the listener set with
 /// [`Relay::with_listener`] (the demo prints these as progress lines).
@@ -75,15 +108,34 @@ pub enum Progress {
         /// The events.
         ids: Vec<EventId>,
     },
-    /// These events were given back unattempted at shutdown.
+    /// These events were given back unattempted (lease cleared, attempt not
+    /// counted): the sink was unavailable, an earlier event of their key
+    /// failed in the same batch, the delivery timed out, or the relay shut
+    /// down.
     Released {
         /// The events.
         ids: Vec<EventId>,
+    },
+    /// The store could not record this event's resolution as asked and did
+    /// what `reason` says instead.
+    Rejected {
+        /// The event.
+        id: EventId,
+        /// The store's reason.
+        reason: String,
+    },
+    /// The sink's circuit breaker changed state (see [`SinkState`]).
+    SinkStateChanged {
+        /// The state it left.
+        from: SinkState,
+        /// The state it entered.
+        to: SinkState,
     },
 }
 
 /// Totals of one [`Relay::run`] / [`Relay::run_until_idle`].
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RelaySummary {
     /// Non-empty batches claimed.
     pub batches: u64,
@@ -95,35 +147,43 @@ pub struct RelaySummary {
     pub dead: u64,
     /// Events whose outcome was not recorded because the lease was lost.
     pub lease_lost: u64,
-    /// Events released unattempted at shutdown.
+    /// Events given back unattempted (sink unavailable, held back for
+    /// per-key order, delivery timeout, shutdown).
     pub released: u64,
+    /// Events the store could not settle as asked (see [`Progress::Rejected`]).
+    pub rejected: u64,
+    /// Deliveries cancelled after the delivery timeout.
+    pub delivery_timeouts: u64,
+    /// Times the sink's circuit breaker opened from closed (sink outages).
+    pub sink_outages: u64,
 }
 
 type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 
 /// The relay: claims batches of committed events from a [`Store`], hands
-/// them to a [`Sink`] and records each outcome under the claim's fencing token.
+/// them to a [`Sink`] behind the per-key order layer [`KeyOrder`] and
+/// settles each batch under the claim's fencing token. See the [module
+/// docs](self) for one batch's path.
 ///
-/// One loop iteration:
-/// 1. claim up to `batch_size` events of this relay's shard, leased for
-///    `lock_timeout` (database clock);
-/// 2. `sink.deliver(&events)`;
-/// 3. one `store.complete` for all delivered events, one `store.fail` for
-///    the failures: [`Disposition::Dead`] when the error is permanent or the
-///    event has used `max_attempts`, else a retry after
-///    [`RetryPolicy::next_delay`] (jittered);
-/// 4. if the store reports fenced-out events (lease lost), log a warning with
-///    their ids and count them in `outbox_lease_lost_total`;
-/// 5. after a full batch with drain mode on, claim again at once; otherwise
-///    wait for the poll interval, the store's wake-up signal or shutdown.
-///
-/// Store errors are logged and retried with a capped exponential backoff
-/// (250 ms .. 30 s); the relay never gives up and never panics.
+/// Reliability, in short:
+/// - an event-level failure costs the event an attempt and follows the
+///   [`RetryPolicy`] (exponential backoff, jitter, cap, dead letter after
+///   `max_attempts`);
+/// - a sink-level failure ([`DeliveryError::unavailable`]) costs nothing: the
+///   batch is released and the sink's circuit breaker opens (see
+///   [`SinkState`]; watch it through [`Relay::sink_health`]);
+/// - leases are renewed while held; a delivery that outlives
+///   [`RelayOptions::delivery_timeout`] is cancelled and released;
+/// - store errors are retried while [`Retryable::is_retryable`] says so
+///   (claims with a capped backoff, settlements until the lease would end);
+///   a panicking sink or handler fails its events retryably; the relay never
+///   gives up and never panics.
 pub struct Relay<St, Si> {
     store: St,
-    sink: Si,
+    sink: KeyOrder<Si>,
     options: RelayOptions,
     listener: Option<Listener>,
+    breaker: Breaker,
 }
 
 impl<St, Si> fmt::Debug for Relay<St, Si> {
@@ -131,6 +191,7 @@ impl<St, Si> fmt::Debug for Relay<St, Si> {
         f.debug_struct("Relay")
             .field("options", &self.options)
             .field("listener", &self.listener.is_some())
+            .field("sink_state", &self.breaker.state())
             .finish_non_exhaustive()
     }
 }
@@ -142,20 +203,190 @@ enum Mode {
     UntilIdle,
 }
 
+/// Why events were released (the `reason` label of `outbox_events_released_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ReleaseReason {
+    SinkUnavailable,
+    NotAttempted,
+    DeliveryTimeout,
+    Shutdown,
+    MissingOutcome,
+    LeaseRenewal,
+}
+
+impl ReleaseReason {
+    fn as_str(self) -> &'static str {
+        match self {
+            ReleaseReason::SinkUnavailable => "sink_unavailable",
+            ReleaseReason::NotAttempted => "not_attempted",
+            ReleaseReason::DeliveryTimeout => "delivery_timeout",
+            ReleaseReason::Shutdown => "shutdown",
+            ReleaseReason::MissingOutcome => "missing_outcome",
+            ReleaseReason::LeaseRenewal => "lease_renewal",
+        }
+    }
+}
+
+/// What the relay decided for one event of a batch.
+#[derive(Debug, Clone)]
+enum Fate {
+    Delivered,
+    Retry {
+        delay: Duration,
+        error: DeliveryError,
+    },
+    Dead {
+        error: DeliveryError,
+    },
+    Released(ReleaseReason),
+}
+
+impl Fate {
+    fn resolution(&self) -> Resolution {
+        let last = |e: &DeliveryError| LastError {
+            code: e.code().clone(),
+            message: e.message().to_owned(),
+        };
+        match self {
+            Fate::Delivered => Resolution::Delivered,
+            Fate::Retry { delay, error } => Resolution::Retry {
+                delay: *delay,
+                error: last(error),
+            },
+            Fate::Dead { error } => Resolution::Dead { error: last(error) },
+            Fate::Released(_) => Resolution::Released,
+        }
+    }
+}
+
+/// How a delivery ended.
+enum Delivery {
+    Outcomes(Vec<Outcome>),
+    Panicked(String),
+    TimedOut,
+    Abandoned,
+}
+
+/// What processing one batch means for the loop.
+#[derive(Default)]
+struct Processed {
+    /// Shutdown was requested during the batch.
+    stop: bool,
+    /// The sink reported itself unavailable (first such error).
+    sink_down: Option<DeliveryError>,
+}
+
+/// What ended a wait.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waited {
+    Shutdown,
+    Timer,
+    Woken,
+}
+
+/// A claim and the relay's estimate of its lease end.
+struct Held {
+    claim: Claim,
+    until: Instant,
+}
+
+/// The wait after an empty claim: a few ms, doubling up to the poll interval.
+struct IdleBackoff {
+    next: Duration,
+    cap: Duration,
+}
+
+impl IdleBackoff {
+    fn new(cap: Duration) -> Self {
+        Self {
+            next: IDLE_FIRST.min(cap),
+            cap,
+        }
+    }
+
+    fn reset(&mut self) {
+        self.next = IDLE_FIRST.min(self.cap);
+    }
+
+    fn first(&self) -> Duration {
+        IDLE_FIRST.min(self.cap)
+    }
+
+    fn next(&mut self) -> Duration {
+        let d = self.next;
+        self.next = (d * 2).min(self.cap);
+        d
+    }
+}
+
+/// Claim errors: a capped backoff, longer for errors retrying cannot fix.
+struct ClaimErrors {
+    retryable: RetryPolicy,
+    fatal: RetryPolicy,
+    streak: u32,
+    fatal_logged: bool,
+}
+
+impl ClaimErrors {
+    fn new() -> Self {
+        let policy =
+            |base, cap| RetryPolicy::new(base, cap, u32::MAX, Jitter::Equal).unwrap_or_default();
+        Self {
+            retryable: policy(Duration::from_millis(250), Duration::from_secs(30)),
+            fatal: policy(Duration::from_secs(5), Duration::from_secs(5 * 60)),
+            streak: 0,
+            fatal_logged: false,
+        }
+    }
+
+    fn failed(&mut self, err: &(impl std::error::Error + Retryable)) -> Duration {
+        self.streak = self.streak.saturating_add(1);
+        metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
+        if err.is_retryable() {
+            let delay = self.retryable.next_delay(self.streak, rand::random());
+            warn!(error = %err, retry_in = ?delay, "claim failed; backing off");
+            delay
+        } else {
+            let delay = self.fatal.next_delay(self.streak, rand::random());
+            if self.fatal_logged {
+                warn!(error = %err, retry_in = ?delay, "claim still failing (not retryable)");
+            } else {
+                self.fatal_logged = true;
+                error!(
+                    error = %err,
+                    retry_in = ?delay,
+                    "claim failed with an error retrying will not fix (schema, permissions?); backing off longer"
+                );
+            }
+            delay
+        }
+    }
+
+    fn succeeded(&mut self) {
+        if self.streak > 0 {
+            info!(failures = self.streak, "claiming works again");
+        }
+        self.streak = 0;
+        self.fatal_logged = false;
+    }
+}
+
 impl<St: Store, Si: Sink> Relay<St, Si> {
-    /// A relay over `store` and `sink`. Fails if the options are invalid.
+    /// A relay over `store` and `sink` (wrapped in [`KeyOrder`]). Fails if
+    /// the options are invalid.
     pub fn new(store: St, sink: Si, options: RelayOptions) -> Result<Self, InvalidOptions> {
         options.validate()?;
         Ok(Self {
             store,
-            sink,
+            sink: KeyOrder::new(sink),
             options,
             listener: None,
+            breaker: Breaker::new(),
         })
     }
 
-    /// Calls `f` for every outcome the relay records (after it is recorded).
-    /// Keep it cheap: it runs on the relay's task.
+    /// Calls `f` for every outcome the relay records (after it is recorded)
+    /// and every sink state change. Keep it cheap: it runs on the relay's task.
     pub fn with_listener(mut self, f: impl Fn(&Progress) + Send + Sync + 'static) -> Self {
         self.listener = Some(Arc::new(f));
         self
@@ -171,17 +402,25 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         &self.store
     }
 
-    /// The sink.
+    /// The sink (without the [`KeyOrder`] layer the relay put around it).
     pub fn sink(&self) -> &Si {
-        &self.sink
+        self.sink.inner()
+    }
+
+    /// A handle on the sink's circuit breaker state, for health and status
+    /// endpoints. Take it before [`Relay::run`] consumes the relay; it keeps
+    /// working (showing the last state) after the relay stopped.
+    pub fn sink_health(&self) -> SinkHealth {
+        self.breaker.health()
     }
 
     /// Runs until `shutdown` completes (wire it to SIGINT/SIGTERM).
     ///
     /// On shutdown the relay stops claiming; a delivery in flight may finish
-    /// within the shutdown grace period and its outcomes are recorded; if it
-    /// does not finish in time it is dropped and its events are released
-    /// (lease cleared, attempt not counted) for the next relay.
+    /// within the shutdown grace period (and its delivery timeout) and its
+    /// outcomes are recorded; if it does not finish in time it is dropped
+    /// and its events are released (lease cleared, attempt not counted) for
+    /// the next relay, as is a batch claimed ahead.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send) -> RelaySummary {
         self.run_inner(shutdown, Mode::UntilShutdown).await
     }
@@ -199,122 +438,190 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     }
 
     async fn run_inner(
-        self,
+        &self,
         shutdown: impl Future<Output = ()> + Send,
         mode: Mode,
     ) -> RelaySummary {
+        let leases = Leases::default();
+        let work = self.main_loop(shutdown, mode, &leases);
+        let renew = self.renew_leases(&leases);
+        // Both run on this task: the renewal loop keeps the held leases
+        // alive while the main loop awaits the sink or the store.
+        tokio::select! {
+            biased;
+            summary = work => summary,
+            never = renew => match never {},
+        }
+    }
+
+    async fn main_loop(
+        &self,
+        shutdown: impl Future<Output = ()> + Send,
+        mode: Mode,
+        leases: &Leases,
+    ) -> RelaySummary {
         let mut shutdown = std::pin::pin!(shutdown);
         let mut summary = RelaySummary::default();
-        let wakeup = self.store.wakeup();
-        let error_backoff = RetryPolicy::new(
-            Duration::from_millis(250),
-            Duration::from_secs(30),
-            u32::MAX,
-            Jitter::Equal,
-        )
-        .unwrap_or_default();
-        let mut store_errors: u32 = 0;
+        let mut claim_errors = ClaimErrors::new();
+        let mut idle = IdleBackoff::new(self.options.poll_interval());
         let req = ClaimRequest {
             relay_id: self.options.relay_id().clone(),
             batch_size: self.options.batch_size(),
             lease: self.options.lock_timeout(),
             shard: self.options.shard(),
         };
+        // Half-open: one event decides whether the sink is back.
+        let probe_req = ClaimRequest {
+            batch_size: 1,
+            ..req.clone()
+        };
+        self.breaker.publish();
         info!(
             relay_id = %req.relay_id,
             shard = %req.shard,
             batch_size = req.batch_size,
+            lock_timeout = ?req.lease,
             "relay started"
         );
 
         // A claim made while the previous batch was being delivered (drain
         // mode after a full batch): claim and delivery overlap, so the relay
         // runs near the slower of the store and the sink instead of their sum.
-        let mut prefetched: Option<Claim> = None;
+        let mut prefetched: Option<Held> = None;
+        let mut probe_in = Duration::ZERO;
         loop {
             // Never poll `shutdown` again once it completed.
             if shutdown.as_mut().now_or_never().is_some() {
                 break;
             }
-            let claim = match prefetched.take() {
-                Some(claim) => claim,
-                None => match self.store.claim(&req).await {
-                    Ok(claim) => {
-                        store_errors = 0;
-                        claim
-                    }
-                    Err(err) => {
-                        store_errors = store_errors.saturating_add(1);
-                        let delay = error_backoff.next_delay(store_errors, rand::random());
-                        metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
-                        warn!(error = %err, retry_in = ?delay, "claim failed; backing off");
-                        if wait(delay, shutdown.as_mut(), None).await {
-                            break;
+            if self.breaker.state() == SinkState::Open {
+                if wait(probe_in, shutdown.as_mut(), NO_WAKEUP).await == Waited::Shutdown {
+                    break;
+                }
+                if let Some(from) = self.breaker.half_open() {
+                    self.notify(&Progress::SinkStateChanged {
+                        from,
+                        to: SinkState::HalfOpen,
+                    });
+                }
+            }
+            let probing = self.breaker.state() == SinkState::HalfOpen;
+
+            let held = match prefetched.take() {
+                Some(held) => held,
+                None => {
+                    let req = if probing { &probe_req } else { &req };
+                    match self.claim(req, leases, Use::Delivering).await {
+                        Ok(held) => {
+                            claim_errors.succeeded();
+                            held
                         }
-                        continue;
+                        Err(err) => {
+                            let delay = claim_errors.failed(&err);
+                            if wait(delay, shutdown.as_mut(), NO_WAKEUP).await == Waited::Shutdown {
+                                break;
+                            }
+                            continue;
+                        }
                     }
-                },
+                }
             };
 
-            let n = claim.events.len();
+            let n = held.claim.events.len();
             if n == 0 {
                 metrics::gauge!(m::LAG_SECONDS).set(0.0);
                 metrics::gauge!(m::LAG_ALERT).set(0.0);
                 if mode == Mode::UntilIdle && self.is_drained().await {
                     break;
                 }
-                if wait(
-                    self.options.poll_interval(),
-                    shutdown.as_mut(),
-                    wakeup.as_deref(),
-                )
-                .await
-                {
-                    break;
+                match self.wait_for_events(idle.next(), shutdown.as_mut()).await {
+                    Waited::Shutdown => break,
+                    Waited::Woken => idle.reset(),
+                    Waited::Timer => {}
                 }
+                continue;
+            }
+            idle.reset();
+
+            if leases.is_lost(held.claim.token) {
+                // Claimed ahead, and its lease could not be kept while it
+                // waited: another relay may have it now. Never deliver it.
+                self.give_back(held, leases, ReleaseReason::LeaseRenewal, &mut summary)
+                    .await;
                 continue;
             }
 
             summary.batches += 1;
             let full = n >= usize::try_from(self.options.batch_size()).unwrap_or(usize::MAX);
-            let drain = self.options.drain() && full;
-            let stop = if drain {
+            let drain = self.options.drain() && full && !probing;
+            let processed = if drain {
                 // The events of this batch are leased, so the overlapping claim
                 // cannot take them, nor (per-key order) later events of their keys.
-                let (stop, next) = tokio::join!(
-                    self.process(claim, shutdown.as_mut(), &mut summary),
-                    self.store.claim(&req)
+                let (processed, next) = tokio::join!(
+                    self.process(held, leases, shutdown.as_mut(), &mut summary),
+                    self.claim(&req, leases, Use::Prefetched)
                 );
                 match next {
-                    Ok(next) if !next.events.is_empty() => prefetched = Some(next),
+                    Ok(next) if !next.claim.events.is_empty() => prefetched = Some(next),
                     Ok(_) => {}
                     Err(err) => {
                         metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
                         warn!(error = %err, "overlapping claim failed; claiming again");
                     }
                 }
-                stop
+                processed
             } else {
-                self.process(claim, shutdown.as_mut(), &mut summary).await
+                self.process(held, leases, shutdown.as_mut(), &mut summary)
+                    .await
             };
-            if stop {
+
+            match &processed.sink_down {
+                Some(error) => {
+                    let (delay, from) = self.breaker.open(error);
+                    probe_in = delay;
+                    if from == Some(SinkState::Closed) {
+                        summary.sink_outages += 1;
+                    }
+                    if let Some(from) = from {
+                        self.notify(&Progress::SinkStateChanged {
+                            from,
+                            to: SinkState::Open,
+                        });
+                    }
+                    if let Some(next) = prefetched.take() {
+                        // Not handed to a sink that is down: give it back now
+                        // rather than hold it through the outage.
+                        self.give_back(next, leases, ReleaseReason::SinkUnavailable, &mut summary)
+                            .await;
+                    }
+                }
+                None => {
+                    if probing {
+                        if let Some(from) = self.breaker.close() {
+                            self.notify(&Progress::SinkStateChanged {
+                                from,
+                                to: SinkState::Closed,
+                            });
+                        }
+                    }
+                }
+            }
+            if processed.stop {
                 break;
             }
-            if !drain
-                && wait(
-                    self.options.poll_interval(),
-                    shutdown.as_mut(),
-                    wakeup.as_deref(),
-                )
-                .await
-            {
-                break;
+            if prefetched.is_none() && processed.sink_down.is_none() {
+                // A partial batch: the outbox is (nearly) drained. Look again
+                // shortly; an empty claim then backs off.
+                match self.wait_for_events(idle.first(), shutdown.as_mut()).await {
+                    Waited::Shutdown => break,
+                    Waited::Woken | Waited::Timer => {}
+                }
             }
         }
-        if let Some(claim) = prefetched {
+        if let Some(held) = prefetched {
             // Claimed but never handed to the sink: give it back unattempted.
-            let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
-            self.release(claim.token, &ids, &mut summary).await;
+            self.give_back(held, leases, ReleaseReason::Shutdown, &mut summary)
+                .await;
         }
         info!(
             relay_id = %req.relay_id,
@@ -328,25 +635,95 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         summary
     }
 
+    /// One claim; a non-empty one is tracked (and renewed) in `leases`.
+    async fn claim(
+        &self,
+        req: &ClaimRequest,
+        leases: &Leases,
+        usage: Use,
+    ) -> Result<Held, St::Error> {
+        let sent = Instant::now();
+        let claim = self.store.claim(req).await?;
+        let until = sent + self.options.lock_timeout();
+        if !claim.events.is_empty() {
+            leases.insert(claim.token, claim.events.len(), until, usage);
+        }
+        Ok(Held { claim, until })
+    }
+
+    /// Waits for `delay`, the store's wake-up or shutdown.
+    async fn wait_for_events(
+        &self,
+        delay: Duration,
+        shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
+    ) -> Waited {
+        wait(delay, shutdown, Some(self.store.wakeup())).await
+    }
+
     async fn is_drained(&self) -> bool {
         match self.store.stats().await {
             Ok(stats) => stats.pending == 0 && stats.in_flight == 0,
             Err(err) => {
+                metrics::counter!(m::STORE_ERRORS, "op" => "stats").increment(1);
                 warn!(error = %err, "stats failed; not treating the outbox as drained");
                 false
             }
         }
     }
 
-    /// Delivers one claimed batch and records its outcomes. Returns whether
-    /// shutdown was requested meanwhile.
+    /// Renews every held lease each third of the lock timeout. Never returns.
+    async fn renew_leases(&self, leases: &Leases) -> Infallible {
+        let lease = self.options.lock_timeout();
+        let period = lease / 3;
+        loop {
+            tokio::time::sleep(period).await;
+            for token in leases.tokens() {
+                let sent = Instant::now();
+                match self.store.renew(token, lease).await {
+                    Ok(held) => match leases.renewed(token, held, sent + lease) {
+                        Renewed::Held | Renewed::Ignored => {
+                            debug!(%token, held, "lease renewed");
+                        }
+                        Renewed::Lost {
+                            claimed,
+                            held,
+                            usage,
+                        } => {
+                            let what = match usage {
+                                Use::Delivering => {
+                                    "lease lost while the batch was being delivered; its outcome will not be recorded"
+                                }
+                                Use::Prefetched => {
+                                    "lease lost on the batch claimed ahead; it will be given back, not delivered"
+                                }
+                            };
+                            warn!(%token, claimed, held, lock_timeout = ?lease, "{what}");
+                        }
+                    },
+                    Err(err) => {
+                        metrics::counter!(m::STORE_ERRORS, "op" => "renew").increment(1);
+                        if err.is_retryable() {
+                            warn!(%token, error = %err, "lease renewal failed; trying again");
+                        } else {
+                            error!(%token, error = %err, "lease renewal failed (not retryable)");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delivers one claimed batch and settles it.
     async fn process(
         &self,
-        claim: Claim,
+        held: Held,
+        leases: &Leases,
         mut shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
         summary: &mut RelaySummary,
-    ) -> bool {
+    ) -> Processed {
         let started = Instant::now();
+        let claim = held.claim;
+        leases.delivering(claim.token);
         let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
         let span = info_span!(
             "outbox_batch",
@@ -359,30 +736,276 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             self.record_lag(&claim);
             debug!("delivering batch");
 
-            let mut delivery = std::pin::pin!(self.sink.deliver(&claim.events));
-            let (outcomes, stop) = tokio::select! {
+            let timeout = self.options.delivery_timeout();
+            let deadline = tokio::time::Instant::now() + timeout;
+            let delivery = AssertUnwindSafe(self.sink.deliver(&claim.events)).catch_unwind();
+            let mut delivery = std::pin::pin!(tokio::time::timeout_at(deadline, delivery));
+            let finished = |r: Result<Result<Vec<Outcome>, _>, _>| match r {
+                Ok(Ok(outcomes)) => Delivery::Outcomes(outcomes),
+                Ok(Err(panic)) => Delivery::Panicked(panic_message(panic)),
+                Err(_) => Delivery::TimedOut,
+            };
+            let (delivery, stop) = tokio::select! {
                 biased;
-                outcomes = delivery.as_mut() => (Some(outcomes), false),
+                r = delivery.as_mut() => (finished(r), false),
                 () = shutdown.as_mut() => {
                     let grace = self.options.shutdown_grace();
                     info!(grace = ?grace, "shutdown requested; waiting for the in-flight batch");
-                    match tokio::time::timeout(grace, delivery.as_mut()).await {
-                        Ok(outcomes) => (Some(outcomes), true),
+                    let until = deadline.min(tokio::time::Instant::now() + grace);
+                    match tokio::time::timeout_at(until, delivery.as_mut()).await {
+                        Ok(r) => (finished(r), true),
                         Err(_) => {
                             warn!("in-flight batch did not finish within the shutdown grace period; releasing it");
-                            (None, true)
+                            (Delivery::Abandoned, true)
                         }
                     }
                 }
             };
-            match outcomes {
-                Some(outcomes) => self.record(&claim, outcomes, started, summary).await,
-                None => self.release(claim.token, &ids, summary).await,
-            }
-            stop
+            let mut processed = Processed {
+                stop,
+                sink_down: None,
+            };
+            let fates: Vec<Fate> = match delivery {
+                Delivery::Outcomes(outcomes) => {
+                    self.fates(&claim.events, outcomes, &mut processed.sink_down)
+                }
+                Delivery::Panicked(msg) => {
+                    error!(panic = %msg, "the sink panicked; the batch counts as a retryable failure");
+                    let error = DeliveryError::retryable(SINK_PANICKED, format!("sink panicked: {msg}"));
+                    claim
+                        .events
+                        .iter()
+                        .map(|e| self.failed(e, error.clone()))
+                        .collect()
+                }
+                Delivery::TimedOut => {
+                    summary.delivery_timeouts += 1;
+                    metrics::counter!(m::DELIVERY_TIMEOUTS).increment(1);
+                    let error = DeliveryError::unavailable(
+                        ErrorCode::DELIVERY_TIMEOUT,
+                        format!("the sink did not finish the batch within the delivery timeout ({timeout:?})"),
+                    );
+                    warn!(code = %ErrorCode::DELIVERY_TIMEOUT, timeout = ?timeout, "{error}; delivery cancelled, events released");
+                    // No acknowledgement in time is the sink's failure.
+                    processed.sink_down = Some(error);
+                    vec![Fate::Released(ReleaseReason::DeliveryTimeout); claim.events.len()]
+                }
+                Delivery::Abandoned => {
+                    vec![Fate::Released(ReleaseReason::Shutdown); claim.events.len()]
+                }
+            };
+            let until = leases.remove(claim.token).unwrap_or(held.until);
+            self.settle_and_report(&claim, &fates, until, Some(started), summary)
+                .await;
+            processed
         }
         .instrument(span)
         .await
+    }
+
+    /// Gives back a claim that was never handed to the sink.
+    async fn give_back(
+        &self,
+        held: Held,
+        leases: &Leases,
+        reason: ReleaseReason,
+        summary: &mut RelaySummary,
+    ) {
+        let until = leases.remove(held.claim.token).unwrap_or(held.until);
+        let fates = vec![Fate::Released(reason); held.claim.events.len()];
+        self.settle_and_report(&held.claim, &fates, until, None, summary)
+            .await;
+    }
+
+    /// Maps the sink's outcomes to fates; notes the first sink-level failure.
+    fn fates(
+        &self,
+        events: &[Event],
+        outcomes: Vec<Outcome>,
+        sink_down: &mut Option<DeliveryError>,
+    ) -> Vec<Fate> {
+        if outcomes.len() != events.len() {
+            error!(
+                events = events.len(),
+                outcomes = outcomes.len(),
+                "sink returned the wrong number of outcomes (a sink bug); missing ones are released"
+            );
+        }
+        let mut outcomes = outcomes.into_iter();
+        events
+            .iter()
+            .map(|event| match outcomes.next() {
+                Some(Outcome::Delivered) => Fate::Delivered,
+                Some(Outcome::Failed(error)) if error.is_sink_unavailable() => {
+                    debug!(event_id = %event.id, error = %error, "sink unavailable");
+                    sink_down.get_or_insert(error);
+                    Fate::Released(ReleaseReason::SinkUnavailable)
+                }
+                Some(Outcome::Failed(error)) => self.failed(event, error),
+                Some(_) => Fate::Released(ReleaseReason::NotAttempted),
+                None => Fate::Released(ReleaseReason::MissingOutcome),
+            })
+            .collect()
+    }
+
+    /// The fate of an event-level failure under the retry policy.
+    fn failed(&self, event: &Event, error: DeliveryError) -> Fate {
+        let policy = self.options.retry();
+        if !error.is_retryable() || !policy.should_retry(event.attempts) {
+            Fate::Dead { error }
+        } else {
+            Fate::Retry {
+                delay: policy.next_delay(event.attempts, rand::random()),
+                error,
+            }
+        }
+    }
+
+    /// Settles a batch with one [`Store::settle`] (retried while retryable
+    /// and the lease lasts), then logs, counts and reports each event.
+    async fn settle_and_report(
+        &self,
+        claim: &Claim,
+        fates: &[Fate],
+        lease_until: Instant,
+        started: Option<Instant>,
+        summary: &mut RelaySummary,
+    ) {
+        let mut settlement = Settlement::new();
+        for (event, fate) in claim.events.iter().zip(fates) {
+            settlement.push(event.id, fate.resolution());
+        }
+        let Some(report) = self.settle(claim.token, &settlement, lease_until).await else {
+            return;
+        };
+        let fenced: HashSet<EventId> = report.fenced.iter().copied().collect();
+        self.lease_lost(&report, summary);
+        let rejected: HashMap<EventId, &str> = report
+            .rejected
+            .iter()
+            .map(|r| (r.id, r.reason.as_str()))
+            .collect();
+        let mut released: Vec<EventId> = Vec::new();
+        for (event, fate) in claim.events.iter().zip(fates) {
+            if fenced.contains(&event.id) {
+                continue;
+            }
+            if let Some(reason) = rejected.get(&event.id) {
+                summary.rejected += 1;
+                metrics::counter!(m::EVENTS_REJECTED).increment(1);
+                warn!(
+                    event_id = %event.id,
+                    asked = fate.resolution().name(),
+                    reason = %reason,
+                    "the store could not settle this event as asked"
+                );
+                self.notify(&Progress::Rejected {
+                    id: event.id,
+                    reason: (*reason).to_owned(),
+                });
+                continue;
+            }
+            if !matches!(fate, Fate::Released(_)) {
+                if let Some(started) = started {
+                    metrics::histogram!(m::EVENT_PROCESS_SECONDS)
+                        .record(started.elapsed().as_secs_f64());
+                }
+            }
+            match fate {
+                Fate::Delivered => {
+                    summary.delivered += 1;
+                    metrics::counter!(m::EVENTS_DELIVERED).increment(1);
+                    debug!(event_id = %event.id, attempts = event.attempts, "delivered");
+                    self.notify(&Progress::Delivered {
+                        id: event.id,
+                        event_type: event.event_type.clone(),
+                        attempts: event.attempts,
+                    });
+                }
+                Fate::Retry { delay, error } => {
+                    summary.retried += 1;
+                    let code = error.code().as_str().to_owned();
+                    metrics::counter!(m::EVENTS_RETRIED, "code" => code).increment(1);
+                    info!(event_id = %event.id, attempts = event.attempts, retry_in = ?delay, error = %error, "delivery failed; retry scheduled");
+                    self.notify(&Progress::Retried {
+                        id: event.id,
+                        event_type: event.event_type.clone(),
+                        attempts: event.attempts,
+                        error: error.clone(),
+                        delay: *delay,
+                    });
+                }
+                Fate::Dead { error } => {
+                    summary.dead += 1;
+                    let code = error.code().as_str().to_owned();
+                    metrics::counter!(m::EVENTS_DEAD, "code" => code).increment(1);
+                    warn!(event_id = %event.id, attempts = event.attempts, error = %error, "dead-lettered");
+                    self.notify(&Progress::Dead {
+                        id: event.id,
+                        event_type: event.event_type.clone(),
+                        attempts: event.attempts,
+                        error: error.clone(),
+                    });
+                }
+                Fate::Released(reason) => {
+                    metrics::counter!(m::EVENTS_RELEASED, "reason" => reason.as_str()).increment(1);
+                    if *reason == ReleaseReason::MissingOutcome {
+                        error!(event_id = %event.id, "the sink returned no outcome for this event; released");
+                    }
+                    released.push(event.id);
+                }
+            }
+        }
+        if !released.is_empty() {
+            summary.released += released.len() as u64;
+            debug!(released = %join_ids(&released), "released unattempted events");
+            self.notify(&Progress::Released { ids: released });
+        }
+    }
+
+    /// The one retry loop for settlements: retried while the error is
+    /// retryable, with a capped backoff, and no longer than the lease
+    /// (after that the events come back to a claim anyway). `None` when it
+    /// could not be recorded.
+    async fn settle(
+        &self,
+        token: FencingToken,
+        settlement: &Settlement,
+        lease_until: Instant,
+    ) -> Option<SettleReport> {
+        let mut delay = SETTLE_RETRY_FIRST;
+        let mut attempt: u32 = 0;
+        loop {
+            attempt += 1;
+            match self.store.settle(token, settlement).await {
+                Ok(report) => return Some(report),
+                Err(err) => {
+                    metrics::counter!(m::STORE_ERRORS, "op" => "settle").increment(1);
+                    if !err.is_retryable() {
+                        error!(
+                            error = %err,
+                            %token,
+                            events = settlement.len(),
+                            "could not settle the batch (not retryable); its events come back when their lease expires"
+                        );
+                        return None;
+                    }
+                    if Instant::now() + delay >= lease_until {
+                        error!(
+                            error = %err,
+                            %token,
+                            attempts = attempt,
+                            events = settlement.len(),
+                            "could not settle the batch before its lease ran out; its events come back when it expires"
+                        );
+                        return None;
+                    }
+                    warn!(error = %err, %token, attempt, retry_in = ?delay, "settling the batch failed; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(SETTLE_RETRY_MAX);
+                }
+            }
+        }
     }
 
     fn record_lag(&self, claim: &Claim) {
@@ -401,159 +1024,22 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         }
     }
 
-    /// The fate of a failed event under the retry policy.
-    fn disposition(&self, event: &Event, error: &DeliveryError) -> Disposition {
-        let policy = self.options.retry();
-        if !error.is_retryable() || !policy.should_retry(event.attempts) {
-            Disposition::Dead
-        } else {
-            Disposition::Retry {
-                delay: policy.next_delay(event.attempts, rand::random()),
-            }
+    /// Logs and counts fenced-out events.
+    fn lease_lost(&self, report: &SettleReport, summary: &mut RelaySummary) {
+        if report.fenced.is_empty() {
+            return;
         }
-    }
-
-    async fn record(
-        &self,
-        claim: &Claim,
-        outcomes: Vec<Outcome>,
-        started: Instant,
-        summary: &mut RelaySummary,
-    ) {
-        if outcomes.len() != claim.events.len() {
-            error!(
-                events = claim.events.len(),
-                outcomes = outcomes.len(),
-                "sink returned the wrong number of outcomes; missing ones are treated as retryable failures"
-            );
-        }
-        let mut outcomes = outcomes.into_iter();
-        let mut delivered: Vec<&Event> = Vec::new();
-        let mut failed: Vec<(&Event, Failure)> = Vec::new();
-        let mut skipped: Vec<EventId> = Vec::new();
-        for event in &claim.events {
-            let outcome = outcomes.next().unwrap_or_else(|| {
-                Outcome::Failed(DeliveryError::retryable(
-                    SINK_MISSING_OUTCOME,
-                    "the sink returned no outcome for this event",
-                ))
-            });
-            match outcome {
-                Outcome::Delivered => delivered.push(event),
-                Outcome::Failed(error) if *error.code() == NOT_ATTEMPTED => skipped.push(event.id),
-                Outcome::Failed(error) => {
-                    let disposition = self.disposition(event, &error);
-                    failed.push((
-                        event,
-                        Failure {
-                            id: event.id,
-                            error,
-                            disposition,
-                        },
-                    ));
-                }
-            }
-        }
-
-        if !delivered.is_empty() {
-            let ids: Vec<EventId> = delivered.iter().map(|e| e.id).collect();
-            let store = &self.store;
-            let token = claim.token;
-            if let Some(report) = with_retries("complete", || store.complete(token, &ids)).await {
-                let lost = self.lease_lost(&report, summary);
-                for event in delivered.iter().filter(|e| !lost.contains(&e.id)) {
-                    summary.delivered += 1;
-                    metrics::counter!(m::EVENTS_DELIVERED).increment(1);
-                    metrics::histogram!(m::EVENT_PROCESS_SECONDS)
-                        .record(started.elapsed().as_secs_f64());
-                    debug!(event_id = %event.id, attempts = event.attempts, "delivered");
-                    self.notify(&Progress::Delivered {
-                        id: event.id,
-                        event_type: event.event_type.clone(),
-                        attempts: event.attempts,
-                    });
-                }
-            }
-        }
-
-        if !failed.is_empty() {
-            let failures: Vec<Failure> = failed.iter().map(|(_, f)| f.clone()).collect();
-            let store = &self.store;
-            let token = claim.token;
-            if let Some(report) = with_retries("fail", || store.fail(token, &failures)).await {
-                let lost = self.lease_lost(&report, summary);
-                for (event, failure) in failed.iter().filter(|(e, _)| !lost.contains(&e.id)) {
-                    metrics::histogram!(m::EVENT_PROCESS_SECONDS)
-                        .record(started.elapsed().as_secs_f64());
-                    let code = failure.error.code().as_str().to_owned();
-                    match failure.disposition {
-                        Disposition::Dead => {
-                            summary.dead += 1;
-                            metrics::counter!(m::EVENTS_DEAD, "code" => code).increment(1);
-                            warn!(event_id = %event.id, attempts = event.attempts, error = %failure.error, "dead-lettered");
-                            self.notify(&Progress::Dead {
-                                id: event.id,
-                                event_type: event.event_type.clone(),
-                                attempts: event.attempts,
-                                error: failure.error.clone(),
-                            });
-                        }
-                        Disposition::Retry { delay } => {
-                            summary.retried += 1;
-                            metrics::counter!(m::EVENTS_RETRIED, "code" => code).increment(1);
-                            info!(event_id = %event.id, attempts = event.attempts, retry_in = ?delay, error = %failure.error, "delivery failed; retry scheduled");
-                            self.notify(&Progress::Retried {
-                                id: event.id,
-                                event_type: event.event_type.clone(),
-                                attempts: event.attempts,
-                                error: failure.error.clone(),
-                                delay,
-                            });
-                        }
-                    }
-                }
-            }
-        }
-
-        if !skipped.is_empty() {
-            self.release(claim.token, &skipped, summary).await;
-        }
-    }
-
-    /// Logs and counts fenced-out events; returns their ids.
-    fn lease_lost(&self, report: &FenceReport, summary: &mut RelaySummary) -> HashSet<EventId> {
-        if report.lost.is_empty() {
-            return HashSet::new();
-        }
-        summary.lease_lost += report.lost.len() as u64;
-        metrics::counter!(m::LEASE_LOST).increment(report.lost.len() as u64);
+        summary.lease_lost += report.fenced.len() as u64;
+        metrics::counter!(m::LEASE_LOST).increment(report.fenced.len() as u64);
         warn!(
-            lost = %join_ids(&report.lost),
-            count = report.lost.len(),
+            lost = %join_ids(&report.fenced),
+            count = report.fenced.len(),
             lock_timeout = ?self.options.lock_timeout(),
-            "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed (raise lock_timeout if deliveries take this long)"
+            "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed"
         );
         self.notify(&Progress::LeaseLost {
-            ids: report.lost.clone(),
+            ids: report.fenced.clone(),
         });
-        report.lost.iter().copied().collect()
-    }
-
-    async fn release(&self, token: FencingToken, ids: &[EventId], summary: &mut RelaySummary) {
-        let store = &self.store;
-        if let Some(report) = with_retries("release", || store.release(token, ids)).await {
-            self.lease_lost(&report, summary);
-            let lost: HashSet<EventId> = report.lost.iter().copied().collect();
-            let released: Vec<EventId> = ids
-                .iter()
-                .copied()
-                .filter(|id| !lost.contains(id))
-                .collect();
-            summary.released += released.len() as u64;
-            metrics::counter!(m::EVENTS_RELEASED).increment(released.len() as u64);
-            info!(released = %join_ids(&released), "released undelivered events");
-            self.notify(&Progress::Released { ids: released });
-        }
     }
 
     fn notify(&self, progress: &Progress) {
@@ -563,50 +1049,34 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     }
 }
 
-/// Waits for `delay`, the wake-up signal, or shutdown. Returns whether
-/// shutdown completed.
+/// A wait that the store's wake-up does not cut short.
+const NO_WAKEUP: Option<std::future::Pending<()>> = None;
+
+/// Waits for `delay`, `wakeup` (if any) or shutdown.
 async fn wait(
     delay: Duration,
     shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
-    wakeup: Option<&Notify>,
-) -> bool {
+    wakeup: Option<impl Future<Output = ()> + Send>,
+) -> Waited {
     let woken = async {
         match wakeup {
-            Some(notify) => notify.notified().await,
+            Some(w) => w.await,
             None => std::future::pending().await,
         }
     };
     tokio::select! {
-        () = shutdown => true,
-        () = tokio::time::sleep(delay) => false,
-        () = woken => false,
+        () = shutdown => Waited::Shutdown,
+        () = tokio::time::sleep(delay) => Waited::Timer,
+        () = woken => Waited::Woken,
     }
 }
 
-/// Runs a store write up to [`RECORD_ATTEMPTS`] times with a short backoff.
-/// `None` when every attempt failed: the events stay leased and come back
-/// after the lease expires (at-least-once).
-async fn with_retries<T, E: fmt::Display, F: Future<Output = Result<T, E>>>(
-    op: &'static str,
-    mut call: impl FnMut() -> F,
-) -> Option<T> {
-    let mut delay = Duration::from_millis(100);
-    for attempt in 1..=RECORD_ATTEMPTS {
-        match call().await {
-            Ok(v) => return Some(v),
-            Err(err) => {
-                metrics::counter!(m::STORE_ERRORS, "op" => op).increment(1);
-                if attempt == RECORD_ATTEMPTS {
-                    error!(error = %err, op, "could not record outcomes; the events come back when their lease expires");
-                } else {
-                    warn!(error = %err, op, attempt, "store write failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay *= 4;
-                }
-            }
-        }
-    }
-    None
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "non-text panic payload".to_owned())
 }
 
 fn join_ids(ids: &[EventId]) -> String {
