@@ -52,8 +52,8 @@ impl EnqueueSql {
             "INSERT INTO {{{{events}}}} ({COLUMNS}) \
              SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb \
              FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]) \
-             AS t(id, key, key_hash, event_type, topic, payload, headers) \
-             ORDER BY id"
+             WITH ORDINALITY AS t(id, key, key_hash, event_type, topic, payload, headers, n) \
+             ORDER BY n"
         ));
         Self {
             one_notify: format!("WITH ins AS ({one}) SELECT pg_notify($8, '')"),

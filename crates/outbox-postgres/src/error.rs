@@ -1,55 +1,66 @@
 //! Error types, one per operation family.
+//!
+//! Every error here prints its whole cause in `Display`, once, and returns
+//! `None` from [`std::error::Error::source`]: sqlx's own errors repeat their
+//! cause in both (an I/O error's text is in its `Display` and is its
+//! `source()`), so a runner that prints the chain would show it twice or
+//! three times. The driver's error stays reachable through the variants
+//! (e.g. [`StoreError::Database`]) and [`StoreError::sqlx_error`].
 
 use crate::InvalidIdentifier;
-use outbox_core::{EventId, ValidationError};
-use thiserror::Error;
+use outbox_core::{EventId, Retryable, ValidationError};
+use std::fmt;
+use std::time::Duration;
 
 /// Why an enqueue failed. Nothing was written when this is returned, but the
 /// caller's transaction may be aborted (on [`EnqueueError::Database`]): roll it back.
-#[derive(Debug, Error)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum EnqueueError {
     /// The event broke the configured [`outbox_core::EventLimits`] or naming rules.
-    #[error("event {id} refused: {source}")]
     Invalid {
         /// The refused event's id.
         id: EventId,
-        /// What was wrong with it.
-        #[source]
+        /// What was wrong with it (printed by `Display`; not returned by `source()`).
         source: ValidationError,
     },
     /// The INSERT failed (e.g. a duplicate id, a missing table: run the migrations).
-    #[error("enqueue failed: {0}")]
-    Database(#[source] sqlx::Error),
+    Database(sqlx::Error),
 }
 
+impl fmt::Display for EnqueueError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnqueueError::Invalid { id, source } => write!(f, "event {id} refused: {source}"),
+            EnqueueError::Database(e) => write!(f, "enqueue failed: {}", Cause(e)),
+        }
+    }
+}
+
+impl std::error::Error for EnqueueError {}
+
 /// Why applying the migrations failed. The migration transaction was rolled back.
-#[derive(Debug, Error)]
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum MigrateError {
     /// Talking to the database failed.
-    #[error("outbox migration failed: {0}")]
-    Database(#[source] sqlx::Error),
+    Database(sqlx::Error),
     /// One migration's SQL failed.
-    #[error("outbox migration {version} ({name}) failed: {source}")]
     Failed {
         /// Its version.
         version: i32,
         /// Its name.
         name: &'static str,
-        /// The database error.
-        #[source]
+        /// The database error (printed by `Display`; not returned by `source()`).
         source: sqlx::Error,
     },
     /// The history records a version this library does not know: the schema
     /// was migrated by a newer version of `outbox-postgres`.
-    #[error("the outbox schema has migration {version}, unknown to this version of outbox-postgres (was it migrated by a newer one?)")]
     UnknownVersion {
         /// The unknown version.
         version: i32,
     },
     /// An applied migration's text differs from the embedded one.
-    #[error("outbox migration {version} ({name}) was applied from different SQL than this library embeds")]
     ChecksumMismatch {
         /// Its version.
         version: i32,
@@ -58,22 +69,62 @@ pub enum MigrateError {
     },
 }
 
-/// Why a store operation (connect, claim, complete, fail, stats, dead letters) failed.
-#[derive(Debug, Error)]
+impl fmt::Display for MigrateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            MigrateError::Database(e) => write!(f, "outbox migration failed: {}", Cause(e)),
+            MigrateError::Failed {
+                version,
+                name,
+                source,
+            } => write!(
+                f,
+                "outbox migration {version} ({name}) failed: {}",
+                Cause(source)
+            ),
+            MigrateError::UnknownVersion { version } => write!(
+                f,
+                "the outbox schema has migration {version}, unknown to this version of \
+                 outbox-postgres (was it migrated by a newer one?)"
+            ),
+            MigrateError::ChecksumMismatch { version, name } => write!(
+                f,
+                "outbox migration {version} ({name}) was applied from different SQL than this \
+                 library embeds"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for MigrateError {}
+
+/// Why a store operation (connect, claim, settle, renew, stats, dead letters) failed.
+///
+/// [`Retryable::is_retryable`] tells a lost connection, a pool timeout, a
+/// server shutting down, a serialization failure or a deadlock (try again)
+/// from a missing table, bad credentials or a constraint (do not).
+#[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
     /// A schema or table name was refused.
-    #[error("invalid outbox schema or table name: {0}")]
-    InvalidName(#[from] InvalidIdentifier),
+    InvalidName(InvalidIdentifier),
     /// The connection URL could not be parsed (the message never contains the password).
-    #[error("invalid PostgreSQL connection URL: {0}")]
     InvalidUrl(String),
+    /// No connection could be opened when the store connected. A refused
+    /// connection (the server starting) is tried again until the acquire
+    /// timeout; this is the last attempt's error.
+    Connect {
+        /// `host:port/database`, without credentials.
+        server: String,
+        /// The last attempt's error, or `None` when the attempt itself did
+        /// not finish within the acquire timeout.
+        error: Option<sqlx::Error>,
+        /// How long connecting was tried.
+        waited: Duration,
+    },
     /// A duration does not fit PostgreSQL's interval arithmetic (over ~292,000 years).
-    #[error("duration {0:?} is too large")]
-    DurationTooLarge(std::time::Duration),
-    /// A stored row could not be read back (e.g. headers that are not a JSON
-    /// object of strings).
-    #[error("outbox row {id} is corrupt: {detail}")]
+    DurationTooLarge(Duration),
+    /// A stored row could not be read back.
     Corrupt {
         /// The row's id.
         id: EventId,
@@ -81,41 +132,182 @@ pub enum StoreError {
         detail: String,
     },
     /// Applying the migrations failed.
-    #[error(transparent)]
-    Migrate(#[from] MigrateError),
+    Migrate(MigrateError),
     /// A query failed.
-    #[error("outbox store query failed: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
 }
 
-impl StoreError {
-    /// Whether trying again later may succeed (connection trouble, pool
-    /// timeout, serialization failure) as opposed to a configuration or
-    /// schema problem.
-    pub fn is_retryable(&self) -> bool {
+impl From<InvalidIdentifier> for StoreError {
+    fn from(e: InvalidIdentifier) -> Self {
+        StoreError::InvalidName(e)
+    }
+}
+
+impl From<MigrateError> for StoreError {
+    fn from(e: MigrateError) -> Self {
+        StoreError::Migrate(e)
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        StoreError::Database(e)
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::Database(e) => is_transient(e),
-            StoreError::Migrate(MigrateError::Database(e)) => is_transient(e),
+            StoreError::InvalidName(e) => write!(f, "invalid outbox schema or table name: {e}"),
+            StoreError::InvalidUrl(e) => write!(f, "invalid PostgreSQL connection URL: {e}"),
+            StoreError::Connect {
+                server,
+                error,
+                waited,
+            } => {
+                write!(f, "cannot connect to PostgreSQL at {server}: ")?;
+                match error {
+                    Some(e) => write!(f, "{}", Cause(e))?,
+                    None => write!(f, "no answer")?,
+                }
+                if *waited >= Duration::from_millis(100) {
+                    write!(f, " (gave up after {:.1}s)", waited.as_secs_f64())?;
+                }
+                Ok(())
+            }
+            StoreError::DurationTooLarge(d) => write!(f, "duration {d:?} is too large"),
+            StoreError::Corrupt { id, detail } => write!(f, "outbox row {id} is corrupt: {detail}"),
+            StoreError::Migrate(e) => fmt::Display::fmt(e, f),
+            StoreError::Database(e) => write!(f, "outbox store query failed: {}", Cause(e)),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+impl StoreError {
+    /// Whether trying again later may succeed (see [`Retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        Retryable::is_retryable(self)
+    }
+
+    /// The driver's error behind this one, if any.
+    pub fn sqlx_error(&self) -> Option<&sqlx::Error> {
+        match self {
+            StoreError::Database(e)
+            | StoreError::Migrate(MigrateError::Database(e))
+            | StoreError::Migrate(MigrateError::Failed { source: e, .. })
+            | StoreError::Connect { error: Some(e), .. } => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl Retryable for StoreError {
+    fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Connect { error: None, .. } => true,
+            StoreError::Connect { error: Some(e), .. }
+            | StoreError::Database(e)
+            | StoreError::Migrate(MigrateError::Database(e)) => is_transient(e),
             _ => false,
         }
     }
 }
 
-fn is_transient(e: &sqlx::Error) -> bool {
+/// Connection trouble, pool timeouts, a server shutting down or starting,
+/// serialization failures, deadlocks, lock and statement timeouts, and
+/// insufficient resources are transient; everything else (a missing table,
+/// bad credentials, a constraint, a syntax error, TLS configuration) is not.
+pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {
         sqlx::Error::Io(_)
         | sqlx::Error::PoolTimedOut
         | sqlx::Error::PoolClosed
         | sqlx::Error::WorkerCrashed => true,
-        sqlx::Error::Database(db) => db.code().is_some_and(|c| {
-            // 40001 serialization_failure, 40P01 deadlock_detected,
-            // 57P01 admin_shutdown, 08* connection exceptions, 53* insufficient resources
-            c == "40001"
-                || c == "40P01"
-                || c == "57P01"
-                || c.starts_with("08")
-                || c.starts_with("53")
-        }),
+        sqlx::Error::Database(db) => db.code().is_some_and(|c| is_transient_sqlstate(&c)),
         _ => false,
+    }
+}
+
+fn is_transient_sqlstate(code: &str) -> bool {
+    matches!(
+        code,
+        // serialization_failure, deadlock_detected
+        "40001" | "40P01"
+        // admin_shutdown, crash_shutdown, cannot_connect_now
+        | "57P01" | "57P02" | "57P03"
+        // query_canceled (statement_timeout, pg_cancel_backend), lock_not_available
+        | "57014" | "55P03"
+    ) || code.starts_with("08") // connection_exception
+        || code.starts_with("53") // insufficient_resources
+}
+
+/// A sqlx error described once: the root cause's text, without sqlx's
+/// prefix when the prefix only repeats the category.
+pub(crate) struct Cause<'a>(pub(crate) &'a sqlx::Error);
+
+impl fmt::Display for Cause<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            sqlx::Error::Io(e) => fmt::Display::fmt(e, f),
+            sqlx::Error::Tls(e) => write!(f, "TLS: {e}"),
+            sqlx::Error::Database(db) => {
+                f.write_str(db.message())?;
+                if let Some(code) = db.code() {
+                    write!(f, " (SQLSTATE {code})")?;
+                    if code == "42P01" {
+                        f.write_str("; are the outbox migrations applied?")?;
+                    }
+                }
+                Ok(())
+            }
+            sqlx::Error::PoolTimedOut => f.write_str(
+                "no pooled connection within the acquire timeout (pool exhausted, or the \
+                 database unreachable)",
+            ),
+            sqlx::Error::PoolClosed => f.write_str("the connection pool was closed"),
+            sqlx::Error::Configuration(e) => write!(f, "invalid configuration: {e}"),
+            sqlx::Error::Protocol(e) => write!(f, "protocol error: {e}"),
+            other => fmt::Display::fmt(other, f),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_print_their_cause_once_and_are_retryable() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "Connection refused");
+        let e = StoreError::Connect {
+            server: "127.0.0.1:5999/test".into(),
+            error: Some(sqlx::Error::Io(io)),
+            waited: Duration::from_secs(1),
+        };
+        let shown = e.to_string();
+        assert_eq!(
+            shown.to_lowercase().matches("connection refused").count(),
+            1
+        );
+        assert!(shown.contains("127.0.0.1:5999/test"), "{shown}");
+        assert!(std::error::Error::source(&e).is_none());
+        assert!(e.is_retryable());
+        assert!(StoreError::Database(sqlx::Error::PoolTimedOut).is_retryable());
+        assert!(!StoreError::InvalidUrl("x".into()).is_retryable());
+    }
+
+    #[test]
+    fn sqlstates_are_classified() {
+        for code in [
+            "40001", "40P01", "57P01", "57P02", "57P03", "08006", "53300", "55P03",
+        ] {
+            assert!(is_transient_sqlstate(code), "{code}");
+        }
+        // undefined_table, invalid_password, unique_violation, syntax_error
+        for code in ["42P01", "28P01", "23505", "42601"] {
+            assert!(!is_transient_sqlstate(code), "{code}");
+        }
     }
 }

@@ -17,11 +17,18 @@ pub struct Migration {
 }
 
 /// Every migration of this crate version, in order.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_create_outbox",
-    template: include_str!("../../../migrations/postgres/0001_create_outbox.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_create_outbox",
+        template: include_str!("../../../migrations/postgres/0001_create_outbox.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_order_and_parking",
+        template: include_str!("../../../migrations/postgres/0002_order_and_parking.sql"),
+    },
+];
 
 /// First key of the two-key advisory lock taken while migrating: ASCII "obox".
 const LOCK_NAMESPACE: i32 = 0x6f62_6f78;

@@ -29,9 +29,11 @@ impl Names {
             ("{{events}}", format!("{s}.{}", table.quoted())),
             ("{{dead}}", qualified("_dead")?),
             ("{{history}}", qualified("_migrations")?),
+            ("{{seq}}", qualified("_seq")?),
             ("{{claim_idx}}", local("_claim_idx")?),
             ("{{key_idx}}", local("_key_idx")?),
             ("{{delivered_idx}}", local("_delivered_idx")?),
+            ("{{parked_idx}}", local("_parked_idx")?),
             ("{{dead_code_idx}}", local("_dead_code_idx")?),
             ("{{key_hash_check}}", local("_key_hash_check")?),
         ];

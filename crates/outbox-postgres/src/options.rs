@@ -26,7 +26,7 @@ pub const DEFAULT_VACUUM_EVERY: u64 = 50_000;
 /// | [`with_table`](Self::with_table) | `OUTBOX_PG_TABLE` | `events` |
 /// | [`with_notify`](Self::with_notify) | `OUTBOX_PG_NOTIFY` (`true`/`false`) | `false` |
 /// | [`with_listen`](Self::with_listen) | - | `true` |
-/// | [`with_retention`](Self::with_retention) | - | none: delete on complete |
+/// | [`with_retention`](Self::with_retention) | - | none: delete when delivered |
 /// | [`with_max_connections`](Self::with_max_connections) | - | 10 |
 /// | [`with_acquire_timeout`](Self::with_acquire_timeout) | - | 30 s |
 /// | [`with_auto_migrate`](Self::with_auto_migrate) | - | `false` |
@@ -127,7 +127,7 @@ impl PgStoreOptions {
 
     /// Keep delivered rows (with `delivered_at`) for `retention`, then purge
     /// them in batches of `purge_batch` every `purge_interval`. `None`
-    /// (the default) deletes rows when they are completed.
+    /// (the default) deletes rows when they are settled as delivered.
     pub fn with_retention(
         mut self,
         retention: Option<Duration>,
@@ -153,7 +153,7 @@ impl PgStoreOptions {
         self
     }
 
-    /// After this many rows left the events table (completed or
+    /// After this many rows left the events table (delivered or
     /// dead-lettered) through this store, run `VACUUM (ANALYZE)` on it in the
     /// background, so claims do not walk the index entries of deleted rows
     /// until autovacuum gets there (a queue table churns faster than

@@ -1,20 +1,21 @@
-//! [`PgStore`]: claims, fenced outcomes, stats, dead letters, wake-ups.
+//! [`PgStore`]: claims, settlements, lease renewal, stats, dead letters, wake-ups.
 
 use crate::names::Names;
 use crate::options::{redact_url, scrub};
 use crate::{MigrateError, PgOutbox, PgStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Disposition, ErrorCode,
-    Event, EventId, Failure, FenceReport, FencingToken, LastError, ShardSpec, Stats, Store,
+    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, ErrorCode, Event, EventId,
+    FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement, ShardSpec, Stats,
+    Store,
 };
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
-use sqlx::{PgPool, Row};
-use std::collections::{BTreeMap, HashSet};
+use sqlx::{ConnectOptions, Connection, PgPool, Row};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use uuid::Uuid;
@@ -38,6 +39,72 @@ struct Inner {
     wakeup: Option<Arc<Notify>>,
     tasks: Vec<JoinHandle<()>>,
     vacuum: Option<Vacuum>,
+    held: Held,
+}
+
+/// The events each live claim of this store holds, so [`Store::renew`]
+/// (which gets only the token) updates them by primary key: an index on
+/// `lease_token` would make every claim's UPDATE a non-HOT one. Entries go
+/// when their events are settled, when a renewal finds the lease lost, or
+/// an hour after the claim was last claimed or renewed (a claim dropped
+/// without a settlement; its rows come back when the lease expires).
+#[derive(Default)]
+struct Held {
+    claims: Mutex<HashMap<FencingToken, HeldClaim>>,
+}
+
+struct HeldClaim {
+    ids: HashSet<Uuid>,
+    touched: Instant,
+}
+
+/// How long an unsettled, unrenewed claim is remembered for [`Store::renew`].
+const HELD_FOR: Duration = Duration::from_secs(3600);
+
+impl Held {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<FencingToken, HeldClaim>> {
+        // A panic while holding this lock cannot leave the map inconsistent.
+        self.claims
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn claimed(&self, token: FencingToken, ids: impl IntoIterator<Item = Uuid>) {
+        let now = Instant::now();
+        let mut claims = self.lock();
+        claims.retain(|_, c| now.duration_since(c.touched) < HELD_FOR);
+        let ids: HashSet<Uuid> = ids.into_iter().collect();
+        if !ids.is_empty() {
+            claims.insert(token, HeldClaim { ids, touched: now });
+        }
+    }
+
+    fn settled(&self, token: FencingToken, ids: impl IntoIterator<Item = Uuid>) {
+        let mut claims = self.lock();
+        if let Some(c) = claims.get_mut(&token) {
+            for id in ids {
+                c.ids.remove(&id);
+            }
+            if c.ids.is_empty() {
+                claims.remove(&token);
+            }
+        }
+    }
+
+    fn ids(&self, token: FencingToken) -> Option<Vec<Uuid>> {
+        self.lock()
+            .get(&token)
+            .map(|c| c.ids.iter().copied().collect())
+    }
+
+    fn renewed(&self, token: FencingToken, held: u64) {
+        let mut claims = self.lock();
+        if held == 0 {
+            claims.remove(&token);
+        } else if let Some(c) = claims.get_mut(&token) {
+            c.touched = Instant::now();
+        }
+    }
 }
 
 /// The opportunistic `VACUUM` of the events table (see
@@ -108,23 +175,101 @@ impl fmt::Debug for PgStore {
     }
 }
 
-/// The claim. One statement: pick eligible rows in id order, skipping rows
-/// other claims hold, then lease them. See the crate docs for the rules.
+/// The claim, one statement. See the crate docs ("Claim rules") for what it
+/// guarantees; the shape, in short:
+///
+/// Order is `seq`, the insertion sequence (see migration 2).
+///
+/// - `walk`: the oldest unparked, due rows (`claim_idx`, `FOR UPDATE SKIP
+///   LOCKED`), at most `$7` of them. A keyed row is `blocked` when its key's
+///   first pending row (one probe of `key_idx`) is another row that is
+///   parked, leased or in backoff. `ready` takes the first `$3` unblocked
+///   rows; the walk is evaluated only that far.
+/// - `parking`: when `ready` came back short, the blocked rows walked are
+///   parked, so the next claim does not walk them again (the walk is
+///   bounded by `$7`; a retry parks its key's later rows itself).
+/// - `parked_keys` / `heads` / `runs`: the keys that have parked rows (a
+///   loose index scan of `parked_idx`, one probe per key), the ones whose
+///   first pending row is due, and for each a run of its due rows in
+///   order (an equal share of the batch per key).
+/// - `picked`: the oldest `$3` of both, locked; `gaps`: per key, the first
+///   pending row not picked. A picked row after its key's gap is left out,
+///   so per-key order holds whatever was skipped, locked or not due.
 const CLAIM_SQL: &str = "\
-WITH candidates AS (
-    SELECT e.id, e.key, e.next_attempt_at
-    FROM {{events}} e
-    WHERE e.delivered_at IS NULL
-      AND e.next_attempt_at <= now()
-      {{shard_filter}}
-      AND (e.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {{events}} p
-            WHERE p.key = e.key AND p.id < e.id
-              AND p.delivered_at IS NULL
-              AND p.next_attempt_at > now()))
-    ORDER BY e.id
-    LIMIT $3
+WITH RECURSIVE
+parked_keys(key) AS (
+    (SELECT e.key FROM {{events}} e
+     WHERE e.parked AND e.delivered_at IS NULL
+     ORDER BY e.key LIMIT 1)
+  UNION ALL
+    SELECT (SELECT e.key FROM {{events}} e
+            WHERE e.parked AND e.delivered_at IS NULL AND e.key > k.key
+            ORDER BY e.key LIMIT 1)
+    FROM parked_keys k
+    WHERE k.key IS NOT NULL
+),
+heads AS MATERIALIZED (
+    SELECT h.key
+    FROM parked_keys k
+    CROSS JOIN LATERAL (
+        SELECT e.key, e.key_hash, e.next_attempt_at FROM {{events}} e
+        WHERE e.key = k.key AND e.delivered_at IS NULL
+        ORDER BY e.seq LIMIT 1) h
+    WHERE h.next_attempt_at <= now() {{head_shard_filter}}
+),
+runs AS (
+    SELECT r.id, r.seq
+    FROM heads h
+    CROSS JOIN LATERAL (
+        SELECT x.id, x.seq FROM (
+            SELECT e.id, e.seq, bool_and(e.next_attempt_at <= now()) OVER (ORDER BY e.seq) AS due
+            FROM {{events}} e
+            WHERE e.key = h.key AND e.delivered_at IS NULL
+            ORDER BY e.seq
+            LIMIT (SELECT greatest(1, ceil($3::float8 / greatest(count(*), 1)))::bigint FROM heads)
+        ) x
+        WHERE x.due) r
+),
+walk AS MATERIALIZED (
+    SELECT w.id, w.seq,
+           w.key IS NOT NULL AND COALESCE((
+               SELECT h.seq <> w.seq AND (h.parked OR h.next_attempt_at > now())
+               FROM {{events}} h
+               WHERE h.key = w.key AND h.delivered_at IS NULL
+               ORDER BY h.seq LIMIT 1), false) AS blocked
+    FROM (
+        SELECT e.id, e.seq, e.key FROM {{events}} e
+        WHERE e.delivered_at IS NULL AND NOT e.parked AND e.next_attempt_at <= now()
+          {{shard_filter}}
+        ORDER BY e.seq
+        LIMIT $7
+        FOR UPDATE SKIP LOCKED
+    ) w
+),
+ready AS (
+    SELECT id, seq FROM walk WHERE NOT blocked LIMIT $3
+),
+picked AS MATERIALIZED (
+    SELECT e.id, e.seq, e.key, e.next_attempt_at FROM {{events}} e
+    WHERE e.id IN (SELECT c.id FROM (SELECT id, seq FROM ready UNION SELECT id, seq FROM runs) c
+                   ORDER BY c.seq LIMIT $3)
+      AND e.delivered_at IS NULL AND e.next_attempt_at <= now()
     FOR UPDATE SKIP LOCKED
+),
+gaps AS (
+    SELECT k.key,
+           (SELECT p.seq FROM {{events}} p
+            WHERE p.key = k.key AND p.delivered_at IS NULL
+              AND p.seq NOT IN (SELECT seq FROM picked)
+            ORDER BY p.seq LIMIT 1) AS gap
+    FROM (SELECT DISTINCT key FROM picked WHERE key IS NOT NULL) k
+),
+parking AS (
+    UPDATE {{events}} e SET parked = true
+    FROM walk w
+    WHERE e.id = w.id AND w.blocked
+      AND (SELECT count(*) FROM ready) < $3
+      AND NOT EXISTS (SELECT 1 FROM picked p WHERE p.id = w.id)
 )
 UPDATE {{events}} e
 SET locked_by = $4,
@@ -132,45 +277,58 @@ SET locked_by = $4,
     next_attempt_at = now() + $5 * interval '1 microsecond',
     lease_token = $6,
     attempts = e.attempts + 1
-FROM candidates c
-WHERE e.id = c.id
-  AND (c.key IS NULL OR NOT EXISTS (
-        SELECT 1 FROM {{events}} p
-        WHERE p.key = c.key AND p.id < c.id
-          AND p.delivered_at IS NULL
-          AND NOT EXISTS (SELECT 1 FROM candidates c2 WHERE c2.id = p.id)))
+FROM picked c
+LEFT JOIN gaps g ON g.key = c.key
+WHERE e.id = c.id AND (g.gap IS NULL OR c.seq < g.gap)
 RETURNING e.id, e.key, e.event_type, e.topic, e.payload, e.headers::text, e.created_at,
-          e.attempts, c.next_attempt_at, e.locked_until, e.last_error_code, e.last_error_message";
+          e.attempts, c.next_attempt_at, e.locked_until, e.last_error_code, e.last_error_message,
+          e.seq";
 
-const COMPLETE_DELETE_SQL: &str =
-    "DELETE FROM {{events}} WHERE id = ANY($1) AND lease_token = $2 RETURNING id";
+/// How many rows a claim may walk beyond its batch size. Bounds the work of
+/// a claim that finds blocked rows (it parks what it walked; about 10 us a
+/// row here) and so how many claims a backlog behind blocked keys takes to
+/// park when a retry did not park it already.
+const WALK_BEYOND_BATCH: i64 = 512;
 
-const COMPLETE_RETAIN_SQL: &str = "\
-UPDATE {{events}}
-SET delivered_at = now(), locked_by = NULL, locked_until = NULL, lease_token = NULL
-WHERE id = ANY($1) AND lease_token = $2 AND delivered_at IS NULL
-RETURNING id";
-
-const FAIL_SQL: &str = "\
-WITH f AS (
-    SELECT * FROM UNNEST($2::uuid[], $3::bigint[], $4::bool[], $5::text[], $6::text[])
-        AS f(id, delay_us, dead, code, message)
+/// Settles a batch, one statement: `$1` token; `$2..$6` the settlement as
+/// arrays (id, kind, delay in microseconds, error code, error message).
+/// Returns one row per id the token still held: `(id, replaced)` where
+/// `replaced` says a dead letter with that id already existed and was
+/// overwritten by this newer failure.
+const SETTLE_SQL: &str = "\
+WITH s AS MATERIALIZED (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::bigint[], $5::text[], $6::text[])
+        AS s(id, kind, delay_us, code, message)
+),
+delivered AS (
+    {{delivered}}
 ),
 retried AS (
     UPDATE {{events}} e
-    SET next_attempt_at = now() + f.delay_us * interval '1 microsecond',
+    SET next_attempt_at = now() + s.delay_us * interval '1 microsecond',
         locked_by = NULL, locked_until = NULL, lease_token = NULL,
-        last_error_code = f.code, last_error_message = f.message
-    FROM f
-    WHERE e.id = f.id AND NOT f.dead AND e.lease_token = $1 AND e.delivered_at IS NULL
+        last_error_code = s.code, last_error_message = s.message
+    FROM s
+    WHERE e.id = s.id AND s.kind = 'retry' AND e.lease_token = $1 AND e.delivered_at IS NULL
+    RETURNING e.id, e.key, e.seq
+),
+released AS (
+    UPDATE {{events}} e
+    SET locked_by = NULL, locked_until = NULL, lease_token = NULL,
+        next_attempt_at = now(), attempts = greatest(e.attempts - 1, 0)
+    FROM s
+    WHERE e.id = s.id AND s.kind = 'released' AND e.lease_token = $1 AND e.delivered_at IS NULL
     RETURNING e.id
 ),
 killed AS (
     DELETE FROM {{events}} e
-    USING f
-    WHERE e.id = f.id AND f.dead AND e.lease_token = $1 AND e.delivered_at IS NULL
+    USING s
+    WHERE e.id = s.id AND s.kind = 'dead' AND e.lease_token = $1 AND e.delivered_at IS NULL
     RETURNING e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, e.headers,
-              e.created_at, e.attempts, f.code, f.message
+              e.created_at, e.attempts, s.code, s.message
+),
+existing AS (
+    SELECT d.id FROM {{dead}} d JOIN s ON s.id = d.id AND s.kind = 'dead'
 ),
 buried AS (
     INSERT INTO {{dead}} (id, key, key_hash, event_type, topic, payload, headers,
@@ -178,16 +336,44 @@ buried AS (
     SELECT id, key, key_hash, event_type, topic, payload, headers,
            created_at, attempts, code, message
     FROM killed
+    ON CONFLICT (id) DO UPDATE
+    SET key = EXCLUDED.key, key_hash = EXCLUDED.key_hash, event_type = EXCLUDED.event_type,
+        topic = EXCLUDED.topic, payload = EXCLUDED.payload, headers = EXCLUDED.headers,
+        created_at = EXCLUDED.created_at, attempts = EXCLUDED.attempts,
+        last_error_code = EXCLUDED.last_error_code,
+        last_error_message = EXCLUDED.last_error_message, dead_at = now()
     RETURNING id
+),
+parking AS (
+    UPDATE {{events}} e SET parked = true
+    FROM retried r
+    WHERE e.key = r.key AND e.seq > r.seq
+      AND NOT e.parked AND e.delivered_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM s WHERE s.id = e.id)
 )
-SELECT id FROM retried UNION ALL SELECT id FROM buried";
+SELECT id, false FROM delivered
+UNION ALL SELECT id, false FROM retried
+UNION ALL SELECT id, false FROM released
+UNION ALL SELECT b.id, EXISTS (SELECT 1 FROM existing x WHERE x.id = b.id) FROM buried b";
 
-const RELEASE_SQL: &str = "\
+const DELIVERED_DELETE_SQL: &str = "\
+DELETE FROM {{events}} e
+    USING s
+    WHERE e.id = s.id AND s.kind = 'delivered' AND e.lease_token = $1 AND e.delivered_at IS NULL
+    RETURNING e.id";
+
+const DELIVERED_RETAIN_SQL: &str = "\
+UPDATE {{events}} e
+    SET delivered_at = now(), locked_by = NULL, locked_until = NULL, lease_token = NULL
+    FROM s
+    WHERE e.id = s.id AND s.kind = 'delivered' AND e.lease_token = $1 AND e.delivered_at IS NULL
+    RETURNING e.id";
+
+const RENEW_SQL: &str = "\
 UPDATE {{events}}
-SET locked_by = NULL, locked_until = NULL, lease_token = NULL,
-    next_attempt_at = now(), attempts = greatest(attempts - 1, 0)
-WHERE id = ANY($1) AND lease_token = $2 AND delivered_at IS NULL
-RETURNING id";
+SET locked_until = now() + $3 * interval '1 microsecond',
+    next_attempt_at = now() + $3 * interval '1 microsecond'
+WHERE id = ANY($1) AND lease_token = $2 AND delivered_at IS NULL";
 
 const STATS_SQL: &str = "\
 SELECT count(*) FILTER (WHERE locked_until IS NULL OR locked_until <= now()),
@@ -245,9 +431,8 @@ struct StoreSql {
     /// is not skewed by the modulo (whose generic selectivity guess of 0.5%
     /// inflates the plan cost enough to trigger JIT compilation).
     claim: String,
-    complete: String,
-    fail: String,
-    release: String,
+    settle: String,
+    renew: String,
     stats: String,
     shard_stats: String,
     shard_dead: String,
@@ -259,20 +444,25 @@ struct StoreSql {
 
 impl StoreSql {
     fn new(names: &Names, retain: bool) -> Self {
+        let claim = |shard: &str, head_shard: &str| {
+            names.render(
+                &CLAIM_SQL
+                    .replace("{{shard_filter}}", shard)
+                    .replace("{{head_shard_filter}}", head_shard),
+            )
+        };
         Self {
-            claim_shard: names
-                .render(&CLAIM_SQL.replace("{{shard_filter}}", "AND e.key_hash % $1 = $2")),
-            claim: names.render(&CLAIM_SQL.replace(
-                "{{shard_filter}}",
-                "AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL",
+            claim_shard: claim("AND e.key_hash % $1 = $2", "AND h.key_hash % $1 = $2"),
+            claim: claim("AND $1::bigint IS NOT NULL AND $2::bigint IS NOT NULL", ""),
+            settle: names.render(&SETTLE_SQL.replace(
+                "{{delivered}}",
+                if retain {
+                    DELIVERED_RETAIN_SQL
+                } else {
+                    DELIVERED_DELETE_SQL
+                },
             )),
-            complete: names.render(if retain {
-                COMPLETE_RETAIN_SQL
-            } else {
-                COMPLETE_DELETE_SQL
-            }),
-            fail: names.render(FAIL_SQL),
-            release: names.render(RELEASE_SQL),
+            renew: names.render(RENEW_SQL),
             stats: names.render(STATS_SQL),
             shard_stats: names.render(SHARD_STATS_SQL),
             shard_dead: names.render(SHARD_DEAD_SQL),
@@ -305,11 +495,32 @@ fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-fn headers_from(id: EventId, text: &str) -> Result<BTreeMap<String, String>, StoreError> {
-    serde_json::from_str(text).map_err(|e| StoreError::Corrupt {
-        id,
-        detail: format!("headers are not a JSON object of strings: {e}"),
+/// The headers of a claimed event: a JSON object of strings, or the reason
+/// the row cannot be delivered.
+fn headers_strict(text: &str) -> Result<BTreeMap<String, String>, String> {
+    serde_json::from_str(text).map_err(|e| {
+        format!("headers are not a JSON object of strings: {e} (headers: {text:.200})")
     })
+}
+
+/// The headers of a dead letter, as well as they can be shown: a dead
+/// letter stays listable even when its headers are why it died. Non-string
+/// values are shown as JSON text; headers that are not an object at all are
+/// shown whole under `outbox-raw-headers`.
+fn headers_lenient(text: &str) -> BTreeMap<String, String> {
+    if let Ok(h) = serde_json::from_str(text) {
+        return h;
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        _ => BTreeMap::from([("outbox-raw-headers".to_owned(), text.to_owned())]),
+    }
 }
 
 fn last_error(code: Option<String>, message: Option<String>) -> Option<LastError> {
@@ -321,71 +532,117 @@ fn last_error(code: Option<String>, message: Option<String>) -> Option<LastError
 
 /// Reads `id, key, event_type, topic, payload, headers, created_at, attempts,
 /// next_attempt_at` (columns 0-8) and `last_error_code, last_error_message`
-/// (columns 10-11).
-fn event_from(row: &PgRow) -> Result<Event, StoreError> {
+/// (columns 10-11). The outer error is the driver's (a column of the wrong
+/// type: the schema is not what this library migrated); the inner one says
+/// why this row's content cannot make an event.
+fn event_from(
+    row: &PgRow,
+    headers: impl Fn(&str) -> Result<BTreeMap<String, String>, String>,
+) -> Result<Result<Event, (EventId, String)>, StoreError> {
     let id = EventId::from_uuid(row.try_get::<Uuid, _>(0)?);
-    let headers: String = row.try_get(5)?;
+    let text: String = row.try_get(5)?;
     let attempts: i32 = row.try_get(7)?;
-    Ok(Event {
+    let headers = match headers(&text) {
+        Ok(h) => h,
+        Err(why) => return Ok(Err((id, why))),
+    };
+    Ok(Ok(Event {
         id,
         key: row.try_get(1)?,
         event_type: row.try_get(2)?,
         topic: row.try_get(3)?,
         payload: row.try_get(4)?,
-        headers: headers_from(id, &headers)?,
+        headers,
         created_at: row.try_get(6)?,
         attempts: u32::try_from(attempts).unwrap_or(0),
         next_attempt_at: row.try_get(8)?,
         last_error: last_error(row.try_get(10)?, row.try_get(11)?),
-    })
-}
-
-fn fence_report(ids: &[EventId], applied: Vec<Uuid>) -> FenceReport {
-    let applied: HashSet<Uuid> = applied.into_iter().collect();
-    let lost = ids
-        .iter()
-        .filter(|id| !applied.contains(&id.as_uuid()))
-        .copied()
-        .collect();
-    FenceReport {
-        applied: applied.len() as u64,
-        lost,
-    }
+    }))
 }
 
 fn uuids(ids: &[EventId]) -> Vec<Uuid> {
     ids.iter().map(EventId::as_uuid).collect()
 }
 
-impl PgStore {
-    /// Runs a fenced statement (`$1` ids, `$2` token, `RETURNING id`) and
-    /// reports which ids the token no longer owned.
-    async fn fenced(
-        &self,
-        sql: &str,
-        token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, StoreError> {
-        if ids.is_empty() {
-            return Ok(FenceReport::default());
-        }
-        let applied: Vec<Uuid> = sqlx::query_scalar(sql)
-            .bind(uuids(ids))
-            .bind(token.as_uuid())
-            .fetch_all(&self.inner.pool)
-            .await?;
-        Ok(fence_report(ids, applied))
+/// `host:port/database` (or the socket path), never the credentials.
+fn server_name(o: &PgConnectOptions) -> String {
+    let place = match o.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", o.get_host(), o.get_port()),
+    };
+    match o.get_database() {
+        Some(db) => format!("{place}/{db}"),
+        None => place,
     }
+}
 
-    fn note_removed(&self, rows: usize) {
+/// Opens (and closes) one connection, trying again while the server
+/// refuses connections or is starting up, until `timeout`. Returns the last
+/// attempt's error: the pool would only say it timed out.
+async fn first_connection(
+    options: &PgConnectOptions,
+    timeout: Duration,
+    url: &str,
+) -> Result<(), StoreError> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let error = match tokio::time::timeout(left, options.connect()).await {
+            Ok(Ok(conn)) => {
+                // Only the answer mattered; a failing close changes nothing.
+                let _ = conn.close().await;
+                return Ok(());
+            }
+            Ok(Err(e)) => Some(e),
+            Err(_) => None,
+        };
+        let starting = match &error {
+            Some(sqlx::Error::Io(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+            Some(sqlx::Error::Database(db)) => db.code().is_some_and(|c| c == "57P03"),
+            _ => false,
+        };
+        if !starting || Instant::now() + backoff >= deadline {
+            let error = error.map(|e| redacted(e, url));
+            return Err(StoreError::Connect {
+                server: server_name(options),
+                error,
+                waited: started.elapsed(),
+            });
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// The driver's error with any echo of the URL's password removed (the
+/// error types that carry free text are rebuilt as `Configuration`).
+fn redacted(e: sqlx::Error, url: &str) -> sqlx::Error {
+    let text = e.to_string();
+    let clean = scrub(&text, url);
+    if clean == text {
+        e
+    } else {
+        sqlx::Error::Configuration(clean.into())
+    }
+}
+
+impl PgStore {
+    fn note_removed(&self, rows: u64) {
         if let Some(v) = &self.inner.vacuum {
-            v.removed(&self.inner.pool, rows as u64);
+            v.removed(&self.inner.pool, rows);
         }
     }
 
     /// Connects a pool to `options`' URL, applies the migrations when
     /// [`PgStoreOptions::with_auto_migrate`] is set, and starts the LISTEN
     /// task (unless turned off) and the retention purge (when configured).
+    ///
+    /// A server that refuses connections (e.g. still starting) is tried
+    /// again until the acquire timeout; the error then names the last
+    /// attempt's cause ("connection refused", an authentication failure,
+    /// a missing database...), never the password.
     pub async fn connect(options: PgStoreOptions) -> Result<Self, StoreError> {
         let url = options
             .url
@@ -397,11 +654,11 @@ impl PgStore {
         // JIT compilation costs tens of milliseconds per claim and buys
         // nothing for these small, index-driven statements.
         let connect = connect.options([("jit", "off")]);
+        first_connection(&connect, options.acquire_timeout, &url).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
-            .await?;
+            .connect_lazy_with(connect);
         Self::from_pool(pool, options).await
     }
 
@@ -457,6 +714,7 @@ impl PgStore {
                 purge_batch: options.purge_batch,
                 wakeup,
                 tasks,
+                held: Held::default(),
             }),
         })
     }
@@ -536,6 +794,142 @@ impl PgStore {
     pub fn purge_batch(&self) -> u32 {
         self.inner.purge_batch
     }
+
+    /// The claim statement's plan for `req`, as `EXPLAIN (ANALYZE, BUFFERS)`
+    /// prints it, run in a transaction that is rolled back (nothing is
+    /// claimed or parked). For benchmarks and diagnosis.
+    pub async fn explain_claim(&self, req: &ClaimRequest) -> Result<String, StoreError> {
+        let lease_us = micros(req.lease)?;
+        let sql = format!(
+            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
+            self.claim_sql(req)
+        );
+        let mut tx = self.inner.pool.begin().await?;
+        let lines: Vec<String> = sqlx::query_scalar(&sql)
+            .bind(i64::from(req.shard.total()))
+            .bind(i64::from(req.shard.index()))
+            .bind(i64::from(req.batch_size))
+            .bind(req.relay_id.as_str())
+            .bind(lease_us)
+            .bind(FencingToken::new().as_uuid())
+            .bind(walk_limit(req.batch_size))
+            .fetch_all(&mut *tx)
+            .await?;
+        tx.rollback().await?;
+        Ok(lines.join("\n"))
+    }
+
+    fn claim_sql(&self, req: &ClaimRequest) -> &str {
+        if req.shard.total() > 1 {
+            &self.inner.sql.claim_shard
+        } else {
+            &self.inner.sql.claim
+        }
+    }
+
+    /// Records the undecodable rows of a claim as dead letters (fenced by
+    /// the claim's token, like any settlement).
+    async fn bury_undecodable(
+        &self,
+        token: FencingToken,
+        bad: Vec<(EventId, String)>,
+    ) -> Result<(), StoreError> {
+        let mut s = Settlement::new();
+        for (id, why) in &bad {
+            tracing::error!(event_id = %id, reason = %why, "outbox row cannot be decoded; dead-lettered");
+            s.push(
+                *id,
+                Resolution::Dead {
+                    error: LastError {
+                        code: ErrorCode::UNDECODABLE,
+                        message: why.clone(),
+                    },
+                },
+            );
+        }
+        let report = self.settle(token, &s).await?;
+        if !report.fenced.is_empty() {
+            tracing::warn!(
+                fenced = report.fenced.len(),
+                "undecodable outbox rows were re-claimed before they could be dead-lettered"
+            );
+        }
+        Ok(())
+    }
+}
+
+fn walk_limit(batch_size: u32) -> i64 {
+    i64::from(batch_size) + WALK_BEYOND_BATCH
+}
+
+/// The settlement as the arrays [`SETTLE_SQL`] takes. An id listed twice
+/// keeps its first resolution; the later ones are reported as rejected.
+struct SettleArgs {
+    ids: Vec<Uuid>,
+    kinds: Vec<&'static str>,
+    delays: Vec<i64>,
+    codes: Vec<Option<String>>,
+    messages: Vec<Option<String>>,
+    /// The distinct ids, in the order given.
+    order: Vec<EventId>,
+    duplicates: Vec<Rejected>,
+    /// Rows a settlement removes from the events table (for the vacuum count).
+    removing: bool,
+}
+
+impl SettleArgs {
+    fn new(settlement: &Settlement, retain: bool) -> Result<Self, StoreError> {
+        let n = settlement.len();
+        let mut a = SettleArgs {
+            ids: Vec::with_capacity(n),
+            kinds: Vec::with_capacity(n),
+            delays: Vec::with_capacity(n),
+            codes: Vec::with_capacity(n),
+            messages: Vec::with_capacity(n),
+            order: Vec::with_capacity(n),
+            duplicates: Vec::new(),
+            removing: false,
+        };
+        let mut seen = HashSet::with_capacity(n);
+        for (id, resolution) in settlement.items() {
+            if !seen.insert(*id) {
+                a.duplicates.push(Rejected {
+                    id: *id,
+                    reason: "listed more than once in the settlement: only its first resolution \
+                             was recorded"
+                        .to_owned(),
+                });
+                continue;
+            }
+            let (kind, delay, error) = match resolution {
+                Resolution::Delivered => ("delivered", 0, None),
+                Resolution::Retry { delay, error } => ("retry", micros(*delay)?, Some(error)),
+                Resolution::Dead { error } => ("dead", 0, Some(error)),
+                Resolution::Released => ("released", 0, None),
+                // A resolution added to core after this store was written:
+                // record nothing for it rather than guess.
+                _ => {
+                    a.duplicates.push(Rejected {
+                        id: *id,
+                        reason: format!(
+                            "resolution `{}` is not supported by this version of outbox-postgres; \
+                             the event stays leased until its lease expires",
+                            resolution.name()
+                        ),
+                    });
+                    continue;
+                }
+            };
+            a.removing |= kind == "dead" || (kind == "delivered" && !retain);
+            a.ids.push(id.as_uuid());
+            a.kinds.push(kind);
+            a.delays.push(delay);
+            a.codes.push(error.map(|e| e.code.as_str().to_owned()));
+            a.messages.push(error.map(|e| e.message.clone()));
+            a.order.push(*id);
+        }
+        Ok(a)
+    }
 }
 
 async fn listen(pool: PgPool, channel: String, notify: Arc<Notify>) {
@@ -544,13 +938,13 @@ async fn listen(pool: PgPool, channel: String, notify: Arc<Notify>) {
             Ok(l) => l,
             Err(sqlx::Error::PoolClosed) => return,
             Err(e) => {
-                tracing::warn!(error = %e, "outbox LISTEN connection failed; retrying in 1s");
+                tracing::warn!(error = %crate::error::Cause(&e), "outbox LISTEN connection failed; retrying in 1s");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
         };
         if let Err(e) = listener.listen(&channel).await {
-            tracing::warn!(error = %e, channel, "outbox LISTEN failed; retrying in 1s");
+            tracing::warn!(error = %crate::error::Cause(&e), channel, "outbox LISTEN failed; retrying in 1s");
             tokio::time::sleep(Duration::from_secs(1)).await;
             continue;
         }
@@ -564,7 +958,7 @@ async fn listen(pool: PgPool, channel: String, notify: Arc<Notify>) {
                 Ok(None) => notify.notify_one(),
                 Err(sqlx::Error::PoolClosed) => return,
                 Err(e) => {
-                    tracing::warn!(error = %e, channel, "outbox LISTEN connection broke; reconnecting in 1s");
+                    tracing::warn!(error = %crate::error::Cause(&e), channel, "outbox LISTEN connection broke; reconnecting in 1s");
                     notify.notify_one();
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     break;
@@ -595,7 +989,7 @@ async fn purge_loop(pool: PgPool, sql: String, retention_us: i64, batch: u32, ev
                 }
                 Err(sqlx::Error::PoolClosed) => return,
                 Err(e) => {
-                    tracing::warn!(error = %e, "purging delivered outbox rows failed");
+                    tracing::warn!(error = %crate::error::Cause(&e), "purging delivered outbox rows failed");
                     break;
                 }
             }
@@ -617,27 +1011,36 @@ impl Store for PgStore {
                 events: Vec::new(),
             });
         }
-        let sql = if req.shard.total() > 1 {
-            &self.inner.sql.claim_shard
-        } else {
-            &self.inner.sql.claim
-        };
-        let rows = sqlx::query(sql)
+        let rows = sqlx::query(self.claim_sql(req))
             .bind(i64::from(req.shard.total()))
             .bind(i64::from(req.shard.index()))
             .bind(i64::from(req.batch_size))
             .bind(req.relay_id.as_str())
             .bind(lease_us)
             .bind(token.as_uuid())
+            .bind(walk_limit(req.batch_size))
             .fetch_all(&self.inner.pool)
             .await?;
         let mut lease_until: Option<DateTime<Utc>> = None;
-        let mut events = Vec::with_capacity(rows.len());
+        let mut ordered = Vec::with_capacity(rows.len());
+        let mut bad = Vec::new();
         for row in &rows {
             lease_until = Some(row.try_get(9)?);
-            events.push(event_from(row)?);
+            let seq: i64 = row.try_get(12)?;
+            match event_from(row, headers_strict)? {
+                Ok(e) => ordered.push((seq, e)),
+                Err(undecodable) => bad.push(undecodable),
+            }
         }
-        events.sort_by_key(|e| e.id);
+        // Insertion order (the database sequence), which is per-key order.
+        ordered.sort_by_key(|(seq, _)| *seq);
+        let events: Vec<Event> = ordered.into_iter().map(|(_, e)| e).collect();
+        self.inner
+            .held
+            .claimed(token, events.iter().map(|e| e.id.as_uuid()));
+        if !bad.is_empty() {
+            self.bury_undecodable(token, bad).await?;
+        }
         if !events.is_empty() {
             tracing::debug!(
                 relay = %req.relay_id,
@@ -655,64 +1058,84 @@ impl Store for PgStore {
         })
     }
 
-    async fn complete(
+    async fn settle(
         &self,
         token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, StoreError> {
-        let report = self.fenced(&self.inner.sql.complete, token, ids).await?;
-        self.note_removed(usize::try_from(report.applied).unwrap_or(usize::MAX));
+        settlement: &Settlement,
+    ) -> Result<SettleReport, StoreError> {
+        let args = SettleArgs::new(settlement, self.inner.retention.is_some())?;
+        let mut report = SettleReport {
+            rejected: args.duplicates,
+            ..SettleReport::default()
+        };
+        if args.ids.is_empty() {
+            return Ok(report);
+        }
+        let rows: Vec<(Uuid, bool)> = sqlx::query_as(&self.inner.sql.settle)
+            .bind(token.as_uuid())
+            .bind(&args.ids)
+            .bind(&args.kinds)
+            .bind(&args.delays)
+            .bind(&args.codes)
+            .bind(&args.messages)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let applied: HashSet<Uuid> = rows.iter().map(|(id, _)| *id).collect();
+        report.applied = applied.len() as u64;
+        report.fenced = args
+            .order
+            .iter()
+            .filter(|id| !applied.contains(&id.as_uuid()))
+            .copied()
+            .collect();
+        for (id, replaced) in rows {
+            if replaced {
+                report.rejected.push(Rejected {
+                    id: EventId::from_uuid(id),
+                    reason: "a dead letter with this id already existed (the same id was \
+                             enqueued again after it died); it was replaced by this newer failure"
+                        .to_owned(),
+                });
+            }
+        }
+        self.inner.held.settled(token, args.ids.iter().copied());
+        if args.removing {
+            let removed = args
+                .order
+                .iter()
+                .zip(&args.kinds)
+                .filter(|(id, kind)| {
+                    applied.contains(&id.as_uuid())
+                        && (**kind == "dead"
+                            || (**kind == "delivered" && self.inner.retention.is_none()))
+                })
+                .count();
+            self.note_removed(removed as u64);
+        }
+        if !report.fenced.is_empty() {
+            tracing::debug!(
+                token = %token,
+                fenced = report.fenced.len(),
+                "settlement fenced out: the lease was lost"
+            );
+        }
         Ok(report)
     }
 
-    async fn fail(
-        &self,
-        token: FencingToken,
-        failures: &[Failure],
-    ) -> Result<FenceReport, StoreError> {
-        if failures.is_empty() {
-            return Ok(FenceReport::default());
-        }
-        let n = failures.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut delays = Vec::with_capacity(n);
-        let mut dead = Vec::with_capacity(n);
-        let mut codes = Vec::with_capacity(n);
-        let mut messages = Vec::with_capacity(n);
-        for f in failures {
-            ids.push(f.id.as_uuid());
-            match &f.disposition {
-                Disposition::Retry { delay } => {
-                    delays.push(micros(*delay)?);
-                    dead.push(false);
-                }
-                Disposition::Dead => {
-                    delays.push(0);
-                    dead.push(true);
-                }
-            }
-            codes.push(f.error.code().as_str().to_owned());
-            messages.push(f.error.message().to_owned());
-        }
-        let applied: Vec<Uuid> = sqlx::query_scalar(&self.inner.sql.fail)
-            .bind(token.as_uuid())
+    async fn renew(&self, token: FencingToken, lease: Duration) -> Result<u64, StoreError> {
+        let lease_us = micros(lease)?;
+        let Some(ids) = self.inner.held.ids(token) else {
+            return Ok(0);
+        };
+        let held = sqlx::query(&self.inner.sql.renew)
             .bind(ids)
-            .bind(delays)
-            .bind(dead)
-            .bind(codes)
-            .bind(messages)
-            .fetch_all(&self.inner.pool)
-            .await?;
-        let all: Vec<EventId> = failures.iter().map(|f| f.id).collect();
-        Ok(fence_report(&all, applied))
-    }
-
-    async fn release(
-        &self,
-        token: FencingToken,
-        ids: &[EventId],
-    ) -> Result<FenceReport, StoreError> {
-        self.fenced(&self.inner.sql.release, token, ids).await
+            .bind(token.as_uuid())
+            .bind(lease_us)
+            .execute(&self.inner.pool)
+            .await?
+            .rows_affected();
+        self.inner.held.renewed(token, held);
+        Ok(held)
     }
 
     async fn stats(&self) -> Result<Stats, StoreError> {
@@ -727,8 +1150,16 @@ impl Store for PgStore {
         })
     }
 
-    fn wakeup(&self) -> Option<Arc<Notify>> {
-        self.inner.wakeup.clone()
+    fn wakeup(&self) -> impl std::future::Future<Output = ()> + Send {
+        let notify = self.inner.wakeup.clone();
+        async move {
+            match notify {
+                // `notify_one` keeps a permit when nobody waits, so a
+                // notification between two calls is not lost.
+                Some(n) => n.notified().await,
+                None => std::future::pending().await,
+            }
+        }
     }
 }
 
@@ -744,7 +1175,10 @@ impl DeadLetterStore for PgStore {
             .await?;
         rows.iter()
             .map(|row| {
-                let event = event_from(row)?;
+                let event = match event_from(row, |h| Ok(headers_lenient(h)))? {
+                    Ok(event) => event,
+                    Err((id, detail)) => return Err(StoreError::Corrupt { id, detail }),
+                };
                 let dead_at: DateTime<Utc> = row.try_get(8)?;
                 Ok(DeadLetter::new(event, dead_at))
             })

@@ -119,6 +119,22 @@ impl StoreHarness for PgHarness {
         .unwrap();
         assert_eq!(done.rows_affected(), 1, "event {id} was not leased");
     }
+
+    async fn insert_undecodable(&self) -> EventId {
+        // Valid JSON, but not an object of strings.
+        let e = NewEvent::new("undecodable", "pg", b"x".to_vec());
+        sqlx::query(&format!(
+            "INSERT INTO {} (id, key, key_hash, event_type, topic, payload, headers) \
+             VALUES ($1, NULL, $2, 'undecodable', 'pg', '\\x78', '[\"not\", \"a\", \"map\"]'::jsonb)",
+            self.db.events()
+        ))
+        .bind(e.id().as_uuid())
+        .bind(i64::from(e.key_hash()))
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        e.id()
+    }
 }
 
 outbox_testkit::store_conformance_tests!(PgHarness::new().await);

@@ -5,7 +5,10 @@
 mod common;
 
 use common::{database_url, fresh_schema, pool, SchemaGuard, TestDb};
-use outbox_core::{ClaimRequest, NewEvent, RelayId, ShardSpec, Stats, Store};
+use outbox_core::{
+    ClaimRequest, EventId, FencingToken, NewEvent, RelayId, Resolution, Settlement, ShardSpec,
+    Stats, Store,
+};
 use outbox_postgres::{
     Ident, InvalidIdentifier, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
 };
@@ -25,6 +28,18 @@ fn req(relay: &str, n: u32) -> ClaimRequest {
 
 fn ev(n: usize) -> NewEvent {
     NewEvent::new("test.event", "pg", format!("p{n}").into_bytes())
+}
+
+fn delivered(ids: &[EventId]) -> Settlement {
+    ids.iter().fold(Settlement::new(), |s, id| {
+        s.with(*id, Resolution::Delivered)
+    })
+}
+
+async fn deliver(store: &PgStore, token: FencingToken, ids: &[EventId]) -> u64 {
+    let report = store.settle(token, &delivered(ids)).await.unwrap();
+    assert!(report.rejected.is_empty(), "{report:?}");
+    report.applied
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -78,7 +93,7 @@ async fn an_event_committed_after_a_later_one_is_still_claimed() {
         c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
         vec![late]
     );
-    store.complete(c.token, &[late]).await.unwrap();
+    assert_eq!(deliver(&store, c.token, &[late]).await, 1);
 
     tx1.commit().await.unwrap();
     let c = store.claim(&req("r", 10)).await.unwrap();
@@ -86,8 +101,7 @@ async fn an_event_committed_after_a_later_one_is_still_claimed() {
         c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
         vec![early]
     );
-    let r = store.complete(c.token, &[early]).await.unwrap();
-    assert_eq!(r.applied, 1);
+    assert_eq!(deliver(&store, c.token, &[early]).await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -251,10 +265,9 @@ async fn notify_wakes_a_listening_store_and_can_be_turned_off() {
     let store = PgStore::from_pool(db.pool.clone(), db.options())
         .await
         .unwrap();
-    let wakeup = store.wakeup().expect("a listening store offers a wake-up");
     // The listener fires once when it starts listening; wait for that first,
     // so the next wake-up can only come from our NOTIFY.
-    tokio::time::timeout(Duration::from_secs(30), wakeup.notified())
+    tokio::time::timeout(Duration::from_secs(30), store.wakeup())
         .await
         .expect("listener never started");
 
@@ -266,16 +279,22 @@ async fn notify_wakes_a_listening_store_and_can_be_turned_off() {
     let loud = db.outbox.clone().with_notify(true);
     let id = loud.enqueue(&mut tx, ev(1)).await.unwrap();
     tx.commit().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(30), wakeup.notified())
+    // The notification may arrive before anyone waits: it is kept.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tokio::time::timeout(Duration::from_secs(30), store.wakeup())
         .await
         .expect("no wake-up after a notifying enqueue");
     let c = store.claim(&req("r", 10)).await.unwrap();
     assert_eq!(c.events.len(), 2);
     assert!(c.events.iter().any(|e| e.id == id));
 
-    // A store with listen off offers no wake-up (poll only).
+    // A store with listen off never wakes up (poll only).
     let polling = db.store().await;
-    assert!(polling.wakeup().is_none());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), polling.wakeup())
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,8 +317,8 @@ async fn retention_keeps_delivered_rows_out_of_claims_until_purged() {
         .unwrap();
     tx.commit().await.unwrap();
     let c = store.claim(&req("r", 10)).await.unwrap();
-    assert_eq!(store.complete(c.token, &ids).await.unwrap().applied, 5);
-    let delivered: i64 = sqlx::query_scalar(&format!(
+    assert_eq!(deliver(&store, c.token, &ids).await, 5);
+    let kept: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM {} WHERE delivered_at IS NOT NULL AND lease_token IS NULL",
         db.events()
     ))
@@ -307,15 +326,13 @@ async fn retention_keeps_delivered_rows_out_of_claims_until_purged() {
     .await
     .unwrap();
     // The background purge may already have taken its first batch.
-    assert!(
-        (3..=5).contains(&delivered),
-        "{delivered} delivered rows kept"
-    );
+    assert!((3..=5).contains(&kept), "{kept} delivered rows kept");
     assert!(store.claim(&req("r", 10)).await.unwrap().events.is_empty());
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
-    // Completing again reports the ids as lost (already delivered).
-    assert_eq!(store.complete(c.token, &ids).await.unwrap().lost, ids);
+    // Settling again reports the ids as fenced (already delivered).
+    let again = store.settle(c.token, &delivered(&ids)).await.unwrap();
+    assert_eq!((again.applied, again.fenced), (0, ids.clone()));
     // Bounded batches of 2 until empty.
     let mut purged = 0;
     loop {
@@ -326,7 +343,7 @@ async fn retention_keeps_delivered_rows_out_of_claims_until_purged() {
         }
         purged += n;
     }
-    assert_eq!(purged, u64::try_from(delivered).unwrap());
+    assert_eq!(purged, u64::try_from(kept).unwrap());
     let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", db.events()))
         .fetch_one(&db.pool)
         .await
@@ -498,10 +515,7 @@ async fn completed_rows_trigger_an_opportunistic_vacuum() {
         let claim = store.claim(&req("r", 200)).await.unwrap();
         assert_eq!(claim.events.len(), 150);
         let ids: Vec<_> = claim.events.iter().map(|e| e.id).collect();
-        assert_eq!(
-            store.complete(claim.token, &ids).await.unwrap().applied,
-            150
-        );
+        assert_eq!(deliver(&store, claim.token, &ids).await, 150);
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         let mut after = vacuums().await;
         while expect_vacuum && after == before && std::time::Instant::now() < deadline {
@@ -514,4 +528,219 @@ async fn completed_rows_trigger_an_opportunistic_vacuum() {
         }
         assert_eq!(after > before, expect_vacuum, "vacuum_every = {every:?}");
     }
+}
+
+/// Nothing listens on the port: the error says "connection refused" once
+/// (Display and the whole `source()` chain together), names the server,
+/// never the password, and is retryable. A database that does not exist is
+/// reported at once (no waiting) and is not retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_errors_name_the_root_cause_once() {
+    fn chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut next = e.source();
+        while let Some(s) = next {
+            out.push_str(": ");
+            out.push_str(&s.to_string());
+            next = s.source();
+        }
+        out
+    }
+    const PASSWORD: &str = "s3cret-Pa55word";
+    let url = format!("postgres://app:{PASSWORD}@127.0.0.1:5999/test");
+    let started = std::time::Instant::now();
+    let err =
+        PgStore::connect(PgStoreOptions::new(url).with_acquire_timeout(Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let shown = chain(&err);
+    assert_eq!(
+        shown.to_lowercase().matches("connection refused").count(),
+        1,
+        "{shown}"
+    );
+    assert!(shown.contains("127.0.0.1:5999/test"), "{shown}");
+    assert!(!format!("{shown} {err:?}").contains(PASSWORD), "{err:?}");
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(matches!(err, StoreError::Connect { .. }), "{err:?}");
+
+    let missing = database_url().replace("/test", "/no_such_database_x9");
+    let started = std::time::Instant::now();
+    let err = PgStore::connect(PgStoreOptions::new(missing))
+        .await
+        .unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "a missing database is not worth waiting for"
+    );
+    let shown = chain(&err);
+    assert_eq!(shown.matches("does not exist").count(), 1, "{shown}");
+    assert!(shown.contains("3D000"), "{shown}");
+    assert!(!err.is_retryable(), "{err:?}");
+}
+
+/// A row whose headers are JSON but not an object of strings is
+/// dead-lettered by the claim (UNDECODABLE, the decoding error as the
+/// message) and left out of it; the rest of the batch, later events of the
+/// same key included, is claimed. The dead letter stays listable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn undecodable_rows_are_dead_lettered_at_claim() {
+    use outbox_core::{DeadLetterQuery, DeadLetterStore, ErrorCode};
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let bad = NewEvent::new("bad", "pg", b"x".to_vec()).with_key("k");
+    sqlx::query(&format!(
+        "INSERT INTO {} (id, key, key_hash, event_type, topic, payload, headers) \
+         VALUES ($1, 'k', $2, 'bad', 'pg', '\\x78', '{{\"n\": 1, \"s\": \"x\"}}'::jsonb)",
+        db.events()
+    ))
+    .bind(bad.id().as_uuid())
+    .bind(i64::from(bad.key_hash()))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    let good = db
+        .outbox
+        .enqueue_batch(&mut tx, vec![ev(1).with_key("k"), ev(2)])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), good);
+    let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].event.id, bad.id());
+    assert_eq!(dead[0].error.code, ErrorCode::UNDECODABLE);
+    assert!(
+        dead[0]
+            .error
+            .message
+            .contains("not a JSON object of strings"),
+        "{}",
+        dead[0].error.message
+    );
+    assert_eq!(dead[0].event.attempts, 1);
+    // Shown as well as possible: non-string values as JSON text.
+    assert_eq!(
+        dead[0].event.headers.get("n").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(deliver(&store, c.token, &good).await, 2);
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 1));
+}
+
+/// `renew` extends the lease of what the token still holds (by primary
+/// key, from what this store claimed), on the database clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_moves_the_lease_on_the_database_clock() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    let ids = db
+        .outbox
+        .enqueue_batch(&mut tx, (0..3).map(ev))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let c = store
+        .claim(&ClaimRequest {
+            lease: Duration::from_secs(5),
+            ..req("r", 10)
+        })
+        .await
+        .unwrap();
+    assert_eq!(c.events.len(), 3);
+    let partial = store.settle(c.token, &delivered(&ids[..1])).await.unwrap();
+    assert_eq!(partial.applied, 1);
+    assert_eq!(
+        store
+            .renew(c.token, Duration::from_secs(900))
+            .await
+            .unwrap(),
+        2
+    );
+    let renewed: Vec<bool> = sqlx::query_scalar(&format!(
+        "SELECT locked_until > now() + interval '890 seconds' \
+                AND next_attempt_at = locked_until FROM {} ORDER BY id",
+        db.events()
+    ))
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(renewed, vec![true, true]);
+    assert_eq!(deliver(&store, c.token, &ids[1..]).await, 2);
+    assert_eq!(
+        store
+            .renew(c.token, Duration::from_secs(900))
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+/// An outbox created by migration 1 with pending events is upgraded in
+/// place: the pending events keep their (id) order in the new insertion
+/// sequence, and events enqueued afterwards come after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrading_from_migration_1_keeps_pending_events_in_order() {
+    let schema = fresh_schema();
+    let _guard = SchemaGuard(schema.clone());
+    let pool = pool(4).await;
+    let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+    let sql = outbox.migration_sql();
+    let (version, name, v1) = &sql[0];
+    let history = format!("{}.\"events_migrations\"", schema.quoted());
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TABLE {history} (version integer PRIMARY KEY, name text NOT NULL,
+             checksum bigint NOT NULL, applied_at timestamptz NOT NULL DEFAULT now());
+         {v1}",
+        s = schema.quoted()
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {history} (version, name, checksum) VALUES ($1, $2, $3)"
+    ))
+    .bind(version)
+    .bind(name)
+    .bind(MIGRATIONS[0].checksum())
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Three events of one key, inserted in reverse id order under version 1.
+    let events: Vec<NewEvent> = (0..3).map(|i| ev(i).with_key("k")).collect();
+    let by_id: Vec<_> = events.iter().map(NewEvent::id).collect();
+    for e in events.into_iter().rev() {
+        let mut tx = pool.begin().await.unwrap();
+        outbox.enqueue(&mut tx, e).await.unwrap();
+        tx.commit().await.unwrap();
+    }
+
+    let mut conn = pool.acquire().await.unwrap();
+    let applied = outbox.migrate(&mut conn).await.unwrap();
+    let later: Vec<i32> = MIGRATIONS.iter().skip(1).map(|m| m.version).collect();
+    assert_eq!(applied, later);
+    drop(conn);
+    let mut tx = pool.begin().await.unwrap();
+    let newer = outbox.enqueue(&mut tx, ev(9).with_key("k")).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let store = PgStore::from_pool(
+        pool.clone(),
+        PgStoreOptions::default()
+            .with_schema(schema.clone())
+            .with_listen(false),
+    )
+    .await
+    .unwrap();
+    let c = store.claim(&req("r", 10)).await.unwrap();
+    let mut want = by_id.clone();
+    want.push(newer);
+    assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), want);
 }

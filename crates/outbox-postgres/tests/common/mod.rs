@@ -1,7 +1,7 @@
 //! Shared test support: a fresh schema per test, dropped afterwards.
 #![allow(dead_code, unreachable_pub)]
 
-use outbox_postgres::{Ident, PgOutbox, PgStore, PgStoreOptions};
+use outbox_postgres::{Ident, PgOutbox, PgStore, PgStoreOptions, MIGRATIONS};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool};
 
@@ -77,7 +77,8 @@ impl TestDb {
         let guard = SchemaGuard(schema.clone());
         let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
         let mut conn = pool.acquire().await.unwrap();
-        assert_eq!(outbox.migrate(&mut conn).await.unwrap(), vec![1]);
+        let all: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
+        assert_eq!(outbox.migrate(&mut conn).await.unwrap(), all);
         drop(conn);
         Self {
             pool,
