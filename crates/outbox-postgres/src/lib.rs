@@ -19,6 +19,11 @@ pub use options::{
 };
 pub use store::{PgStore, ShardStats};
 
+/// The event-log mode (opt-in): snapshot-window batches, fenced per-shard
+/// cursors, rotation by TRUNCATE. See the module docs for the design.
+pub mod log;
+pub use log::{DeadHeadPolicy, PgLog, PgLogOptions, PgLogStore};
+
 /// Re-exported so users name the same sqlx types as this crate.
 pub use sqlx;
 

@@ -1,0 +1,197 @@
+//! Enqueue into the event log inside the caller's transaction.
+
+use super::names::LogNames;
+use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
+use outbox_core::{EventId, EventLimits, NewEvent};
+use sqlx::PgConnection;
+use std::fmt;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// A cheap, cloneable handle to one event-log outbox: enqueues events in the
+/// caller's transaction (one INSERT, same signatures as
+/// [`PgOutbox`](crate::PgOutbox)) and applies the migrations.
+///
+/// ```no_run
+/// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use outbox_core::NewEvent;
+/// use outbox_postgres::{Ident, PgLog};
+///
+/// let log = PgLog::new(Ident::new("app")?, Ident::new("outbox")?)?;
+/// let mut tx = pool.begin().await?;
+/// // ... the business writes, on &mut *tx ...
+/// log.enqueue(&mut *tx, NewEvent::new("order.created", "orders", b"{}".to_vec()).with_key("order-42"))
+///     .await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PgLog {
+    pub(crate) names: Arc<LogNames>,
+    sql: Arc<EnqueueSql>,
+    limits: EventLimits,
+}
+
+struct EnqueueSql {
+    one: String,
+    batch: String,
+}
+
+impl EnqueueSql {
+    fn new(names: &LogNames) -> Self {
+        // txid, seq, slot and created_at come from column defaults: the
+        // transaction id, the insertion order and the current partition
+        // are all decided inside this one statement.
+        Self {
+            one: names.render(
+                "INSERT INTO {{log}} (id, key, key_hash, event_type, topic, payload, headers) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)",
+            ),
+            batch: names.render(
+                "INSERT INTO {{log}} (id, key, key_hash, event_type, topic, payload, headers) \
+                 SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb \
+                 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]) \
+                 WITH ORDINALITY AS t(id, key, key_hash, event_type, topic, payload, headers, n) \
+                 ORDER BY n",
+            ),
+        }
+    }
+}
+
+impl fmt::Debug for PgLog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLog")
+            .field("schema", &self.names.schema)
+            .field("table", &self.names.table)
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl PgLog {
+    /// The event-log outbox named `schema`.`table` (objects `<table>_log...`).
+    pub fn new(schema: Ident, table: Ident) -> Result<Self, InvalidIdentifier> {
+        Ok(Self::from_names(LogNames::new(schema, table)?))
+    }
+
+    pub(crate) fn from_names(names: LogNames) -> Self {
+        Self {
+            sql: Arc::new(EnqueueSql::new(&names)),
+            names: Arc::new(names),
+            limits: EventLimits::default(),
+        }
+    }
+
+    /// The limits checked at enqueue.
+    pub fn with_limits(mut self, limits: EventLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Ident {
+        &self.names.schema
+    }
+
+    /// The outbox table name the log's objects are named after.
+    pub fn table(&self) -> &Ident {
+        &self.names.table
+    }
+
+    /// Adds one INSERT to the caller's transaction (`&mut *tx`). The event
+    /// is visible to relays once the transaction commits, in commit order.
+    pub async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        event: NewEvent,
+    ) -> Result<EventId, EnqueueError> {
+        let id = event.id();
+        event
+            .validate(&self.limits)
+            .map_err(|source| EnqueueError::Invalid { id, source })?;
+        let key_hash = i64::from(event.key_hash());
+        let (id, key, event_type, topic, payload, headers) = event.into_parts();
+        sqlx::query(&self.sql.one)
+            .bind(id.as_uuid())
+            .bind(key)
+            .bind(key_hash)
+            .bind(event_type)
+            .bind(topic)
+            .bind(payload)
+            .bind(headers_json(&headers))
+            .execute(conn)
+            .await
+            .map_err(EnqueueError::Database)?;
+        Ok(id)
+    }
+
+    /// Adds many events with ONE INSERT to the caller's transaction, in the
+    /// given order. All are validated first; nothing is written if one is
+    /// refused. Returns the ids in the given order.
+    pub async fn enqueue_batch(
+        &self,
+        conn: &mut PgConnection,
+        events: impl IntoIterator<Item = NewEvent>,
+    ) -> Result<Vec<EventId>, EnqueueError> {
+        let events: Vec<NewEvent> = events.into_iter().collect();
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        for e in &events {
+            e.validate(&self.limits)
+                .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
+        }
+        let n = events.len();
+        let mut ids = Vec::with_capacity(n);
+        let mut uuids: Vec<Uuid> = Vec::with_capacity(n);
+        let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
+        let mut hashes: Vec<i64> = Vec::with_capacity(n);
+        let mut types: Vec<String> = Vec::with_capacity(n);
+        let mut topics: Vec<String> = Vec::with_capacity(n);
+        let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(n);
+        let mut headers: Vec<String> = Vec::with_capacity(n);
+        for e in events {
+            hashes.push(i64::from(e.key_hash()));
+            let (id, key, event_type, topic, payload, h) = e.into_parts();
+            ids.push(id);
+            uuids.push(id.as_uuid());
+            keys.push(key);
+            types.push(event_type);
+            topics.push(topic);
+            payloads.push(payload);
+            headers.push(headers_json(&h));
+        }
+        sqlx::query(&self.sql.batch)
+            .bind(uuids)
+            .bind(keys)
+            .bind(hashes)
+            .bind(types)
+            .bind(topics)
+            .bind(payloads)
+            .bind(headers)
+            .execute(conn)
+            .await
+            .map_err(EnqueueError::Database)?;
+        Ok(ids)
+    }
+
+    /// Applies the missing event-log migrations (creating the schema if
+    /// needed), serialized by an advisory lock. Returns the versions applied.
+    pub async fn migrate(&self, conn: &mut PgConnection) -> Result<Vec<i32>, MigrateError> {
+        super::migrate::run(conn, &self.names).await
+    }
+
+    /// The migration SQL with this outbox's names substituted, for teams that
+    /// apply migrations with their own tool: `(version, name, sql)`.
+    pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
+        super::LOG_MIGRATIONS
+            .iter()
+            .map(|m| (m.version, m.name, self.names.render(m.template)))
+            .collect()
+    }
+}
+
+fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> String {
+    // A map of strings always serializes; the fallback is never used.
+    serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
+}

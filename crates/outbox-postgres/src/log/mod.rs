@@ -1,0 +1,146 @@
+//! The event-log mode: an append-only, commit-ordered outbox read in
+//! snapshot windows, progress kept by one fenced cursor per shard, old
+//! events removed by truncating whole partitions (opt-in for now:
+//! [`PgLogStore`] beside the queue-table [`PgStore`](crate::PgStore)).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_core::{NewEvent, Store};
+//! use outbox_postgres::{PgLogOptions, PgLogStore};
+//!
+//! let store = PgLogStore::connect(
+//!     PgLogOptions::new("postgres://app@localhost/app").with_auto_migrate(true),
+//! )
+//! .await?;
+//! let mut tx = store.pool().begin().await?;
+//! store.log().enqueue(&mut *tx, NewEvent::new("order.created", "orders", b"{}".to_vec())).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Design
+//!
+//! The queue-table mode UPDATEs every row when it is claimed and DELETEs it
+//! when it is done: its throughput falls with the backlog, every dead tuple
+//! stays while any snapshot is held, and vacuum competes with the claims.
+//! This mode never updates or deletes an event row. It follows PgQ (Skype,
+//! 2006; PgQue today): events are read in batches defined by two
+//! transaction snapshots and old tables are truncated. What differs, and why:
+//!
+//! **Enqueue is one INSERT, nothing else.** Column defaults record the
+//! producer's transaction id (`pg_current_xact_id()`, xid8), an insertion
+//! sequence number, and the partition (`slot`). No trigger, no function
+//! call of ours, no NOTIFY, no ticker process. The log is a table
+//! partitioned by `LIST (slot)` into three partitions; the `slot` default
+//! reads a *sequence* (`pg_sequence_last_value(<table>_log_gen) % 3`).
+//! Reading a sequence is not transactional, so a producer in a long
+//! REPEATABLE READ transaction still routes to the partition that is
+//! current now, not to the one its snapshot saw. An INSERT locks only the
+//! partition it routes to, so truncating another partition never blocks a
+//! producer (checked in `tests/log_rotation.rs`).
+//!
+//! **A batch is a snapshot window.** A cursor position is `(lo, hi, after)`:
+//! every event of a transaction visible in snapshot `lo` is behind it; of
+//! the window "visible in `hi`, not visible in `lo`", the events up to
+//! `after` in `(txid, seq)` order are behind it too. A claim reads the rest
+//! of the current window and, when that has fewer rows than the batch
+//! size, the next window `(hi, pg_current_snapshot())`, in one statement.
+//! Each window is found as PgQ does it: a range scan `xmax(lo) <= txid <
+//! xmax(hi)` filtered by visibility in `hi`, plus an index lookup of the
+//! transactions that were running at `lo` and finished by `hi` (computed
+//! in Rust from the snapshot text). A transaction that stays open for
+//! hours delays only its own events, and no claim scans the range it holds
+//! back. The shard filter (`key_hash % total = index`) is in the query.
+//!
+//! **Order.** Across windows: commit order (a window holds exactly the
+//! transactions that committed between two snapshots). Inside one window
+//! the order of commits is unknowable from snapshots; events are ordered by
+//! `(txid, seq)`: insertion order inside a transaction, and transactions by
+//! the moment they got their id. PgQ orders a window by its event sequence
+//! instead; we chose `(txid, seq)` because it is the key of the one index,
+//! so a claim is a keyset range scan of `batch size` rows whatever the
+//! window's size (a relay that was down for an hour opens one huge window;
+//! sorting it per claim would make draining quadratic). Relays poll every
+//! few milliseconds while busy, so windows stay small and "same window,
+//! reversed commit order" needs two transactions committing within
+//! milliseconds of each other in the opposite order of their first writes.
+//!
+//! **Progress is a cursor row per (consumer group, shard)**: its settled
+//! position, its lease owner, its lease end (database clock) and a fencing
+//! epoch that grows whenever another relay takes the lease. Only the lease
+//! holder claims; other relays of the same shard get empty claims (they
+//! are standbys). A claim renews the lease when half of it has passed
+//! (one UPDATE at most per half lease, not per claim). A settle is one
+//! transaction whose first statement is an UPDATE of the cursor guarded by
+//! the epoch: a relay that lost its lease changes 0 rows and its whole
+//! settle is reported fenced. The [`FencingToken`](outbox_core::FencingToken)
+//! of a claim maps, in this process, to (cursor, epoch, batch window); the
+//! batches a relay holds and their read position live in memory (a new
+//! holder restarts from the settled position, which is what makes a crash
+//! redeliver rather than lose). A batch that is fully settled moves the
+//! position, in claim order; in the usual case (all delivered) that UPDATE
+//! is the only statement of the settle. No per-event UPDATE or DELETE.
+//!
+//! **The retry lane** (`<table>_log_lane`) holds the few events that
+//! cannot simply be passed: a retry (eligible at the database's `now()` +
+//! delay, attempts counted), an event released mid-batch, and events
+//! *parked* behind an earlier event of their key that is in the lane. The
+//! cursor moves on; a claim reads due lane rows first (only the head of
+//! each key), then the log, and parks any log event whose key has a lane
+//! row (or a blocking dead letter) into the lane behind it, in order. So a
+//! key in backoff holds back only that key. A batch whose released events
+//! are its tail (shutdown, sink unavailable) is not copied: the cursor
+//! simply stops before them. While events of a key are held by an
+//! unsettled batch, a pipelined next claim stops before that key's next
+//! event. Lane rows are updated and deleted one by one; the lane is small
+//! by design (failures only), so that churn stays off the hot path.
+//!
+//! **Dead letters** (`<table>_log_dead`, per group) keep the event, its
+//! error and its place in its key's order. [`DeadHeadPolicy::Continue`]
+//! (default) lets the key's next event go; [`DeadHeadPolicy::Block`] parks
+//! the key's later events until the dead letter is retried (it then goes
+//! first) or purged. A row whose headers cannot be decoded is dead-lettered
+//! by the claim with `UNDECODABLE`, never retried in a loop.
+//!
+//! **Rotation** (background, or [`PgLogStore::rotate`]): when the current
+//! partition is older than the rotation interval, the next one (the
+//! oldest) is truncated and becomes current, if (1) every cursor of every
+//! group has passed all of its rows (checked against the rows themselves,
+//! not a timeline, so even a straggling producer that routed late is safe),
+//! (2) every group has a cursor for each of its shards, and (3) `LOCK
+//! TABLE ... NOWAIT` succeeds: no open transaction holds the partition
+//! (nobody can still write to it), and nobody queues behind the lock.
+//! Otherwise it is postponed. The generation sequence moves after the
+//! commit, so producers never wait for the truncation. Delivered events
+//! stay readable for one to two rotation intervals (the retention). With
+//! nothing ever updated or deleted, event partitions have no dead tuples
+//! (except from rolled-back enqueues), and `TRUNCATE` gives their space
+//! back at once whatever snapshot another session holds.
+//!
+//! **Consumer groups**: each group reads every event with its own cursors,
+//! lane and dead letters. A new cursor starts at what every cursor of its
+//! group has passed (reconfiguring shards from 2 to 4 redelivers a little,
+//! never loses), or at the log's origin for a new group.
+//!
+//! # What this mode does not do (differences from the queue mode)
+//! - No per-event lease: a shard is read by one relay at a time (scale out
+//!   with shards). After a lease takeover the new holder redelivers the
+//!   unsettled events with `attempts = 1`: an attempt cut short by a crash
+//!   is not counted (liveness rule 10), where the queue mode counts it.
+//! - `stats().in_flight` counts the events held by claims of this process.
+//! - Old shard layouts: a group's cursors of a shard layout no relay uses
+//!   any more hold rotation back; drop them (`DELETE FROM <table>_log_cursors
+//!   WHERE grp = ... AND shard_total = ...`).
+
+mod enqueue;
+mod migrate;
+mod names;
+mod options;
+mod snapshot;
+mod sql;
+mod store;
+
+pub use enqueue::PgLog;
+pub use migrate::LOG_MIGRATIONS;
+pub use options::{DeadHeadPolicy, PgLogOptions, DEFAULT_GROUP, DEFAULT_ROTATION_INTERVAL};
+pub use store::{CursorInfo, InFlight, LogInfo, PartitionInfo, PgLogStore, Rotation};

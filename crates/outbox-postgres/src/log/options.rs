@@ -1,0 +1,193 @@
+//! Configuration of [`PgLogStore`](super::PgLogStore).
+
+use crate::options::{DEFAULT_SCHEMA, DEFAULT_TABLE};
+use crate::{redact_url, Ident};
+use outbox_core::EventLimits;
+use std::fmt;
+use std::time::Duration;
+
+/// The consumer group of relays that do not name one.
+pub const DEFAULT_GROUP: &str = "default";
+/// Default [`PgLogOptions::with_rotation_interval`].
+pub const DEFAULT_ROTATION_INTERVAL: Duration = Duration::from_secs(60);
+
+/// What happens to the later events of a key once its head event was
+/// dead-lettered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DeadHeadPolicy {
+    /// The next event of the key is delivered (the default: one poison event
+    /// does not stop its aggregate).
+    #[default]
+    Continue,
+    /// The key stays blocked: its later events wait in the retry lane until
+    /// the dead letter is retried (replayed, then they follow it) or purged.
+    Block,
+}
+
+/// Options of [`PgLogStore`](super::PgLogStore). `Debug` never shows the password.
+#[derive(Clone)]
+pub struct PgLogOptions {
+    pub(crate) url: Option<String>,
+    pub(crate) schema: Ident,
+    pub(crate) table: Ident,
+    pub(crate) group: String,
+    pub(crate) dead_head: DeadHeadPolicy,
+    pub(crate) rotation_interval: Duration,
+    pub(crate) rotate_in_background: bool,
+    pub(crate) max_connections: u32,
+    pub(crate) acquire_timeout: Duration,
+    pub(crate) auto_migrate: bool,
+    pub(crate) limits: EventLimits,
+    pub(crate) idle_progress_every: Duration,
+    pub(crate) probe_min: Duration,
+    pub(crate) probe_max: Duration,
+}
+
+impl Default for PgLogOptions {
+    fn default() -> Self {
+        Self {
+            url: None,
+            schema: Ident::from_static(DEFAULT_SCHEMA),
+            table: Ident::from_static(DEFAULT_TABLE),
+            group: DEFAULT_GROUP.to_owned(),
+            dead_head: DeadHeadPolicy::Continue,
+            rotation_interval: DEFAULT_ROTATION_INTERVAL,
+            rotate_in_background: true,
+            max_connections: 10,
+            acquire_timeout: Duration::from_secs(30),
+            auto_migrate: false,
+            limits: EventLimits::default(),
+            idle_progress_every: Duration::from_secs(1),
+            probe_min: Duration::from_millis(2),
+            probe_max: Duration::from_millis(250),
+        }
+    }
+}
+
+impl PgLogOptions {
+    /// Options for the database at `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: Some(url.into()),
+            ..Self::default()
+        }
+    }
+
+    /// The schema of the outbox tables.
+    pub fn with_schema(mut self, schema: Ident) -> Self {
+        self.schema = schema;
+        self
+    }
+
+    /// The outbox name: the log is `<table>_log` (partitions `<table>_log_0..2`),
+    /// beside `<table>_log_cursors`, `_lane`, `_dead`, `_meta`. At most 45 bytes.
+    pub fn with_table(mut self, table: Ident) -> Self {
+        self.table = table;
+        self
+    }
+
+    /// The consumer group: relays of one group share the work (one cursor
+    /// per shard); each group gets every event. Default `"default"`.
+    pub fn with_group(mut self, group: impl Into<String>) -> Self {
+        self.group = group.into();
+        self
+    }
+
+    /// What happens to a key after its head event was dead-lettered.
+    pub fn with_dead_head_policy(mut self, policy: DeadHeadPolicy) -> Self {
+        self.dead_head = policy;
+        self
+    }
+
+    /// How long a partition stays current before the next rotation (which
+    /// truncates the oldest one once every cursor has passed it). Delivered
+    /// events stay readable for about twice this long. Default 60 s.
+    pub fn with_rotation_interval(mut self, every: Duration) -> Self {
+        self.rotation_interval = every;
+        self
+    }
+
+    /// Whether this store tries to rotate in the background (every
+    /// `rotation_interval / 4`, at least every 10 s). Default on; any number
+    /// of stores may do it at once. Off: call [`PgLogStore::rotate`](super::PgLogStore::rotate).
+    pub fn with_background_rotation(mut self, yes: bool) -> Self {
+        self.rotate_in_background = yes;
+        self
+    }
+
+    /// Pool size. Default 10.
+    pub fn with_max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long taking a pooled connection may take. Default 30 s.
+    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// Applies the migrations when the store connects.
+    pub fn with_auto_migrate(mut self, yes: bool) -> Self {
+        self.auto_migrate = yes;
+        self
+    }
+
+    /// Limits checked at enqueue.
+    pub fn with_limits(mut self, limits: EventLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// How often an idle cursor records that it has caught up (so rotation
+    /// can proceed while a shard receives no events). Default 1 s.
+    pub fn with_idle_progress_every(mut self, every: Duration) -> Self {
+        self.idle_progress_every = every;
+        self
+    }
+
+    /// Bounds of the adaptive wake-up probe of [`Store::wakeup`](outbox_core::Store::wakeup):
+    /// `min` after activity, doubling up to `max` while idle. Defaults 2 ms and 250 ms.
+    pub fn with_probe_interval(mut self, min: Duration, max: Duration) -> Self {
+        self.probe_min = min.max(Duration::from_micros(100));
+        self.probe_max = max.max(self.probe_min);
+        self
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &Ident {
+        &self.schema
+    }
+
+    /// The table.
+    pub fn table(&self) -> &Ident {
+        &self.table
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        &self.group
+    }
+}
+
+impl fmt::Debug for PgLogOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLogOptions")
+            .field("url", &self.url.as_deref().map(redact_url))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("group", &self.group)
+            .field("dead_head", &self.dead_head)
+            .field("rotation_interval", &self.rotation_interval)
+            .field("rotate_in_background", &self.rotate_in_background)
+            .field("max_connections", &self.max_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("auto_migrate", &self.auto_migrate)
+            .field("limits", &self.limits)
+            .field("idle_progress_every", &self.idle_progress_every)
+            .field("probe_min", &self.probe_min)
+            .field("probe_max", &self.probe_max)
+            .finish()
+    }
+}

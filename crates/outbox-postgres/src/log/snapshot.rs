@@ -1,0 +1,175 @@
+//! Transaction snapshots (`pg_snapshot` text `xmin:xmax:xip,...`) and the
+//! cursor position built from two of them.
+
+use std::fmt;
+
+/// A `pg_snapshot`: every transaction below `xmin` has ended, none at or
+/// above `xmax` had started, and `xip` lists the ones in between that were
+/// still running. A transaction is visible (committed before the snapshot,
+/// or aborted, whose rows nobody sees anyway) when it is below `xmax` and
+/// not in `xip`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Snap {
+    pub(crate) xmin: u64,
+    pub(crate) xmax: u64,
+    /// Sorted, no duplicates, all in `xmin..xmax`.
+    pub(crate) xip: Vec<u64>,
+}
+
+impl Snap {
+    /// Parses PostgreSQL's text form.
+    pub(crate) fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("malformed pg_snapshot {text:?}");
+        let mut parts = text.trim().splitn(3, ':');
+        let xmin: u64 = parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+        let xmax: u64 = parts.next().and_then(|s| s.parse().ok()).ok_or_else(bad)?;
+        let rest = parts.next().ok_or_else(bad)?;
+        let mut xip = Vec::new();
+        for x in rest.split(',').filter(|s| !s.is_empty()) {
+            xip.push(x.parse::<u64>().map_err(|_| bad())?);
+        }
+        xip.sort_unstable();
+        xip.dedup();
+        if xmin > xmax || xip.iter().any(|x| *x < xmin || *x >= xmax) {
+            return Err(bad());
+        }
+        Ok(Self { xmin, xmax, xip })
+    }
+
+    /// `pg_visible_in_snapshot(x, self)`.
+    pub(crate) fn visible(&self, x: u64) -> bool {
+        x < self.xmin || (x < self.xmax && self.xip.binary_search(&x).is_err())
+    }
+
+    /// The transactions running at `self` that committed by `later`: the
+    /// ones a window `(self, later)` takes below `self.xmax`.
+    pub(crate) fn finished_by(&self, later: &Snap) -> Vec<u64> {
+        self.xip
+            .iter()
+            .copied()
+            .filter(|x| later.visible(*x))
+            .collect()
+    }
+
+    /// The largest snapshot every one of `snaps` contains: a transaction is
+    /// visible in it only when it is visible in all of them. `None` when
+    /// `snaps` is empty.
+    pub(crate) fn intersection<'a>(snaps: impl IntoIterator<Item = &'a Snap>) -> Option<Snap> {
+        let snaps: Vec<&Snap> = snaps.into_iter().collect();
+        let xmin = snaps.iter().map(|s| s.xmin).min()?;
+        let xmax = snaps.iter().map(|s| s.xmax).min()?;
+        let mut xip: Vec<u64> = snaps
+            .iter()
+            .flat_map(|s| s.xip.iter().copied())
+            .filter(|x| *x >= xmin && *x < xmax)
+            .collect();
+        xip.sort_unstable();
+        xip.dedup();
+        // Transactions in [xmin, xmax) that some snapshot saw as running
+        // are in `xip`; the ones below another snapshot's xmin but at or
+        // above this xmin, and visible everywhere, stay visible.
+        Some(Snap { xmin, xmax, xip })
+    }
+}
+
+impl fmt::Display for Snap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:", self.xmin, self.xmax)?;
+        for (i, x) in self.xip.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Snap {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Snap({self})")
+    }
+}
+
+/// A place in the log, for one shard: every event visible in `lo` is
+/// behind it; of the events in the window `(lo, hi)` (visible in `hi`, not
+/// in `lo`), the ones up to `after` in `(txid, seq)` order are behind it
+/// too. `(hi, hi, None)` is the normal form of "window `(lo, hi)` done".
+#[derive(Clone, PartialEq, Eq, Debug)]
+pub(crate) struct Position {
+    pub(crate) lo: Snap,
+    pub(crate) hi: Snap,
+    pub(crate) after: Option<(u64, i64)>,
+}
+
+impl Position {
+    /// The position at which nothing visible in `snap` is ahead.
+    pub(crate) fn at(snap: Snap) -> Self {
+        Self {
+            lo: snap.clone(),
+            hi: snap,
+            after: None,
+        }
+    }
+
+    /// Whether the event `(txid, seq)` is behind this position.
+    pub(crate) fn passed(&self, txid: u64, seq: i64) -> bool {
+        self.lo.visible(txid)
+            || (self.hi.visible(txid) && self.after.is_some_and(|a| (txid, seq) <= a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_and_prints() {
+        let s = Snap::parse("10:20:12,15").unwrap();
+        assert_eq!((s.xmin, s.xmax, s.xip.clone()), (10, 20, vec![12, 15]));
+        assert_eq!(s.to_string(), "10:20:12,15");
+        assert_eq!(Snap::parse("5:5:").unwrap().to_string(), "5:5:");
+        for bad in ["", "1", "1:2", "3:2:", "1:5:7", "a:b:", "1:5:x"] {
+            assert!(Snap::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn visibility_matches_postgres() {
+        let s = Snap::parse("10:20:12,15").unwrap();
+        assert!(s.visible(9) && s.visible(10) && s.visible(11) && s.visible(19));
+        assert!(!s.visible(12) && !s.visible(15) && !s.visible(20) && !s.visible(25));
+        let later = Snap::parse("15:30:15,22").unwrap();
+        assert_eq!(s.finished_by(&later), vec![12]);
+    }
+
+    #[test]
+    fn intersection_sees_only_what_all_see() {
+        let a = Snap::parse("10:20:12,15").unwrap();
+        let b = Snap::parse("14:18:14,16").unwrap();
+        let i = Snap::intersection([&a, &b]).unwrap();
+        for x in 0..40 {
+            assert_eq!(i.visible(x), a.visible(x) && b.visible(x), "{x}");
+        }
+        assert!(Snap::intersection(std::iter::empty()).is_none());
+    }
+
+    #[test]
+    fn position_passed() {
+        let lo = Snap::parse("10:20:12").unwrap();
+        let hi = Snap::parse("25:25:").unwrap();
+        let p = Position {
+            lo,
+            hi,
+            after: Some((20, 5)),
+        };
+        assert!(p.passed(11, 1)); // visible in lo
+        assert!(p.passed(12, 1)); // in the window, before `after`
+        assert!(p.passed(20, 5));
+        assert!(!p.passed(20, 6));
+        assert!(!p.passed(24, 1));
+        assert!(!p.passed(25, 1)); // after hi
+        let start = Position::at(Snap::parse("10:10:").unwrap());
+        assert!(start.passed(9, 1) && !start.passed(10, 1));
+    }
+}

@@ -1,0 +1,407 @@
+//! The SQL of [`PgLogStore`](super::PgLogStore), rendered once per store.
+
+use super::names::{LogNames, PARTITIONS};
+
+/// Takes or keeps the cursor lease. `$1..$3` the cursor, `$4` relay, `$5`
+/// the epoch this process holds (-1: none), `$6` lease in µs. Always one
+/// row: `epoch` is NULL when another relay holds a current lease, `present`
+/// is false when the cursor does not exist yet. The epoch stays only when
+/// the same relay renews a lease that has not run out: after a lapse, the
+/// batches claimed under it are void (their events come back), as a
+/// per-event lease would make them.
+const ACQUIRE: &str = "\
+WITH u AS (
+    UPDATE {{cursors}}
+    SET epoch = CASE WHEN owner = $4 AND epoch = $5 AND lease_until > now()
+                     THEN epoch ELSE epoch + 1 END,
+        owner = $4,
+        lease_until = now() + $6 * interval '1 microsecond'
+    WHERE grp = $1 AND shard_total = $2 AND shard_index = $3
+      AND (owner = $4 OR lease_until IS NULL OR lease_until <= now())
+    RETURNING epoch, lease_until, lo::text AS lo, hi::text AS hi, pos_txid::text AS pos_txid, pos_seq,
+              skip_txid::text[] AS skip_txid, skip_seq
+)
+SELECT u.epoch, u.lease_until, u.lo, u.hi, u.pos_txid, u.pos_seq, now(),
+       EXISTS (SELECT 1 FROM {{cursors}} WHERE grp = $1 AND shard_total = $2 AND shard_index = $3),
+       u.skip_txid, u.skip_seq
+FROM (SELECT 1) one LEFT JOIN u ON true";
+
+/// Creates a cursor at `$4` (a snapshot: nothing visible in it is delivered).
+const CREATE_CURSOR: &str = "\
+INSERT INTO {{cursors}} (grp, shard_total, shard_index, lo, hi)
+VALUES ($1, $2, $3, $4::pg_snapshot, $4::pg_snapshot)
+ON CONFLICT DO NOTHING";
+
+const GROUP_STARTS: &str = "SELECT lo::text FROM {{cursors}} WHERE grp = $1";
+
+const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
+
+/// The claim: due lane rows (head of their key) first, then the log from
+/// the read position: the rest of window (lo, hi), then, if that has fewer
+/// than `$11` rows, the new window (hi, now). See the module docs.
+///
+/// `$1` group, `$2`/`$3` shard total/index, `$4` xmax(lo), `$5` xmax(hi),
+/// `$6` xip(lo) finished by hi, `$7` hi, `$8`/`$9` (txid, seq) read so far
+/// in (lo, hi), `$10` xip(hi), `$11` limit, `$12` lane ords held by
+/// outstanding batches, `$13` keys held by outstanding batches, `$14`/`$15`
+/// (txid, seq) of rows to skip (settled before a change of holder), `$16`
+/// our epoch (`lease_ok` is false when the lease ran out or moved: the
+/// rows are then ignored and the lease taken again).
+const CLAIM: &str = "\
+WITH snap AS MATERIALIZED (
+    SELECT pg_current_snapshot() AS cur, now() AS now,
+           EXISTS (SELECT 1 FROM {{cursors}}
+                   WHERE grp = $1 AND shard_total = $2 AND shard_index = $3
+                     AND epoch = $16 AND lease_until > now()) AS lease_ok
+),
+lane_keys AS MATERIALIZED (
+    SELECT key FROM {{lane}} WHERE grp = $1 AND key IS NOT NULL
+    UNION
+    SELECT key FROM {{dead}} WHERE grp = $1 AND blocking AND key IS NOT NULL
+),
+old AS MATERIALIZED (
+    (SELECT 1 AS w, e.* FROM {{log}} e
+      WHERE e.txid >= $4::xid8 AND e.txid < $5::xid8
+        AND pg_visible_in_snapshot(e.txid, $7::pg_snapshot)
+        AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
+        {{shard}}
+        {{skip}}
+      ORDER BY e.txid, e.seq LIMIT $11)
+    UNION ALL
+    (SELECT 1 AS w, e.* FROM {{log}} e
+      WHERE e.txid = ANY($6::xid8[])
+        AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
+        {{shard}}
+        {{skip}}
+      ORDER BY e.txid, e.seq LIMIT $11)
+),
+new AS (
+    (SELECT 2 AS w, e.* FROM {{log}} e, snap
+      WHERE (SELECT count(*) FROM old) < $11
+        AND e.txid >= $5::xid8 AND pg_visible_in_snapshot(e.txid, snap.cur)
+        {{shard}}
+        {{skip}}
+      ORDER BY e.txid, e.seq LIMIT $11)
+    UNION ALL
+    (SELECT 2 AS w, e.* FROM {{log}} e, snap
+      WHERE (SELECT count(*) FROM old) < $11
+        AND e.txid = ANY($10::xid8[]) AND pg_visible_in_snapshot(e.txid, snap.cur)
+        {{shard}}
+        {{skip}}
+      ORDER BY e.txid, e.seq LIMIT $11)
+),
+logged AS (
+    SELECT * FROM (SELECT * FROM old UNION ALL SELECT * FROM new) x
+    ORDER BY w, txid, seq LIMIT $11
+),
+due AS (
+    SELECT l.* FROM {{lane}} l
+    WHERE l.grp = $1 AND l.next_attempt_at <= now()
+      {{lane_shard}}
+      AND NOT (l.ord = ANY($12::bigint[]))
+      AND (l.key IS NULL OR (
+            NOT (l.key = ANY($13::text[]))
+            AND NOT EXISTS (SELECT 1 FROM {{lane}} p
+                            WHERE p.grp = l.grp AND p.key = l.key AND p.ord < l.ord)
+            AND NOT EXISTS (SELECT 1 FROM {{dead}} d
+                            WHERE d.grp = l.grp AND d.key = l.key AND d.blocking)))
+    ORDER BY l.ord LIMIT $11
+),
+rows AS (
+    SELECT 0 AS w, NULL::xid8 AS txid, NULL::bigint AS seq, d.ord, d.id, d.key, d.event_type,
+           d.topic, d.payload, d.headers::text AS headers, d.created_at, d.attempts,
+           d.next_attempt_at, d.last_error_code, d.last_error_message, false AS parked
+    FROM due d
+    UNION ALL
+    SELECT g.w, g.txid, g.seq, NULL::bigint, g.id, g.key, g.event_type,
+           g.topic, g.payload, g.headers::text, g.created_at, 0,
+           g.created_at, NULL::text, NULL::text,
+           (g.key IS NOT NULL AND g.key IN (SELECT key FROM lane_keys))
+    FROM logged g
+)
+SELECT s.cur::text, s.lease_ok, r.w, r.txid::text, r.seq, r.ord, r.id, r.key, r.event_type, r.topic,
+       r.payload, r.headers, r.created_at, r.attempts, r.next_attempt_at,
+       r.last_error_code, r.last_error_message, r.parked
+FROM snap s LEFT JOIN rows r ON true
+ORDER BY r.w, r.ord, r.txid, r.seq";
+
+/// Copies log rows into the retry lane, in the order given (the `ord`
+/// default is evaluated row by row in that order). `$1` group, `$2`/`$3`
+/// (txid, seq), `$4` attempts, `$5` delay in µs, `$6`/`$7` last error.
+const LOG_TO_LANE: &str = "\
+INSERT INTO {{lane}} (grp, id, key, key_hash, event_type, topic, payload, headers, created_at,
+                      attempts, next_attempt_at, last_error_code, last_error_message)
+SELECT $1, x.id, x.key, x.key_hash, x.event_type, x.topic, x.payload, x.headers, x.created_at,
+       x.attempts, now() + x.delay_us * interval '1 microsecond', x.code, x.message
+FROM (
+    SELECT e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, e.headers, e.created_at,
+           t.attempts, t.delay_us, t.code, t.message
+    FROM UNNEST($2::text[], $3::bigint[], $4::int[], $5::bigint[], $6::text[], $7::text[])
+         WITH ORDINALITY AS t(txid, seq, attempts, delay_us, code, message, n)
+    JOIN {{log}} e ON e.txid = t.txid::xid8 AND e.seq = t.seq
+    ORDER BY t.n
+    OFFSET 0
+) x
+ON CONFLICT DO NOTHING";
+
+/// Dead-letters log rows. A dead letter of the same id is replaced
+/// (`replaced` = true). `$1` group, `$2`/`$3` (txid, seq), `$4` attempts,
+/// `$5`/`$6` error, `$7` blocking.
+const LOG_TO_DEAD: &str = "\
+INSERT INTO {{dead}} (grp, id, ord, key, key_hash, event_type, topic, payload, headers, created_at,
+                      attempts, last_error_code, last_error_message, blocking)
+SELECT $1, x.id, nextval('{{lane_ord_lit}}'), x.key, x.key_hash, x.event_type, x.topic, x.payload,
+       x.headers, x.created_at, x.attempts, x.code, x.message, $7
+FROM (
+    SELECT e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, e.headers, e.created_at,
+           t.attempts, t.code, t.message
+    FROM UNNEST($2::text[], $3::bigint[], $4::int[], $5::text[], $6::text[])
+         WITH ORDINALITY AS t(txid, seq, attempts, code, message, n)
+    JOIN {{log}} e ON e.txid = t.txid::xid8 AND e.seq = t.seq
+    ORDER BY t.n
+    OFFSET 0
+) x
+ON CONFLICT (grp, id) DO UPDATE
+SET ord = excluded.ord, key = excluded.key, key_hash = excluded.key_hash,
+    event_type = excluded.event_type, topic = excluded.topic, payload = excluded.payload,
+    headers = excluded.headers, created_at = excluded.created_at, attempts = excluded.attempts,
+    last_error_code = excluded.last_error_code, last_error_message = excluded.last_error_message,
+    dead_at = now(), blocking = excluded.blocking
+RETURNING id, xmax::text <> '0'";
+
+/// Settles lane rows: `$2` ords, `$3` kind (0 delivered, 1 retry, 2 dead),
+/// `$4` attempts after this one, `$5` delay µs, `$6`/`$7` error, `$8` blocking.
+const LANE_SETTLE: &str = "\
+WITH t AS (
+    SELECT * FROM UNNEST($2::bigint[], $3::int[], $4::int[], $5::bigint[], $6::text[], $7::text[])
+        AS t(ord, kind, attempts, delay_us, code, message)
+),
+retried AS (
+    UPDATE {{lane}} l
+    SET attempts = t.attempts,
+        next_attempt_at = now() + t.delay_us * interval '1 microsecond',
+        last_error_code = t.code, last_error_message = t.message
+    FROM t
+    WHERE l.grp = $1 AND l.ord = t.ord AND t.kind = 1
+    RETURNING l.id
+),
+removed AS (
+    DELETE FROM {{lane}} l USING t
+    WHERE l.grp = $1 AND l.ord = t.ord AND t.kind IN (0, 2)
+    RETURNING l.*, t.kind, t.attempts AS new_attempts, t.code, t.message
+),
+buried AS (
+    INSERT INTO {{dead}} (grp, id, ord, key, key_hash, event_type, topic, payload, headers,
+                          created_at, attempts, last_error_code, last_error_message, blocking)
+    SELECT grp, id, ord, key, key_hash, event_type, topic, payload, headers, created_at,
+           new_attempts, code, message, $8
+    FROM removed WHERE kind = 2
+    ON CONFLICT (grp, id) DO UPDATE
+    SET ord = excluded.ord, key = excluded.key, key_hash = excluded.key_hash,
+        event_type = excluded.event_type, topic = excluded.topic, payload = excluded.payload,
+        headers = excluded.headers, created_at = excluded.created_at, attempts = excluded.attempts,
+        last_error_code = excluded.last_error_code,
+        last_error_message = excluded.last_error_message, dead_at = now(),
+        blocking = excluded.blocking
+    RETURNING id, xmax::text <> '0' AS replaced
+)
+SELECT id, replaced FROM buried";
+
+/// The fence of every settle: bumps nothing, but only matches while the
+/// epoch is ours (and row-locks the cursor until the transaction ends).
+/// With `$5` set, also moves the settled position; with `$9`/`$10` set,
+/// replaces the skip list.
+const ADVANCE: &str = "\
+UPDATE {{cursors}}
+SET lo = COALESCE($5::pg_snapshot, lo),
+    hi = COALESCE($6::pg_snapshot, hi),
+    pos_txid = CASE WHEN $5 IS NULL THEN pos_txid ELSE $7::xid8 END,
+    pos_seq = CASE WHEN $5 IS NULL THEN pos_seq ELSE $8::bigint END,
+    skip_txid = COALESCE($9::xid8[], skip_txid),
+    skip_seq = COALESCE($10::bigint[], skip_seq),
+    updated_at = now()
+WHERE grp = $1 AND shard_total = $2 AND shard_index = $3 AND epoch = $4
+RETURNING epoch";
+
+const RENEW: &str = "\
+UPDATE {{cursors}} SET lease_until = now() + $5 * interval '1 microsecond'
+WHERE grp = $1 AND shard_total = $2 AND shard_index = $3 AND epoch = $4
+RETURNING lease_until";
+
+/// Counts what is not yet delivered, per cursor of the group (or from the
+/// origin when the group has no cursor yet), plus the lane.
+const STATS: &str = "\
+WITH c AS (SELECT * FROM {{cursors}} WHERE grp = $1),
+pend AS (
+    SELECT e.created_at FROM c CROSS JOIN LATERAL (
+        SELECT e.created_at FROM {{log}} e
+        WHERE e.txid >= pg_snapshot_xmin(c.lo) AND NOT pg_visible_in_snapshot(e.txid, c.lo)
+          AND e.key_hash % c.shard_total = c.shard_index
+          AND NOT (pg_visible_in_snapshot(e.txid, c.hi) AND c.pos_txid IS NOT NULL
+                   AND (e.txid, e.seq) <= (c.pos_txid, c.pos_seq))
+    ) e
+    UNION ALL
+    SELECT e.created_at FROM {{log}} e, {{meta}} m
+    WHERE NOT EXISTS (SELECT 1 FROM c)
+      AND e.txid >= pg_snapshot_xmin(m.origin) AND NOT pg_visible_in_snapshot(e.txid, m.origin)
+    UNION ALL
+    SELECT created_at FROM {{lane}} WHERE grp = $1
+)
+SELECT (SELECT count(*) FROM pend),
+       (SELECT (extract(epoch FROM (now() - min(created_at))) * 1000000)::bigint FROM pend),
+       (SELECT count(*) FROM {{dead}} WHERE grp = $1),
+       (SELECT count(*) FROM {{lane}} WHERE grp = $1),
+       (SELECT count(*) FROM {{lane}} l WHERE grp = $1 AND l.key IS NOT NULL
+          AND EXISTS (SELECT 1 FROM {{lane}} p WHERE p.grp = l.grp AND p.key = l.key AND p.ord < l.ord))";
+
+const CURSORS: &str = "\
+SELECT shard_total, shard_index, epoch, owner, lease_until, lease_until > now(),
+       lo::text, hi::text, pos_txid::text, pos_seq, updated_at
+FROM {{cursors}} WHERE grp = $1 ORDER BY shard_total, shard_index";
+
+const LIST_DEAD: &str = "\
+SELECT id, key, event_type, topic, payload, headers::text, created_at, attempts, dead_at,
+       last_error_code, last_error_message
+FROM {{dead}}
+WHERE grp = $1 AND ($2::text IS NULL OR last_error_code = $2)
+  AND ($3::uuid IS NULL OR id > $3)
+ORDER BY id
+LIMIT $4";
+
+/// Replays dead letters into the retry lane at their old place in their
+/// key's order (`ord`), eligible now with attempts 0.
+const RETRY_DEAD: &str = "\
+WITH moved AS (
+    DELETE FROM {{dead}} d
+    WHERE d.grp = $1 AND ($2::uuid[] IS NULL OR d.id = ANY($2))
+      AND NOT EXISTS (SELECT 1 FROM {{lane}} l WHERE l.grp = d.grp AND l.id = d.id)
+    RETURNING d.*
+)
+INSERT INTO {{lane}} (grp, ord, id, key, key_hash, event_type, topic, payload, headers, created_at,
+                      attempts, next_attempt_at, last_error_code, last_error_message)
+SELECT grp, ord, id, key, key_hash, event_type, topic, payload, headers, created_at,
+       0, now(), last_error_code, last_error_message
+FROM moved";
+
+const PURGE_DEAD: &str =
+    "DELETE FROM {{dead}} WHERE grp = $1 AND ($2::uuid[] IS NULL OR id = ANY($2))";
+
+/// Rotation, step 1 (in the rotation transaction): is a rotation due, and
+/// which generation is current. Locks the meta row (NOWAIT: another store
+/// rotating right now makes this one skip).
+const ROTATE_DUE: &str = "\
+SELECT switched_at + $1 * interval '1 microsecond' <= now(),
+       pg_sequence_last_value('{{gen_lit}}')
+FROM {{meta}} FOR UPDATE NOWAIT";
+
+/// Rotation, step 2: may partition `{{part}}` be truncated? `cursors`: how
+/// many exist; `incomplete`: a group whose shards are not all present;
+/// `behind`: a cursor that has not passed every row of the partition.
+const ROTATE_CHECK: &str = "\
+SELECT (SELECT count(*) FROM {{cursors}}),
+       EXISTS (SELECT 1 FROM {{cursors}} GROUP BY grp, shard_total HAVING count(*) < shard_total),
+       EXISTS (SELECT 1 FROM {{cursors}} c WHERE EXISTS (
+           SELECT 1 FROM {{part}} e
+           WHERE e.txid >= pg_snapshot_xmin(c.lo) AND NOT pg_visible_in_snapshot(e.txid, c.lo)))";
+
+const ROTATE_DONE: &str = "\
+UPDATE {{meta}} SET switched_at = now(), rotations = rotations + 1 RETURNING rotations";
+
+const ROTATE_BUMP: &str = "SELECT nextval('{{gen_lit}}')";
+
+/// The partitions as the statistics collector sees them. `$1` schema,
+/// `$2` the partitions' names in slot order.
+const PARTITIONS_INFO: &str = "\
+SELECT p.slot::int, coalesce(s.n_live_tup, 0), coalesce(s.n_dead_tup, 0),
+       coalesce(pg_total_relation_size(c.oid), 0),
+       (SELECT pg_sequence_last_value('{{gen_lit}}')), m.rotations, m.switched_at
+FROM unnest($2::text[]) WITH ORDINALITY AS p(relname, slot)
+JOIN pg_namespace n ON n.nspname = $1
+LEFT JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = p.relname
+LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+CROSS JOIN {{meta}} m
+ORDER BY p.slot";
+
+/// Probe of the wake-up loop: the current snapshot.
+pub(crate) const PROBE: &str = "SELECT pg_current_snapshot()::text";
+
+pub(crate) struct Sql {
+    pub(crate) acquire: String,
+    pub(crate) create_cursor: String,
+    pub(crate) group_starts: String,
+    pub(crate) origin: String,
+    pub(crate) claim: String,
+    pub(crate) claim_all: String,
+    pub(crate) log_to_lane: String,
+    pub(crate) log_to_dead: String,
+    pub(crate) lane_settle: String,
+    pub(crate) advance: String,
+    pub(crate) renew: String,
+    pub(crate) stats: String,
+    pub(crate) cursors: String,
+    pub(crate) list_dead: String,
+    pub(crate) retry_dead: String,
+    pub(crate) purge_dead: String,
+    pub(crate) rotate_due: String,
+    pub(crate) rotate_check: Vec<String>,
+    pub(crate) rotate_lock: Vec<String>,
+    pub(crate) rotate_truncate: Vec<String>,
+    pub(crate) rotate_done: String,
+    pub(crate) rotate_bump: String,
+    pub(crate) partitions_info: String,
+}
+
+impl Sql {
+    pub(crate) fn new(names: &LogNames) -> Self {
+        let claim = |shard: &str, lane_shard: &str| {
+            names.render(
+                &CLAIM
+                    .replace("{{shard}}", shard)
+                    .replace("{{lane_shard}}", lane_shard)
+                    .replace(
+                        "{{skip}}",
+                        "AND (cardinality($14::text[]) = 0 OR (e.txid, e.seq) NOT IN \
+                         (SELECT * FROM UNNEST($14::xid8[], $15::bigint[])))",
+                    ),
+            )
+        };
+        let per_partition = |template: &str| -> Vec<String> {
+            (0..PARTITIONS)
+                .map(|i| names.render(&template.replace("{{part}}", &names.partition(i))))
+                .collect()
+        };
+        Self {
+            acquire: names.render(ACQUIRE),
+            create_cursor: names.render(CREATE_CURSOR),
+            group_starts: names.render(GROUP_STARTS),
+            origin: names.render(ORIGIN),
+            claim: claim(
+                "AND e.key_hash % $2::bigint = $3::bigint",
+                "AND l.key_hash % $2::bigint = $3::bigint",
+            ),
+            // ShardSpec::ALL: no modulo (its generic selectivity estimate
+            // would skew the plan), the parameters still typed.
+            claim_all: claim(
+                "AND $2::bigint IS NOT NULL AND $3::bigint IS NOT NULL",
+                "AND $2::bigint IS NOT NULL AND $3::bigint IS NOT NULL",
+            ),
+            log_to_lane: names.render(LOG_TO_LANE),
+            log_to_dead: names.render(LOG_TO_DEAD),
+            lane_settle: names.render(LANE_SETTLE),
+            advance: names.render(ADVANCE),
+            renew: names.render(RENEW),
+            stats: names.render(STATS),
+            cursors: names.render(CURSORS),
+            list_dead: names.render(LIST_DEAD),
+            retry_dead: names.render(RETRY_DEAD),
+            purge_dead: names.render(PURGE_DEAD),
+            rotate_due: names.render(ROTATE_DUE),
+            rotate_check: per_partition(ROTATE_CHECK),
+            rotate_lock: per_partition("LOCK TABLE {{part}} IN ACCESS EXCLUSIVE MODE NOWAIT"),
+            rotate_truncate: per_partition("TRUNCATE {{part}}"),
+            rotate_done: names.render(ROTATE_DONE),
+            rotate_bump: names.render(ROTATE_BUMP),
+            partitions_info: names.render(PARTITIONS_INFO),
+        }
+    }
+}

@@ -1,0 +1,1858 @@
+//! [`PgLogStore`]: snapshot-window claims over the event log, fenced cursor
+//! settlements, the retry lane, dead letters, rotation.
+
+use super::names::{LogNames, PARTITIONS};
+use super::options::{DeadHeadPolicy, PgLogOptions};
+use super::snapshot::{Position, Snap};
+use super::sql::{Sql, PROBE};
+use super::PgLog;
+use crate::options::scrub;
+use crate::{redact_url, StoreError};
+use chrono::{DateTime, Utc};
+use outbox_core::{
+    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, ErrorCode, Event, EventId,
+    FencingToken, LastError, Rejected, RelayId, Resolution, SettleReport, Settlement, ShardSpec,
+    Stats, Store,
+};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::{Acquire, PgPool, Row};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+/// The event-log store on PostgreSQL (see the [module docs](super)). Cheap to
+/// clone; clones share the claims in flight, so one process should use one
+/// store (and its clones) per outbox. The background rotation stops when
+/// the last clone is dropped. `Debug` never shows the password.
+#[derive(Clone)]
+pub struct PgLogStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    log: PgLog,
+    sql: Arc<Sql>,
+    group: String,
+    dead_head: DeadHeadPolicy,
+    rotation_interval: Duration,
+    idle_progress_every: Duration,
+    probe_min: Duration,
+    probe_max: Duration,
+    url: Option<String>,
+    cursors: Mutex<HashMap<CursorKey, Arc<tokio::sync::Mutex<CursorState>>>>,
+    tokens: Mutex<HashMap<FencingToken, CursorKey>>,
+    /// Last snapshot seen by a claim or a probe (wake-ups).
+    seen: Mutex<String>,
+    /// Current probe delay in µs (reset to the minimum by a non-empty claim).
+    probe_delay_us: AtomicU64,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl fmt::Debug for PgLogStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgLogStore")
+            .field("url", &self.inner.url.as_deref().map(redact_url))
+            .field("schema", self.inner.log.schema())
+            .field("table", self.inner.log.table())
+            .field("group", &self.inner.group)
+            .field("dead_head", &self.inner.dead_head)
+            .field("rotation_interval", &self.inner.rotation_interval)
+            .field("pool_size", &self.inner.pool.size())
+            .finish()
+    }
+}
+
+/// One cursor as this process uses it: a shard, read by one relay.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct CursorKey {
+    total: u32,
+    index: u32,
+    relay: RelayId,
+}
+
+impl CursorKey {
+    fn shard(&self) -> ShardSpec {
+        ShardSpec::new(self.index, self.total).unwrap_or(ShardSpec::ALL)
+    }
+}
+
+/// What this process knows of a cursor it reads.
+struct CursorState {
+    /// The epoch of our lease, when we hold it.
+    epoch: Option<i64>,
+    lease_until: DateTime<Utc>,
+    lease_len: Duration,
+    renewed_at: Instant,
+    /// The settled position as stored.
+    done: Position,
+    /// Where the next claim continues (after the outstanding batches).
+    read: Position,
+    /// Claimed, not yet fully settled batches, in claim order.
+    batches: VecDeque<Batch>,
+    last_persist: Instant,
+    /// Rows ahead of `done` settled under an earlier holding (the cursor's
+    /// skip list when we took it), pruned as `done` passes them.
+    inherited: Vec<(u64, i64)>,
+    /// The skip list as stored.
+    persisted_skip: Vec<(u64, i64)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Src {
+    Log {
+        txid: u64,
+        seq: i64,
+    },
+    /// `attempts`: as stored in the lane (before this claim).
+    Lane {
+        ord: i64,
+        attempts: i32,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// Given to the relay.
+    Deliver,
+    /// Parked behind an earlier event of its key (copied into the lane at claim).
+    Parked,
+    /// Dead-lettered at claim.
+    Undecodable,
+}
+
+#[derive(Debug, Clone)]
+struct Item {
+    id: EventId,
+    key: Option<String>,
+    src: Src,
+    kind: Kind,
+    /// For log rows: the position just after this row.
+    after: Option<Position>,
+    resolved: bool,
+}
+
+struct Batch {
+    token: FencingToken,
+    epoch: i64,
+    start: Position,
+    end: Position,
+    items: Vec<Item>,
+    complete: bool,
+}
+
+impl Batch {
+    fn held(&self) -> impl Iterator<Item = &Item> {
+        self.items
+            .iter()
+            .filter(|i| i.kind == Kind::Deliver && !i.resolved)
+    }
+}
+
+/// One event held by a claim of this process (see [`PgLogStore::in_flight`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InFlight {
+    /// The event.
+    pub id: EventId,
+    /// The claim's token.
+    pub token: FencingToken,
+    /// The claiming relay.
+    pub relay: RelayId,
+    /// Its shard.
+    pub shard: ShardSpec,
+    /// Attempts including the claimed one.
+    pub attempts: u32,
+}
+
+/// A cursor of the store's consumer group (see [`PgLogStore::cursors`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CursorInfo {
+    /// The shard it reads.
+    pub shard: ShardSpec,
+    /// The lease holder, if any.
+    pub owner: Option<String>,
+    /// Its lease (database clock).
+    pub lease_until: Option<DateTime<Utc>>,
+    /// Whether the lease is current.
+    pub leased: bool,
+    /// The fencing epoch (+1 at each change of holder).
+    pub epoch: i64,
+    /// When its position last moved (database clock).
+    pub updated_at: DateTime<Utc>,
+}
+
+/// The state of the log's partitions (see [`PgLogStore::log_info`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LogInfo {
+    /// The current generation: new events go to partition `generation % 3`.
+    pub generation: i64,
+    /// Rotations so far.
+    pub rotations: i64,
+    /// When the current partition became current (database clock).
+    pub switched_at: DateTime<Utc>,
+    /// The partitions, in slot order.
+    pub partitions: Vec<PartitionInfo>,
+}
+
+/// One partition of the log.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PartitionInfo {
+    /// Its slot (0..3).
+    pub slot: usize,
+    /// Whether new events go to it.
+    pub current: bool,
+    /// Live rows (statistics collector estimate).
+    pub live_tuples: i64,
+    /// Dead rows (statistics collector): only rolled-back enqueues make any.
+    pub dead_tuples: i64,
+    /// Table + index + TOAST size in bytes.
+    pub bytes: i64,
+}
+
+/// What one [`PgLogStore::rotate`] call did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Rotation {
+    /// The oldest partition was truncated and is now current.
+    Rotated {
+        /// The new generation (its partition is `generation % 3`).
+        generation: i64,
+        /// Rotations so far.
+        rotations: i64,
+    },
+    /// The current partition is younger than the rotation interval.
+    NotDue,
+    /// Not possible now; the reason says why (a cursor behind, a group with
+    /// shards missing, no cursor at all, or the partition in use).
+    Blocked(String),
+}
+
+fn micros(d: Duration) -> Result<i64, StoreError> {
+    i64::try_from(d.as_micros()).map_err(|_| StoreError::DurationTooLarge(d))
+}
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn decode_err(what: String) -> StoreError {
+    StoreError::Database(sqlx::Error::Decode(what.into()))
+}
+
+fn snap(text: &str) -> Result<Snap, StoreError> {
+    Snap::parse(text).map_err(decode_err)
+}
+
+fn xid(text: &str) -> Result<u64, StoreError> {
+    text.parse()
+        .map_err(|_| decode_err(format!("malformed xid8 {text:?}")))
+}
+
+fn position(
+    lo: &str,
+    hi: &str,
+    pos_txid: Option<String>,
+    pos_seq: Option<i64>,
+) -> Result<Position, StoreError> {
+    let after = match (pos_txid, pos_seq) {
+        (Some(t), Some(s)) => Some((xid(&t)?, s)),
+        _ => None,
+    };
+    Ok(Position {
+        lo: snap(lo)?,
+        hi: snap(hi)?,
+        after,
+    })
+}
+
+fn strict_headers(text: &str) -> Result<BTreeMap<String, String>, String> {
+    serde_json::from_str(text)
+        .map_err(|e| format!("headers are not a JSON object of strings: {e}: {text:.200}"))
+}
+
+/// Headers of a dead letter, shown even when they were the reason it died.
+fn lenient_headers(text: &str) -> BTreeMap<String, String> {
+    if let Ok(h) = serde_json::from_str(text) {
+        return h;
+    }
+    match serde_json::from_str::<serde_json::Value>(text) {
+        Ok(serde_json::Value::Object(map)) => map
+            .into_iter()
+            .map(|(k, v)| match v {
+                serde_json::Value::String(s) => (k, s),
+                other => (k, other.to_string()),
+            })
+            .collect(),
+        _ => BTreeMap::from([("x-outbox-undecodable-headers".to_owned(), text.to_owned())]),
+    }
+}
+
+fn last_error(code: Option<String>, message: Option<String>) -> Option<LastError> {
+    code.map(|code| LastError {
+        code: ErrorCode::new(code),
+        message: message.unwrap_or_default(),
+    })
+}
+
+/// What a claim writes before it returns: parked rows into the lane and
+/// undecodable rows into the dead letters.
+#[derive(Default)]
+struct ClaimWrites {
+    park: Vec<(u64, i64)>,
+    dead_log: Vec<(u64, i64, String)>,
+    dead_lane: Vec<(i64, i32, String)>,
+}
+
+impl ClaimWrites {
+    fn is_empty(&self) -> bool {
+        self.park.is_empty() && self.dead_log.is_empty() && self.dead_lane.is_empty()
+    }
+}
+
+/// Lane rows copied from the log, in order: (txid, seq, attempts, delay µs, error).
+type LaneRows = Vec<(u64, i64, i32, i64, Option<LastError>)>;
+
+impl PgLogStore {
+    /// Connects a pool to `options`' URL (with `jit = off`), applies the
+    /// migrations when asked, and starts the background rotation.
+    pub async fn connect(options: PgLogOptions) -> Result<Self, StoreError> {
+        let url = options
+            .url
+            .clone()
+            .ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
+        let connect: PgConnectOptions = url
+            .parse()
+            .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), &url)))?;
+        let connect = connect.options([("jit", "off")]);
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await?;
+        Self::from_pool(pool, options).await
+    }
+
+    /// A store on an existing pool (the options' URL and pool size are
+    /// ignored). Must be called inside a Tokio runtime.
+    pub async fn from_pool(pool: PgPool, options: PgLogOptions) -> Result<Self, StoreError> {
+        let names = LogNames::new(options.schema.clone(), options.table.clone())?;
+        let log = PgLog::from_names(names).with_limits(options.limits);
+        if options.auto_migrate {
+            let mut conn = pool.acquire().await?;
+            log.migrate(&mut conn).await?;
+        }
+        let sql = Arc::new(Sql::new(&log.names));
+        let mut tasks = Vec::new();
+        if options.rotate_in_background {
+            let every = (options.rotation_interval / 4)
+                .clamp(Duration::from_millis(50), Duration::from_secs(10));
+            tasks.push(tokio::spawn(rotate_forever(
+                pool.clone(),
+                Arc::clone(&sql),
+                options.rotation_interval,
+                every,
+            )));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                log,
+                sql,
+                group: options.group.clone(),
+                dead_head: options.dead_head,
+                rotation_interval: options.rotation_interval,
+                idle_progress_every: options.idle_progress_every,
+                probe_min: options.probe_min,
+                probe_max: options.probe_max,
+                url: options.url.clone(),
+                cursors: Mutex::new(HashMap::new()),
+                tokens: Mutex::new(HashMap::new()),
+                seen: Mutex::new(String::new()),
+                probe_delay_us: AtomicU64::new(
+                    u64::try_from(options.probe_min.as_micros()).unwrap_or(u64::MAX),
+                ),
+                tasks,
+            }),
+        })
+    }
+
+    /// The enqueue handle of this outbox.
+    pub fn log(&self) -> &PgLog {
+        &self.inner.log
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The consumer group.
+    pub fn group(&self) -> &str {
+        &self.inner.group
+    }
+
+    fn cell(&self, key: &CursorKey) -> Option<Arc<tokio::sync::Mutex<CursorState>>> {
+        let map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(key).cloned()
+    }
+
+    fn cell_or_new(&self, key: &CursorKey) -> Arc<tokio::sync::Mutex<CursorState>> {
+        let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(map.entry(key.clone()).or_insert_with(|| {
+            let zero = Position::at(Snap {
+                xmin: 0,
+                xmax: 0,
+                xip: Vec::new(),
+            });
+            Arc::new(tokio::sync::Mutex::new(CursorState {
+                epoch: None,
+                lease_until: DateTime::<Utc>::MIN_UTC,
+                lease_len: Duration::ZERO,
+                renewed_at: Instant::now(),
+                done: zero.clone(),
+                read: zero,
+                batches: VecDeque::new(),
+                last_persist: Instant::now(),
+                inherited: Vec::new(),
+                persisted_skip: Vec::new(),
+            }))
+        }))
+    }
+
+    fn token_key(&self, token: FencingToken) -> Option<CursorKey> {
+        let map = self.inner.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(&token).cloned()
+    }
+
+    fn forget_tokens<'a>(&self, tokens: impl IntoIterator<Item = &'a FencingToken>) {
+        let mut map = self.inner.tokens.lock().unwrap_or_else(|p| p.into_inner());
+        for t in tokens {
+            map.remove(t);
+        }
+    }
+
+    /// We no longer hold the cursor: every outstanding batch is void (its
+    /// events will be read again by the new holder).
+    fn lose(&self, st: &mut CursorState) {
+        let tokens: Vec<FencingToken> = st.batches.iter().map(|b| b.token).collect();
+        self.forget_tokens(&tokens);
+        st.batches.clear();
+        st.epoch = None;
+    }
+
+    fn cursor_binds(&self, key: &CursorKey) -> (String, i32, i32) {
+        (
+            self.inner.group.clone(),
+            i32::try_from(key.total).unwrap_or(i32::MAX),
+            i32::try_from(key.index).unwrap_or(i32::MAX),
+        )
+    }
+
+    /// Where a new cursor of this group starts: what every existing cursor
+    /// of the group has passed (their common ground), or the log's origin.
+    async fn start_position(&self) -> Result<Snap, StoreError> {
+        let starts: Vec<String> = sqlx::query_scalar(&self.inner.sql.group_starts)
+            .bind(&self.inner.group)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let snaps = starts
+            .iter()
+            .map(|s| snap(s))
+            .collect::<Result<Vec<_>, _>>()?;
+        if let Some(common) = Snap::intersection(&snaps) {
+            return Ok(common);
+        }
+        let origin: String = sqlx::query_scalar(&self.inner.sql.origin)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        snap(&origin)
+    }
+
+    /// Takes or keeps the cursor lease. Returns the database's `now()` and
+    /// whether we hold it.
+    async fn acquire(
+        &self,
+        key: &CursorKey,
+        st: &mut CursorState,
+        lease: Duration,
+    ) -> Result<(DateTime<Utc>, bool), StoreError> {
+        let (grp, total, index) = self.cursor_binds(key);
+        for _ in 0..2 {
+            let row = sqlx::query(&self.inner.sql.acquire)
+                .bind(&grp)
+                .bind(total)
+                .bind(index)
+                .bind(key.relay.as_str())
+                .bind(st.epoch.unwrap_or(-1))
+                .bind(micros(lease)?)
+                .fetch_one(&self.inner.pool)
+                .await?;
+            let now: DateTime<Utc> = row.try_get(6)?;
+            let present: bool = row.try_get(7)?;
+            let epoch: Option<i64> = row.try_get(0)?;
+            match epoch {
+                Some(epoch) => {
+                    let lease_until: DateTime<Utc> = row.try_get(1)?;
+                    if st.epoch != Some(epoch) {
+                        // A new holding: start from the settled position.
+                        self.lose(st);
+                        let lo: String = row.try_get(2)?;
+                        let hi: String = row.try_get(3)?;
+                        let done = position(&lo, &hi, row.try_get(4)?, row.try_get(5)?)?;
+                        st.read = done.clone();
+                        st.done = done;
+                        st.epoch = Some(epoch);
+                        let skip_txid: Vec<String> = row.try_get(8)?;
+                        let skip_seq: Vec<i64> = row.try_get(9)?;
+                        let skip = skip_txid
+                            .iter()
+                            .map(|t| xid(t))
+                            .zip(skip_seq)
+                            .map(|(t, s)| t.map(|t| (t, s)))
+                            .collect::<Result<Vec<_>, _>>()?;
+                        st.inherited.clone_from(&skip);
+                        st.persisted_skip = skip;
+                        st.last_persist = Instant::now();
+                        tracing::debug!(group = %grp, shard = %key.shard(), relay = %key.relay, epoch, "took the cursor lease");
+                    }
+                    st.lease_until = lease_until;
+                    st.lease_len = lease;
+                    st.renewed_at = Instant::now();
+                    return Ok((now, true));
+                }
+                None if present => {
+                    if st.epoch.is_some() {
+                        tracing::warn!(group = %grp, shard = %key.shard(), relay = %key.relay, "cursor lease lost to another relay");
+                    }
+                    self.lose(st);
+                    return Ok((now, false));
+                }
+                None => {
+                    let start = self.start_position().await?;
+                    sqlx::query(&self.inner.sql.create_cursor)
+                        .bind(&grp)
+                        .bind(total)
+                        .bind(index)
+                        .bind(start.to_string())
+                        .execute(&self.inner.pool)
+                        .await?;
+                }
+            }
+        }
+        Err(decode_err(
+            "the cursor row vanished while it was being created".to_owned(),
+        ))
+    }
+
+    async fn claim_inner(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let key = CursorKey {
+            total: req.shard.total(),
+            index: req.shard.index(),
+            relay: req.relay_id.clone(),
+        };
+        let cell = self.cell_or_new(&key);
+        let mut st = cell.lock().await;
+        let renew_due = st.epoch.is_none()
+            || st.lease_len != req.lease
+            || st.renewed_at.elapsed() >= req.lease / 2;
+        if renew_due {
+            let (now, held) = self.acquire(&key, &mut st, req.lease).await?;
+            if !held {
+                return Ok(Claim {
+                    token: FencingToken::new(),
+                    lease_until: now,
+                    events: Vec::new(),
+                });
+            }
+        }
+        let limit = req.batch_size.max(1);
+        for _ in 0..8 {
+            match self.claim_once(&key, &mut st, limit).await? {
+                Step::Events(claim) => return Ok(claim),
+                Step::Again => continue,
+                Step::Nothing => break,
+                Step::Relapse => {
+                    let (now, held) = self.acquire(&key, &mut st, req.lease).await?;
+                    if !held {
+                        return Ok(Claim {
+                            token: FencingToken::new(),
+                            lease_until: now,
+                            events: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(Claim {
+            token: FencingToken::new(),
+            lease_until: st.lease_until,
+            events: Vec::new(),
+        })
+    }
+
+    async fn claim_once(
+        &self,
+        key: &CursorKey,
+        st: &mut CursorState,
+        limit: u32,
+    ) -> Result<Step, StoreError> {
+        let Some(epoch) = st.epoch else {
+            return Ok(Step::Nothing);
+        };
+        let grp = &self.inner.group;
+        let read = st.read.clone();
+        let held_ords: Vec<i64> = st
+            .batches
+            .iter()
+            .flat_map(|b| b.held())
+            .filter_map(|i| match i.src {
+                Src::Lane { ord, .. } => Some(ord),
+                Src::Log { .. } => None,
+            })
+            .collect();
+        let held_keys: HashSet<String> = st
+            .batches
+            .iter()
+            .flat_map(|b| b.held())
+            .filter_map(|i| i.key.clone())
+            .collect();
+        let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
+        let sql = if key.total == 1 {
+            &self.inner.sql.claim_all
+        } else {
+            &self.inner.sql.claim
+        };
+        let rows = sqlx::query(sql)
+            .bind(grp)
+            .bind(i64::from(key.total))
+            .bind(i64::from(key.index))
+            .bind(read.lo.xmax.to_string())
+            .bind(read.hi.xmax.to_string())
+            .bind(
+                read.lo
+                    .finished_by(&read.hi)
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(read.hi.to_string())
+            .bind(after_txid.to_string())
+            .bind(after_seq)
+            .bind(read.hi.xip.iter().map(u64::to_string).collect::<Vec<_>>())
+            .bind(i64::from(limit))
+            .bind(held_ords)
+            .bind(held_keys.iter().cloned().collect::<Vec<_>>())
+            .bind(
+                st.inherited
+                    .iter()
+                    .map(|(t, _)| t.to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(st.inherited.iter().map(|(_, s)| *s).collect::<Vec<_>>())
+            .bind(epoch)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let Some(first) = rows.first() else {
+            return Ok(Step::Nothing);
+        };
+        let cur_text: String = first.try_get(0)?;
+        let cur = snap(&cur_text)?;
+        self.saw(&cur_text);
+        if !first.try_get::<bool, _>(1)? {
+            return Ok(Step::Relapse);
+        }
+
+        let limit = limit as usize;
+        let mut items: Vec<Item> = Vec::new();
+        let mut events: Vec<Event> = Vec::new();
+        let mut writes = ClaimWrites::default();
+        let mut end = read.clone();
+        let mut log_rows = 0usize;
+        let mut cut = false;
+        for row in &rows {
+            let Some(w) = row.try_get::<Option<i32>, _>(2)? else {
+                continue;
+            };
+            let id = EventId::from_uuid(row.try_get::<Uuid, _>(6)?);
+            let key_text: Option<String> = row.try_get(7)?;
+            if w == 0 {
+                let ord: i64 = row.try_get(5)?;
+                let stored: i32 = row.try_get(13)?;
+                let headers: String = row.try_get(11)?;
+                let src = Src::Lane {
+                    ord,
+                    attempts: stored,
+                };
+                match strict_headers(&headers) {
+                    Ok(headers) if events.len() < limit => {
+                        events.push(Event {
+                            id,
+                            key: key_text.clone(),
+                            event_type: row.try_get(8)?,
+                            topic: row.try_get(9)?,
+                            payload: row.try_get(10)?,
+                            headers,
+                            created_at: row.try_get(12)?,
+                            attempts: u32::try_from(stored).unwrap_or(0) + 1,
+                            next_attempt_at: row.try_get(14)?,
+                            last_error: last_error(row.try_get(15)?, row.try_get(16)?),
+                        });
+                        items.push(Item {
+                            id,
+                            key: key_text,
+                            src,
+                            kind: Kind::Deliver,
+                            after: None,
+                            resolved: false,
+                        });
+                    }
+                    Ok(_) => {}
+                    Err(reason) => writes.dead_lane.push((ord, stored, reason)),
+                }
+                continue;
+            }
+            log_rows += 1;
+            if cut {
+                continue;
+            }
+            let txid = xid(&row.try_get::<String, _>(3)?)?;
+            let seq: i64 = row.try_get(4)?;
+            if key_text.as_ref().is_some_and(|k| held_keys.contains(k)) || events.len() >= limit {
+                // An earlier event of this key is still in flight (or the
+                // batch is full): the batch ends before this row.
+                cut = true;
+                continue;
+            }
+            let after = if w == 1 {
+                Position {
+                    lo: read.lo.clone(),
+                    hi: read.hi.clone(),
+                    after: Some((txid, seq)),
+                }
+            } else {
+                Position {
+                    lo: read.hi.clone(),
+                    hi: cur.clone(),
+                    after: Some((txid, seq)),
+                }
+            };
+            end = after.clone();
+            let parked: bool = row.try_get(17)?;
+            let headers: String = row.try_get(11)?;
+            let (kind, event) = if parked {
+                writes.park.push((txid, seq));
+                (Kind::Parked, None)
+            } else {
+                match strict_headers(&headers) {
+                    Ok(headers) => (
+                        Kind::Deliver,
+                        Some(Event {
+                            id,
+                            key: key_text.clone(),
+                            event_type: row.try_get(8)?,
+                            topic: row.try_get(9)?,
+                            payload: row.try_get(10)?,
+                            headers,
+                            created_at: row.try_get(12)?,
+                            attempts: 1,
+                            next_attempt_at: row.try_get(14)?,
+                            last_error: None,
+                        }),
+                    ),
+                    Err(reason) => {
+                        tracing::warn!(event_id = %id, %reason, "undecodable outbox row dead-lettered");
+                        writes.dead_log.push((txid, seq, reason));
+                        (Kind::Undecodable, None)
+                    }
+                }
+            };
+            if let Some(e) = event {
+                events.push(e);
+            }
+            items.push(Item {
+                id,
+                key: key_text,
+                src: Src::Log { txid, seq },
+                kind,
+                after: Some(after),
+                resolved: false,
+            });
+        }
+        if !cut && log_rows < limit {
+            // Everything committed up to `cur` has been read.
+            end = Position::at(cur);
+        }
+
+        let consumed = !writes.is_empty();
+        if events.is_empty() {
+            let advance = st.batches.is_empty()
+                && end != st.done
+                && (consumed || st.last_persist.elapsed() >= self.inner.idle_progress_every);
+            if consumed || advance {
+                let kept: Vec<(u64, i64)> = st
+                    .inherited
+                    .iter()
+                    .filter(|(t, q)| !advance || !end.passed(*t, *q))
+                    .copied()
+                    .collect();
+                let skip = (kept != st.persisted_skip).then_some(kept.as_slice());
+                let fenced = !self
+                    .write_claim(key, epoch, advance.then_some(&end), skip, &writes)
+                    .await?;
+                if fenced {
+                    self.lose(st);
+                    return Ok(Step::Nothing);
+                }
+                if skip.is_some() {
+                    st.persisted_skip.clone_from(&kept);
+                }
+                if advance {
+                    st.inherited = kept;
+                    st.done = end.clone();
+                    st.last_persist = Instant::now();
+                }
+            }
+            st.read = end;
+            return Ok(if consumed { Step::Again } else { Step::Nothing });
+        }
+        if consumed && !self.write_claim(key, epoch, None, None, &writes).await? {
+            self.lose(st);
+            return Ok(Step::Nothing);
+        }
+        let token = FencingToken::new();
+        st.batches.push_back(Batch {
+            token,
+            epoch,
+            start: read,
+            end: end.clone(),
+            items,
+            complete: false,
+        });
+        st.read = end;
+        self.inner
+            .tokens
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(token, key.clone());
+        self.inner.probe_delay_us.store(
+            u64::try_from(self.inner.probe_min.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        Ok(Step::Events(Claim {
+            token,
+            lease_until: st.lease_until,
+            events,
+        }))
+    }
+
+    /// Writes what a claim consumed without giving it to the relay (parked
+    /// rows, undecodable rows) and, with `advance`, moves the settled
+    /// position, in one transaction fenced by the epoch. Returns false when
+    /// the epoch is no longer ours (nothing was written).
+    async fn write_claim(
+        &self,
+        key: &CursorKey,
+        epoch: i64,
+        advance: Option<&Position>,
+        skip: Option<&[(u64, i64)]>,
+        writes: &ClaimWrites,
+    ) -> Result<bool, StoreError> {
+        let mut conn = self.inner.pool.acquire().await?;
+        let mut tx = conn.begin().await?;
+        if !self.advance(&mut tx, key, epoch, advance, skip).await? {
+            return Ok(false);
+        }
+        if !writes.park.is_empty() {
+            let rows: LaneRows = writes
+                .park
+                .iter()
+                .map(|(t, s)| (*t, *s, 0, 0, None))
+                .collect();
+            self.log_to_lane(&mut tx, &rows).await?;
+        }
+        if !writes.dead_log.is_empty() {
+            let rows: Vec<(u64, i64, i32, LastError)> = writes
+                .dead_log
+                .iter()
+                .map(|(t, s, reason)| {
+                    (
+                        *t,
+                        *s,
+                        0,
+                        LastError {
+                            code: ErrorCode::UNDECODABLE,
+                            message: reason.clone(),
+                        },
+                    )
+                })
+                .collect();
+            self.log_to_dead(&mut tx, &rows).await?;
+        }
+        if !writes.dead_lane.is_empty() {
+            let ops: Vec<LaneOp> = writes
+                .dead_lane
+                .iter()
+                .map(|(ord, attempts, reason)| LaneOp {
+                    ord: *ord,
+                    kind: 2,
+                    attempts: *attempts,
+                    delay_us: 0,
+                    error: Some(LastError {
+                        code: ErrorCode::UNDECODABLE,
+                        message: reason.clone(),
+                    }),
+                })
+                .collect();
+            self.lane_settle(&mut tx, &ops).await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    /// The fence (and optional position move) of every write.
+    async fn advance(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        key: &CursorKey,
+        epoch: i64,
+        to: Option<&Position>,
+        skip: Option<&[(u64, i64)]>,
+    ) -> Result<bool, StoreError> {
+        let (grp, total, index) = self.cursor_binds(key);
+        let (lo, hi, txid, seq) = match to {
+            Some(p) => (
+                Some(p.lo.to_string()),
+                Some(p.hi.to_string()),
+                p.after.map(|a| a.0.to_string()),
+                p.after.map(|a| a.1),
+            ),
+            None => (None, None, None, None),
+        };
+        let row = sqlx::query(&self.inner.sql.advance)
+            .bind(&grp)
+            .bind(total)
+            .bind(index)
+            .bind(epoch)
+            .bind(lo)
+            .bind(hi)
+            .bind(txid)
+            .bind(seq)
+            .bind(skip.map(|s| s.iter().map(|(t, _)| t.to_string()).collect::<Vec<_>>()))
+            .bind(skip.map(|s| s.iter().map(|(_, q)| *q).collect::<Vec<_>>()))
+            .fetch_optional(&mut *conn)
+            .await?;
+        Ok(row.is_some())
+    }
+
+    async fn log_to_lane(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        rows: &LaneRows,
+    ) -> Result<(), StoreError> {
+        let mut txids = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut attempts = Vec::with_capacity(rows.len());
+        let mut delays = Vec::with_capacity(rows.len());
+        let mut codes: Vec<Option<String>> = Vec::with_capacity(rows.len());
+        let mut messages: Vec<Option<String>> = Vec::with_capacity(rows.len());
+        for (t, s, a, d, e) in rows {
+            txids.push(t.to_string());
+            seqs.push(*s);
+            attempts.push(*a);
+            delays.push(*d);
+            codes.push(e.as_ref().map(|e| e.code.as_str().to_owned()));
+            messages.push(e.as_ref().map(|e| e.message.clone()));
+        }
+        sqlx::query(&self.inner.sql.log_to_lane)
+            .bind(&self.inner.group)
+            .bind(txids)
+            .bind(seqs)
+            .bind(attempts)
+            .bind(delays)
+            .bind(codes)
+            .bind(messages)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Returns the ids whose older dead letter was replaced.
+    async fn log_to_dead(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        rows: &[(u64, i64, i32, LastError)],
+    ) -> Result<Vec<EventId>, StoreError> {
+        let mut txids = Vec::with_capacity(rows.len());
+        let mut seqs = Vec::with_capacity(rows.len());
+        let mut attempts = Vec::with_capacity(rows.len());
+        let mut codes = Vec::with_capacity(rows.len());
+        let mut messages = Vec::with_capacity(rows.len());
+        for (t, s, a, e) in rows {
+            txids.push(t.to_string());
+            seqs.push(*s);
+            attempts.push(*a);
+            codes.push(e.code.as_str().to_owned());
+            messages.push(e.message.clone());
+        }
+        let out = sqlx::query(&self.inner.sql.log_to_dead)
+            .bind(&self.inner.group)
+            .bind(txids)
+            .bind(seqs)
+            .bind(attempts)
+            .bind(codes)
+            .bind(messages)
+            .bind(self.inner.dead_head == DeadHeadPolicy::Block)
+            .fetch_all(&mut *conn)
+            .await?;
+        replaced(out)
+    }
+
+    async fn lane_settle(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        ops: &[LaneOp],
+    ) -> Result<Vec<EventId>, StoreError> {
+        let out = sqlx::query(&self.inner.sql.lane_settle)
+            .bind(&self.inner.group)
+            .bind(ops.iter().map(|o| o.ord).collect::<Vec<_>>())
+            .bind(ops.iter().map(|o| o.kind).collect::<Vec<_>>())
+            .bind(ops.iter().map(|o| o.attempts).collect::<Vec<_>>())
+            .bind(ops.iter().map(|o| o.delay_us).collect::<Vec<_>>())
+            .bind(
+                ops.iter()
+                    .map(|o| o.error.as_ref().map(|e| e.code.as_str().to_owned()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(
+                ops.iter()
+                    .map(|o| o.error.as_ref().map(|e| e.message.clone()))
+                    .collect::<Vec<_>>(),
+            )
+            .bind(self.inner.dead_head == DeadHeadPolicy::Block)
+            .fetch_all(&mut *conn)
+            .await?;
+        replaced(out)
+    }
+
+    fn saw(&self, snapshot: &str) {
+        let mut seen = self.inner.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.as_str() != snapshot {
+            snapshot.clone_into(&mut seen);
+        }
+    }
+
+    async fn settle_inner(
+        &self,
+        token: FencingToken,
+        settlement: &Settlement,
+    ) -> Result<SettleReport, StoreError> {
+        let all_fenced = || SettleReport {
+            applied: 0,
+            fenced: settlement.items().iter().map(|(id, _)| *id).collect(),
+            rejected: Vec::new(),
+        };
+        let Some(key) = self.token_key(token) else {
+            return Ok(all_fenced());
+        };
+        let Some(cell) = self.cell(&key) else {
+            return Ok(all_fenced());
+        };
+        let mut st = cell.lock().await;
+        let Some(bi) = st.batches.iter().position(|b| b.token == token) else {
+            return Ok(all_fenced());
+        };
+        let epoch = st.batches[bi].epoch;
+        if st.epoch != Some(epoch) {
+            return Ok(all_fenced());
+        }
+        let plan = plan_settle(&st, bi, settlement);
+        if plan.assigned.is_empty() {
+            return Ok(SettleReport {
+                applied: 0,
+                fenced: plan.fenced,
+                rejected: Vec::new(),
+            });
+        }
+
+        // The settled position after this settle: the end of every leading
+        // complete batch.
+        let mut advance_to: Option<Position> = None;
+        let mut pops = 0;
+        if plan.completes {
+            for (i, b) in st.batches.iter().enumerate() {
+                let complete = b.complete || i == bi;
+                if !complete {
+                    break;
+                }
+                pops += 1;
+                advance_to = Some(if i == bi {
+                    plan.end.clone().unwrap_or_else(|| b.end.clone())
+                } else {
+                    b.end.clone()
+                });
+            }
+        }
+
+        let skip = skip_list(&st, bi, &plan, pops, advance_to.as_ref());
+        let skip_arg = (skip != st.persisted_skip).then_some(skip.as_slice());
+
+        let mut conn = self.inner.pool.acquire().await?;
+        let simple = plan.to_lane.is_empty() && plan.to_dead.is_empty() && plan.lane_ops.is_empty();
+        let mut replaced_ids = Vec::new();
+        if simple {
+            if !self
+                .advance(&mut conn, &key, epoch, advance_to.as_ref(), skip_arg)
+                .await?
+            {
+                self.lose(&mut st);
+                return Ok(all_fenced());
+            }
+        } else {
+            let mut tx = conn.begin().await?;
+            if !self
+                .advance(&mut tx, &key, epoch, advance_to.as_ref(), skip_arg)
+                .await?
+            {
+                drop(tx);
+                self.lose(&mut st);
+                return Ok(all_fenced());
+            }
+            if !plan.to_lane.is_empty() {
+                self.log_to_lane(&mut tx, &plan.to_lane).await?;
+            }
+            if !plan.to_dead.is_empty() {
+                replaced_ids.extend(self.log_to_dead(&mut tx, &plan.to_dead).await?);
+            }
+            if !plan.lane_ops.is_empty() {
+                replaced_ids.extend(self.lane_settle(&mut tx, &plan.lane_ops).await?);
+            }
+            tx.commit().await?;
+        }
+
+        // Committed: record it.
+        let batch = &mut st.batches[bi];
+        for i in &plan.assigned {
+            batch.items[*i].resolved = true;
+        }
+        if let Some(end) = &plan.end {
+            batch.end = end.clone();
+        }
+        if plan.completes {
+            batch.complete = true;
+        }
+        if let Some(end) = plan.end.clone().filter(|_| plan.rewound) {
+            st.read = end;
+        }
+        if skip_arg.is_some() {
+            st.persisted_skip = skip;
+        }
+        if let Some(to) = advance_to {
+            st.inherited.retain(|(t, q)| !to.passed(*t, *q));
+            st.done = to;
+            st.last_persist = Instant::now();
+            let popped: Vec<FencingToken> = st.batches.drain(..pops).map(|b| b.token).collect();
+            self.forget_tokens(&popped);
+        }
+        let rejected = replaced_ids
+            .into_iter()
+            .map(|id| Rejected {
+                id,
+                reason:
+                    "a dead letter with this id already existed; it was replaced by this failure"
+                        .to_owned(),
+            })
+            .collect();
+        Ok(SettleReport {
+            applied: plan.applied,
+            fenced: plan.fenced,
+            rejected,
+        })
+    }
+
+    async fn renew_inner(&self, token: FencingToken, lease: Duration) -> Result<u64, StoreError> {
+        let Some(key) = self.token_key(token) else {
+            return Ok(0);
+        };
+        let Some(cell) = self.cell(&key) else {
+            return Ok(0);
+        };
+        let mut st = cell.lock().await;
+        let Some(batch) = st.batches.iter().find(|b| b.token == token) else {
+            return Ok(0);
+        };
+        let held = batch.held().count() as u64;
+        let epoch = batch.epoch;
+        if held == 0 || st.epoch != Some(epoch) {
+            return Ok(0);
+        }
+        let (grp, total, index) = self.cursor_binds(&key);
+        let until: Option<DateTime<Utc>> = sqlx::query_scalar(&self.inner.sql.renew)
+            .bind(&grp)
+            .bind(total)
+            .bind(index)
+            .bind(epoch)
+            .bind(micros(lease)?)
+            .fetch_optional(&self.inner.pool)
+            .await?;
+        match until {
+            Some(until) => {
+                st.lease_until = until;
+                st.lease_len = lease;
+                st.renewed_at = Instant::now();
+                Ok(held)
+            }
+            None => {
+                self.lose(&mut st);
+                Ok(0)
+            }
+        }
+    }
+
+    /// The events held by claims of this process that are not settled yet.
+    pub async fn in_flight(&self) -> Vec<InFlight> {
+        let cells: Vec<(CursorKey, Arc<tokio::sync::Mutex<CursorState>>)> = {
+            let map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect()
+        };
+        let mut out = Vec::new();
+        for (key, cell) in cells {
+            let st = cell.lock().await;
+            if st.epoch.is_none() {
+                continue;
+            }
+            for b in &st.batches {
+                for item in b.held() {
+                    out.push(InFlight {
+                        id: item.id,
+                        token: b.token,
+                        relay: key.relay.clone(),
+                        shard: key.shard(),
+                        attempts: match item.src {
+                            Src::Log { .. } => 1,
+                            Src::Lane { attempts, .. } => u32::try_from(attempts).unwrap_or(0) + 1,
+                        },
+                    });
+                }
+            }
+        }
+        out
+    }
+
+    /// The cursors of this store's consumer group.
+    pub async fn cursors(&self) -> Result<Vec<CursorInfo>, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.cursors)
+            .bind(&self.inner.group)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let total: i32 = r.try_get(0)?;
+                let index: i32 = r.try_get(1)?;
+                Ok(CursorInfo {
+                    shard: ShardSpec::new(
+                        u32::try_from(index).unwrap_or(0),
+                        u32::try_from(total).unwrap_or(1),
+                    )
+                    .unwrap_or(ShardSpec::ALL),
+                    epoch: r.try_get(2)?,
+                    owner: r.try_get(3)?,
+                    lease_until: r.try_get(4)?,
+                    leased: r.try_get::<Option<bool>, _>(5)?.unwrap_or(false),
+                    updated_at: r.try_get(10)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn stats_inner(&self) -> Result<Stats, StoreError> {
+        let row = sqlx::query(&self.inner.sql.stats)
+            .bind(&self.inner.group)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let total: i64 = row.try_get(0)?;
+        let oldest: Option<i64> = row.try_get(1)?;
+        let dead: i64 = row.try_get(2)?;
+        // What the database cannot see: batches of this process that are
+        // settled in part (their resolved rows are already in the lane or
+        // the dead letters, or gone) and events held under a current lease.
+        let cursors = self.cursors_raw().await?;
+        let cells: Vec<(CursorKey, Arc<tokio::sync::Mutex<CursorState>>)> = {
+            let map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect()
+        };
+        let mut resolved_log = 0u64;
+        let mut in_flight = 0u64;
+        for (key, cell) in cells {
+            let st = cell.lock().await;
+            let Some(epoch) = st.epoch else { continue };
+            let Some((_, db_epoch, leased)) = cursors
+                .iter()
+                .find(|(k, _, _)| k.0 == key.total && k.1 == key.index)
+                .map(|(k, e, l)| (k, *e, *l))
+            else {
+                continue;
+            };
+            if db_epoch != epoch {
+                continue;
+            }
+            for b in &st.batches {
+                for item in &b.items {
+                    let consumed = item.resolved || item.kind != Kind::Deliver;
+                    if consumed && matches!(item.src, Src::Log { .. }) {
+                        resolved_log += 1;
+                    } else if !consumed && leased {
+                        in_flight += 1;
+                    }
+                }
+            }
+        }
+        let pending = count(total)
+            .saturating_sub(resolved_log)
+            .saturating_sub(in_flight);
+        Ok(Stats {
+            pending,
+            in_flight,
+            dead: count(dead),
+            oldest_pending_age: oldest
+                .filter(|_| pending + in_flight > 0)
+                .map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0))),
+        })
+    }
+
+    async fn cursors_raw(&self) -> Result<Vec<((u32, u32), i64, bool)>, StoreError> {
+        Ok(self
+            .cursors()
+            .await?
+            .into_iter()
+            .map(|c| ((c.shard.total(), c.shard.index()), c.epoch, c.leased))
+            .collect())
+    }
+
+    /// Rotates when due: truncates the oldest partition once every cursor
+    /// has passed all of its rows and no transaction holds it, and makes it
+    /// the current one. Safe to call from any number of processes at once.
+    pub async fn rotate(&self) -> Result<Rotation, StoreError> {
+        rotate_once(
+            &self.inner.pool,
+            &self.inner.sql,
+            self.inner.rotation_interval,
+        )
+        .await
+    }
+
+    /// Rotates now if possible, whatever the interval (tests, operators).
+    pub async fn rotate_now(&self) -> Result<Rotation, StoreError> {
+        rotate_once(&self.inner.pool, &self.inner.sql, Duration::ZERO).await
+    }
+
+    /// Generation, rotations and the size of each partition.
+    pub async fn log_info(&self) -> Result<LogInfo, StoreError> {
+        let names = self.inner.log.names.partition_relnames();
+        let rows = sqlx::query(&self.inner.sql.partitions_info)
+            .bind(self.inner.log.schema().as_str())
+            .bind(names)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let mut info = LogInfo {
+            generation: 0,
+            rotations: 0,
+            switched_at: DateTime::<Utc>::MIN_UTC,
+            partitions: Vec::with_capacity(PARTITIONS),
+        };
+        for r in &rows {
+            info.generation = r.try_get::<Option<i64>, _>(4)?.unwrap_or(0);
+            info.rotations = r.try_get(5)?;
+            info.switched_at = r.try_get(6)?;
+            let slot = usize::try_from(r.try_get::<i32, _>(0)? - 1).unwrap_or(0);
+            info.partitions.push(PartitionInfo {
+                slot,
+                current: false,
+                live_tuples: r.try_get(1)?,
+                dead_tuples: r.try_get(2)?,
+                bytes: r.try_get(3)?,
+            });
+        }
+        let current = usize::try_from(info.generation.rem_euclid(PARTITIONS as i64)).unwrap_or(0);
+        for p in &mut info.partitions {
+            p.current = p.slot == current;
+        }
+        Ok(info)
+    }
+
+    async fn probe(&self) -> Result<bool, StoreError> {
+        let now: String = sqlx::query_scalar(PROBE)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let mut seen = self.inner.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if *seen == now {
+            return Ok(false);
+        }
+        *seen = now;
+        Ok(true)
+    }
+}
+
+enum Step {
+    Events(Claim),
+    Again,
+    Nothing,
+    /// The lease ran out (database clock) or moved: take it again.
+    Relapse,
+}
+
+struct LaneOp {
+    ord: i64,
+    /// 0 delivered, 1 retry, 2 dead.
+    kind: i32,
+    /// Attempts after this one.
+    attempts: i32,
+    delay_us: i64,
+    error: Option<LastError>,
+}
+
+fn replaced(rows: Vec<PgRow>) -> Result<Vec<EventId>, StoreError> {
+    let mut out = Vec::new();
+    for r in rows {
+        let replaced: Option<bool> = r.try_get(1)?;
+        if replaced == Some(true) {
+            out.push(EventId::from_uuid(r.try_get::<Uuid, _>(0)?));
+        }
+    }
+    Ok(out)
+}
+
+/// What one settle call writes.
+#[derive(Default)]
+struct Plan {
+    /// Item indexes resolved by this call.
+    assigned: Vec<usize>,
+    applied: u64,
+    fenced: Vec<EventId>,
+    to_lane: LaneRows,
+    to_dead: Vec<(u64, i64, i32, LastError)>,
+    lane_ops: Vec<LaneOp>,
+    /// Every deliverable item of the batch is resolved after this call.
+    completes: bool,
+    /// The batch's new end (a released tail given back to the log).
+    end: Option<Position>,
+    rewound: bool,
+    /// With `rewound`: the first item given back to the log.
+    cut_at: Option<usize>,
+}
+
+fn plan_settle(st: &CursorState, bi: usize, settlement: &Settlement) -> Plan {
+    let batch = &st.batches[bi];
+    let mut plan = Plan::default();
+    let mut by_id: HashMap<EventId, Vec<usize>> = HashMap::new();
+    for (i, item) in batch.items.iter().enumerate() {
+        if item.kind == Kind::Deliver && !item.resolved {
+            by_id.entry(item.id).or_default().push(i);
+        }
+    }
+    let mut res: Vec<Option<&Resolution>> = vec![None; batch.items.len()];
+    for (id, r) in settlement.items() {
+        match by_id.get_mut(id).filter(|v| !v.is_empty()) {
+            Some(idxs) => {
+                // Every copy of a duplicated id gets the same outcome.
+                for i in idxs.drain(..) {
+                    res[i] = Some(r);
+                    plan.assigned.push(i);
+                }
+                plan.applied += 1;
+            }
+            None => plan.fenced.push(*id),
+        }
+    }
+    plan.assigned.sort_unstable();
+    let fresh = batch.items.iter().all(|i| !i.resolved);
+    plan.completes = batch
+        .items
+        .iter()
+        .enumerate()
+        .all(|(i, it)| it.kind != Kind::Deliver || it.resolved || res[i].is_some());
+
+    // A released tail of the log rows is given back to the log instead of
+    // being copied into the lane: the cursor stops before it. Only for the
+    // newest batch settled in one go, when nothing after the first released
+    // row was delivered or failed.
+    let mut cut_at: Option<usize> = None;
+    if plan.completes && fresh && bi + 1 == st.batches.len() {
+        let log_idx: Vec<usize> = (0..batch.items.len())
+            .filter(|i| matches!(batch.items[*i].src, Src::Log { .. }))
+            .collect();
+        let mut first_released = None;
+        for (n, i) in log_idx.iter().enumerate().rev() {
+            let item = &batch.items[*i];
+            match (&item.kind, res[*i]) {
+                (Kind::Deliver, Some(Resolution::Released)) => first_released = Some(n),
+                (Kind::Deliver, _) => break,
+                // Parked / undecodable rows were written at claim; re-reading
+                // them is harmless (the lane and dead letters dedupe by id).
+                _ => {}
+            }
+        }
+        if let Some(n) = first_released {
+            let r = log_idx[n];
+            let end = log_idx[..n]
+                .iter()
+                .rev()
+                .find_map(|i| batch.items[*i].after.clone())
+                .unwrap_or_else(|| batch.start.clone());
+            cut_at = Some(r);
+            plan.cut_at = Some(r);
+            plan.end = Some(end);
+            plan.rewound = true;
+        }
+    }
+
+    for i in plan.assigned.clone() {
+        let item = &batch.items[i];
+        let Some(r) = res[i] else { continue };
+        match item.src {
+            Src::Log { txid, seq } => match r {
+                Resolution::Delivered => {}
+                Resolution::Retry { delay, error } => plan.to_lane.push((
+                    txid,
+                    seq,
+                    1,
+                    i64::try_from(delay.as_micros()).unwrap_or(i64::MAX),
+                    Some(error.clone()),
+                )),
+                Resolution::Dead { error } => plan.to_dead.push((txid, seq, 1, error.clone())),
+                Resolution::Released => {
+                    if cut_at.is_none_or(|c| i < c) {
+                        plan.to_lane.push((txid, seq, 0, 0, None));
+                    }
+                }
+                // A resolution this store does not know: treat as released.
+                _ => plan.to_lane.push((txid, seq, 0, 0, None)),
+            },
+            Src::Lane { ord, attempts } => {
+                let next = attempts.saturating_add(1);
+                match r {
+                    Resolution::Delivered => plan.lane_ops.push(LaneOp {
+                        ord,
+                        kind: 0,
+                        attempts: next,
+                        delay_us: 0,
+                        error: None,
+                    }),
+                    Resolution::Retry { delay, error } => plan.lane_ops.push(LaneOp {
+                        ord,
+                        kind: 1,
+                        attempts: next,
+                        delay_us: i64::try_from(delay.as_micros()).unwrap_or(i64::MAX),
+                        error: Some(error.clone()),
+                    }),
+                    Resolution::Dead { error } => plan.lane_ops.push(LaneOp {
+                        ord,
+                        kind: 2,
+                        attempts: next,
+                        delay_us: 0,
+                        error: Some(error.clone()),
+                    }),
+                    // Released: the row stays in the lane as it was
+                    // (attempts as stored, due, last error kept).
+                    _ => {}
+                }
+            }
+        }
+    }
+    // Dead letters of one statement must have distinct ids (ON CONFLICT
+    // cannot touch a row twice): keep the last of duplicated ids.
+    let mut seen = HashSet::new();
+    let mut dead = Vec::with_capacity(plan.to_dead.len());
+    for d in plan.to_dead.drain(..).rev() {
+        let id = batch
+            .items
+            .iter()
+            .find(|it| {
+                it.src
+                    == (Src::Log {
+                        txid: d.0,
+                        seq: d.1,
+                    })
+            })
+            .map(|it| it.id);
+        if id.is_none_or(|id| seen.insert(id)) {
+            dead.push(d);
+        }
+    }
+    dead.reverse();
+    plan.to_dead = dead;
+    plan
+}
+
+/// The cursor's skip list after a settle: log rows settled ahead of the
+/// settled position (a batch settled in parts, or out of claim order), so
+/// that a new holder re-reading from the position does not deliver them
+/// again; plus what was inherited and is still ahead.
+fn skip_list(
+    st: &CursorState,
+    bi: usize,
+    plan: &Plan,
+    pops: usize,
+    advance_to: Option<&Position>,
+) -> Vec<(u64, i64)> {
+    let done = advance_to.unwrap_or(&st.done);
+    let mut skip: Vec<(u64, i64)> = st
+        .inherited
+        .iter()
+        .filter(|(t, q)| !done.passed(*t, *q))
+        .copied()
+        .collect();
+    for (j, b) in st.batches.iter().enumerate().skip(pops) {
+        for (i, it) in b.items.iter().enumerate() {
+            let now = j == bi && plan.assigned.binary_search(&i).is_ok();
+            let given_back = j == bi && plan.cut_at.is_some_and(|c| i >= c);
+            if it.kind == Kind::Deliver && (it.resolved || now) && !given_back {
+                if let Src::Log { txid, seq } = it.src {
+                    skip.push((txid, seq));
+                }
+            }
+        }
+    }
+    skip.sort_unstable();
+    skip.dedup();
+    skip
+}
+
+/// One rotation attempt (see [`PgLogStore::rotate`]).
+async fn rotate_once(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Rotation, StoreError> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    let due = match sqlx::query(&sql.rotate_due)
+        .bind(micros(interval)?)
+        .fetch_one(&mut *tx)
+        .await
+    {
+        Ok(row) => row,
+        Err(e) if lock_busy(&e) => {
+            return Ok(Rotation::Blocked("another rotation is running".into()))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let is_due: bool = due.try_get(0)?;
+    let generation: Option<i64> = due.try_get(1)?;
+    if !is_due {
+        return Ok(Rotation::NotDue);
+    }
+    let generation = generation.unwrap_or(0);
+    let target = usize::try_from((generation + 1).rem_euclid(PARTITIONS as i64)).unwrap_or(0);
+
+    if let Some(reason) = rotate_check(&mut tx, sql, target).await? {
+        return Ok(Rotation::Blocked(reason));
+    }
+    // No open transaction may still write to (or read) it: NOWAIT, so
+    // producers and claims never queue behind this lock.
+    match sqlx::query(&sql.rotate_lock[target])
+        .execute(&mut *tx)
+        .await
+    {
+        Ok(_) => {}
+        Err(e) if lock_busy(&e) => {
+            return Ok(Rotation::Blocked(format!("partition {target} is in use")))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    if let Some(reason) = rotate_check(&mut tx, sql, target).await? {
+        return Ok(Rotation::Blocked(reason));
+    }
+    sqlx::query(&sql.rotate_truncate[target])
+        .execute(&mut *tx)
+        .await?;
+    let rotations: i64 = sqlx::query_scalar(&sql.rotate_done)
+        .fetch_one(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    // After the commit: producers that see the new generation write into
+    // the truncated partition without waiting for this transaction.
+    let generation: i64 = sqlx::query_scalar(&sql.rotate_bump)
+        .fetch_one(&mut *conn)
+        .await?;
+    tracing::debug!(
+        generation,
+        rotations,
+        partition = target,
+        "rotated the outbox event log"
+    );
+    Ok(Rotation::Rotated {
+        generation,
+        rotations,
+    })
+}
+
+/// Why partition `target` may not be truncated now, if it may not.
+async fn rotate_check(
+    conn: &mut sqlx::PgConnection,
+    sql: &Sql,
+    target: usize,
+) -> Result<Option<String>, StoreError> {
+    let row = sqlx::query(&sql.rotate_check[target])
+        .fetch_one(&mut *conn)
+        .await?;
+    let cursors: i64 = row.try_get(0)?;
+    let incomplete: bool = row.try_get(1)?;
+    let behind: bool = row.try_get(2)?;
+    Ok(if cursors == 0 {
+        Some("no cursor exists yet (no relay has claimed)".to_owned())
+    } else if incomplete {
+        Some("a consumer group has cursors for only some of its shards".to_owned())
+    } else if behind {
+        Some(format!(
+            "a cursor has not passed every event of partition {target}"
+        ))
+    } else {
+        None
+    })
+}
+
+fn lock_busy(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
+async fn rotate_forever(pool: PgPool, sql: Arc<Sql>, interval: Duration, every: Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        match rotate_once(&pool, &sql, interval).await {
+            Ok(Rotation::Blocked(reason)) => {
+                tracing::debug!(%reason, "outbox event-log rotation postponed");
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "outbox event-log rotation failed"),
+        }
+    }
+}
+
+impl Store for PgLogStore {
+    type Error = StoreError;
+
+    fn claim(
+        &self,
+        req: &ClaimRequest,
+    ) -> impl std::future::Future<Output = Result<Claim, StoreError>> + Send {
+        self.claim_inner(req)
+    }
+
+    fn settle(
+        &self,
+        token: FencingToken,
+        settlement: &Settlement,
+    ) -> impl std::future::Future<Output = Result<SettleReport, StoreError>> + Send {
+        self.settle_inner(token, settlement)
+    }
+
+    fn renew(
+        &self,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl std::future::Future<Output = Result<u64, StoreError>> + Send {
+        self.renew_inner(token, lease)
+    }
+
+    fn stats(&self) -> impl std::future::Future<Output = Result<Stats, StoreError>> + Send {
+        self.stats_inner()
+    }
+
+    /// Polls adaptively: a few milliseconds after activity, doubling up to
+    /// the probe maximum while idle. Each probe reads only
+    /// `pg_current_snapshot()`; it fires when the snapshot changed since the
+    /// last claim or probe (some transaction ended), so a commit that
+    /// happened while nobody waited is not missed.
+    fn wakeup(&self) -> impl std::future::Future<Output = ()> + Send {
+        let store = self.clone();
+        async move {
+            loop {
+                let us = store.inner.probe_delay_us.load(Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_micros(us)).await;
+                let max = u64::try_from(store.inner.probe_max.as_micros()).unwrap_or(u64::MAX);
+                store
+                    .inner
+                    .probe_delay_us
+                    .store(us.saturating_mul(2).min(max), Ordering::Relaxed);
+                match store.probe().await {
+                    Ok(true) => return,
+                    Ok(false) => {}
+                    Err(e) => tracing::debug!(error = %e, "wake-up probe failed"),
+                }
+            }
+        }
+    }
+}
+
+impl DeadLetterStore for PgLogStore {
+    type Error = StoreError;
+
+    async fn list_dead(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetter>, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.list_dead)
+            .bind(&self.inner.group)
+            .bind(query.code.as_ref().map(|c| c.as_str().to_owned()))
+            .bind(query.after.map(|id| id.as_uuid()))
+            .bind(i64::from(query.limit))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let headers: String = r.try_get(5)?;
+                let attempts: i32 = r.try_get(7)?;
+                let dead_at: DateTime<Utc> = r.try_get(8)?;
+                let error = LastError {
+                    code: ErrorCode::new(r.try_get::<String, _>(9)?),
+                    message: r.try_get(10)?,
+                };
+                Ok(DeadLetter {
+                    event: Event {
+                        id: EventId::from_uuid(r.try_get::<Uuid, _>(0)?),
+                        key: r.try_get(1)?,
+                        event_type: r.try_get(2)?,
+                        topic: r.try_get(3)?,
+                        payload: r.try_get(4)?,
+                        headers: lenient_headers(&headers),
+                        created_at: r.try_get(6)?,
+                        attempts: u32::try_from(attempts).unwrap_or(0),
+                        next_attempt_at: dead_at,
+                        last_error: Some(error.clone()),
+                    },
+                    error,
+                    dead_at,
+                })
+            })
+            .collect()
+    }
+
+    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
+        let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(EventId::as_uuid).collect());
+        let done = sqlx::query(&self.inner.sql.retry_dead)
+            .bind(&self.inner.group)
+            .bind(ids)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
+        let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(EventId::as_uuid).collect());
+        let done = sqlx::query(&self.inner.sql.purge_dead)
+            .bind(&self.inner.group)
+            .bind(ids)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
