@@ -1,14 +1,21 @@
 //! `cargo xtask`: the project's automation, in Rust so it runs anywhere cargo does.
 //!
-//! - `cargo xtask ci`: format check, clippy with `-D warnings`, every test
-//!   against the real services (started or checked first).
+//! - `cargo xtask ci`: tidy, format check, clippy with `-D warnings`, every
+//!   test against the real services (started or checked first), then the
+//!   quick chaos suite.
+//! - `cargo xtask tidy`: dependency direction, each backend feature alone,
+//!   generated docs current.
+//! - `cargo xtask chaos [--quick|--medium|--full]`: the reliability suite
+//!   (RELIABILITY.md).
 //! - `cargo xtask services`: report (and start what the project starts itself).
 
 #![allow(clippy::print_stdout, reason = "xtask is a command-line tool")]
 
 mod bench;
+mod chaos;
 mod kafka;
 mod services;
+mod tidy;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -22,6 +29,8 @@ fn main() -> Result<()> {
         .unwrap_or(("help", &[]));
     match cmd {
         "ci" => ci(rest),
+        "tidy" => tidy::run(rest),
+        "chaos" => chaos::run(rest),
         "services" => services::report_and_hold(rest),
         "bench" => bench::run(rest),
         "help" | "--help" | "-h" => {
@@ -38,7 +47,11 @@ fn main() -> Result<()> {
 fn print_help() {
     println!(
         "cargo xtask <command>\n\n\
-         ci         fmt check, clippy -D warnings, all tests against the real services\n\
+         ci         tidy, fmt check, clippy -D warnings, all tests against the real services,\n\
+         \x20          then the quick chaos suite (`--no-chaos` skips it)\n\
+         tidy       dependency direction, each backend feature alone, generated docs current\n\
+         chaos      [--quick|--medium|--full] [--only pg-nats,...] [--keep] [--allow-pg-restart]:\n\
+         \x20          producer, relays, consumers and faults; lost / duplicated / order (RELIABILITY.md)\n\
          services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\
          \x20          `--hold` keeps what it started running until Ctrl-C\n\
          bench      [--quick] [--scenario NAME]: throughput / latency / cost vs ceilings (BENCHMARKS.md)\n"
@@ -70,6 +83,13 @@ pub(crate) fn cargo(args: &[&str]) -> Result<()> {
 
 fn ci(rest: &[String]) -> Result<()> {
     let started = std::time::Instant::now();
+    let no_chaos = rest.iter().any(|a| a == "--no-chaos");
+    let rest: Vec<String> = rest
+        .iter()
+        .filter(|a| *a != "--no-chaos")
+        .cloned()
+        .collect();
+    tidy::run(&[])?;
     cargo(&["fmt", "--all", "--", "--check"])?;
     cargo(&[
         "clippy",
@@ -88,6 +108,11 @@ fn ci(rest: &[String]) -> Result<()> {
     let extra: Vec<&str> = rest.iter().map(String::as_str).collect();
     test.extend(extra.iter().copied());
     cargo(&test)?;
+    if no_chaos {
+        println!("\nchaos skipped (--no-chaos)");
+    } else {
+        chaos::run(&["--quick".to_owned()])?;
+    }
     println!("\nci passed in {:.0?}", started.elapsed());
     Ok(())
 }

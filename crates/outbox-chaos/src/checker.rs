@@ -57,9 +57,13 @@ pub(crate) struct FaultResult {
     pub(crate) at_s: f64,
     /// How long the fault lasted, seconds.
     pub(crate) duration_s: f64,
-    /// Seconds after the fault was over until every event committed before
-    /// that moment had arrived; `None` when one of them never arrived.
+    /// Seconds after the fault was over (for a stopped relay: after it was
+    /// stopped) until every event committed before that moment had arrived;
+    /// `None` when one of them never arrived.
     pub(crate) recovery_s: Option<f64>,
+    /// The recovery target for this kind, seconds: lease + 1 s after
+    /// a kill or a stop, 5 s after the broker returns; none for the others.
+    pub(crate) recovery_target_s: Option<f64>,
     /// Extra copies received after this fault started and before the next.
     pub(crate) extra_copies: u64,
     /// Whether a duplicate batch is allowed after it.
@@ -112,6 +116,9 @@ pub(crate) struct Report {
     /// Seconds from the end of production until the last committed event
     /// arrived (the drain).
     pub(crate) drain_s: Option<f64>,
+    /// Faults whose recovery missed its target (reported, not failed on:
+    /// timings never decide a pass).
+    pub(crate) recovery_misses: u64,
     /// Every target met.
     pub(crate) passed: bool,
     /// The targets missed, in words.
@@ -283,7 +290,8 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
                 target: f.target.clone(),
                 at_s: secs(f.start_us - start),
                 duration_s: secs(f.end_us - f.start_us),
-                recovery_s: recovery_after(f.end_us),
+                recovery_s: recovery_after(f.recovery_from_us.unwrap_or(f.end_us)),
+                recovery_target_s: recovery_target(&f.kind, input.scenario.lease_ms),
                 extra_copies: extra,
                 may_duplicate: f.may_duplicate,
             }
@@ -297,6 +305,14 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         Some(last) => Some(secs((last - input.produce_end_us).max(0))),
     };
 
+    let recovery_misses = faults
+        .iter()
+        .filter(|f| match (f.recovery_s, f.recovery_target_s) {
+            (Some(r), Some(t)) => r > t,
+            (None, Some(_)) => true,
+            _ => false,
+        })
+        .count() as u64;
     let lost = lost_ids.len() as u64;
     let unexpected = unexpected_rolled_back + unexpected_unknown;
     let mut failures = Vec::new();
@@ -341,8 +357,18 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         faults,
         duplicate_allowance,
         drain_s,
+        recovery_misses,
         passed: failures.is_empty(),
         failures,
+    }
+}
+
+/// The recovery target for a fault kind, seconds.
+fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
+    match kind {
+        "kill" | "stop" => Some(lease_ms as f64 / 1000.0 + 1.0),
+        "broker-outage" | "broker-flap" => Some(5.0),
+        _ => None,
     }
 }
 
@@ -430,6 +456,7 @@ mod tests {
             target: "relay-0".into(),
             start_us: 2_500,
             end_us: 2_600,
+            recovery_from_us: None,
             may_duplicate: true,
         }];
         let r = check(&Inputs {
@@ -465,6 +492,7 @@ mod tests {
             target: "relay-1".into(),
             start_us: 2_500_000,
             end_us: 2_500_000,
+            recovery_from_us: None,
             may_duplicate: true,
         }];
         let r = check(&Inputs {

@@ -46,8 +46,9 @@ impl Destination {
                     name: stream.clone(),
                     subjects: vec![format!("{prefix}.>")],
                     // The relays' duplicates must be stored, not dropped by
-                    // the server's Nats-Msg-Id deduplication.
-                    duplicate_window: Duration::from_millis(1),
+                    // the server's Nats-Msg-Id deduplication
+                    // (100 ms is the smallest window the server accepts).
+                    duplicate_window: Duration::from_millis(100),
                     max_age: Duration::from_secs(6 * 3600),
                     ..Default::default()
                 })

@@ -197,6 +197,7 @@ async fn inject(
     let start_us = now_us();
     let mut target = String::new();
     let mut may_duplicate = false;
+    let mut recovery_from_us = None;
     match kind {
         FaultKind::Kill => {
             t.relays.lock().await.kill_and_restart(relay).await?;
@@ -205,6 +206,7 @@ async fn inject(
         }
         FaultKind::Stop => {
             t.relays.lock().await.stop(relay).await?;
+            recovery_from_us = Some(now_us());
             tokio::time::sleep(times.stop).await;
             t.relays.lock().await.resume(relay).await?;
             target = format!("relay-{relay}");
@@ -251,6 +253,7 @@ async fn inject(
         target,
         start_us,
         end_us: now_us(),
+        recovery_from_us,
         may_duplicate,
     })
 }

@@ -98,6 +98,10 @@ pub(crate) struct FaultRecord {
     /// When it was over (the process restarted or resumed, the connection
     /// restored): recovery is measured from here.
     pub(crate) end_us: i64,
+    /// Where recovery is measured from, when not `end_us`: a stopped relay's
+    /// events wait for its lease from the moment it stopped.
+    #[serde(default)]
+    pub(crate) recovery_from_us: Option<i64>,
     /// Whether a duplicate batch is expected from it (a relay killed or
     /// stopped past its lease: its claimed batch may be sent again).
     pub(crate) may_duplicate: bool,

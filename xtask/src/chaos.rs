@@ -1,0 +1,637 @@
+//! `cargo xtask chaos [--quick | --medium | --full]`: the reliability suite.
+//!
+//! Builds `outbox-relay` (every backend) and `outbox-chaos`, checks the
+//! services, then runs `outbox-chaos run` once per scenario (store x broker x
+//! fault plan), each in its own process group under a hard timeout, so a
+//! stuck run is killed with everything it started. Each run writes
+//! `report.json`; this collects them into `target/chaos/<mode>/summary.json`
+//! and `summary.md` (the tables of RELIABILITY.md) and fails when a run
+//! lost, reordered or invented an event, or duplicated more than one batch
+//! per kill / lease loss.
+//!
+//! - `--quick` (in `cargo xtask ci`, about 5 minutes): PostgreSQL + NATS,
+//!   PostgreSQL + RabbitMQ, SQLite + NATS, and PostgreSQL + Kafka when the
+//!   Kafka broker answers; one mixed run each with every applicable fault.
+//! - `--medium`: every store x broker, each fault kind alone and mixed,
+//!   shorter than full (the size RELIABILITY.md reports).
+//! - `--full`: the same at >= 1M events and >= 100 faults in total (about
+//!   an hour and a half); `--allow-pg-restart` adds PostgreSQL restarts.
+//!
+//! Other flags: `--only pg-nats,sq-amqp,...` (store-broker pairs),
+//! `--keep` (keep each run's schema / stream / queue / topic and records).
+
+use anyhow::{bail, Context as _, Result};
+use serde_json::Value;
+use std::fmt::Write as _;
+use std::net::{SocketAddr, TcpStream};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Quick,
+    Medium,
+    Full,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Quick => "quick",
+            Self::Medium => "medium",
+            Self::Full => "full",
+        }
+    }
+}
+
+/// One `outbox-chaos run`.
+#[derive(Debug, Clone)]
+struct Scenario {
+    store: &'static str,
+    broker: &'static str,
+    faults: String,
+    duration_s: u64,
+    rate: u32,
+    relays: u32,
+    lease_ms: u64,
+    outage_s: u64,
+    flap_cycles: u32,
+    flap_down_ms: u64,
+    flap_up_ms: u64,
+    stop_extra_ms: u64,
+    allow_pg_restart: bool,
+}
+
+impl Scenario {
+    fn label(&self) -> String {
+        let store = if self.store == "postgres" { "pg" } else { "sq" };
+        let faults: String = self
+            .faults
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        format!("{store}-{}-{faults}", self.broker)
+    }
+
+    /// Seconds the faults take when run back to back (upper bound).
+    fn fault_time_s(&self) -> u64 {
+        let mut total = 0;
+        for step in self.faults.split(',') {
+            let (step, times) = step
+                .rsplit_once('*')
+                .map_or((step, 1), |(s, n)| (s, n.parse().unwrap_or(1)));
+            let longest = step
+                .split('+')
+                .map(|k| match k.trim() {
+                    "stop" => (self.lease_ms + self.stop_extra_ms) / 1000 + 1,
+                    "broker-outage" | "db-outage" => self.outage_s,
+                    "broker-flap" | "db-flap" => {
+                        (u64::from(self.flap_cycles) * (self.flap_down_ms + self.flap_up_ms)) / 1000
+                    }
+                    "pg-restart" => 10,
+                    _ => 1,
+                })
+                .max()
+                .unwrap_or(0);
+            total += longest * times;
+        }
+        total
+    }
+
+    fn fault_count(&self) -> u64 {
+        self.faults
+            .split(',')
+            .map(|step| {
+                let (step, times) = step
+                    .rsplit_once('*')
+                    .map_or((step, 1), |(s, n)| (s, n.parse().unwrap_or(1)));
+                step.split('+').count() as u64 * times
+            })
+            .sum()
+    }
+}
+
+fn faults_for(store: &str, broker: &str, kinds: &[&str]) -> Vec<String> {
+    kinds
+        .iter()
+        .filter(|k| {
+            let broker_fault = k.starts_with("broker-");
+            let db_fault = k.starts_with("db-") || k.starts_with("pg-");
+            !(broker_fault && broker == "kafka" || db_fault && store == "sqlite")
+        })
+        .map(|k| (*k).to_owned())
+        .collect()
+}
+
+fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
+    let base = |store: &'static str, broker: &'static str| Scenario {
+        store,
+        broker,
+        faults: String::new(),
+        duration_s: 30,
+        rate: 400,
+        relays: 2,
+        lease_ms: 3000,
+        outage_s: 4,
+        flap_cycles: 2,
+        flap_down_ms: 1000,
+        flap_up_ms: 2000,
+        stop_extra_ms: 1500,
+        allow_pg_restart: false,
+    };
+    let mut out = Vec::new();
+    match mode {
+        Mode::Quick => {
+            let mut pairs = vec![
+                ("postgres", "nats"),
+                ("postgres", "amqp"),
+                ("sqlite", "nats"),
+            ];
+            if kafka {
+                pairs.push(("postgres", "kafka"));
+            }
+            for (store, broker) in pairs {
+                let kinds = faults_for(
+                    store,
+                    broker,
+                    &[
+                        "kill",
+                        "stop",
+                        "pg-terminate",
+                        "broker-outage",
+                        "broker-flap",
+                        "db-flap",
+                    ],
+                );
+                let mut s = base(store, broker);
+                // Every applicable fault once, then a kill during a flap.
+                let mixed = if broker == "kafka" {
+                    "kill+db-flap"
+                } else {
+                    "kill+broker-flap"
+                };
+                s.faults = format!("{},{mixed}", kinds.join(","));
+                s.duration_s = 10 + s.fault_time_s();
+                out.push(s);
+            }
+        }
+        Mode::Medium | Mode::Full => {
+            let full = mode == Mode::Full;
+            let mut pairs = vec![
+                ("postgres", "nats"),
+                ("postgres", "amqp"),
+                ("sqlite", "nats"),
+                ("sqlite", "amqp"),
+            ];
+            if kafka {
+                pairs.extend([("postgres", "kafka"), ("sqlite", "kafka")]);
+            }
+            let mut kinds = vec![
+                "kill",
+                "stop",
+                "pg-terminate",
+                "broker-outage",
+                "broker-flap",
+                "db-outage",
+                "db-flap",
+            ];
+            if allow_pg_restart {
+                kinds.push("pg-restart");
+            }
+            for (store, broker) in pairs {
+                let applicable = faults_for(store, broker, &kinds);
+                for kind in &applicable {
+                    let mut s = base(store, broker);
+                    s.relays = 3;
+                    s.lease_ms = 5000;
+                    s.stop_extra_ms = 2000;
+                    s.allow_pg_restart = kind == "pg-restart";
+                    let times = match (kind.as_str(), full) {
+                        ("broker-outage" | "db-outage", false) => 1,
+                        ("broker-outage" | "db-outage", true) => 2,
+                        ("pg-restart", _) => 2,
+                        (_, false) => 3,
+                        (_, true) => 5,
+                    };
+                    if full {
+                        // The outage and flap: 60 s, and 2 s every 5 s.
+                        s.outage_s = 60;
+                        s.flap_cycles = 6;
+                        s.flap_down_ms = 2000;
+                        s.flap_up_ms = 3000;
+                        s.rate = 1000;
+                    } else {
+                        s.outage_s = 15;
+                        s.flap_cycles = 4;
+                        s.flap_down_ms = 2000;
+                        s.flap_up_ms = 3000;
+                        s.rate = 500;
+                    }
+                    s.faults = format!("{kind}*{times}");
+                    s.duration_s = 10 + s.fault_time_s() + 4 * times;
+                    out.push(s);
+                }
+                // Mixed: faults at the same time, and one after the other.
+                let mut s = base(store, broker);
+                s.relays = if full { 4 } else { 3 };
+                s.lease_ms = 5000;
+                s.rate = if full { 1000 } else { 500 };
+                let pairs_of: Vec<String> = applicable
+                    .iter()
+                    .filter(|k| *k != "kill" && *k != "pg-restart")
+                    .map(|k| format!("kill+{k}"))
+                    .collect();
+                let reps = if full { 3 } else { 1 };
+                // (`a,b*3` would repeat only b: spell the repetition out.)
+                s.faults = std::iter::repeat_n(pairs_of.join(","), reps)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                s.duration_s = 10 + s.fault_time_s() + 3 * s.fault_count();
+                s.allow_pg_restart = allow_pg_restart && full;
+                out.push(s);
+            }
+        }
+    }
+    out
+}
+
+/// Runs the suite.
+pub(crate) fn run(rest: &[String]) -> Result<()> {
+    let mode = if rest.iter().any(|a| a == "--full") {
+        Mode::Full
+    } else if rest.iter().any(|a| a == "--medium") {
+        Mode::Medium
+    } else {
+        Mode::Quick
+    };
+    let keep = rest.iter().any(|a| a == "--keep");
+    let allow_pg_restart = rest.iter().any(|a| a == "--allow-pg-restart");
+    if allow_pg_restart && mode != Mode::Full {
+        bail!("--allow-pg-restart is for --full only (it restarts the machine's PostgreSQL)");
+    }
+    let only: Option<Vec<String>> = rest
+        .iter()
+        .position(|a| a == "--only")
+        .and_then(|i| rest.get(i + 1))
+        .map(|v| v.split(',').map(str::to_owned).collect());
+
+    let _services = crate::services::ensure_all()?;
+    let kafka = TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], 9092)),
+        Duration::from_secs(2),
+    )
+    .is_ok();
+    let (relay, chaos) = build()?;
+
+    let mut scenarios = plan(mode, kafka, allow_pg_restart);
+    if let Some(only) = &only {
+        scenarios.retain(|s| {
+            let store = if s.store == "postgres" { "pg" } else { "sq" };
+            only.iter().any(|o| *o == format!("{store}-{}", s.broker))
+        });
+    }
+    let events: u64 = scenarios
+        .iter()
+        .map(|s| u64::from(s.rate) * s.duration_s)
+        .sum();
+    let faults: u64 = scenarios.iter().map(Scenario::fault_count).sum();
+    let secs: u64 = scenarios.iter().map(|s| s.duration_s + 15).sum();
+    println!(
+        "\n==> chaos {}: {} runs, ~{events} events, {faults} faults, ~{} min{}",
+        mode.name(),
+        scenarios.len(),
+        secs.div_ceil(60),
+        if kafka {
+            ""
+        } else {
+            " (Kafka not reachable on 127.0.0.1:9092: Kafka runs skipped)"
+        }
+    );
+
+    let out_root = target_dir()?.join("chaos").join(mode.name());
+    std::fs::create_dir_all(&out_root)?;
+    let mut reports = Vec::new();
+    let mut failures = Vec::new();
+    for (i, s) in scenarios.iter().enumerate() {
+        let out = out_root.join(s.label());
+        let _ = std::fs::remove_dir_all(&out);
+        println!(
+            "\n==> chaos [{}/{}] {} + {}: faults {}, {} ev/s for {} s, {} relays",
+            i + 1,
+            scenarios.len(),
+            s.store,
+            s.broker,
+            s.faults,
+            s.rate,
+            s.duration_s,
+            s.relays
+        );
+        match run_one(&chaos, &relay, s, &out, keep) {
+            Ok(report) => {
+                if report["passed"] != true {
+                    let why: Vec<&str> = report["failures"]
+                        .as_array()
+                        .map(|f| f.iter().filter_map(Value::as_str).collect())
+                        .unwrap_or_default();
+                    failures.push(format!("{}: {}", s.label(), why.join("; ")));
+                }
+                reports.push(report);
+            }
+            Err(e) => failures.push(format!("{}: {e:#}", s.label())),
+        }
+    }
+
+    let summary = serde_json::json!({
+        "mode": mode.name(),
+        "date": today(),
+        "runs": reports,
+    });
+    std::fs::write(
+        out_root.join("summary.json"),
+        serde_json::to_vec_pretty(&summary)?,
+    )?;
+    let md = markdown(&summary);
+    std::fs::write(out_root.join("summary.md"), &md)?;
+    println!("\n{md}");
+    println!(
+        "chaos {}: records and reports in {}",
+        mode.name(),
+        out_root.display()
+    );
+    if !failures.is_empty() {
+        for f in &failures {
+            eprintln!("  FAILED {f}");
+        }
+        bail!("chaos {}: {} run(s) failed", mode.name(), failures.len());
+    }
+    println!("chaos {} passed", mode.name());
+    Ok(())
+}
+
+/// Builds the relay (every backend) and the suite; returns their paths.
+fn build() -> Result<(PathBuf, PathBuf)> {
+    let relay_pkg = if package_exists("outbox-relay")? {
+        "outbox-relay"
+    } else {
+        "outbox-worker"
+    };
+    // The same feature set as the workspace test build, so it is reused.
+    crate::cargo(&["build", "--workspace", "--all-features", "--bins"])?;
+    let dir = target_dir()?.join("debug");
+    let relay = dir.join("outbox-relay");
+    let chaos = dir.join("outbox-chaos");
+    for b in [&relay, &chaos] {
+        if !b.exists() {
+            bail!(
+                "{} was not built (relay package {relay_pkg}): check the binary names",
+                b.display()
+            );
+        }
+    }
+    Ok((relay, chaos))
+}
+
+fn package_exists(name: &str) -> Result<bool> {
+    let meta = cargo_metadata_no_deps()?;
+    Ok(meta["packages"]
+        .as_array()
+        .is_some_and(|p| p.iter().any(|p| p["name"] == name)))
+}
+
+fn cargo_metadata_no_deps() -> Result<Value> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(&cargo)
+        .args(["metadata", "--format-version", "1", "--no-deps"])
+        .current_dir(crate::root())
+        .output()
+        .context("cargo metadata")?;
+    if !out.status.success() {
+        bail!(
+            "cargo metadata failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn target_dir() -> Result<PathBuf> {
+    let meta = cargo_metadata_no_deps()?;
+    meta["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .context("no target_directory in cargo metadata")
+}
+
+/// Runs one scenario in its own process group; kills the group when it
+/// overruns its time.
+fn run_one(chaos: &Path, relay: &Path, s: &Scenario, out: &Path, keep: bool) -> Result<Value> {
+    let mut cmd = Command::new(chaos);
+    cmd.arg("run")
+        .args(["--store", s.store, "--broker", s.broker])
+        .arg("--relay-bin")
+        .arg(relay)
+        .arg("--out")
+        .arg(out)
+        .args(["--faults", &s.faults])
+        .args(["--duration-s", &s.duration_s.to_string()])
+        .args(["--rate", &s.rate.to_string()])
+        .args(["--relays", &s.relays.to_string()])
+        .args(["--lease-ms", &s.lease_ms.to_string()])
+        .args(["--outage-s", &s.outage_s.to_string()])
+        .args(["--flap-cycles", &s.flap_cycles.to_string()])
+        .args(["--flap-down-ms", &s.flap_down_ms.to_string()])
+        .args(["--flap-up-ms", &s.flap_up_ms.to_string()])
+        .args(["--stop-extra-ms", &s.stop_extra_ms.to_string()])
+        .process_group(0);
+    if keep {
+        cmd.arg("--keep");
+    }
+    if s.allow_pg_restart {
+        cmd.arg("--allow-pg-restart");
+    }
+    // The run bounds itself; this is the backstop.
+    let bound = Duration::from_secs(s.duration_s + s.fault_time_s() + 240);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("starting {}", chaos.display()))?;
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > bound {
+            let group = format!("-{}", child.id());
+            let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+            std::thread::sleep(Duration::from_secs(10));
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            let _ = child.wait();
+            bail!("overran {bound:?}: killed the run and its relays");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Whatever the outcome, nothing of the run may survive it.
+    let _ = Command::new("kill")
+        .args(["-KILL", "--", &format!("-{}", child.id())])
+        .stderr(std::process::Stdio::null())
+        .status();
+    let report_path = out.join("report.json");
+    if !report_path.exists() {
+        bail!(
+            "the run failed before its report ({status}); see the output above and {}",
+            out.display()
+        );
+    }
+    let report: Value = serde_json::from_slice(&std::fs::read(&report_path)?)?;
+    Ok(report)
+}
+
+fn f64_of(v: &Value) -> f64 {
+    v.as_f64().unwrap_or(0.0)
+}
+
+/// The RELIABILITY.md tables: one per store x broker, a row per run.
+fn markdown(summary: &Value) -> String {
+    let mut md = String::new();
+    let runs = summary["runs"].as_array().cloned().unwrap_or_default();
+    let _ = writeln!(
+        md,
+        "Mode `{}`, {} (UTC). Recovery: seconds after the fault was over (after a SIGSTOP: after the stop) until every event committed before that moment had arrived; worst per fault kind, target in brackets.\n",
+        summary["mode"].as_str().unwrap_or("?"),
+        summary["date"].as_str().unwrap_or("?")
+    );
+    let mut pairs: Vec<(String, String)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["scenario"]["store"].as_str().unwrap_or("?").to_owned(),
+                r["scenario"]["broker"].as_str().unwrap_or("?").to_owned(),
+            )
+        })
+        .collect();
+    pairs.dedup();
+    let (mut events, mut faults) = (0u64, 0u64);
+    for (store, broker) in pairs {
+        let _ = writeln!(md, "#### {store} + {broker}\n");
+        md.push_str("| faults | relays | events | faults injected | lost | duplicated (+copies / allowed) | unexpected | order violations | recovery per fault kind, worst | p50 / p99 latency | result |\n");
+        md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        for r in runs.iter().filter(|r| {
+            r["scenario"]["store"] == store.as_str() && r["scenario"]["broker"] == broker.as_str()
+        }) {
+            let fs = r["faults"].as_array().cloned().unwrap_or_default();
+            events += r["committed"].as_u64().unwrap_or(0);
+            faults += fs.len() as u64;
+            let mut kinds: Vec<String> = Vec::new();
+            let mut seen = Vec::new();
+            for f in &fs {
+                let k = f["kind"].as_str().unwrap_or("?").to_owned();
+                if seen.contains(&k) {
+                    continue;
+                }
+                seen.push(k.clone());
+                let of_kind: Vec<&Value> = fs.iter().filter(|g| g["kind"] == k.as_str()).collect();
+                let never = of_kind.iter().any(|g| g["recovery_s"].is_null());
+                let worst = of_kind
+                    .iter()
+                    .map(|g| f64_of(&g["recovery_s"]))
+                    .fold(0.0, f64::max);
+                let target = of_kind
+                    .first()
+                    .and_then(|g| g["recovery_target_s"].as_f64())
+                    .map_or(String::new(), |t| format!(" [{t:.0}]"));
+                let shown = if never {
+                    "never".to_owned()
+                } else {
+                    format!("{worst:.1} s")
+                };
+                kinds.push(format!("{k} {shown}{target}"));
+            }
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} |",
+                r["scenario"]["faults"].as_str().unwrap_or("?"),
+                r["scenario"]["relays"],
+                r["committed"],
+                fs.len(),
+                r["lost"],
+                r["duplicated"],
+                r["extra_copies"],
+                r["duplicate_allowance"],
+                r["unexpected"],
+                r["order_violations"],
+                kinds.join(", "),
+                f64_of(&r["latency_ms"]["p50"]),
+                f64_of(&r["latency_ms"]["p99"]),
+                if r["passed"] == true { "pass" } else { "**FAIL**" }
+            );
+        }
+        md.push('\n');
+    }
+    let _ = writeln!(md, "Total: {events} committed events, {faults} faults.");
+    md
+}
+
+/// Today's date (UTC), `YYYY-MM-DD`.
+fn today() -> String {
+    let days = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quick_covers_the_required_pairs_within_budget() {
+        let p = plan(Mode::Quick, false, false);
+        let pairs: Vec<(&str, &str)> = p.iter().map(|s| (s.store, s.broker)).collect();
+        assert_eq!(
+            pairs,
+            vec![
+                ("postgres", "nats"),
+                ("postgres", "amqp"),
+                ("sqlite", "nats")
+            ]
+        );
+        let secs: u64 = p.iter().map(|s| s.duration_s + 15).sum();
+        assert!(secs <= 300, "quick mode takes {secs} s");
+        assert!(!p[2].faults.contains("pg-") && !p[2].faults.contains("db-"));
+    }
+
+    #[test]
+    fn full_is_at_least_a_million_events_and_a_hundred_faults() {
+        let p = plan(Mode::Full, true, false);
+        let events: u64 = p.iter().map(|s| u64::from(s.rate) * s.duration_s).sum();
+        let faults: u64 = p.iter().map(Scenario::fault_count).sum();
+        assert!(events >= 1_000_000, "{events} events");
+        assert!(faults >= 100, "{faults} faults");
+        assert!(p
+            .iter()
+            .all(|s| !(s.broker == "kafka" && s.faults.contains("broker-"))));
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(today().len(), 10);
+    }
+}
