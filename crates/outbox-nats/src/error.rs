@@ -48,10 +48,36 @@ impl NatsError {
 }
 
 impl From<async_nats::ConnectError> for NatsError {
+    /// async-nats reports a failed TLS handshake (a certificate the trusted
+    /// roots did not sign, a wrong host name) as an I/O error; it is
+    /// classified as [`async_nats::ConnectErrorKind::Tls`] here, so that it
+    /// is not retried and its message says TLS.
     fn from(e: async_nats::ConnectError) -> Self {
-        NatsError::Connect {
-            kind: e.kind(),
-            message: e.to_string(),
+        let mut chain = e.to_string();
+        let mut source = std::error::Error::source(&e);
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !chain.contains(&text) {
+                chain.push_str(": ");
+                chain.push_str(&text);
+            }
+            source = s.source();
+        }
+        let lower = chain.to_ascii_lowercase();
+        let tls = e.kind() == async_nats::ConnectErrorKind::Tls
+            || ["certificate", "tls", "handshake"]
+                .iter()
+                .any(|w| lower.contains(w));
+        if tls {
+            NatsError::Connect {
+                kind: async_nats::ConnectErrorKind::Tls,
+                message: format!("TLS handshake failed: {chain}"),
+            }
+        } else {
+            NatsError::Connect {
+                kind: e.kind(),
+                message: chain,
+            }
         }
     }
 }
@@ -73,5 +99,21 @@ mod tests {
         };
         assert!(!auth.is_retryable());
         assert!(!NatsError::InvalidConfig("x".into()).is_retryable());
+        let tls: NatsError = async_nats::ConnectError::from(std::io::Error::other(
+            "invalid peer certificate: UnknownIssuer",
+        ))
+        .into();
+        assert!(
+            matches!(
+                &tls,
+                NatsError::Connect {
+                    kind: async_nats::ConnectErrorKind::Tls,
+                    ..
+                }
+            ),
+            "{tls:?}"
+        );
+        assert!(!tls.is_retryable());
+        assert!(tls.to_string().contains("TLS handshake failed"), "{tls}");
     }
 }

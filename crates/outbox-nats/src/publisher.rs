@@ -68,29 +68,55 @@ impl NatsPublisher {
             .map_err(|e: std::io::Error| NatsError::InvalidConfig(e.kind().to_string()))?;
         let last_error = Arc::new(Mutex::new(None));
         let policy = config.connect;
-        let attempt = || async {
-            let mut options = config.connect_options().await?;
-            if lazy {
-                options = options.retry_on_initial_connect();
-            }
+        let with_events = |options: async_nats::ConnectOptions| {
             let last = last_error.clone();
-            options
-                .event_callback(move |event| {
-                    let last = last.clone();
-                    async move { record_event(&last, event) }
-                })
-                .connect(servers.clone())
-                .await
-                .map_err(NatsError::from)
-        };
-        let client = policy
-            .connect("nats", attempt, NatsError::is_retryable, || {
-                NatsError::Connect {
-                    kind: async_nats::ConnectErrorKind::TimedOut,
-                    message: format!("no connection within {:?}", policy.timeout),
-                }
+            options.event_callback(move |event| {
+                let last = last.clone();
+                async move { record_event(&last, event) }
             })
-            .await?;
+        };
+        let client = if lazy {
+            // One attempt of our own first: async-nats's background
+            // connector reports a failure by its kind only ("IO error"),
+            // while this one keeps the cause (e.g. a TLS handshake failure)
+            // for the outcomes' messages.
+            let options = with_events(config.connect_options().await?);
+            let first =
+                tokio::time::timeout(policy.timeout, options.connect(servers.clone())).await;
+            match first {
+                Ok(Ok(client)) => client,
+                failed => {
+                    let cause = match failed {
+                        Ok(Err(e)) => NatsError::from(e).to_string(),
+                        _ => format!("no connection within {:?}", policy.timeout),
+                    };
+                    tracing::warn!(error = %cause, "NATS not reachable; connecting in the background");
+                    if let Ok(mut l) = last_error.lock() {
+                        *l = Some(cause);
+                    }
+                    with_events(config.connect_options().await?)
+                        .retry_on_initial_connect()
+                        .connect(servers.clone())
+                        .await
+                        .map_err(NatsError::from)?
+                }
+            }
+        } else {
+            let attempt = || async {
+                with_events(config.connect_options().await?)
+                    .connect(servers.clone())
+                    .await
+                    .map_err(NatsError::from)
+            };
+            policy
+                .connect("nats", attempt, NatsError::is_retryable, || {
+                    NatsError::Connect {
+                        kind: async_nats::ConnectErrorKind::TimedOut,
+                        message: format!("no connection within {:?}", policy.timeout),
+                    }
+                })
+                .await?
+        };
         if !lazy {
             tracing::info!(servers = ?config.servers_redacted(), "connected to NATS");
         }
@@ -261,8 +287,12 @@ fn record_event(last: &Mutex<Option<String>>, event: async_nats::Event) {
         }
         async_nats::Event::ClientError(e) => {
             tracing::warn!(error = %e, "NATS connection error");
+            // Keep a more detailed cause recorded earlier (the client's
+            // event names only the kind of error).
             if let Ok(mut l) = last.lock() {
-                *l = Some(e.to_string());
+                if l.is_none() {
+                    *l = Some(e.to_string());
+                }
             }
         }
         other => tracing::info!(event = %other, "NATS client event"),

@@ -22,7 +22,8 @@
 //! Helpers every integration test may use: [`proxy::TcpProxy`] (a TCP
 //! forwarder that can cut and refuse connections, for broker and database
 //! outages), [`process`] (signals, bounded waits, a guard that kills a
-//! child process), [`logs::LogCapture`] (what `tracing` logged).
+//! child process), [`logs::LogCapture`] (what `tracing` logged),
+//! [`tls::TestPki`] (a CA and a server certificate made by the test).
 //!
 //! This crate is test support: it panics on failures by design.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -39,6 +40,7 @@ pub mod process;
 pub mod proxy;
 pub mod publisher;
 pub mod store;
+pub mod tls;
 
 /// Runtime glue for the macros. Not public API.
 #[doc(hidden)]
