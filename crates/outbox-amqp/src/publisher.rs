@@ -642,21 +642,12 @@ fn tls_config(config: &AmqpConfig) -> Result<OwnedTLSConfig, AmqpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Utc;
 
     fn event() -> Event {
-        Event {
-            id: outbox_core::EventId::new(),
-            key: Some("k1".into()),
-            event_type: "order.created".into(),
-            topic: "orders".into(),
-            payload: b"{}".to_vec(),
-            headers: [("traceparent".to_owned(), "00-abc-def-01".to_owned())].into(),
-            created_at: Utc::now(),
-            attempts: 1,
-            next_attempt_at: Utc::now(),
-            last_error: None,
-        }
+        let mut e = outbox_testkit::publisher::event("orders", Some("k1"), b"{}".to_vec());
+        e.event_type = "order.created".into();
+        e.headers = [("traceparent".to_owned(), "00-abc-def-01".to_owned())].into();
+        e
     }
 
     #[test]

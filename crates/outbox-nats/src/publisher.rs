@@ -398,25 +398,16 @@ fn classify(e: &PublishError, subject: &str, unroutable_retryable: bool) -> Deli
 #[cfg(test)]
 mod tests {
     use super::*;
-    use chrono::Utc;
 
     fn event() -> Event {
-        Event {
-            id: outbox_core::EventId::new(),
-            key: Some("k1".into()),
-            event_type: "order.created".into(),
-            topic: "orders".into(),
-            payload: b"{}".to_vec(),
-            headers: [
-                ("content-type".to_owned(), "application/json".to_owned()),
-                ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
-            ]
-            .into(),
-            created_at: Utc::now(),
-            attempts: 1,
-            next_attempt_at: Utc::now(),
-            last_error: None,
-        }
+        let mut e = outbox_testkit::publisher::event("orders", Some("k1"), b"{}".to_vec());
+        e.event_type = "order.created".into();
+        e.headers = [
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
+        ]
+        .into();
+        e
     }
 
     #[test]
