@@ -32,7 +32,8 @@ INSERT INTO {{cursors}} (grp, shard_total, shard_index, lo, hi)
 VALUES ($1, $2, $3, $4::pg_snapshot, $4::pg_snapshot)
 ON CONFLICT DO NOTHING";
 
-const GROUP_STARTS: &str = "SELECT lo::text FROM {{cursors}} WHERE grp = $1";
+const GROUP_STARTS: &str =
+    "SELECT shard_total, shard_index, lo::text FROM {{cursors}} WHERE grp = $1";
 
 const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 

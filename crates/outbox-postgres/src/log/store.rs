@@ -277,6 +277,43 @@ fn position(
     })
 }
 
+/// The start of a new cursor of shard `index`/`total` from the existing
+/// cursors `(total, index, lo)` of its group: for each shard layout whose
+/// cursors together own every key of the new shard (keys with
+/// `hash % total == index` fall, under a layout of `t` shards, into the
+/// shards `j` with `j ≡ index (mod gcd(total, t))`), what all of those have
+/// passed; the intersection over such layouts. `None` when no layout covers it.
+fn covering_start(total: u32, index: u32, existing: &[(u32, u32, Snap)]) -> Option<Snap> {
+    fn gcd(a: u32, b: u32) -> u32 {
+        if b == 0 {
+            a
+        } else {
+            gcd(b, a % b)
+        }
+    }
+    let mut totals: Vec<u32> = existing.iter().map(|(t, _, _)| *t).collect();
+    totals.sort_unstable();
+    totals.dedup();
+    let mut starts = Vec::new();
+    for t in totals {
+        let g = gcd(total, t).max(1);
+        let needed: Vec<u32> = (0..t).filter(|j| j % g == index % g).collect();
+        let have: Vec<&Snap> = needed
+            .iter()
+            .filter_map(|j| {
+                existing
+                    .iter()
+                    .find(|(et, ei, _)| *et == t && ei == j)
+                    .map(|(_, _, s)| s)
+            })
+            .collect();
+        if have.len() == needed.len() {
+            starts.extend(Snap::intersection(have));
+        }
+    }
+    Snap::intersection(&starts)
+}
+
 fn strict_headers(text: &str) -> Result<BTreeMap<String, String>, String> {
     serde_json::from_str(text)
         .map_err(|e| format!("headers are not a JSON object of strings: {e}: {text:.200}"))
@@ -460,18 +497,23 @@ impl PgLogStore {
         )
     }
 
-    /// Where a new cursor of this group starts: what every existing cursor
-    /// of the group has passed (their common ground), or the log's origin.
-    async fn start_position(&self) -> Result<Snap, StoreError> {
-        let starts: Vec<String> = sqlx::query_scalar(&self.inner.sql.group_starts)
+    /// Where a new cursor of shard `index`/`total` starts: what the
+    /// group's cursors covering all of its keys have passed (e.g. the
+    /// cursors of another shard layout), or else the log's origin.
+    async fn start_position(&self, total: u32, index: u32) -> Result<Snap, StoreError> {
+        let rows: Vec<(i32, i32, String)> = sqlx::query_as(&self.inner.sql.group_starts)
             .bind(&self.inner.group)
             .fetch_all(&self.inner.pool)
             .await?;
-        let snaps = starts
-            .iter()
-            .map(|s| snap(s))
-            .collect::<Result<Vec<_>, _>>()?;
-        if let Some(common) = Snap::intersection(&snaps) {
+        let mut existing = Vec::with_capacity(rows.len());
+        for (t, i, lo) in rows {
+            existing.push((
+                u32::try_from(t).unwrap_or(1),
+                u32::try_from(i).unwrap_or(0),
+                snap(&lo)?,
+            ));
+        }
+        if let Some(common) = covering_start(total, index, &existing) {
             return Ok(common);
         }
         let origin: String = sqlx::query_scalar(&self.inner.sql.origin)
@@ -540,7 +582,7 @@ impl PgLogStore {
                     return Ok((now, false));
                 }
                 None => {
-                    let start = self.start_position().await?;
+                    let start = self.start_position(key.total, key.index).await?;
                     sqlx::query(&self.inner.sql.create_cursor)
                         .bind(&grp)
                         .bind(total)
@@ -1129,11 +1171,14 @@ impl PgLogStore {
                 self.lose(&mut st);
                 return Ok(all_fenced());
             }
-            if !plan.to_lane.is_empty() {
-                self.log_to_lane(&mut tx, &plan.to_lane).await?;
-            }
+            // Dead letters first: a key's failed event precedes the events
+            // released behind it, and `ord` (its place in the key's order,
+            // kept for a replay) is taken in statement order.
             if !plan.to_dead.is_empty() {
                 replaced_ids.extend(self.log_to_dead(&mut tx, &plan.to_dead).await?);
+            }
+            if !plan.to_lane.is_empty() {
+                self.log_to_lane(&mut tx, &plan.to_lane).await?;
             }
             if !plan.lane_ops.is_empty() {
                 replaced_ids.extend(self.lane_settle(&mut tx, &plan.lane_ops).await?);
@@ -1854,5 +1899,41 @@ impl DeadLetterStore for PgLogStore {
             .execute(&self.inner.pool)
             .await?;
         Ok(done.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(x: u64) -> Snap {
+        Snap {
+            xmin: x,
+            xmax: x,
+            xip: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_new_cursor_starts_only_from_cursors_owning_its_keys() {
+        // Same layout, other index: owns none of our keys.
+        assert_eq!(covering_start(2, 1, &[(2, 0, s(50))]), None);
+        // 2 -> 4: shard 1/4 is inside 1/2.
+        assert_eq!(
+            covering_start(4, 1, &[(2, 0, s(50)), (2, 1, s(40))]),
+            Some(s(40))
+        );
+        // 4 -> 2: shard 0/2 needs 0/4 and 2/4.
+        let four = [(4, 0, s(30)), (4, 1, s(90)), (4, 2, s(60)), (4, 3, s(99))];
+        assert_eq!(covering_start(2, 0, &four), Some(s(30)));
+        assert_eq!(covering_start(2, 0, &four[1..]), None, "0/4 missing");
+        // 2 -> 3 (coprime): every shard of the old layout is needed.
+        assert_eq!(
+            covering_start(3, 2, &[(2, 0, s(70)), (2, 1, s(20))]),
+            Some(s(20))
+        );
+        assert_eq!(covering_start(3, 2, &[(2, 0, s(70))]), None);
+        // One shard (1/1) covers everything.
+        assert_eq!(covering_start(8, 5, &[(1, 0, s(10))]), Some(s(10)));
     }
 }
