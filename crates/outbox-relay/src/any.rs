@@ -212,8 +212,8 @@ impl AnyStore {
     }
 
     /// Creates or upgrades the outbox tables (idempotent).
-    pub(crate) async fn migrate(&self) -> Result<(), AnyStoreError> {
-        each_store!(self, s => s.migrate().await.map(drop).map_err(AnyStoreError::new))
+    pub(crate) async fn migrate(&self) -> anyhow::Result<()> {
+        each_store!(self, s => s.migrate().await.map(drop).map_err(anyhow::Error::new))
     }
 }
 
