@@ -520,8 +520,8 @@ fn markdown(summary: &Value) -> String {
     let (mut events, mut faults) = (0u64, 0u64);
     for (store, broker) in pairs {
         let _ = writeln!(md, "#### {store} + {broker}\n");
-        md.push_str("| faults | relays | events | faults injected | lost | duplicated (+copies / allowed) | unexpected | order violations | recovery per fault kind, worst | p50 / p99 latency | result |\n");
-        md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        md.push_str("| faults | relays | events | faults injected | lost | duplicated (+copies / allowed) | unexpected | order violations | recovery per fault kind, worst | p50 / p99 latency | relay exits | result |\n");
+        md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
         for r in runs.iter().filter(|r| {
             r["scenario"]["store"] == store.as_str() && r["scenario"]["broker"] == broker.as_str()
         }) {
@@ -555,7 +555,7 @@ fn markdown(summary: &Value) -> String {
             }
             let _ = writeln!(
                 md,
-                "| `{}` | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} |",
+                "| `{}` | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} |",
                 r["scenario"]["faults"].as_str().unwrap_or("?"),
                 r["scenario"]["relays"],
                 r["committed"],
@@ -569,6 +569,7 @@ fn markdown(summary: &Value) -> String {
                 kinds.join(", "),
                 f64_of(&r["latency_ms"]["p50"]),
                 f64_of(&r["latency_ms"]["p99"]),
+                r["relay_exits"].as_array().map_or(0, Vec::len),
                 if r["passed"] == true { "pass" } else { "**FAIL**" }
             );
         }

@@ -119,6 +119,10 @@ pub(crate) struct Report {
     /// Faults whose recovery missed its target (reported, not failed on:
     /// timings never decide a pass).
     pub(crate) recovery_misses: u64,
+    /// Relay processes that exited by themselves (each restarted at once,
+    /// as a supervisor would): reported, not failed on.
+    #[serde(default)]
+    pub(crate) relay_exits: Vec<String>,
     /// Every target met.
     pub(crate) passed: bool,
     /// The targets missed, in words.
@@ -358,6 +362,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         duplicate_allowance,
         drain_s,
         recovery_misses,
+        relay_exits: Vec::new(),
         passed: failures.is_empty(),
         failures,
     }
