@@ -5,9 +5,9 @@
 //! real consumer.
 //!
 //! This library is the scaffolding the test files share, generic over the
-//! store ([`App`]) and the broker ([`Broker`]); each `e2e_<broker>.rs` only
-//! implements [`Broker`] (topology, publisher, consumer) and calls
-//! [`run_end_to_end`] once per store.
+//! store ([`App`]) and the broker ([`Broker`], implemented by the
+//! `outbox-testkit` fixture of each broker: topology, publisher, consumer);
+//! each `e2e_<broker>.rs` calls [`run_end_to_end`] once per store.
 //!
 //! | env var | default |
 //! |---|---|
@@ -29,31 +29,12 @@ mod scenario;
 
 pub use app::{App, Order, OutboxRows, PostgresApp, SqliteApp, TxEnd};
 pub use broker::{Broker, Received};
+pub use outbox_testkit::broker::{amqp_url, kafka_brokers, nats_url, unique_suffix};
 pub use scenario::{check_delivery, run_end_to_end, Scenario, RELAY_BOUND};
 
 /// `DATABASE_URL`, or the local default.
 pub fn database_url() -> String {
     env_or("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test")
-}
-
-/// `NATS_URL`, or the local default.
-pub fn nats_url() -> String {
-    env_or("NATS_URL", "nats://127.0.0.1:4222")
-}
-
-/// `AMQP_URL`, or the local default.
-pub fn amqp_url() -> String {
-    env_or("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f")
-}
-
-/// `KAFKA_BROKERS`, or the local default.
-pub fn kafka_brokers() -> String {
-    env_or("KAFKA_BROKERS", "127.0.0.1:9092")
-}
-
-/// 12 random lowercase hex characters, for per-test names.
-pub fn unique_suffix() -> String {
-    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
 }
 
 fn env_or(name: &str, default: &str) -> String {

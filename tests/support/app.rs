@@ -1,7 +1,7 @@
 //! The application side: a business table (`orders`) and the outbox in one
 //! database, written in one transaction. One implementation per store.
 
-use outbox_core::{EventId, NewEvent, Store};
+use outbox_core::{EventId, NewEvent, Store, ValidationError};
 use outbox_postgres::{Ident, PgStore, PgStoreOptions};
 use outbox_sqlite::SqliteStore;
 use std::future::Future;
@@ -67,6 +67,15 @@ pub trait App: Sized + Send + Sync + 'static {
         end: TxEnd,
     ) -> impl Future<Output = Vec<EventId>>;
 
+    /// Enqueues `events` in a transaction of their own and commits it. An
+    /// event the store refuses comes back as its [`ValidationError`] (the
+    /// transaction is rolled back: nothing is written); any other failure
+    /// fails the test.
+    fn try_enqueue(
+        &self,
+        events: Vec<NewEvent>,
+    ) -> impl Future<Output = Result<Vec<EventId>, ValidationError>>;
+
     /// Ids in the `orders` table, ascending.
     fn order_ids(&self) -> impl Future<Output = Vec<i64>>;
 
@@ -126,6 +135,21 @@ impl App for SqliteApp {
             TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),
         }
         ids
+    }
+
+    async fn try_enqueue(&self, events: Vec<NewEvent>) -> Result<Vec<EventId>, ValidationError> {
+        let mut tx = self.store.pool().begin().await.expect("BEGIN");
+        match outbox_sqlite::enqueue_batch(&mut tx, events).await {
+            Ok(ids) => {
+                tx.commit().await.expect("COMMIT");
+                Ok(ids)
+            }
+            Err(outbox_sqlite::EnqueueError::Invalid { source, .. }) => {
+                tx.rollback().await.expect("ROLLBACK");
+                Err(source)
+            }
+            Err(e) => panic!("enqueue failed: {e}"),
+        }
     }
 
     async fn order_ids(&self) -> Vec<i64> {
@@ -232,6 +256,21 @@ impl App for PostgresApp {
             TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),
         }
         ids
+    }
+
+    async fn try_enqueue(&self, events: Vec<NewEvent>) -> Result<Vec<EventId>, ValidationError> {
+        let mut tx = self.store.pool().begin().await.expect("BEGIN");
+        match self.store.outbox().enqueue_batch(&mut tx, events).await {
+            Ok(ids) => {
+                tx.commit().await.expect("COMMIT");
+                Ok(ids)
+            }
+            Err(outbox_postgres::EnqueueError::Invalid { source, .. }) => {
+                tx.rollback().await.expect("ROLLBACK");
+                Err(source)
+            }
+            Err(e) => panic!("enqueue failed: {e}"),
+        }
     }
 
     async fn order_ids(&self) -> Vec<i64> {

@@ -1,31 +1,15 @@
 //! The broker side: topology, a publisher (the relay's [`Sink`]) and a real
-//! consumer, one implementation per broker in its test file.
+//! consumer. Each broker's is the shared fixture of `outbox-testkit` (the
+//! same one its publisher conformance suite uses); this file only adapts
+//! the three fixtures to [`Broker`].
 
-use outbox_core::{EventId, Sink};
-use std::collections::BTreeMap;
+use outbox_core::Sink;
+use outbox_testkit::amqp::AmqpFixture;
+use outbox_testkit::kafka::KafkaFixture;
+use outbox_testkit::nats::NatsFixture;
 use std::future::Future;
 
-/// One message as a real consumer received it, in broker-neutral terms.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Received {
-    /// The broker's deduplication / message id parsed as an event id
-    /// (`Nats-Msg-Id`, AMQP `message_id`; for Kafka the `outbox-event-id`
-    /// header, Kafka having no message id).
-    pub message_id: Option<EventId>,
-    /// The event id header the publisher adds (`Outbox-Event-Id`,
-    /// `outbox-event-id`), parsed.
-    pub event_id_header: Option<EventId>,
-    /// Event type (header or AMQP `type` property).
-    pub event_type: Option<String>,
-    /// Event key (the Kafka message key; the `Outbox-Key` header elsewhere).
-    pub key: Option<String>,
-    /// Payload bytes.
-    pub payload: Vec<u8>,
-    /// Every header / application property as text.
-    pub headers: BTreeMap<String, String>,
-    /// Kafka partition (`None` on brokers with one ordered queue / stream).
-    pub partition: Option<i32>,
-}
+pub use outbox_testkit::broker::Received;
 
 /// A real broker for one test: its own stream / queue / topic.
 /// [`Broker::start`] fails the test with a clear message when the broker
@@ -56,4 +40,81 @@ pub trait Broker: Sized + Send + Sync + 'static {
 
     /// Deletes what [`Broker::start`] created.
     fn cleanup(self) -> impl Future<Output = ()> + Send;
+}
+
+impl Broker for NatsFixture {
+    type Sink = outbox_nats::NatsPublisher;
+    const NAME: &'static str = "nats";
+
+    async fn start() -> Self {
+        NatsFixture::new().await
+    }
+
+    fn topic(&self) -> String {
+        NatsFixture::topic(self)
+    }
+
+    async fn sink(&self) -> Self::Sink {
+        NatsFixture::sink(self).await
+    }
+
+    async fn consume(&self, expected: usize) -> Vec<Received> {
+        self.drain(expected).await
+    }
+
+    async fn cleanup(self) {
+        NatsFixture::cleanup(&self).await;
+    }
+}
+
+impl Broker for AmqpFixture {
+    type Sink = outbox_amqp::AmqpPublisher;
+    const NAME: &'static str = "amqp";
+
+    async fn start() -> Self {
+        AmqpFixture::new().await
+    }
+
+    fn topic(&self) -> String {
+        AmqpFixture::topic(self)
+    }
+
+    async fn sink(&self) -> Self::Sink {
+        AmqpFixture::sink(self).await
+    }
+
+    async fn consume(&self, expected: usize) -> Vec<Received> {
+        self.drain(expected).await
+    }
+
+    async fn cleanup(self) {
+        AmqpFixture::cleanup(&self).await;
+    }
+}
+
+impl Broker for KafkaFixture {
+    type Sink = outbox_kafka::KafkaPublisher;
+    const NAME: &'static str = "kafka";
+
+    async fn start() -> Self {
+        KafkaFixture::new().await
+    }
+
+    fn topic(&self) -> String {
+        KafkaFixture::topic(self)
+    }
+
+    async fn sink(&self) -> Self::Sink {
+        // The publisher's own defaults (30 s delivery timeout), as a user runs it.
+        outbox_kafka::KafkaPublisher::new(outbox_kafka::KafkaConfig::new(self.brokers()))
+            .expect("create the Kafka publisher")
+    }
+
+    async fn consume(&self, expected: usize) -> Vec<Received> {
+        self.drain(expected).await
+    }
+
+    async fn cleanup(self) {
+        KafkaFixture::cleanup(&self).await;
+    }
 }
