@@ -18,7 +18,8 @@
 //!   an hour and a half); `--allow-pg-restart` adds PostgreSQL restarts.
 //!
 //! Other flags: `--only pg-nats,sq-amqp,...` (store-broker pairs),
-//! `--keep` (keep each run's schema / stream / queue / topic and records).
+//! `--keep` (keep each run's schema / stream / queue / topic and records),
+//! `--dry-run` (print the plan only).
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -283,14 +284,17 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         .and_then(|i| rest.get(i + 1))
         .map(|v| v.split(',').map(str::to_owned).collect());
 
-    let _services = crate::services::ensure_all()?;
+    let dry_run = rest.iter().any(|a| a == "--dry-run");
+    let _services = if dry_run {
+        None
+    } else {
+        Some(crate::services::ensure_all()?)
+    };
     let kafka = TcpStream::connect_timeout(
         &SocketAddr::from(([127, 0, 0, 1], 9092)),
         Duration::from_secs(2),
     )
     .is_ok();
-    let (relay, chaos) = build()?;
-
     let mut scenarios = plan(mode, kafka, allow_pg_restart);
     if let Some(only) = &only {
         scenarios.retain(|s| {
@@ -316,6 +320,16 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         }
     );
 
+    if dry_run {
+        for s in &scenarios {
+            println!(
+                "  {} + {}: {} ({} ev/s for {} s, {} relays)",
+                s.store, s.broker, s.faults, s.rate, s.duration_s, s.relays
+            );
+        }
+        return Ok(());
+    }
+    let (relay, chaos) = build()?;
     let out_root = target_dir()?.join("chaos").join(mode.name());
     std::fs::create_dir_all(&out_root)?;
     let mut reports = Vec::new();
@@ -383,8 +397,17 @@ fn build() -> Result<(PathBuf, PathBuf)> {
     } else {
         "outbox-worker"
     };
-    // The same feature set as the workspace test build, so it is reused.
-    crate::cargo(&["build", "--workspace", "--all-features", "--bins"])?;
+    // `--workspace --all-features`: the feature set of the workspace test
+    // build, so its artifacts are reused; only the two binaries are built.
+    crate::cargo(&[
+        "build",
+        "--workspace",
+        "--all-features",
+        "--bin",
+        "outbox-relay",
+        "--bin",
+        "outbox-chaos",
+    ])?;
     let dir = target_dir()?.join("debug");
     let relay = dir.join("outbox-relay");
     let chaos = dir.join("outbox-chaos");

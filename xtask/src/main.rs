@@ -50,7 +50,7 @@ fn print_help() {
          ci         tidy, fmt check, clippy -D warnings, all tests against the real services,\n\
          \x20          then the quick chaos suite (`--no-chaos` skips it)\n\
          tidy       dependency direction, each backend feature alone, generated docs current\n\
-         chaos      [--quick|--medium|--full] [--only pg-nats,...] [--keep] [--allow-pg-restart]:\n\
+         chaos      [--quick|--medium|--full] [--only pg-nats,...] [--keep] [--allow-pg-restart] [--dry-run]:\n\
          \x20          producer, relays, consumers and faults; lost / duplicated / order (RELIABILITY.md)\n\
          services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\
          \x20          `--hold` keeps what it started running until Ctrl-C\n\
