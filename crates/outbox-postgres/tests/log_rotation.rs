@@ -17,6 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// What a relay delivered: the id and the key.
+type Delivered = (EventId, Option<String>);
+
 fn ev(key: &str, n: usize) -> NewEvent {
     NewEvent::new("test.event", "rot", format!("{key}-{n}").into_bytes()).with_key(key)
 }
@@ -209,7 +212,7 @@ async fn rotation_under_load_loses_nothing_and_duplicates_nothing() {
         }));
     }
 
-    let delivered: Arc<Mutex<Vec<(EventId, Option<String>)>>> = Arc::default();
+    let delivered: Arc<Mutex<Vec<Delivered>>> = Arc::default();
     let mut relays = Vec::new();
     for shard in 0..2u32 {
         let store = db.store().await;
