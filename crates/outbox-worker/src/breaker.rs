@@ -219,11 +219,10 @@ impl Breaker {
             .saturating_add(1);
         let delay = self.probe.next_delay(failures, rand::random());
         let from = self.state();
-        self.tx.send_modify(|s| {
+        let changed = self.transition(SinkState::Open, |s| {
             s.last_error = Some(error.clone());
             s.outages += u64::from(from.is_closed());
         });
-        let changed = self.transition(SinkState::Open);
         info!(
             from = %from,
             error = %error,
@@ -235,7 +234,7 @@ impl Breaker {
 
     /// The probe delay is over: let one small batch through.
     pub(crate) fn half_open(&self) -> Option<SinkState> {
-        let changed = self.transition(SinkState::HalfOpen);
+        let changed = self.transition(SinkState::HalfOpen, |_| {});
         if changed.is_some() {
             info!("sink half-open: probing with one event");
         }
@@ -245,19 +244,22 @@ impl Breaker {
     /// The sink answered: back to full speed.
     pub(crate) fn close(&self) -> Option<SinkState> {
         self.failures.store(0, Ordering::Relaxed);
-        let changed = self.transition(SinkState::Closed);
+        let changed = self.transition(SinkState::Closed, |_| {});
         if let Some(from) = changed {
             info!(from = %from, "sink available again: closed, delivering at full speed");
         }
         changed
     }
 
-    fn transition(&self, to: SinkState) -> Option<SinkState> {
+    /// Moves to `to` (also applying `update`) in one publication, so a
+    /// watcher never sees half a transition.
+    fn transition(&self, to: SinkState, update: impl FnOnce(&mut SinkStatus)) -> Option<SinkState> {
         let from = self.state();
         if from == to {
             return None;
         }
         self.tx.send_modify(|s| {
+            update(s);
             s.state = to;
             s.since = SystemTime::now();
         });

@@ -17,7 +17,7 @@
 use outbox_core::FencingToken;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::Instant;
+use tokio::time::Instant;
 
 /// Whether a held claim is being delivered or waits its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,9 @@ pub mod layer;
 mod lease;
 pub mod metrics;
 mod options;
-pub mod relay;
+mod relay;
+#[cfg(test)]
+mod relay_fault_tests;
 #[cfg(all(test, feature = "sqlite"))]
 mod relay_tests;
 

@@ -1,36 +1,4 @@
-//! The relay loop: claim, deliver, settle, wait.
-//!
-//! One batch goes through the relay like this:
-//!
-//! 1. **claim** up to `batch_size` events of the relay's shard, leased for
-//!    `lock_timeout` (database clock) under a fresh fencing token;
-//! 2. **deliver** them through [`KeyOrder`] (the per-key order layer every
-//!    sink gets) to the sink, within `delivery_timeout`;
-//! 3. **settle** the whole batch with ONE [`Store::settle`] call, each
-//!    outcome mapped to a [`Resolution`]:
-//!
-//!    | outcome | resolution |
-//!    |---------|------------|
-//!    | `Delivered` | `Delivered` |
-//!    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`] (jittered) |
-//!    | `Failed`, event-level, permanent or last attempt | `Dead` |
-//!    | `Failed`, sink unavailable | `Released` (no attempt) and the sink's circuit breaker opens |
-//!    | `NotAttempted`, or no outcome | `Released` |
-//!    | delivery timed out / shutdown grace over | `Released` for the whole batch |
-//!
-//!    Fenced ids (the lease was lost) are logged at WARN, counted in
-//!    `outbox_lease_lost_total` and reported as [`Progress::LeaseLost`];
-//!    rejected ids are logged at WARN with the store's reason.
-//!
-//! While a claim is held, its lease is renewed every third of the lock
-//! timeout (see the lease module), including the batch claimed ahead in
-//! drain mode, so a slow sink does not let a lease run out and another relay
-//! (or this one) deliver the batch twice.
-//!
-//! Between batches: a full batch in drain mode was already followed by an
-//! overlapping claim; otherwise the relay waits a few milliseconds, and after
-//! each empty claim twice as long, up to `poll_interval`; the store's
-//! [`Store::wakeup`] cuts any wait short.
+//! The relay loop: claim, deliver, settle, wait. See [`Relay`].
 
 use crate::breaker::{Breaker, SinkHealth, SinkState};
 use crate::lease::{Leases, Renewed, Use};
@@ -49,7 +17,8 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, error, info, info_span, warn, Instrument};
 
 /// Code recorded when a sink panicked while delivering a batch (retryable:
@@ -162,8 +131,39 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 
 /// The relay: claims batches of committed events from a [`Store`], hands
 /// them to a [`Sink`] behind the per-key order layer [`KeyOrder`] and
-/// settles each batch under the claim's fencing token. See the [module
-/// docs](self) for one batch's path.
+/// settles each batch under the claim's fencing token.
+///
+/// One batch goes through the relay like this:
+///
+/// 1. **claim** up to `batch_size` events of the relay's shard, leased for
+///    `lock_timeout` (database clock) under a fresh fencing token;
+/// 2. **deliver** them through [`KeyOrder`] (the per-key order layer every
+///    sink gets) to the sink, within `delivery_timeout`;
+/// 3. **settle** the whole batch with ONE [`Store::settle`] call, each
+///    outcome mapped to a [`Resolution`]:
+///
+///    | outcome | resolution |
+///    |---------|------------|
+///    | `Delivered` | `Delivered` |
+///    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`] (jittered) |
+///    | `Failed`, event-level, permanent or last attempt | `Dead` |
+///    | `Failed`, sink unavailable | `Released` (no attempt) and the sink's circuit breaker opens |
+///    | `NotAttempted`, or no outcome | `Released` |
+///    | delivery timed out / shutdown grace over | `Released` for the whole batch |
+///
+///    Fenced ids (the lease was lost) are logged at WARN, counted in
+///    `outbox_lease_lost_total` and reported as [`Progress::LeaseLost`];
+///    rejected ids are logged at WARN with the store's reason.
+///
+/// While a claim is held, its lease is renewed every third of the lock
+/// timeout (see the lease module), including the batch claimed ahead in
+/// drain mode, so a slow sink does not let a lease run out and another relay
+/// (or this one) deliver the batch twice.
+///
+/// Between batches: a full batch in drain mode was already followed by an
+/// overlapping claim; otherwise the relay waits a few milliseconds, and after
+/// each empty claim twice as long, up to `poll_interval`; the store's
+/// [`Store::wakeup`] cuts any wait short.
 ///
 /// Reliability, in short:
 /// - an event-level failure costs the event an attempt and follows the
@@ -171,11 +171,13 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 ///   `max_attempts`);
 /// - a sink-level failure ([`DeliveryError::unavailable`]) costs nothing: the
 ///   batch is released and the sink's circuit breaker opens (see
-///   [`SinkState`]; watch it through [`Relay::sink_health`]);
+///   [`crate::breaker`]; watch it through [`Relay::sink_health`]);
 /// - leases are renewed while held; a delivery that outlives
-///   [`RelayOptions::delivery_timeout`] is cancelled and released;
+///   [`RelayOptions::delivery_timeout`] is cancelled and released (and
+///   counts as the sink's failure: no acknowledgement in time);
 /// - store errors are retried while [`Retryable::is_retryable`] says so
-///   (claims with a capped backoff, settlements until the lease would end);
+///   (claims with a capped backoff, longer and logged at ERROR once for
+///   errors retrying cannot fix; settlements until the lease would end);
 ///   a panicking sink or handler fails its events retryably; the relay never
 ///   gives up and never panics.
 pub struct Relay<St, Si> {

@@ -1,0 +1,715 @@
+//! Relay logic under faults a real database cannot be asked for on cue:
+//! settle and claim errors (retryable or not), rejected settlements, a lease
+//! lost while a batch waits, delivery timeouts, idle polling and the store's
+//! wake-up. An in-memory [`Store`] with fault injection and tokio's paused
+//! clock make each case deterministic; the same behaviours on real stores
+//! are in `relay_tests.rs` and `tests/relay_reliability.rs`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use crate::{HandlerRegistry, Progress, Relay, RelayOptions, RelaySummary, SinkState};
+use chrono::Utc;
+use outbox_core::{
+    Claim, ClaimRequest, DeliveryError, ErrorCode, Event, EventId, FencingToken, Jitter, LastError,
+    Outcome, Rejected, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, Sink, Stats,
+    Store,
+};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+// ------------------------------------------------------------- the store
+
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{message}")]
+struct MemError {
+    retryable: bool,
+    message: &'static str,
+}
+
+impl Retryable for MemError {
+    fn is_retryable(&self) -> bool {
+        self.retryable
+    }
+}
+
+fn busy() -> MemError {
+    MemError {
+        retryable: true,
+        message: "database is busy",
+    }
+}
+
+fn broken() -> MemError {
+    MemError {
+        retryable: false,
+        message: "no such table: outbox_events",
+    }
+}
+
+struct Row {
+    event: Event,
+    token: Option<FencingToken>,
+    until: Instant,
+    next_at: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    rows: Vec<Row>,
+    dead: Vec<(Event, LastError)>,
+    claims: u32,
+    settles: u32,
+    renews: u32,
+    claim_faults: VecDeque<MemError>,
+    settle_faults: VecDeque<MemError>,
+    /// Ids a settlement reports rejected (then dead-letters).
+    reject: HashMap<EventId, String>,
+    /// The n-th non-empty claim (1-based) loses its lease at its first
+    /// renewal, as if the relay had stalled and another relay re-claimed it.
+    steal_claim: Option<u32>,
+    stolen: HashSet<FencingToken>,
+    nonempty_claims: u32,
+    tokens: Vec<FencingToken>,
+}
+
+/// An in-memory store on tokio's clock (so a paused test clock drives it).
+#[derive(Clone, Default)]
+struct MemStore {
+    state: Arc<Mutex<State>>,
+    wake: Arc<Notify>,
+}
+
+impl MemStore {
+    fn add(&self, n: usize, keys: usize) -> Vec<EventId> {
+        let mut st = self.state.lock().unwrap();
+        let now = Instant::now();
+        (0..n)
+            .map(|i| {
+                let event = Event {
+                    id: EventId::new(),
+                    key: Some(format!("k{}", i % keys)),
+                    event_type: "t".into(),
+                    topic: "orders".into(),
+                    payload: Vec::new(),
+                    headers: Default::default(),
+                    created_at: Utc::now(),
+                    attempts: 0,
+                    next_attempt_at: Utc::now(),
+                    last_error: None,
+                };
+                let id = event.id;
+                st.rows.push(Row {
+                    event,
+                    token: None,
+                    until: now,
+                    next_at: now,
+                });
+                id
+            })
+            .collect()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut State) -> T) -> T {
+        f(&mut self.state.lock().unwrap())
+    }
+}
+
+impl Store for MemStore {
+    type Error = MemError;
+
+    fn claim(&self, req: &ClaimRequest) -> impl Future<Output = Result<Claim, MemError>> + Send {
+        let result = self.with(|st| {
+            st.claims += 1;
+            if let Some(err) = st.claim_faults.pop_front() {
+                return Err(err);
+            }
+            let now = Instant::now();
+            let token = FencingToken::new();
+            let until = now + req.lease;
+            let mut blocked: HashSet<String> = HashSet::new();
+            let mut events = Vec::new();
+            for row in &mut st.rows {
+                let key = row.event.shard_key();
+                if blocked.contains(&key) {
+                    continue;
+                }
+                let free = row.token.is_none() || row.until <= now;
+                if !free || row.next_at > now || events.len() >= req.batch_size as usize {
+                    blocked.insert(key);
+                    continue;
+                }
+                row.token = Some(token);
+                row.until = until;
+                row.event.attempts += 1;
+                events.push(row.event.clone());
+            }
+            if !events.is_empty() {
+                st.nonempty_claims += 1;
+                st.tokens.push(token);
+                if st.steal_claim == Some(st.nonempty_claims) {
+                    st.stolen.insert(token);
+                }
+            }
+            Ok(Claim {
+                token,
+                lease_until: Utc::now() + req.lease,
+                events,
+            })
+        });
+        std::future::ready(result)
+    }
+
+    fn settle(
+        &self,
+        token: FencingToken,
+        settlement: &Settlement,
+    ) -> impl Future<Output = Result<SettleReport, MemError>> + Send {
+        let result = self.with(|st| {
+            st.settles += 1;
+            if let Some(err) = st.settle_faults.pop_front() {
+                return Err(err);
+            }
+            let now = Instant::now();
+            let mut report = SettleReport::default();
+            for (id, resolution) in settlement.items() {
+                let Some(pos) = st
+                    .rows
+                    .iter()
+                    .position(|r| r.event.id == *id && r.token == Some(token))
+                else {
+                    report.fenced.push(*id);
+                    continue;
+                };
+                report.applied += 1;
+                if let Some(reason) = st.reject.remove(id) {
+                    let row = st.rows.remove(pos);
+                    let error = LastError {
+                        code: ErrorCode::MANUAL,
+                        message: reason.clone(),
+                    };
+                    st.dead.push((row.event, error));
+                    report.rejected.push(Rejected { id: *id, reason });
+                    continue;
+                }
+                match resolution {
+                    Resolution::Delivered => {
+                        st.rows.remove(pos);
+                    }
+                    Resolution::Retry { delay, error } => {
+                        let row = &mut st.rows[pos];
+                        row.token = None;
+                        row.next_at = now + *delay;
+                        row.event.last_error = Some(error.clone());
+                    }
+                    Resolution::Dead { error } => {
+                        let row = st.rows.remove(pos);
+                        st.dead.push((row.event, error.clone()));
+                    }
+                    Resolution::Released => {
+                        let row = &mut st.rows[pos];
+                        row.token = None;
+                        row.next_at = now;
+                        row.event.attempts -= 1;
+                    }
+                    _ => unreachable!("no other resolution exists yet"),
+                }
+            }
+            Ok(report)
+        });
+        std::future::ready(result)
+    }
+
+    fn renew(
+        &self,
+        token: FencingToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<u64, MemError>> + Send {
+        let held = self.with(|st| {
+            st.renews += 1;
+            let now = Instant::now();
+            if st.stolen.remove(&token) {
+                // Another relay took these events over.
+                for row in st.rows.iter_mut().filter(|r| r.token == Some(token)) {
+                    row.token = Some(FencingToken::new());
+                    row.until = now;
+                    row.event.attempts -= 1;
+                }
+            }
+            let mut held = 0;
+            for row in st.rows.iter_mut().filter(|r| r.token == Some(token)) {
+                row.until = now + lease;
+                held += 1;
+            }
+            held
+        });
+        std::future::ready(Ok(held))
+    }
+
+    fn stats(&self) -> impl Future<Output = Result<Stats, MemError>> + Send {
+        let stats = self.with(|st| {
+            let now = Instant::now();
+            let in_flight = st
+                .rows
+                .iter()
+                .filter(|r| r.token.is_some() && r.until > now)
+                .count() as u64;
+            Stats {
+                pending: st.rows.len() as u64 - in_flight,
+                in_flight,
+                dead: st.dead.len() as u64,
+                oldest_pending_age: None,
+            }
+        });
+        std::future::ready(Ok(stats))
+    }
+
+    fn wakeup(&self) -> impl Future<Output = ()> + Send {
+        let wake = Arc::clone(&self.wake);
+        async move { wake.notified().await }
+    }
+}
+
+// ------------------------------------------------------------- the sinks
+
+/// Delivers everything, counting deliveries per id; optionally slow.
+#[derive(Clone, Default)]
+struct Counting {
+    delay: Duration,
+    seen: Arc<Mutex<HashMap<EventId, u32>>>,
+}
+
+impl Sink for Counting {
+    async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        let mut seen = self.seen.lock().unwrap();
+        for e in events {
+            *seen.entry(e.id).or_default() += 1;
+        }
+        vec![Outcome::Delivered; events.len()]
+    }
+}
+
+impl Counting {
+    fn counts(&self) -> HashMap<EventId, u32> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+fn options() -> RelayOptions {
+    RelayOptions::default()
+        .with_poll_interval(Duration::from_millis(200))
+        .with_lock_timeout(Duration::from_secs(1))
+        .with_retry(
+            RetryPolicy::new(
+                Duration::from_millis(10),
+                Duration::from_millis(40),
+                4,
+                Jitter::None,
+            )
+            .unwrap(),
+        )
+}
+
+type Log = Arc<Mutex<Vec<Progress>>>;
+
+fn logged<Si: Sink>(relay: Relay<MemStore, Si>) -> (Relay<MemStore, Si>, Log) {
+    let log: Log = Arc::default();
+    let l = Arc::clone(&log);
+    (
+        relay.with_listener(move |p| l.lock().unwrap().push(p.clone())),
+        log,
+    )
+}
+
+async fn idle<Si: Sink>(relay: Relay<MemStore, Si>) -> RelaySummary {
+    tokio::time::timeout(Duration::from_secs(3600), relay.run_until_idle())
+        .await
+        .expect("the relay did not drain the store")
+}
+
+/// Captures the log lines written while it is the default subscriber.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .with_max_level(tracing::Level::WARN)
+            .finish();
+        tracing::subscriber::set_default(subscriber)
+    }
+
+    fn lines(&self, level: &str, needle: &str) -> usize {
+        String::from_utf8(self.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains(level) && l.contains(needle))
+            .count()
+    }
+}
+
+// ------------------------------------------------------------- the tests
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_retryable_settle_error_is_retried_and_the_batch_recorded_once() {
+    let store = MemStore::default();
+    let ids = store.add(3, 3);
+    store.with(|st| st.settle_faults.extend([busy(), busy()]));
+    let sink = Counting::default();
+    let summary = idle(Relay::new(store.clone(), sink.clone(), options()).unwrap()).await;
+    assert_eq!(summary.delivered, 3);
+    assert_eq!(store.with(|st| st.settles), 3, "one settle, retried twice");
+    assert!(ids.iter().all(|id| sink.counts()[id] == 1));
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_non_retryable_settle_error_is_logged_once_and_not_retried() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(2, 2);
+    store.with(|st| st.settle_faults.push_back(broken()));
+    let sink = Counting::default();
+    let summary = idle(Relay::new(store.clone(), sink.clone(), options()).unwrap()).await;
+    // The failed settlement was not retried: the events came back after
+    // their lease and were delivered (at least once) and settled then.
+    assert_eq!(store.with(|st| st.settles), 2);
+    assert!(ids.iter().all(|id| sink.counts()[id] == 2));
+    assert_eq!(summary.delivered, 2);
+    assert_eq!(captured.lines("ERROR", "not retryable"), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn settle_retries_stop_when_the_lease_would_run_out() {
+    let store = MemStore::default();
+    let ids = store.add(2, 2);
+    // 1 s lease: retries at +50, +100, +200, +400 ms; the next (800 ms)
+    // would outlive the lease, so the 5th error ends the loop.
+    store.with(|st| st.settle_faults.extend(std::iter::repeat_n(busy(), 5)));
+    let sink = Counting::default();
+    let summary = idle(Relay::new(store.clone(), sink.clone(), options()).unwrap()).await;
+    assert_eq!(store.with(|st| st.settles), 6);
+    assert!(
+        ids.iter().all(|id| sink.counts()[id] == 2),
+        "{:?}",
+        sink.counts()
+    );
+    assert_eq!(summary.delivered, 2);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn claim_errors_back_off_and_a_non_retryable_one_logs_error_once() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    store.add(1, 1);
+    store.with(|st| {
+        st.claim_faults
+            .extend([broken(), broken(), broken(), busy()])
+    });
+    let summary = idle(Relay::new(store.clone(), Counting::default(), options()).unwrap()).await;
+    assert_eq!(summary.delivered, 1);
+    assert_eq!(captured.lines("ERROR", "claim failed"), 1);
+    assert_eq!(captured.lines("WARN", "claim still failing"), 2);
+    assert_eq!(captured.lines("WARN", "claim failed; backing off"), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn rejected_events_are_reported_with_the_reason() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(3, 3);
+    store.with(|st| {
+        st.reject
+            .insert(ids[1], "dead letter id already exists".into())
+    });
+    let (relay, log) = logged(Relay::new(store.clone(), Counting::default(), options()).unwrap());
+    let summary = idle(relay).await;
+    assert_eq!((summary.delivered, summary.rejected), (2, 1));
+    assert!(log.lock().unwrap().iter().any(|p| matches!(p,
+        Progress::Rejected { id, reason } if *id == ids[1] && reason.contains("already exists"))));
+    assert_eq!(captured.lines("WARN", "dead letter id already exists"), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn leases_are_renewed_while_a_slow_batch_is_delivered() {
+    let store = MemStore::default();
+    let ids = store.add(4, 4);
+    // 3.5 s per batch, 1 s lease.
+    let sink = Counting {
+        delay: Duration::from_millis(3500),
+        ..Counting::default()
+    };
+    let opts = options().with_batch_size(2);
+    let summary = idle(Relay::new(store.clone(), sink.clone(), opts).unwrap()).await;
+    assert_eq!((summary.delivered, summary.lease_lost), (4, 0));
+    assert!(ids.iter().all(|id| sink.counts()[id] == 1));
+    // Two batches held for 7 s in all (the second one claimed ahead during
+    // the first delivery): renewed every third of a second.
+    assert!(store.with(|st| st.renews) >= 14);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_prefetched_batch_whose_lease_was_lost_is_never_delivered() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(4, 4);
+    // The second claim (made ahead, in drain mode) loses its lease.
+    store.with(|st| st.steal_claim = Some(2));
+    let sink = Counting {
+        delay: Duration::from_millis(1500),
+        ..Counting::default()
+    };
+    let (relay, log) =
+        logged(Relay::new(store.clone(), sink.clone(), options().with_batch_size(2)).unwrap());
+    let summary = idle(relay).await;
+    // The stolen events stayed with "the other relay" (nobody here), so this
+    // relay delivered them only after that lease ran out: once each.
+    assert!(
+        ids.iter().all(|id| sink.counts().get(id) == Some(&1)),
+        "{:?}",
+        sink.counts()
+    );
+    assert_eq!(summary.lease_lost, 2);
+    assert!(log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|p| matches!(p, Progress::LeaseLost { ids } if ids.len() == 2)));
+    assert_eq!(
+        captured.lines("WARN", "lease lost on the batch claimed ahead"),
+        1
+    );
+}
+
+/// Counts how many handler futures were dropped before they finished.
+struct DropGuard(Arc<AtomicU32>);
+
+impl Drop for DropGuard {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_delivery_that_outlives_the_timeout_is_cancelled_and_released() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(3, 3);
+    let hang = Arc::new(AtomicBool::new(true));
+    let dropped = Arc::new(AtomicU32::new(0));
+    let (h, d) = (Arc::clone(&hang), Arc::clone(&dropped));
+    let handlers = HandlerRegistry::new().with_handler("t", move |_| {
+        let hang = h.swap(false, Ordering::SeqCst);
+        let guard = DropGuard(Arc::clone(&d));
+        async move {
+            if hang {
+                std::future::pending::<()>().await;
+            }
+            drop(guard);
+            Ok(())
+        }
+    });
+    let opts = options().with_delivery_timeout(Duration::from_secs(5));
+    let (relay, log) = logged(Relay::new(store.clone(), handlers, opts).unwrap());
+    let summary = idle(relay).await;
+    assert_eq!(summary.delivery_timeouts, 1);
+    assert_eq!(summary.delivered, 3);
+    assert_eq!((summary.retried, summary.dead), (0, 0));
+    // The hanging handler's task was aborted, not left running; its guard
+    // and the two finished ones make three drops... plus one per redelivery.
+    tokio::task::yield_now().await;
+    assert!(dropped.load(Ordering::SeqCst) >= 4);
+    let log = log.lock().unwrap().clone();
+    assert!(log
+        .iter()
+        .any(|p| matches!(p, Progress::Released { ids: r } if r.len() == 3)));
+    // Released, not failed: every event was delivered at its first attempt.
+    for id in &ids {
+        assert!(log
+            .iter()
+            .any(|p| matches!(p, Progress::Delivered { id: d, attempts: 1, .. } if d == id)));
+    }
+    assert_eq!(captured.lines("WARN", "DELIVERY_TIMEOUT"), 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn idle_polling_starts_fast_and_backs_off_to_the_poll_interval() {
+    let store = MemStore::default();
+    let opts = options().with_poll_interval(Duration::from_secs(1));
+    let sink = Counting::default();
+    let relay = Relay::new(store.clone(), sink.clone(), opts).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    // 5, 10, 20 ... 640 ms, then every second: about 17 claims in 10 s
+    // (a fixed 1 s poll would make 10, a fixed 5 ms one 2000).
+    let claims = store.with(|st| st.claims);
+    assert!((14..=20).contains(&claims), "{claims} claims");
+
+    // Without a wake-up, a new event waits at most one poll interval.
+    let ids = store.add(1, 1);
+    let added = Instant::now();
+    while sink.counts().is_empty() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(added.elapsed() <= Duration::from_secs(1));
+    stop.send(()).unwrap();
+    let summary = run.await.unwrap();
+    assert_eq!(summary.delivered, 1);
+    assert_eq!(sink.counts()[&ids[0]], 1);
+}
+
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn the_store_wakeup_cuts_the_idle_wait_short() {
+    let store = MemStore::default();
+    // A poll interval of an hour: only the wake-up can explain a quick claim.
+    let opts = options().with_poll_interval(Duration::from_secs(3600));
+    let sink = Counting::default();
+    let relay = Relay::new(store.clone(), sink.clone(), opts).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async {
+        let _ = stopped.await;
+    }));
+    // Idle long enough that the next poll is many minutes away.
+    tokio::time::sleep(Duration::from_secs(1200)).await;
+    store.add(1, 1);
+    let added = Instant::now();
+    store.wake.notify_one();
+    while sink.counts().is_empty() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert!(
+        added.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        added.elapsed()
+    );
+    stop.send(()).unwrap();
+    assert_eq!(run.await.unwrap().delivered, 1);
+}
+
+/// Down for the first `down` calls: every event unavailable.
+#[derive(Clone)]
+struct DownFor {
+    down: Arc<AtomicU32>,
+}
+
+impl Sink for DownFor {
+    async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
+        let left = self.down.load(Ordering::SeqCst);
+        if left > 0 {
+            self.down.store(left - 1, Ordering::SeqCst);
+            let e = DeliveryError::unavailable(ErrorCode::PUBLISH_CONNECTION_LOST, "refused");
+            return vec![Outcome::Failed(e); events.len()];
+        }
+        vec![Outcome::Delivered; events.len()]
+    }
+}
+
+#[test]
+fn the_sink_state_is_a_gauge_and_transitions_are_counted() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::MetricKind;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let (summary, states, health) = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let store = MemStore::default();
+            store.add(6, 3);
+            let sink = DownFor {
+                down: Arc::new(AtomicU32::new(3)),
+            };
+            let relay = Relay::new(store, sink, options()).unwrap();
+            let health = relay.sink_health();
+            let (relay, log) = logged(relay);
+            let summary = idle(relay).await;
+            let states: Vec<SinkState> = log
+                .lock()
+                .unwrap()
+                .iter()
+                .filter_map(|p| match p {
+                    Progress::SinkStateChanged { to, .. } => Some(*to),
+                    _ => None,
+                })
+                .collect();
+            (summary, states, health)
+        })
+    });
+    assert_eq!(health.state(), SinkState::Closed);
+    assert_eq!(health.status().outages, 1);
+    assert_eq!(
+        health.status().last_error.map(|e| e.code().clone()),
+        Some(ErrorCode::PUBLISH_CONNECTION_LOST)
+    );
+    assert_eq!(summary.sink_outages, 1);
+    assert_eq!(summary.delivered, 6);
+    assert_eq!(
+        states,
+        vec![
+            SinkState::Open,
+            SinkState::HalfOpen,
+            SinkState::Open,
+            SinkState::HalfOpen,
+            SinkState::Open,
+            SinkState::HalfOpen,
+            SinkState::Closed
+        ]
+    );
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let transitions = |to: &str| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(k, _, _, _)| {
+                k.kind() == MetricKind::Counter
+                    && k.key().name() == crate::metrics::SINK_STATE_TRANSITIONS
+                    && k.key().labels().any(|l| l.key() == "to" && l.value() == to)
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(transitions("open"), 3);
+    assert_eq!(transitions("half_open"), 3);
+    assert_eq!(transitions("closed"), 1);
+    let gauge = snapshot
+        .iter()
+        .find(|(k, _, _, _)| k.key().name() == crate::metrics::SINK_STATE)
+        .map(|(_, _, _, v)| v);
+    assert!(
+        matches!(gauge, Some(DebugValue::Gauge(g)) if g.into_inner() == 0.0),
+        "{gauge:?}"
+    );
+}
