@@ -74,6 +74,11 @@ const RELAY: &[Setting] = &[
         "How long an in-flight batch may finish after SIGINT/SIGTERM, in ms.",
     )
     .with_default("30000"),
+    Setting::integer(
+        "delivery_timeout_ms",
+        "Longest a sink may take for one batch, in ms; then the delivery is cancelled and its events released without an attempt.",
+    )
+    .with_default("300000"),
     Setting::bool("migrate", "Create or upgrade the outbox tables before starting.")
         .with_default("false"),
     Setting::text(
@@ -627,7 +632,8 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
                 .map_or(defaults.lag_alert(), Duration::from_secs),
         )
         .with_drain(r.bool("drain")?.unwrap_or(defaults.drain()))
-        .with_shutdown_grace(ms("shutdown_grace_ms", defaults.shutdown_grace())?);
+        .with_shutdown_grace(ms("shutdown_grace_ms", defaults.shutdown_grace())?)
+        .with_delivery_timeout(ms("delivery_timeout_ms", defaults.delivery_timeout())?);
     if let Some(id) = r.text("relay_id") {
         options = options.with_relay_id(RelayId::new(id));
     }
@@ -708,5 +714,6 @@ mod tests {
         );
         assert_eq!(default("drain"), d.drain().to_string());
         assert_eq!(default("shutdown_grace_ms"), ms(d.shutdown_grace()));
+        assert_eq!(default("delivery_timeout_ms"), ms(d.delivery_timeout()));
     }
 }

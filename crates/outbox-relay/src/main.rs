@@ -236,6 +236,7 @@ async fn run(resolved: &Resolved) -> anyhow::Result<()> {
         batch_size = cfg.options.batch_size(),
         poll_interval = ?cfg.options.poll_interval(),
         lock_timeout = ?cfg.options.lock_timeout(),
+        delivery_timeout = ?cfg.options.delivery_timeout(),
         "starting relay"
     );
     let relay = Relay::new(store, sink, cfg.options).context("invalid relay settings")?;
