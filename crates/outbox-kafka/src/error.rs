@@ -38,6 +38,13 @@ pub enum KafkaError {
 pub type Error = KafkaError;
 
 impl KafkaError {
+    /// Whether trying again later may succeed (no broker answered yet), as
+    /// opposed to a bad URL or property; the same question as
+    /// `NatsError::is_retryable` and `AmqpError::is_retryable`.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, KafkaError::Unreachable(_))
+    }
+
     /// Converts an rdkafka client-creation error, keeping secret values out.
     pub(crate) fn from_kafka(err: RdKafkaError) -> Self {
         match err {

@@ -145,7 +145,7 @@ impl KafkaPublisher {
                         .map_err(|e| KafkaError::Unreachable(e.to_string()))?
                     }
                 },
-                |_| true,
+                KafkaError::is_retryable,
                 || KafkaError::Unreachable(format!("no broker answered within {timeout:?}")),
             )
             .await?;
