@@ -15,8 +15,8 @@
 //! publisher, a consumer reading back what arrived), shared by that
 //! broker's conformance suite and the end-to-end tests, each behind a
 //! feature so that a crate pulls in only the broker it tests: `nats`
-//! ([`nats::NatsFixture`]), `amqp` ([`amqp::AmqpFixture`]), `kafka`
-//! ([`kafka::KafkaFixture`]); [`broker::Received`] is a message as any of
+//! (`nats::NatsFixture`), `amqp` (`amqp::AmqpFixture`), `kafka`
+//! (`kafka::KafkaFixture`); [`broker::Received`] is a message as any of
 //! them reads it.
 //!
 //! Helpers every integration test may use: [`proxy::TcpProxy`] (a TCP
