@@ -23,7 +23,12 @@
 //!   answers it at all (delivered, or an event-level failure) the breaker
 //!   closes and the relay goes back to full batches at once; if the sink is
 //!   still unavailable, the event is released and the breaker opens again
-//!   with the next, longer probe delay.
+//!   with the next, longer probe delay. With nothing to claim, it stays
+//!   half-open (idle) until an event arrives to probe with.
+//!
+//! A delivery that outlives [`RelayOptions::delivery_timeout`](crate::RelayOptions::delivery_timeout)
+//! counts as a sink-level failure too (no acknowledgement in time): its
+//! events are released and the breaker opens.
 //!
 //! Event-level failures never touch the breaker: they keep the retry
 //! policy's exponential backoff, jitter, cap and max attempts.
