@@ -174,10 +174,9 @@ pub(crate) async fn run_plan(
         let n = targets.relays.lock().await.len();
         let mut set = tokio::task::JoinSet::new();
         // Distinct relays for the relay faults of one step.
-        let mut next_relay = rng.random_range(0..n.max(1));
-        for kind in step {
-            let relay = next_relay % n.max(1);
-            next_relay += 1;
+        let first = rng.random_range(0..n.max(1));
+        for (j, kind) in step.into_iter().enumerate() {
+            let relay = (first + j) % n.max(1);
             let (targets, times) = (targets.clone(), times.clone());
             set.spawn(async move { inject(kind, relay, &targets, &times).await });
         }
