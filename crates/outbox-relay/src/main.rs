@@ -130,7 +130,11 @@ fn main() -> ExitCode {
     // Every URL on the command line or in the environment may carry a
     // password; the resolved configuration adds those of the config file.
     let mut secrets: Vec<String> = std::env::args()
-        .chain(std::env::vars().map(|(_, v)| v))
+        .chain(
+            std::env::vars()
+                .filter(|(k, _)| k.starts_with(outbox_core::backend::ENV_PREFIX))
+                .map(|(_, v)| v),
+        )
         .filter(|a| a.contains('@'))
         .flat_map(|a| report::url_secrets(&a))
         .collect();

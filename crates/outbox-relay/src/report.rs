@@ -41,8 +41,9 @@ pub(crate) fn scrub(text: &str, secrets: &[String]) -> String {
 }
 
 /// The secrets of a URL (or of a comma-separated list of URLs): the
-/// password of `user:password@`, a bare token `token@`, each also
-/// percent-decoded, and the URL itself where redaction changes it.
+/// password of `user:password@`, also percent-decoded, and the URL itself
+/// where redaction changes it (which covers a bare `token@`: a user name
+/// alone is not a secret, and hiding it everywhere would garble messages).
 pub(crate) fn url_secrets(url: &str) -> Vec<String> {
     let mut secrets = Vec::new();
     for one in url.split(',') {
@@ -53,10 +54,9 @@ pub(crate) fn url_secrets(url: &str) -> Vec<String> {
         let Some(at) = authority.rfind('@') else {
             continue;
         };
-        let userinfo = &authority[..at];
-        let secret = userinfo
-            .split_once(':')
-            .map_or(userinfo, |(_, password)| password);
+        let Some((_, secret)) = authority[..at].split_once(':') else {
+            continue;
+        };
         if !secret.is_empty() {
             secrets.push(secret.to_owned());
             let decoded = percent_decode(secret);
@@ -144,8 +144,10 @@ mod tests {
         assert!(!text.contains("cret"), "{text}");
         assert_eq!(
             url_secrets("nats://tok3n@h:4222"),
-            vec!["tok3n", "nats://tok3n@h:4222"]
+            vec!["nats://tok3n@h:4222"]
         );
+        // A user name alone is not a secret (only the whole URL, if redacted).
+        assert!(!url_secrets("postgres://postgres@db/app").contains(&"postgres".to_owned()));
         assert!(url_secrets("sqlite:///tmp/a@b/x.db").is_empty());
         assert!(looks_secret("sasl.password"));
         assert!(!looks_secret("compression.type"));
