@@ -632,6 +632,9 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             dead = summary.dead,
             lease_lost = summary.lease_lost,
             released = summary.released,
+            rejected = summary.rejected,
+            delivery_timeouts = summary.delivery_timeouts,
+            sink_outages = summary.sink_outages,
             "relay stopped"
         );
         summary
