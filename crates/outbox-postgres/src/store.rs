@@ -176,25 +176,27 @@ impl fmt::Debug for PgStore {
 }
 
 /// The claim, one statement. See the crate docs ("Claim rules") for what it
-/// guarantees; the shape, in short:
+/// guarantees. Order is `seq`, the insertion sequence (migration 2). The
+/// shape, in short:
 ///
-/// Order is `seq`, the insertion sequence (see migration 2).
-///
-/// - `walk`: the oldest unparked, due rows (`claim_idx`, `FOR UPDATE SKIP
-///   LOCKED`), at most `$7` of them. A keyed row is `blocked` when its key's
-///   first pending row (one probe of `key_idx`) is another row that is
-///   parked, leased or in backoff. `ready` takes the first `$3` unblocked
-///   rows; the walk is evaluated only that far.
-/// - `parking`: when `ready` came back short, the blocked rows walked are
-///   parked, so the next claim does not walk them again (the walk is
-///   bounded by `$7`; a retry parks its key's later rows itself).
+/// - `ready`: the walk (`{{walk}}`: the oldest unparked, due rows of
+///   `claim_idx`, at most `$7`) joined to each row's head (`{{head}}`: its
+///   key's first pending row, one probe of `key_idx`). A keyed row is
+///   blocked when its head is another row that is parked, leased or in
+///   backoff. The first `$3` unblocked rows are locked (`SKIP LOCKED`, so
+///   a concurrent claim takes the next ones); the walk is evaluated only
+///   that far, and blocked rows are never locked.
+/// - `parking`: when `ready` came back short, the blocked rows of the walk
+///   are parked (those no one else has locked), so the next claim does not
+///   walk them again. A retry parks its key's later rows itself.
 /// - `parked_keys` / `heads` / `runs`: the keys that have parked rows (a
 ///   loose index scan of `parked_idx`, one probe per key), the ones whose
-///   first pending row is due, and for each a run of its due rows in
-///   order (an equal share of the batch per key).
-/// - `picked`: the oldest `$3` of both, locked; `gaps`: per key, the first
-///   pending row not picked. A picked row after its key's gap is left out,
-///   so per-key order holds whatever was skipped, locked or not due.
+///   head is due, and for each a run of its due rows in order (an equal
+///   share of the batch per key), locked in `run_rows`.
+/// - `picked`: the oldest `$3` of both; `gaps`: per key, the first pending
+///   row before its last picked one that was not picked (skipped for a key
+///   whose only pick is its head). A picked row after its key's gap is left
+///   out, so per-key order holds whatever was skipped, locked or not due.
 const CLAIM_SQL: &str = "\
 WITH RECURSIVE
 parked_keys(key) AS (
@@ -230,46 +232,63 @@ runs AS (
         ) x
         WHERE x.due) r
 ),
-walk AS MATERIALIZED (
-    SELECT w.id, w.seq,
-           w.key IS NOT NULL AND COALESCE((
-               SELECT h.seq <> w.seq AND (h.parked OR h.next_attempt_at > now())
-               FROM {{events}} h
-               WHERE h.key = w.key AND h.delivered_at IS NULL
-               ORDER BY h.seq LIMIT 1), false) AS blocked
-    FROM (
-        SELECT e.id, e.seq, e.key FROM {{events}} e
-        WHERE e.delivered_at IS NULL AND NOT e.parked AND e.next_attempt_at <= now()
-          {{shard_filter}}
-        ORDER BY e.seq
-        LIMIT $7
-        FOR UPDATE SKIP LOCKED
-    ) w
-),
 ready AS (
-    SELECT id, seq FROM walk WHERE NOT blocked LIMIT $3
+    SELECT e.id, e.seq, e.key, e.next_attempt_at, c.is_head
+    FROM (
+        SELECT w.id, w.seq,
+               h.seq = w.seq AS is_head,
+               coalesce(h.seq <> w.seq AND h.busy, false) AS blocked
+        FROM ({{walk}}) w
+        LEFT JOIN LATERAL ({{head}}) h ON true
+        ORDER BY w.seq
+        OFFSET 0
+    ) c
+    JOIN {{events}} e ON e.id = c.id
+    WHERE NOT c.blocked
+      AND e.delivered_at IS NULL AND NOT e.parked AND e.next_attempt_at <= now()
+    ORDER BY c.seq
+    LIMIT $3
+    FOR UPDATE OF e SKIP LOCKED
 ),
-picked AS MATERIALIZED (
-    SELECT e.id, e.seq, e.key, e.next_attempt_at FROM {{events}} e
-    WHERE e.id IN (SELECT c.id FROM (SELECT id, seq FROM ready UNION SELECT id, seq FROM runs) c
-                   ORDER BY c.seq LIMIT $3)
+blocked AS (
+    SELECT w.id
+    FROM ({{walk}}) w
+    JOIN LATERAL ({{head}}) h ON true
+    WHERE h.seq <> w.seq AND h.busy
+),
+run_rows AS (
+    SELECT e.id, e.seq, e.key, e.next_attempt_at, false AS is_head FROM {{events}} e
+    WHERE e.id IN (SELECT id FROM runs) AND e.id NOT IN (SELECT id FROM ready)
       AND e.delivered_at IS NULL AND e.next_attempt_at <= now()
     FOR UPDATE SKIP LOCKED
+),
+picked AS MATERIALIZED (
+    SELECT c.id, c.seq, c.key, c.next_attempt_at, c.is_head
+    FROM (SELECT * FROM ready UNION ALL SELECT * FROM run_rows) c
+    ORDER BY c.seq
+    LIMIT $3
 ),
 gaps AS (
     SELECT k.key,
            (SELECT p.seq FROM {{events}} p
-            WHERE p.key = k.key AND p.delivered_at IS NULL
+            WHERE p.key = k.key AND p.seq < k.last AND p.delivered_at IS NULL
               AND p.seq NOT IN (SELECT seq FROM picked)
             ORDER BY p.seq LIMIT 1) AS gap
-    FROM (SELECT DISTINCT key FROM picked WHERE key IS NOT NULL) k
+    FROM (SELECT key, max(seq) AS last FROM picked
+          WHERE key IS NOT NULL
+          GROUP BY key
+          -- A key's only pick that is its first pending row has no gap.
+          HAVING count(*) > 1 OR NOT bool_and(coalesce(is_head, false))) k
 ),
 parking AS (
     UPDATE {{events}} e SET parked = true
-    FROM walk w
-    WHERE e.id = w.id AND w.blocked
-      AND (SELECT count(*) FROM ready) < $3
-      AND NOT EXISTS (SELECT 1 FROM picked p WHERE p.id = w.id)
+    WHERE e.id IN (
+        SELECT p.id FROM {{events}} p
+        WHERE (SELECT count(*) FROM ready) < $3
+          AND p.id IN (SELECT id FROM blocked)
+          AND p.id NOT IN (SELECT id FROM picked)
+          AND NOT p.parked AND p.delivered_at IS NULL
+        FOR UPDATE SKIP LOCKED)
 )
 UPDATE {{events}} e
 SET locked_by = $4,
@@ -283,6 +302,22 @@ WHERE e.id = c.id AND (g.gap IS NULL OR c.seq < g.gap)
 RETURNING e.id, e.key, e.event_type, e.topic, e.payload, e.headers::text, e.created_at,
           e.attempts, c.next_attempt_at, e.locked_until, e.last_error_code, e.last_error_message,
           e.seq";
+
+/// The claim's walk: the oldest unparked, due rows, at most `$7`.
+const CLAIM_WALK_SQL: &str = "
+            SELECT e.id, e.seq, e.key FROM {{events}} e
+            WHERE e.delivered_at IS NULL AND NOT e.parked AND e.next_attempt_at <= now()
+              {{shard_filter}}
+            ORDER BY e.seq
+            LIMIT $7";
+
+/// The first pending row of walked row `w`'s key (none for a keyless row),
+/// and whether it holds the key (parked, leased or in backoff).
+const CLAIM_HEAD_SQL: &str = "
+            SELECT h.seq, h.parked OR h.next_attempt_at > now() AS busy
+            FROM {{events}} h
+            WHERE h.key = w.key AND h.delivered_at IS NULL
+            ORDER BY h.seq LIMIT 1";
 
 /// How many rows a claim may walk beyond its batch size. Bounds the work of
 /// a claim that finds blocked rows (it parks what it walked; about 10 us a
@@ -447,6 +482,8 @@ impl StoreSql {
         let claim = |shard: &str, head_shard: &str| {
             names.render(
                 &CLAIM_SQL
+                    .replace("{{walk}}", CLAIM_WALK_SQL)
+                    .replace("{{head}}", CLAIM_HEAD_SQL)
                     .replace("{{shard_filter}}", shard)
                     .replace("{{head_shard_filter}}", head_shard),
             )
