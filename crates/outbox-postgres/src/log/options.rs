@@ -42,6 +42,7 @@ pub struct PgLogOptions {
     pub(crate) idle_progress_every: Duration,
     pub(crate) probe_min: Duration,
     pub(crate) probe_max: Duration,
+    pub(crate) durable_progress: bool,
 }
 
 impl Default for PgLogOptions {
@@ -61,6 +62,7 @@ impl Default for PgLogOptions {
             idle_progress_every: Duration::from_secs(1),
             probe_min: Duration::from_millis(2),
             probe_max: Duration::from_millis(250),
+            durable_progress: false,
         }
     }
 }
@@ -155,6 +157,18 @@ impl PgLogOptions {
         self
     }
 
+    /// Whether settles wait for their commit to be flushed to disk. Off by
+    /// default: settles (and the lane and dead-letter writes of a claim)
+    /// commit with `synchronous_commit = off`, saving a disk flush per
+    /// batch; a crash of the *database* may then forget the last few
+    /// milliseconds of progress, which redelivers those events (each
+    /// carries its id for deduplication). Nothing is lost either way: the
+    /// events themselves are written by the producers' own transactions.
+    pub fn with_durable_progress(mut self, yes: bool) -> Self {
+        self.durable_progress = yes;
+        self
+    }
+
     /// The schema.
     pub fn schema(&self) -> &Ident {
         &self.schema
@@ -188,6 +202,7 @@ impl fmt::Debug for PgLogOptions {
             .field("idle_progress_every", &self.idle_progress_every)
             .field("probe_min", &self.probe_min)
             .field("probe_max", &self.probe_max)
+            .field("durable_progress", &self.durable_progress)
             .finish()
     }
 }

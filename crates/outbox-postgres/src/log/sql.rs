@@ -39,15 +39,28 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 
 /// The claim: due lane rows (head of their key) first, then the log from
 /// the read position: the rest of window (lo, hi), then, if that has fewer
-/// than `$11` rows, the new window (hi, now). See the module docs.
+/// than `$11` rows, the new window (hi, now). See the module docs. Rows
+/// come unsorted: each branch is ordered and limited, and the store sorts
+/// by (branch, ord / txid, seq); in a window, the running-at-lo
+/// transactions all precede the range.
 ///
-/// `$1` group, `$2`/`$3` shard total/index, `$4` xmax(lo), `$5` xmax(hi),
-/// `$6` xip(lo) finished by hi, `$7` hi, `$8`/`$9` (txid, seq) read so far
-/// in (lo, hi), `$10` xip(hi), `$11` limit, `$12` lane ords held by
+/// Every log branch is an ordered index scan that stops after `$11` rows,
+/// whatever the statistics say: a range branch starts at one row
+/// comparison and has no upper bound in the index condition (visibility in
+/// the window's upper snapshot is the bound), because an estimated range
+/// makes the planner, on a table never analyzed, pick a bitmap scan and a
+/// sort of the whole window (a quadratic drain). The transactions that
+/// were running at the lower snapshot are read one by one (`LATERAL`), so
+/// a huge transaction is read in slices too.
+///
+/// `$1` group, `$2`/`$3` shard total/index, `$4`/`$5` where the range of
+/// (lo, hi) resumes (max of (xmax(lo), 0) and the read position), `$6`
+/// xip(lo) finished by hi, `$7` hi, `$8`/`$9` (txid, seq) read so far in
+/// (lo, hi), `$10` xip(hi), `$11` limit, `$12` lane ords held by
 /// outstanding batches, `$13` keys held by outstanding batches, `$14`/`$15`
 /// (txid, seq) of rows to skip (settled before a change of holder), `$16`
-/// our epoch (`lease_ok` is false when the lease ran out or moved: the
-/// rows are then ignored and the lease taken again).
+/// our epoch (`lease_ok` is false when the lease ran out or moved: the rows
+/// are then ignored and the lease taken again), `$17` xmax(hi).
 const CLAIM: &str = "\
 WITH snap AS MATERIALIZED (
     SELECT pg_current_snapshot() AS cur, now() AS now,
@@ -62,38 +75,40 @@ lane_keys AS MATERIALIZED (
 ),
 old AS MATERIALIZED (
     (SELECT 1 AS w, e.* FROM {{log}} e
-      WHERE e.txid >= $4::xid8 AND e.txid < $5::xid8
+      WHERE (e.txid, e.seq) > ($4::xid8, $5::bigint)
         AND pg_visible_in_snapshot(e.txid, $7::pg_snapshot)
-        AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
         {{shard}}
         {{skip}}
       ORDER BY e.txid, e.seq LIMIT $11)
     UNION ALL
-    (SELECT 1 AS w, e.* FROM {{log}} e
-      WHERE e.txid = ANY($6::xid8[])
-        AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
-        {{shard}}
-        {{skip}}
+    (SELECT 1 AS w, e.* FROM unnest($6::xid8[]) AS x(t) CROSS JOIN LATERAL (
+        SELECT e.* FROM {{log}} e
+        WHERE e.txid = x.t AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
+          {{shard}}
+          {{skip}}
+        ORDER BY e.txid, e.seq LIMIT $11) e
       ORDER BY e.txid, e.seq LIMIT $11)
 ),
 new AS (
     (SELECT 2 AS w, e.* FROM {{log}} e, snap
       WHERE (SELECT count(*) FROM old) < $11
-        AND e.txid >= $5::xid8 AND pg_visible_in_snapshot(e.txid, snap.cur)
+        AND (e.txid, e.seq) > ($17::xid8, 0::bigint)
+        AND pg_visible_in_snapshot(e.txid, snap.cur)
         {{shard}}
         {{skip}}
       ORDER BY e.txid, e.seq LIMIT $11)
     UNION ALL
-    (SELECT 2 AS w, e.* FROM {{log}} e, snap
-      WHERE (SELECT count(*) FROM old) < $11
-        AND e.txid = ANY($10::xid8[]) AND pg_visible_in_snapshot(e.txid, snap.cur)
-        {{shard}}
-        {{skip}}
+    (SELECT 2 AS w, e.* FROM snap, unnest($10::xid8[]) AS x(t) CROSS JOIN LATERAL (
+        SELECT e.* FROM {{log}} e
+        WHERE e.txid = x.t
+          {{shard}}
+          {{skip}}
+        ORDER BY e.txid, e.seq LIMIT $11) e
+      WHERE (SELECT count(*) FROM old) < $11 AND pg_visible_in_snapshot(x.t, snap.cur)
       ORDER BY e.txid, e.seq LIMIT $11)
 ),
 logged AS (
-    SELECT * FROM (SELECT * FROM old UNION ALL SELECT * FROM new) x
-    ORDER BY w, txid, seq LIMIT $11
+    SELECT * FROM old UNION ALL SELECT * FROM new
 ),
 due AS (
     SELECT l.* FROM {{lane}} l
@@ -123,8 +138,7 @@ rows AS (
 SELECT s.cur::text, s.lease_ok, r.w, r.txid::text, r.seq, r.ord, r.id, r.key, r.event_type, r.topic,
        r.payload, r.headers, r.created_at, r.attempts, r.next_attempt_at,
        r.last_error_code, r.last_error_message, r.parked
-FROM snap s LEFT JOIN rows r ON true
-ORDER BY r.w, r.ord, r.txid, r.seq";
+FROM snap s LEFT JOIN rows r ON true";
 
 /// Copies log rows into the retry lane, in the order given (the `ord`
 /// default is evaluated row by row in that order). `$1` group, `$2`/`$3`
@@ -211,7 +225,8 @@ SELECT id, replaced FROM buried";
 /// The fence of every settle: bumps nothing, but only matches while the
 /// epoch is ours (and row-locks the cursor until the transaction ends).
 /// With `$5` set, also moves the settled position; with `$9`/`$10` set,
-/// replaces the skip list.
+/// replaces the skip list; with `$11` set, commits the transaction with
+/// that `synchronous_commit` (see `PgLogOptions::with_durable_progress`).
 const ADVANCE: &str = "\
 UPDATE {{cursors}}
 SET lo = COALESCE($5::pg_snapshot, lo),
@@ -222,6 +237,7 @@ SET lo = COALESCE($5::pg_snapshot, lo),
     skip_seq = COALESCE($10::bigint[], skip_seq),
     updated_at = now()
 WHERE grp = $1 AND shard_total = $2 AND shard_index = $3 AND epoch = $4
+  AND ($11::text IS NULL OR set_config('synchronous_commit', $11::text, true) IS NOT NULL)
 RETURNING epoch";
 
 const RENEW: &str = "\
@@ -297,13 +313,27 @@ FROM {{meta}} FOR UPDATE NOWAIT";
 
 /// Rotation, step 2: may partition `{{part}}` be truncated? `cursors`: how
 /// many exist; `incomplete`: a group whose shards are not all present;
-/// `behind`: a cursor that has not passed every row of the partition.
+/// `behind`: a cursor that has not passed every row of the partition. A
+/// row is not passed when it is after the cursor's window (lo, hi) (at or
+/// above xmax(hi), or of a transaction running at hi), or in the window
+/// after the position (above xmax(lo), or of a transaction running at lo,
+/// and after (pos_txid, pos_seq)). Every probe is an index scan from the
+/// cursor's frontier, never from an xmin a long transaction holds back.
 const ROTATE_CHECK: &str = "\
 SELECT (SELECT count(*) FROM {{cursors}}),
        EXISTS (SELECT 1 FROM {{cursors}} GROUP BY grp, shard_total HAVING count(*) < shard_total),
-       EXISTS (SELECT 1 FROM {{cursors}} c WHERE EXISTS (
-           SELECT 1 FROM {{part}} e
-           WHERE e.txid >= pg_snapshot_xmin(c.lo) AND NOT pg_visible_in_snapshot(e.txid, c.lo)))";
+       EXISTS (SELECT 1 FROM {{cursors}} c WHERE
+           EXISTS (SELECT 1 FROM {{part}} e WHERE e.txid >= pg_snapshot_xmax(c.hi))
+        OR EXISTS (SELECT 1 FROM {{part}} e
+                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.hi))))
+        OR EXISTS (SELECT 1 FROM {{part}} e
+                   WHERE e.txid >= pg_snapshot_xmax(c.lo)
+                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))
+                     AND pg_visible_in_snapshot(e.txid, c.hi))
+        OR EXISTS (SELECT 1 FROM {{part}} e
+                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.lo)))
+                     AND pg_visible_in_snapshot(e.txid, c.hi)
+                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))))";
 
 const ROTATE_DONE: &str = "\
 UPDATE {{meta}} SET switched_at = now(), rotations = rotations + 1 RETURNING rotations";

@@ -43,6 +43,7 @@ struct Inner {
     idle_progress_every: Duration,
     probe_min: Duration,
     probe_max: Duration,
+    durable_progress: bool,
     url: Option<String>,
     cursors: Mutex<HashMap<CursorKey, Arc<tokio::sync::Mutex<CursorState>>>>,
     tokens: Mutex<HashMap<FencingToken, CursorKey>>,
@@ -139,8 +140,9 @@ struct Item {
     key: Option<String>,
     src: Src,
     kind: Kind,
-    /// For log rows: the position just after this row.
-    after: Option<Position>,
+    /// For log rows: the window it was read in (1: the batch's first, 2:
+    /// the next); with `src`, the position just after it.
+    window: u8,
     resolved: bool,
 }
 
@@ -149,11 +151,31 @@ struct Batch {
     epoch: i64,
     start: Position,
     end: Position,
+    /// The snapshot that closes the batch's second window (`start.hi`
+    /// closes the first).
+    next_hi: Snap,
     items: Vec<Item>,
     complete: bool,
 }
 
 impl Batch {
+    /// The position just after log item `item`.
+    fn after(&self, item: &Item) -> Option<Position> {
+        let Src::Log { txid, seq } = item.src else {
+            return None;
+        };
+        let (lo, hi) = if item.window == 1 {
+            (&self.start.lo, &self.start.hi)
+        } else {
+            (&self.start.hi, &self.next_hi)
+        };
+        Some(Position {
+            lo: lo.clone(),
+            hi: hi.clone(),
+            after: Some((txid, seq)),
+        })
+    }
+
     fn held(&self) -> impl Iterator<Item = &Item> {
         self.items
             .iter()
@@ -413,6 +435,7 @@ impl PgLogStore {
                 idle_progress_every: options.idle_progress_every,
                 probe_min: options.probe_min,
                 probe_max: options.probe_max,
+                durable_progress: options.durable_progress,
                 url: options.url.clone(),
                 cursors: Mutex::new(HashMap::new()),
                 tokens: Mutex::new(HashMap::new()),
@@ -671,6 +694,8 @@ impl PgLogStore {
             .filter_map(|i| i.key.clone())
             .collect();
         let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
+        // Where the range part of (lo, hi) resumes.
+        let (start_txid, start_seq) = read.after.unwrap_or((0, 0)).max((read.lo.xmax, 0));
         let sql = if key.total == 1 {
             &self.inner.sql.claim_all
         } else {
@@ -680,8 +705,8 @@ impl PgLogStore {
             .bind(grp)
             .bind(i64::from(key.total))
             .bind(i64::from(key.index))
-            .bind(read.lo.xmax.to_string())
-            .bind(read.hi.xmax.to_string())
+            .bind(start_txid.to_string())
+            .bind(start_seq)
             .bind(
                 read.lo
                     .finished_by(&read.hi)
@@ -704,6 +729,7 @@ impl PgLogStore {
             )
             .bind(st.inherited.iter().map(|(_, s)| *s).collect::<Vec<_>>())
             .bind(epoch)
+            .bind(read.hi.xmax.to_string())
             .fetch_all(&self.inner.pool)
             .await?;
         let Some(first) = rows.first() else {
@@ -716,17 +742,33 @@ impl PgLogStore {
             return Ok(Step::Relapse);
         }
 
+        // Branch order: lane rows by `ord`, then the log by (window, txid, seq).
+        let mut order: Vec<(i32, i64, u64, i64, usize)> = Vec::with_capacity(rows.len());
+        for (i, row) in rows.iter().enumerate() {
+            let Some(w) = row.try_get::<Option<i32>, _>(2)? else {
+                continue;
+            };
+            let (ord, txid, seq) = if w == 0 {
+                (row.try_get::<i64, _>(5)?, 0, 0)
+            } else {
+                (
+                    0,
+                    xid(&row.try_get::<String, _>(3)?)?,
+                    row.try_get::<i64, _>(4)?,
+                )
+            };
+            order.push((w, ord, txid, seq, i));
+        }
+        order.sort_unstable();
         let limit = limit as usize;
         let mut items: Vec<Item> = Vec::new();
         let mut events: Vec<Event> = Vec::new();
         let mut writes = ClaimWrites::default();
-        let mut end = read.clone();
+        let mut last: Option<(i32, u64, i64)> = None;
         let mut log_rows = 0usize;
         let mut cut = false;
-        for row in &rows {
-            let Some(w) = row.try_get::<Option<i32>, _>(2)? else {
-                continue;
-            };
+        for &(w, _, txid, seq, i) in &order {
+            let row = &rows[i];
             let id = EventId::from_uuid(row.try_get::<Uuid, _>(6)?);
             let key_text: Option<String> = row.try_get(7)?;
             if w == 0 {
@@ -756,7 +798,7 @@ impl PgLogStore {
                             key: key_text,
                             src,
                             kind: Kind::Deliver,
-                            after: None,
+                            window: 0,
                             resolved: false,
                         });
                     }
@@ -769,28 +811,13 @@ impl PgLogStore {
             if cut {
                 continue;
             }
-            let txid = xid(&row.try_get::<String, _>(3)?)?;
-            let seq: i64 = row.try_get(4)?;
             if key_text.as_ref().is_some_and(|k| held_keys.contains(k)) || events.len() >= limit {
                 // An earlier event of this key is still in flight (or the
                 // batch is full): the batch ends before this row.
                 cut = true;
                 continue;
             }
-            let after = if w == 1 {
-                Position {
-                    lo: read.lo.clone(),
-                    hi: read.hi.clone(),
-                    after: Some((txid, seq)),
-                }
-            } else {
-                Position {
-                    lo: read.hi.clone(),
-                    hi: cur.clone(),
-                    after: Some((txid, seq)),
-                }
-            };
-            end = after.clone();
+            last = Some((w, txid, seq));
             let parked: bool = row.try_get(17)?;
             let headers: String = row.try_get(11)?;
             let (kind, event) = if parked {
@@ -828,14 +855,28 @@ impl PgLogStore {
                 key: key_text,
                 src: Src::Log { txid, seq },
                 kind,
-                after: Some(after),
+                window: u8::try_from(w).unwrap_or(2),
                 resolved: false,
             });
         }
-        if !cut && log_rows < limit {
+        let end = if !cut && log_rows < limit {
             // Everything committed up to `cur` has been read.
-            end = Position::at(cur);
-        }
+            Position::at(cur.clone())
+        } else {
+            match last {
+                None => read.clone(),
+                Some((1, txid, seq)) => Position {
+                    lo: read.lo.clone(),
+                    hi: read.hi.clone(),
+                    after: Some((txid, seq)),
+                },
+                Some((_, txid, seq)) => Position {
+                    lo: read.hi.clone(),
+                    hi: cur.clone(),
+                    after: Some((txid, seq)),
+                },
+            }
+        };
 
         let consumed = !writes.is_empty();
         if events.is_empty() {
@@ -879,6 +920,7 @@ impl PgLogStore {
             epoch,
             start: read,
             end: end.clone(),
+            next_hi: cur,
             items,
             complete: false,
         });
@@ -993,6 +1035,7 @@ impl PgLogStore {
             .bind(seq)
             .bind(skip.map(|s| s.iter().map(|(t, _)| t.to_string()).collect::<Vec<_>>()))
             .bind(skip.map(|s| s.iter().map(|(_, q)| *q).collect::<Vec<_>>()))
+            .bind((!self.inner.durable_progress).then_some("off"))
             .fetch_optional(&mut *conn)
             .await?;
         Ok(row.is_some())
@@ -1557,7 +1600,7 @@ fn plan_settle(st: &CursorState, bi: usize, settlement: &Settlement) -> Plan {
             let end = log_idx[..n]
                 .iter()
                 .rev()
-                .find_map(|i| batch.items[*i].after.clone())
+                .find_map(|i| batch.after(&batch.items[*i]))
                 .unwrap_or_else(|| batch.start.clone());
             cut_at = Some(r);
             plan.cut_at = Some(r);
