@@ -111,13 +111,13 @@ pub enum StoreError {
     /// The connection URL could not be parsed (the message never contains the password).
     InvalidUrl(String),
     /// No connection could be opened when the store connected. A refused
-    /// connection (the server starting) is tried again until the acquire
+    /// connection (the server starting) is tried again until the connect
     /// timeout; this is the last attempt's error.
     Connect {
         /// `host:port/database`, without credentials.
         server: String,
         /// The last attempt's error, or `None` when the attempt itself did
-        /// not finish within the acquire timeout.
+        /// not finish within the connect timeout.
         error: Option<sqlx::Error>,
         /// How long connecting was tried.
         waited: Duration,

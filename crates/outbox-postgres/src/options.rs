@@ -29,6 +29,7 @@ pub const DEFAULT_VACUUM_EVERY: u64 = 50_000;
 /// | [`with_retention`](Self::with_retention) | - | none: delete when delivered |
 /// | [`with_max_connections`](Self::with_max_connections) | - | 10 |
 /// | [`with_acquire_timeout`](Self::with_acquire_timeout) | - | 30 s |
+/// | [`with_connect_timeout`](Self::with_connect_timeout) | - | 10 s |
 /// | [`with_auto_migrate`](Self::with_auto_migrate) | - | `false` |
 /// | [`with_vacuum_every`](Self::with_vacuum_every) | - | `None` (autovacuum only) |
 /// | [`with_limits`](Self::with_limits) | - | [`EventLimits::default()`] |
@@ -44,6 +45,7 @@ pub struct PgStoreOptions {
     pub(crate) purge_interval: Duration,
     pub(crate) max_connections: u32,
     pub(crate) acquire_timeout: Duration,
+    pub(crate) connect_timeout: Duration,
     pub(crate) auto_migrate: bool,
     pub(crate) vacuum_every: Option<u64>,
     pub(crate) limits: EventLimits,
@@ -62,6 +64,7 @@ impl Default for PgStoreOptions {
             purge_interval: Duration::from_secs(60),
             max_connections: 10,
             acquire_timeout: Duration::from_secs(30),
+            connect_timeout: Duration::from_secs(10),
             auto_migrate: false,
             vacuum_every: None,
             limits: EventLimits::default(),
@@ -146,10 +149,19 @@ impl PgStoreOptions {
         self
     }
 
-    /// How long connecting (and taking a pooled connection) may take before
-    /// it fails. Default 30 s.
+    /// How long taking a pooled connection (opening one if needed) may take
+    /// before a query fails. Default 30 s.
     pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
         self.acquire_timeout = timeout;
+        self
+    }
+
+    /// How long [`crate::PgStore::connect`] keeps trying while the server
+    /// refuses connections or is starting up, before it fails with the last
+    /// attempt's cause ("Connection refused", ...). Errors that waiting cannot
+    /// fix (authentication, a missing database, TLS) fail at once. Default 10 s.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -206,6 +218,7 @@ impl fmt::Debug for PgStoreOptions {
             .field("purge_interval", &self.purge_interval)
             .field("max_connections", &self.max_connections)
             .field("acquire_timeout", &self.acquire_timeout)
+            .field("connect_timeout", &self.connect_timeout)
             .field("auto_migrate", &self.auto_migrate)
             .field("vacuum_every", &self.vacuum_every)
             .field("limits", &self.limits)

@@ -677,8 +677,9 @@ impl PgStore {
     /// task (unless turned off) and the retention purge (when configured).
     ///
     /// A server that refuses connections (e.g. still starting) is tried
-    /// again until the acquire timeout; the error then names the last
-    /// attempt's cause ("connection refused", an authentication failure,
+    /// again until the connect timeout
+    /// ([`PgStoreOptions::with_connect_timeout`]); the error then names the
+    /// last attempt's cause ("connection refused", an authentication failure,
     /// a missing database...), never the password.
     pub async fn connect(options: PgStoreOptions) -> Result<Self, StoreError> {
         let url = options
@@ -691,7 +692,7 @@ impl PgStore {
         // JIT compilation costs tens of milliseconds per claim and buys
         // nothing for these small, index-driven statements.
         let connect = connect.options([("jit", "off")]);
-        first_connection(&connect, options.acquire_timeout, &url).await?;
+        first_connection(&connect, options.connect_timeout, &url).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)

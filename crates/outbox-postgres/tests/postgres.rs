@@ -249,7 +249,7 @@ async fn the_password_never_appears_in_debug_errors_or_logs() {
     // A server that is not there: the error does not carry the URL either.
     let down = url.replace(":5432", ":1");
     let err =
-        PgStore::connect(PgStoreOptions::new(down).with_acquire_timeout(Duration::from_secs(1)))
+        PgStore::connect(PgStoreOptions::new(down).with_connect_timeout(Duration::from_secs(1)))
             .await
             .unwrap_err();
     assert!(!format!("{err} {err:?}").contains(PASSWORD), "{err:?}");
@@ -550,7 +550,7 @@ async fn connect_errors_name_the_root_cause_once() {
     let url = format!("postgres://app:{PASSWORD}@127.0.0.1:5999/test");
     let started = std::time::Instant::now();
     let err =
-        PgStore::connect(PgStoreOptions::new(url).with_acquire_timeout(Duration::from_secs(1)))
+        PgStore::connect(PgStoreOptions::new(url).with_connect_timeout(Duration::from_secs(1)))
             .await
             .unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(10));
