@@ -194,6 +194,15 @@ async fn the_retry_lane_keeps_per_key_order() {
     assert_eq!(lane[1].1, 0, "a released event keeps its attempts");
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.in_flight), (4, 0));
+    let status = store.status().await.unwrap();
+    assert_eq!(status.shards.len(), 1);
+    let shard = &status.shards[0];
+    assert_eq!((shard.pending, shard.lane, shard.parked_keys), (0, 4, 1));
+    assert!(shard.lag.is_some());
+    assert_eq!(shard.cursor.owner.as_deref(), Some("relay"));
+    assert!(shard.cursor.leased);
+    assert_eq!(status.dead, 0);
+    assert_eq!(status.log.partitions.len(), 3);
 
     // After the backoff, the key drains one head at a time, in order.
     tokio::time::sleep(Duration::from_millis(450)).await;

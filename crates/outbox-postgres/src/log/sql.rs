@@ -353,6 +353,38 @@ LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 CROSS JOIN {{meta}} m
 ORDER BY p.slot";
 
+/// Per cursor of the group: what it has not passed yet (count, oldest),
+/// its retry lane (rows, keys with parked events), its lease.
+const STATUS: &str = "\
+SELECT c.shard_total, c.shard_index, c.owner, coalesce(c.lease_until > now(), false), c.epoch,
+       c.updated_at, p.n,
+       (extract(epoch FROM (now() - p.oldest)) * 1000000)::bigint,
+       (SELECT count(*) FROM {{lane}} l
+         WHERE l.grp = c.grp AND l.key_hash % c.shard_total = c.shard_index),
+       (SELECT count(DISTINCT l.key) FROM {{lane}} l
+         WHERE l.grp = c.grp AND l.key_hash % c.shard_total = c.shard_index AND l.key IS NOT NULL
+           AND EXISTS (SELECT 1 FROM {{lane}} h
+                       WHERE h.grp = l.grp AND h.key = l.key AND h.ord < l.ord)),
+       (SELECT (extract(epoch FROM (now() - min(l.created_at))) * 1000000)::bigint FROM {{lane}} l
+         WHERE l.grp = c.grp AND l.key_hash % c.shard_total = c.shard_index)
+FROM {{cursors}} c
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, min(e.created_at) AS oldest FROM {{log}} e
+    WHERE e.txid >= pg_snapshot_xmin(c.lo) AND NOT pg_visible_in_snapshot(e.txid, c.lo)
+      AND e.key_hash % c.shard_total = c.shard_index
+      AND NOT (pg_visible_in_snapshot(e.txid, c.hi) AND c.pos_txid IS NOT NULL
+               AND (e.txid, e.seq) <= (c.pos_txid, c.pos_seq))
+) p
+WHERE c.grp = $1
+ORDER BY c.shard_total, c.shard_index";
+
+/// The oldest open transaction that has a transaction id (a writer: its
+/// events, if any, wait for its commit; a partition it wrote to cannot be
+/// rotated out).
+const OLDEST_WRITER: &str = "\
+SELECT (extract(epoch FROM (now() - min(xact_start))) * 1000000)::bigint
+FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()";
+
 /// Probe of the wake-up loop: the current snapshot.
 pub(crate) const PROBE: &str = "SELECT pg_current_snapshot()::text";
 
@@ -380,6 +412,8 @@ pub(crate) struct Sql {
     pub(crate) rotate_done: String,
     pub(crate) rotate_bump: String,
     pub(crate) partitions_info: String,
+    pub(crate) status: String,
+    pub(crate) oldest_writer: &'static str,
 }
 
 impl Sql {
@@ -433,6 +467,8 @@ impl Sql {
             rotate_done: names.render(ROTATE_DONE),
             rotate_bump: names.render(ROTATE_BUMP),
             partitions_info: names.render(PARTITIONS_INFO),
+            status: names.render(STATUS),
+            oldest_writer: OLDEST_WRITER,
         }
     }
 }

@@ -215,6 +215,38 @@ pub struct CursorInfo {
     pub updated_at: DateTime<Utc>,
 }
 
+/// One shard's progress (see [`PgLogStore::status`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ShardStatus {
+    /// The cursor.
+    pub cursor: CursorInfo,
+    /// Committed events of the shard its cursor has not passed (including
+    /// events of claims not settled yet).
+    pub pending: u64,
+    /// Age of the oldest of them, or of the oldest retry-lane row (database
+    /// clock): the shard's lag.
+    pub lag: Option<Duration>,
+    /// Rows of the shard in the retry lane (retries, released, parked).
+    pub lane: u64,
+    /// Keys of the shard with events parked behind an earlier one.
+    pub parked_keys: u64,
+}
+
+/// The consumer group's progress (see [`PgLogStore::status`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LogStatus {
+    /// One entry per cursor.
+    pub shards: Vec<ShardStatus>,
+    /// Dead letters of the group.
+    pub dead: u64,
+    /// Age of the oldest open transaction that has a transaction id: its
+    /// events (if it wrote any) wait for its commit, and a partition it
+    /// wrote to cannot be rotated out.
+    pub oldest_writer: Option<Duration>,
+    /// Partitions and rotations.
+    pub log: LogInfo,
+}
+
 /// The state of the log's partitions (see [`PgLogStore::log_info`]).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LogInfo {
@@ -1481,6 +1513,58 @@ impl PgLogStore {
             p.current = p.slot == current;
         }
         Ok(info)
+    }
+
+    /// Per-shard progress, dead letters, the oldest writer and the
+    /// partitions: what `outbox-relay status` and the metrics show.
+    pub async fn status(&self) -> Result<LogStatus, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.status)
+            .bind(&self.inner.group)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let micros_to =
+            |us: Option<i64>| us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
+        let mut shards = Vec::with_capacity(rows.len());
+        for r in &rows {
+            let total: i32 = r.try_get(0)?;
+            let index: i32 = r.try_get(1)?;
+            let log_lag = micros_to(r.try_get(7)?);
+            let lane_lag = micros_to(r.try_get(10)?);
+            shards.push(ShardStatus {
+                cursor: CursorInfo {
+                    shard: ShardSpec::new(
+                        u32::try_from(index).unwrap_or(0),
+                        u32::try_from(total).unwrap_or(1),
+                    )
+                    .unwrap_or(ShardSpec::ALL),
+                    owner: r.try_get(2)?,
+                    leased: r.try_get(3)?,
+                    epoch: r.try_get(4)?,
+                    lease_until: None,
+                    updated_at: r.try_get(5)?,
+                },
+                pending: count(r.try_get(6)?),
+                lag: log_lag.max(lane_lag),
+                lane: count(r.try_get(8)?),
+                parked_keys: count(r.try_get(9)?),
+            });
+        }
+        let dead: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {} WHERE grp = $1",
+            self.inner.log.names.render("{{dead}}")
+        ))
+        .bind(&self.inner.group)
+        .fetch_one(&self.inner.pool)
+        .await?;
+        let oldest: Option<i64> = sqlx::query_scalar(self.inner.sql.oldest_writer)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        Ok(LogStatus {
+            shards,
+            dead: count(dead),
+            oldest_writer: micros_to(oldest),
+            log: self.log_info().await?,
+        })
     }
 
     async fn probe(&self) -> Result<bool, StoreError> {
