@@ -83,7 +83,7 @@ const RELAY: &[Setting] = &[
         .with_default("false"),
     Setting::text(
         "metrics_addr",
-        "Serve Prometheus metrics at http://ADDR/metrics, e.g. 127.0.0.1:9464 (feature `prometheus`).",
+        "Serve http://ADDR/metrics (Prometheus, feature `prometheus`), /healthz and /readyz (store answered, sink breaker closed), e.g. 127.0.0.1:9464.",
     )
     .with_value_name("ADDR"),
 ];

@@ -12,6 +12,7 @@ mod backends;
 mod config;
 #[cfg(feature = "sqlite")]
 mod demo;
+mod http;
 mod report;
 mod table;
 
@@ -159,7 +160,7 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
             init_logging("info");
             let resolved = args.resolve()?;
             secrets.extend(resolved.secrets());
-            run(&resolved).await
+            run(&resolved, secrets).await
         }
         Command::Migrate(args) => {
             init_logging("warn");
@@ -180,6 +181,8 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
                 Some(age) => println!("oldest:     {:.1}s", age.as_secs_f64()),
                 None => println!("oldest:     -"),
             }
+            // The breaker lives in the relay process; this command is not it.
+            println!("sink:       a running relay shows it: GET /readyz or gauge outbox_sink_state (run --metrics-addr)");
             Ok(())
         }
         Command::Dead { command } => {
@@ -219,7 +222,7 @@ async fn open(args: &StoreArgs, secrets: &mut Vec<String>) -> anyhow::Result<(An
     open_store(&resolved).await
 }
 
-async fn run(resolved: &Resolved) -> anyhow::Result<()> {
+async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     let cfg = config::run_config(resolved)?;
     let (store, url) = open_store(resolved).await?;
     if cfg.migrate {
@@ -228,9 +231,20 @@ async fn run(resolved: &Resolved) -> anyhow::Result<()> {
     let sink = AnySink::connect(&cfg.sink, |d| resolved.backend_settings(d))
         .await
         .map_err(|e| connect_error(resolved, e))?;
-    if let Some(addr) = cfg.metrics_addr {
-        install_prometheus(addr)?;
-    }
+    // Bound before the relay starts, so a taken port fails the command.
+    let listener = match cfg.metrics_addr {
+        Some(addr) => Some((
+            addr,
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?,
+        )),
+        None => None,
+    };
+    let metrics = match listener {
+        Some(_) => install_prometheus()?,
+        None => None,
+    };
     outbox_worker::metrics::describe_metrics();
     info!(
         store = %redact_url(&url),
@@ -243,7 +257,20 @@ async fn run(resolved: &Resolved) -> anyhow::Result<()> {
         delivery_timeout = ?cfg.options.delivery_timeout(),
         "starting relay"
     );
+    let (store, store_probe) = http::Watched::new(store);
     let relay = Relay::new(store, sink, cfg.options).context("invalid relay settings")?;
+    if let Some((addr, listener)) = listener {
+        http::spawn(
+            listener,
+            http::Endpoints {
+                metrics,
+                sink: relay.sink_health(),
+                store: store_probe,
+                secrets: secrets.to_vec(),
+            },
+        );
+        info!(%addr, "serving /metrics, /healthz and /readyz");
+    }
     let summary = relay.run(shutdown_signal()).await;
     info!(
         delivered = summary.delivered,
@@ -255,20 +282,33 @@ async fn run(resolved: &Resolved) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Serves the relay's metrics for Prometheus at `http://addr/metrics`.
+/// Installs the Prometheus recorder; `/metrics` renders its text.
 #[cfg(feature = "prometheus")]
-fn install_prometheus(addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    metrics_exporter_prometheus::PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .with_context(|| format!("cannot serve metrics on {addr}"))?;
-    info!(%addr, "serving Prometheus metrics at /metrics");
-    Ok(())
+fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("cannot install the Prometheus recorder")?;
+    // What the exporter's own listener would do: drain histograms now and
+    // then so they do not grow without bound between scrapes.
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
+        loop {
+            every.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
+    Ok(Some(Box::new(move || handle.render())))
 }
 
+/// Without the exporter, `--metrics-addr` still serves the health
+/// endpoints; `/metrics` says what is missing.
 #[cfg(not(feature = "prometheus"))]
-fn install_prometheus(_addr: std::net::SocketAddr) -> anyhow::Result<()> {
-    anyhow::bail!("--metrics-addr needs the `prometheus` feature (on by default): rebuild outbox-relay with it")
+fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
+    warn!(
+        "built without the `prometheus` feature: --metrics-addr serves /healthz and /readyz only"
+    );
+    Ok(None)
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

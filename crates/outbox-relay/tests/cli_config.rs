@@ -198,7 +198,15 @@ kafka_topic_prefix = "app."
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", stderr(&out));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("pending:"));
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert!(status.contains("pending:"), "{status}");
+    // The sink state lives in a running relay: status says where to look.
+    assert!(
+        status.lines().any(|l| l.starts_with("sink:")
+            && l.contains("/readyz")
+            && l.contains("outbox_sink_state")),
+        "{status}"
+    );
     let out = relay(&["status", "--config", cfg])
         .env("OUTBOX_STORE", "nope://x")
         .output()

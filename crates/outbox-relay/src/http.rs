@@ -1,0 +1,400 @@
+//! The HTTP endpoints of `run --metrics-addr ADDR`, all on one listener:
+//!
+//! | path       | answer |
+//! |------------|--------|
+//! | `/metrics` | the Prometheus text of the relay's metrics (feature `prometheus`) |
+//! | `/healthz` | `200 ok` while the process runs (liveness) |
+//! | `/readyz`  | `200` when the store answered the relay's last claim and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed) |
+//!
+//! The Prometheus exporter's own listener answers every path with the
+//! metrics, so it cannot share its port with other routes; this module
+//! renders the recorder's text itself from a minimal HTTP/1.1 responder on
+//! a tokio `TcpListener` (`GET` and `HEAD` only, one request per
+//! connection, `Connection: close`). That keeps hyper's server out of the
+//! binary's own code and is all a scraper or a kubelet probe needs.
+
+use crate::report::scrub;
+use outbox_core::{Claim, ClaimRequest, FencingToken, SettleReport, Settlement, Stats, Store};
+use outbox_worker::{SinkHealth, SinkState, SinkStatus};
+use serde_json::json;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tracing::debug;
+
+/// Longest request head read (request line and headers).
+const MAX_HEAD: usize = 8 * 1024;
+/// How long a client may take to send its request head.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the store answered to the relay's last claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum StoreState {
+    /// No claim has finished yet.
+    Starting,
+    /// The last claim succeeded.
+    Ok,
+    /// The last claim failed with this error (not yet scrubbed).
+    Failed(String),
+}
+
+/// The result of the relay's last claim, shared with `/readyz`.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreProbe {
+    state: Arc<Mutex<StoreState>>,
+}
+
+impl StoreProbe {
+    fn new() -> Self {
+        Self {
+            state: Arc::new(Mutex::new(StoreState::Starting)),
+        }
+    }
+
+    fn set(&self, state: StoreState) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+    }
+
+    fn get(&self) -> StoreState {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// A store that records the outcome of each claim in a [`StoreProbe`] and
+/// otherwise is the store it wraps.
+#[derive(Debug)]
+pub(crate) struct Watched<S> {
+    inner: S,
+    probe: StoreProbe,
+}
+
+impl<S> Watched<S> {
+    /// Wraps `inner`; the probe reports its claims.
+    pub(crate) fn new(inner: S) -> (Self, StoreProbe) {
+        let probe = StoreProbe::new();
+        (
+            Self {
+                inner,
+                probe: probe.clone(),
+            },
+            probe,
+        )
+    }
+}
+
+impl<S: Store> Store for Watched<S> {
+    type Error = S::Error;
+
+    async fn claim(&self, req: &ClaimRequest) -> Result<Claim, S::Error> {
+        let result = self.inner.claim(req).await;
+        self.probe.set(match &result {
+            Ok(_) => StoreState::Ok,
+            Err(e) => StoreState::Failed(e.to_string()),
+        });
+        result
+    }
+
+    async fn settle(
+        &self,
+        token: FencingToken,
+        settlement: &Settlement,
+    ) -> Result<SettleReport, S::Error> {
+        self.inner.settle(token, settlement).await
+    }
+
+    async fn renew(&self, token: FencingToken, lease: Duration) -> Result<u64, S::Error> {
+        self.inner.renew(token, lease).await
+    }
+
+    async fn stats(&self) -> Result<Stats, S::Error> {
+        self.inner.stats().await
+    }
+
+    async fn wakeup(&self) {
+        self.inner.wakeup().await;
+    }
+}
+
+/// Renders the metrics text (the Prometheus recorder's handle).
+pub(crate) type Render = Box<dyn Fn() -> String + Send + Sync>;
+
+/// What the endpoints read.
+pub(crate) struct Endpoints {
+    /// `None` in a build without the `prometheus` feature.
+    pub(crate) metrics: Option<Render>,
+    pub(crate) sink: SinkHealth,
+    pub(crate) store: StoreProbe,
+    /// Replaced by `***` in every error shown.
+    pub(crate) secrets: Vec<String>,
+}
+
+impl std::fmt::Debug for Endpoints {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoints")
+            .field("metrics", &self.metrics.is_some())
+            .field("sink", &self.sink)
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One response.
+#[derive(Debug, PartialEq, Eq)]
+struct Response {
+    status: u16,
+    content_type: &'static str,
+    body: String,
+}
+
+impl Response {
+    fn text(status: u16, body: impl Into<String>) -> Self {
+        Self {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: body.into(),
+        }
+    }
+
+    fn json(status: u16, body: &serde_json::Value) -> Self {
+        Self {
+            status,
+            content_type: "application/json",
+            body: format!("{body}\n"),
+        }
+    }
+
+    fn reason(&self) -> &'static str {
+        match self.status {
+            200 => "OK",
+            400 => "Bad Request",
+            404 => "Not Found",
+            405 => "Method Not Allowed",
+            503 => "Service Unavailable",
+            _ => "",
+        }
+    }
+}
+
+/// Where a request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Metrics,
+    Health,
+    Ready,
+    NotFound,
+    NotAllowed,
+}
+
+/// The route of `method target` (a query string is ignored).
+fn route(method: &str, target: &str) -> Route {
+    if method != "GET" && method != "HEAD" {
+        return Route::NotAllowed;
+    }
+    match target.split(['?', '#']).next().unwrap_or_default() {
+        "/metrics" => Route::Metrics,
+        "/healthz" => Route::Health,
+        "/readyz" => Route::Ready,
+        _ => Route::NotFound,
+    }
+}
+
+impl Endpoints {
+    /// The answer to `method target`.
+    fn respond(&self, method: &str, target: &str) -> Response {
+        match route(method, target) {
+            Route::Health => Response::text(200, "ok\n"),
+            Route::Ready => readiness(&self.sink.status(), &self.store.get(), &self.secrets),
+            Route::Metrics => match &self.metrics {
+                Some(render) => Response {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body: render(),
+                },
+                None => Response::text(
+                    404,
+                    "metrics need the `prometheus` feature (on by default)\n",
+                ),
+            },
+            Route::NotFound => {
+                Response::text(404, "not found: try /metrics, /healthz or /readyz\n")
+            }
+            Route::NotAllowed => Response::text(405, "only GET\n"),
+        }
+    }
+}
+
+/// `/readyz`: ready when the store answered the last claim and the sink's
+/// breaker is closed; otherwise 503 naming both states and their last
+/// errors, with every secret replaced by `***`.
+fn readiness(sink: &SinkStatus, store: &StoreState, secrets: &[String]) -> Response {
+    let ready = sink.state == SinkState::Closed && *store == StoreState::Ok;
+    let store_json = match store {
+        StoreState::Starting => json!({ "state": "starting" }),
+        StoreState::Ok => json!({ "state": "ok" }),
+        StoreState::Failed(e) => json!({
+            "state": "error",
+            "last_error": scrub(e, secrets),
+        }),
+    };
+    if ready {
+        return Response::json(
+            200,
+            &json!({ "ready": true, "sink": { "state": sink.state.as_str() }, "store": store_json }),
+        );
+    }
+    let since = chrono::DateTime::<chrono::Utc>::from(sink.since)
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let last_error = sink.last_error.as_ref().map(|e| {
+        json!({
+            "code": e.code().as_str(),
+            "message": scrub(e.message(), secrets),
+        })
+    });
+    Response::json(
+        503,
+        &json!({
+            "ready": false,
+            "sink": {
+                "state": sink.state.as_str(),
+                "since": since,
+                "outages": sink.outages,
+                "last_error": last_error,
+            },
+            "store": store_json,
+        }),
+    )
+}
+
+/// Serves `endpoints` on `listener` until the runtime stops.
+pub(crate) fn spawn(listener: TcpListener, endpoints: Endpoints) {
+    let endpoints = Arc::new(endpoints);
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    let endpoints = endpoints.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = serve(stream, &endpoints).await {
+                            debug!(error = %e, "HTTP connection ended with an error");
+                        }
+                    });
+                }
+                // E.g. too many open files: wait instead of spinning.
+                Err(e) => {
+                    debug!(error = %e, "cannot accept an HTTP connection");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    });
+}
+
+/// Reads one request head and writes one response.
+async fn serve(mut stream: TcpStream, endpoints: &Endpoints) -> std::io::Result<()> {
+    let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream))
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request head"))??;
+    let mut parts = head.split_ascii_whitespace();
+    let (method, response) = match (parts.next(), parts.next(), parts.next()) {
+        (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
+            (method, endpoints.respond(method, target))
+        }
+        _ => ("GET", Response::text(400, "bad request\n")),
+    };
+    let mut out = format!(
+        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n",
+        response.status,
+        response.reason(),
+        response.content_type,
+        response.body.len()
+    );
+    if response.status == 405 {
+        out.push_str("Allow: GET, HEAD\r\n");
+    }
+    out.push_str("\r\n");
+    if method != "HEAD" {
+        out.push_str(&response.body);
+    }
+    stream.write_all(out.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// The request line, once the whole head (up to the blank line) was read.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.len() > MAX_HEAD {
+            break;
+        }
+    }
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    Ok(String::from_utf8_lossy(line).trim().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use outbox_core::{DeliveryError, ErrorCode};
+
+    fn body(r: &Response) -> serde_json::Value {
+        serde_json::from_str(&r.body).unwrap_or_default()
+    }
+
+    #[test]
+    fn routes() {
+        assert_eq!(route("GET", "/metrics"), Route::Metrics);
+        assert_eq!(route("HEAD", "/healthz"), Route::Health);
+        assert_eq!(route("GET", "/readyz?verbose=1"), Route::Ready);
+        assert_eq!(route("GET", "/"), Route::NotFound);
+        assert_eq!(route("POST", "/readyz"), Route::NotAllowed);
+    }
+
+    #[test]
+    fn ready_only_with_a_closed_sink_and_a_store_that_answered() {
+        let closed = SinkStatus::default();
+        let ok = readiness(&closed, &StoreState::Ok, &[]);
+        assert_eq!(ok.status, 200);
+        assert_eq!(body(&ok)["sink"]["state"], "closed");
+
+        let starting = readiness(&closed, &StoreState::Starting, &[]);
+        assert_eq!(starting.status, 503);
+        assert_eq!(body(&starting)["store"]["state"], "starting");
+
+        let secrets = vec!["hunter2".to_owned()];
+        let failed = StoreState::Failed("pool timed out (postgres://u:hunter2@db)".into());
+        let r = readiness(&closed, &failed, &secrets);
+        assert_eq!(r.status, 503);
+        assert!(!r.body.contains("hunter2"), "{}", r.body);
+        assert_eq!(body(&r)["store"]["state"], "error");
+
+        let mut open = SinkStatus::default();
+        open.state = SinkState::Open;
+        open.outages = 2;
+        open.last_error = Some(DeliveryError::unavailable(
+            ErrorCode::new("SINK_UNAVAILABLE"),
+            "connection refused: nats://u:hunter2@127.0.0.1:4222",
+        ));
+        let r = readiness(&open, &StoreState::Ok, &secrets);
+        assert_eq!(r.status, 503);
+        let v = body(&r);
+        assert_eq!(v["ready"], false);
+        assert_eq!(v["sink"]["state"], "open");
+        assert_eq!(v["sink"]["outages"], 2);
+        assert_eq!(v["sink"]["last_error"]["code"], "SINK_UNAVAILABLE");
+        assert!(!r.body.contains("hunter2"), "{}", r.body);
+
+        let mut half = open.clone();
+        half.state = SinkState::HalfOpen;
+        assert_eq!(readiness(&half, &StoreState::Ok, &[]).status, 503);
+    }
+}

@@ -1,0 +1,223 @@
+//! `outbox-relay run --metrics-addr`: `/healthz` and `/readyz` on the
+//! metrics listener follow a real sink outage. The relay publishes to NATS
+//! JetStream through a TCP proxy; while events keep being committed the
+//! proxy refuses connections, `/readyz` turns 503 naming the open sink and
+//! its error (`/healthz` stays 200, `outbox_sink_state` shows it), and once
+//! the proxy forwards again `/readyz` is 200 and the stream holds every
+//! committed event.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+use outbox_core::{DeadLetterQuery, DeadLetterStore, EventId, NewEvent, Store};
+use outbox_sqlite::{enqueue_batch, SqliteStore};
+use outbox_testkit::nats::NatsFixture;
+use outbox_testkit::process::ChildGuard;
+use outbox_testkit::proxy::TcpProxy;
+use std::collections::HashSet;
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// `GET path` on `addr`: status and body, `None` when nothing answers.
+fn get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n")?.1.to_owned();
+    Some((status, body))
+}
+
+/// Polls `path` until it answers `status` (bounded); returns the body.
+async fn wait_for(addr: &str, path: &str, status: u16, bound: Duration) -> String {
+    let deadline = Instant::now() + bound;
+    let mut last = None;
+    loop {
+        if let Some((s, body)) = get(addr, path) {
+            if s == status {
+                return body;
+            }
+            last = Some((s, body));
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{path} did not answer {status} within {bound:?}; last answer: {last:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Commits events `from..from + n` of `topic` in one transaction.
+async fn commit(
+    store: &SqliteStore,
+    topic: &str,
+    committed: &Mutex<HashSet<EventId>>,
+    from: usize,
+    n: usize,
+) {
+    let events: Vec<NewEvent> = (from..from + n)
+        .map(|i| {
+            NewEvent::new("health.test", topic, format!("{{\"n\":{i}}}").into_bytes())
+                .with_key(format!("k{}", i % 4))
+        })
+        .collect();
+    let mut tx = store.pool().begin().await.unwrap();
+    let ids = enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    committed.lock().unwrap().extend(ids);
+}
+
+fn gauge(metrics: &str, name: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_a_sink_outage() {
+    let nats = NatsFixture::new().await;
+    let proxy = TcpProxy::start(nats.broker_addr()).await;
+    let topic = nats.topic();
+    let subject = nats.subject(&topic);
+    let prefix = subject.strip_suffix(&format!(".{topic}")).unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let store = SqliteStore::connect(&url).await.unwrap();
+    store.migrate().await.unwrap();
+    let committed: Arc<Mutex<HashSet<EventId>>> = Arc::default();
+    commit(&store, &topic, &committed, 0, 20).await;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut relay = ChildGuard::new(
+        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["run", "--store", &url, "--poll-interval-ms", "50"])
+            .args(["--metrics-addr", &addr])
+            .args(["--sink", &format!("nats://{}", proxy.addr())])
+            .args(["--nats-subject-prefix", prefix])
+            .env("RUST_LOG", "warn")
+            .env_remove("OUTBOX_CONFIG")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+
+    let bound = Duration::from_secs(30);
+    assert_eq!(wait_for(&addr, "/healthz", 200, bound).await, "ok\n");
+    let ready: serde_json::Value =
+        serde_json::from_str(&wait_for(&addr, "/readyz", 200, bound).await).unwrap();
+    assert_eq!(ready["sink"]["state"], "closed", "{ready}");
+    assert_eq!(ready["store"]["state"], "ok", "{ready}");
+
+    // Events keep being committed through the outage (bounded: 20 ms apart,
+    // at most 2,000 batches).
+    let stop = Arc::new(AtomicBool::new(false));
+    let producer = tokio::spawn({
+        let (stop, store, topic, committed) = (
+            stop.clone(),
+            store.clone(),
+            topic.clone(),
+            committed.clone(),
+        );
+        async move {
+            let mut n = 20;
+            for _ in 0..2_000 {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                commit(&store, &topic, &committed, n, 5).await;
+                n += 5;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    });
+
+    // The broker goes out of reach twice (connections refused, then
+    // accepted and closed at once): each time the breaker opens and
+    // /readyz says so, and closes again once the broker is back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for (i, cut) in [false, true].into_iter().enumerate() {
+        if cut {
+            proxy.cut();
+        } else {
+            proxy.refuse();
+        }
+        let down: serde_json::Value =
+            serde_json::from_str(&wait_for(&addr, "/readyz", 503, Duration::from_secs(15)).await)
+                .unwrap();
+        eprintln!("/readyz during the outage: {down}");
+        assert!(
+            ["open", "half_open"].contains(&down["sink"]["state"].as_str().unwrap()),
+            "{down}"
+        );
+        assert!(down["sink"]["last_error"]["code"].is_string(), "{down}");
+        assert!(
+            down["sink"]["outages"].as_u64().unwrap() > i as u64,
+            "{down}"
+        );
+        assert_eq!(down["store"]["state"], "ok", "{down}");
+        assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+        let (_, metrics) = get(&addr, "/metrics").unwrap();
+        assert!(
+            gauge(&metrics, "outbox_sink_state").unwrap() > 0.0,
+            "{metrics}"
+        );
+
+        // Ride out a short outage, then bring the broker back.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        proxy.restore();
+        let up: serde_json::Value =
+            serde_json::from_str(&wait_for(&addr, "/readyz", 200, bound).await).unwrap();
+        assert_eq!(up["sink"]["state"], "closed", "{up}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    producer.await.unwrap();
+
+    // Everything committed reaches the stream, nothing is dead-lettered.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let stats = store.stats().await.unwrap();
+        if stats.pending == 0 && stats.in_flight == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not drain: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let committed = committed.lock().unwrap().clone();
+    let received: HashSet<EventId> = nats
+        .drain(committed.len())
+        .await
+        .iter()
+        .filter_map(|m| m.event_id())
+        .collect();
+    assert_eq!(
+        received, committed,
+        "the stream holds every committed event"
+    );
+    let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
+    assert!(dead.is_empty(), "dead letters: {dead:?}");
+
+    let status = relay.terminate(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "relay exit: {status:?}"
+    );
+    nats.cleanup().await;
+}
