@@ -23,6 +23,7 @@
 //!   `attempts = 1`: the holder that lost its lease (a crash, a pause) did
 //!   not record an attempt, and DESIGN.md's liveness rule 10 says a relay
 //!   crash never counts as an attempt.
+//!
 //! Everything else these cases check (fencing of the stale token, nothing
 //! changed by it, the lease renewed in the table, release undoing the
 //! attempt) is checked by `tests/log_store.rs` with one relay per shard.
