@@ -28,13 +28,31 @@ use std::time::Instant;
 
 /// The scenarios, in run order, with what each measures.
 const SCENARIOS: &[(&str, &str)] = &[
-    ("drain", "backlog -> relay -> no-op handler (Postgres, SQLite) vs the store's claim+complete ceiling"),
-    ("brokers", "backlog -> relay -> NATS / RabbitMQ / Kafka vs each broker's publish-with-ack ceiling"),
-    ("naive", "the naive one-at-a-time outbox (labelled) vs the relay"),
-    ("latency", "commit -> handler latency at 1k and 10k events/s offered (LISTEN/NOTIFY)"),
-    ("producer", "8 concurrent business transactions: without / with the outbox insert, NOTIFY off / on"),
+    (
+        "drain",
+        "backlog -> relay -> no-op handler (Postgres, SQLite) vs the store's claim+settle ceiling",
+    ),
+    (
+        "brokers",
+        "backlog -> relay -> NATS / RabbitMQ / Kafka vs each broker's publish-with-ack ceiling",
+    ),
+    (
+        "naive",
+        "the naive one-at-a-time outbox (labelled) vs the relay",
+    ),
+    (
+        "latency",
+        "commit -> handler latency at 1k and 10k events/s offered (LISTEN/NOTIFY)",
+    ),
+    (
+        "producer",
+        "8 concurrent business transactions: without / with the outbox insert, NOTIFY off / on",
+    ),
     ("backlog", "drain rate at a 10k backlog vs the big backlog"),
-    ("repeatable-read", "drain with a REPEATABLE READ transaction held open vs a clean drain"),
+    (
+        "repeatable-read",
+        "drain with a REPEATABLE READ transaction held open vs a clean drain",
+    ),
     ("scale-out", "1, 2 and 4 relays (shards) on one table"),
 ];
 

@@ -8,7 +8,7 @@ use std::path::Path;
 /// A reference number a result is divided by (a ceiling or a baseline).
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Ceiling {
-    /// What it is, e.g. `store claim+complete (postgres)`.
+    /// What it is, e.g. `store claim+settle (postgres)`.
     pub(crate) name: String,
     /// Its value, in the row's unit.
     pub(crate) value: f64,

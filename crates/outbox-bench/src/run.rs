@@ -3,13 +3,15 @@
 
 use crate::probe::{Meter, Usage};
 use crate::setup::claimed_event;
-use anyhow::{Context, Result};
-use outbox_core::{ClaimRequest, Event, EventId, Outcome, RelayId, ShardSpec, Sink, Store};
+use anyhow::{bail, Context, Result};
+use outbox_core::{
+    ClaimRequest, Event, EventId, Outcome, RelayId, Resolution, Settlement, ShardSpec, Sink, Store,
+};
 use outbox_postgres::PgStore;
 use outbox_worker::{Progress, Relay, RelayOptions};
 use sqlx::Row;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -82,16 +84,25 @@ where
     let delivered = Arc::new(AtomicU64::new(0));
     let failures = Arc::new(std::sync::Mutex::new(None::<String>));
     let done = Arc::new(Notify::new());
+    // Set before the relays are told to stop: events released at shutdown
+    // (only when the time cap cut the drain) are not failures.
+    let stopping = Arc::new(AtomicBool::new(false));
     let (stop_tx, stop_rx) = watch::channel(false);
     let meter = Meter::start();
     let mut handles = Vec::new();
     for i in 0..relays {
         let shard = ShardSpec::new(i, relays).context("shard spec")?;
-        let (count, done, failures) = (
+        let (count, done, failures, stopping) = (
             Arc::clone(&delivered),
             Arc::clone(&done),
             Arc::clone(&failures),
+            Arc::clone(&stopping),
         );
+        let record = move |failures: &std::sync::Mutex<Option<String>>, what: String| {
+            if let Ok(mut f) = failures.lock() {
+                f.get_or_insert(what);
+            }
+        };
         let relay = Relay::new(
             store.clone(),
             Arc::clone(&sink),
@@ -102,9 +113,19 @@ where
                 done.notify_one();
             }
             Progress::Retried { error, .. } | Progress::Dead { error, .. } => {
-                if let Ok(mut f) = failures.lock() {
-                    f.get_or_insert_with(|| error.to_string());
-                }
+                record(&failures, error.to_string());
+            }
+            Progress::Rejected { reason, .. } => {
+                record(&failures, format!("settlement rejected: {reason}"));
+            }
+            Progress::LeaseLost { ids } => {
+                record(&failures, format!("lease lost on {} events", ids.len()));
+            }
+            Progress::Released { ids } if !stopping.load(Ordering::Relaxed) => {
+                record(
+                    &failures,
+                    format!("{} events released unattempted", ids.len()),
+                );
             }
             _ => {}
         });
@@ -119,6 +140,7 @@ where
         tokio::time::timeout(cap, done.notified()).await.is_err()
     };
     let usage = meter.stop();
+    stopping.store(true, Ordering::Relaxed);
     let _ = stop_tx.send(true);
     for h in handles {
         h.await.context("relay task")?;
@@ -132,8 +154,9 @@ where
     })
 }
 
-/// The store's raw rate: claim a batch, complete it at once, repeat (no
-/// sink, no broker), until the store is empty, `expected` events, or `cap`.
+/// The store's raw rate: claim a batch, settle it at once as all delivered
+/// (one `settle` call), repeat (no sink, no broker), until the store is
+/// empty, `expected` events, or `cap`.
 pub(crate) async fn store_ceiling<St: Store>(
     store: &St,
     batch: u32,
@@ -158,11 +181,24 @@ pub(crate) async fn store_ceiling<St: Store>(
         if claim.events.is_empty() {
             break;
         }
-        let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+        let settlement = claim.events.iter().fold(Settlement::new(), |s, e| {
+            s.with(e.id, Resolution::Delivered)
+        });
         let report = store
-            .complete(claim.token, &ids)
+            .settle(claim.token, &settlement)
             .await
-            .context("complete")?;
+            .context("settle")?;
+        if let Some(r) = report.rejected.first() {
+            bail!(
+                "settle rejected {} events, first {}: {}",
+                report.rejected.len(),
+                r.id,
+                r.reason
+            );
+        }
+        if !report.fenced.is_empty() {
+            bail!("settle fenced {} events", report.fenced.len());
+        }
         delivered += report.applied;
     }
     Ok(Drained {
@@ -209,6 +245,9 @@ pub(crate) async fn sink_ceiling<Si: Sink>(
                 Outcome::Delivered => delivered += 1,
                 Outcome::Failed(e) => {
                     error.get_or_insert_with(|| e.to_string());
+                }
+                other => {
+                    error.get_or_insert_with(|| format!("{other:?}"));
                 }
             }
         }
@@ -273,6 +312,10 @@ pub(crate) async fn naive<Si: Sink>(
             }
             Some(Outcome::Failed(e)) => {
                 error.get_or_insert_with(|| e.to_string());
+                tx.rollback().await?;
+            }
+            Some(other) => {
+                error.get_or_insert_with(|| format!("{other:?}"));
                 tx.rollback().await?;
             }
             None => {

@@ -192,7 +192,7 @@ impl Ctx {
             .param("keys", KEYS)
     }
 
-    /// The Postgres store's claim+complete ceiling on a `n` backlog (cached).
+    /// The Postgres store's claim+settle ceiling on a `n` backlog (cached).
     async fn pg_store_ceiling(&mut self, n: u64) -> Result<f64> {
         if let Some(v) = self.cache.get("store-pg") {
             return Ok(*v);
@@ -203,7 +203,7 @@ impl Ctx {
         store.pool().close().await;
         let row = Row::new(
             "drain",
-            "CEILING store claim+complete, postgres (no sink)",
+            "CEILING store claim+settle, postgres (no sink)",
             d.rate(),
             "events/s",
         );
@@ -266,7 +266,7 @@ impl Ctx {
         store.pool().close().await;
         let row = Row::new(
             "drain",
-            "CEILING store claim+complete, sqlite (no sink)",
+            "CEILING store claim+settle, sqlite (no sink)",
             c.rate(),
             "events/s",
         );
