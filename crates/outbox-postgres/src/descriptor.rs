@@ -1,13 +1,23 @@
 //! How a runner (the `outbox-relay` binary) finds, configures and opens this
 //! store: URL schemes `postgres://` and `postgresql://`, and the settings
 //! that do not belong in the URL. See [`outbox_core::backend`].
+//!
+//! One descriptor, two stores: setting `mode` picks the queue table
+//! ([`PgBackend`] opens a [`PgStore`], the default) or the opt-in event log
+//! ([`PgLogBackend`] opens a [`PgLogStore`](crate::PgLogStore)). A runner
+//! reads [`PgMode::from_settings`] and opens the matching backend; each
+//! backend refuses the other's mode, so a runner that knows only
+//! [`PgBackend`] never opens the queue table when the log was asked for.
 
 use crate::options::{DEFAULT_SCHEMA, DEFAULT_TABLE};
-use crate::{Ident, PgStore, PgStoreOptions, StoreError};
+use crate::{Ident, PgLogOptions, PgLogStore, PgStore, PgStoreOptions, StoreError};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
+use std::fmt;
+use std::str::FromStr;
 
 const SCHEMA: &str = "schema";
 const TABLE: &str = "table";
+const MODE: &str = "mode";
 
 const SETTINGS: &[Setting] = &[
     Setting::text(SCHEMA, "PostgreSQL: schema of the outbox tables.")
@@ -15,11 +25,85 @@ const SETTINGS: &[Setting] = &[
         .with_value_name("SCHEMA"),
     Setting::text(
         TABLE,
-        "PostgreSQL: events table (dead letters in `<table>_dead`).",
+        "PostgreSQL: events table (dead letters in `<table>_dead`; mode `log`: tables `<table>_log*`).",
     )
     .with_default(DEFAULT_TABLE)
     .with_value_name("TABLE"),
+    Setting::text(
+        MODE,
+        "PostgreSQL: `queue` (the queue table) or `log` (the opt-in event log: append-only, snapshot-window claims, rotation by TRUNCATE).",
+    )
+    .with_default("queue")
+    .with_value_name("MODE"),
 ];
+
+/// Which PostgreSQL store a runner opens (setting `mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum PgMode {
+    /// The queue table: [`PgStore`], opened by [`PgBackend`].
+    #[default]
+    Queue,
+    /// The event log: [`PgLogStore`], opened by [`PgLogBackend`].
+    Log,
+}
+
+impl PgMode {
+    /// The setting's spelling: `queue` or `log`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PgMode::Queue => "queue",
+            PgMode::Log => "log",
+        }
+    }
+
+    /// The mode `settings` ask for (`queue` when unset).
+    pub fn from_settings(settings: &Settings) -> Result<Self, InvalidSetting> {
+        Ok(settings.parse::<PgMode>(MODE)?.unwrap_or_default())
+    }
+}
+
+impl fmt::Display for PgMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for PgMode {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "queue" => Ok(PgMode::Queue),
+            "log" => Ok(PgMode::Log),
+            other => Err(format!("unknown mode {other:?}: use `queue` or `log`")),
+        }
+    }
+}
+
+/// `settings`' mode, refused unless it is `expected`.
+fn require_mode(settings: &Settings, expected: PgMode) -> Result<(), InvalidSetting> {
+    let mode = PgMode::from_settings(settings)?;
+    if mode == expected {
+        Ok(())
+    } else {
+        Err(InvalidSetting::new(
+            MODE,
+            format!("mode `{mode}` is not opened by the `{expected}` backend"),
+        ))
+    }
+}
+
+/// The `schema` and `table` settings, validated.
+fn names(settings: &Settings) -> Result<(Option<Ident>, Option<Ident>), InvalidSetting> {
+    let ident = |name: &str| {
+        settings
+            .text(name)
+            .map(|value| Ident::new(value).map_err(|e| InvalidSetting::new(name, e.to_string())))
+            .transpose()
+    };
+    Ok((ident(SCHEMA)?, ident(TABLE)?))
+}
 
 /// The PostgreSQL store as a [`Backend`].
 #[derive(Debug, Clone, Copy, Default)]
@@ -36,21 +120,50 @@ impl Backend for PgBackend {
     type Error = StoreError;
 
     fn configure(url: &str, settings: &Settings) -> Result<PgStoreOptions, InvalidSetting> {
-        let ident = |name: &str, value: &str| {
-            Ident::new(value).map_err(|e| InvalidSetting::new(name, e.to_string()))
-        };
+        require_mode(settings, PgMode::Queue)?;
+        let (schema, table) = names(settings)?;
         let mut options = PgStoreOptions::new(url);
-        if let Some(schema) = settings.text(SCHEMA) {
-            options = options.with_schema(ident(SCHEMA, schema)?);
+        if let Some(schema) = schema {
+            options = options.with_schema(schema);
         }
-        if let Some(table) = settings.text(TABLE) {
-            options = options.with_table(ident(TABLE, table)?);
+        if let Some(table) = table {
+            options = options.with_table(table);
         }
         Ok(options)
     }
 
     async fn connect(options: PgStoreOptions) -> Result<PgStore, StoreError> {
         PgStore::connect(options).await
+    }
+}
+
+/// The PostgreSQL event-log store (`mode = log`) as a [`Backend`]: the same
+/// descriptor as [`PgBackend`] (URL schemes, settings), another store.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PgLogBackend;
+
+impl Backend for PgLogBackend {
+    const DESCRIPTOR: Descriptor = PgBackend::DESCRIPTOR;
+
+    type Config = PgLogOptions;
+    type Connected = PgLogStore;
+    type Error = StoreError;
+
+    fn configure(url: &str, settings: &Settings) -> Result<PgLogOptions, InvalidSetting> {
+        require_mode(settings, PgMode::Log)?;
+        let (schema, table) = names(settings)?;
+        let mut options = PgLogOptions::new(url);
+        if let Some(schema) = schema {
+            options = options.with_schema(schema);
+        }
+        if let Some(table) = table {
+            options = options.with_table(table);
+        }
+        Ok(options)
+    }
+
+    async fn connect(options: PgLogOptions) -> Result<PgLogStore, StoreError> {
+        PgLogStore::connect(options).await
     }
 }
 
@@ -72,5 +185,31 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.setting(), SCHEMA);
         assert!(PgBackend::DESCRIPTOR.handles("postgresql://db/app"));
+    }
+
+    #[test]
+    fn mode_picks_the_backend() {
+        let url = "postgres://app@db/app";
+        assert_eq!(PgMode::from_settings(&Settings::new()), Ok(PgMode::Queue));
+        let log = Settings::new()
+            .with_text(MODE, "log")
+            .with_text(SCHEMA, "billing");
+        assert_eq!(PgMode::from_settings(&log), Ok(PgMode::Log));
+        let options = PgLogBackend::configure(url, &log).unwrap();
+        assert_eq!(options.schema().as_str(), "billing");
+        // Each backend refuses the other's mode.
+        assert_eq!(PgBackend::configure(url, &log).unwrap_err().setting(), MODE);
+        let queue = Settings::new().with_text(MODE, "Queue");
+        assert!(PgBackend::configure(url, &queue).is_ok());
+        assert_eq!(
+            PgLogBackend::configure(url, &Settings::new())
+                .unwrap_err()
+                .setting(),
+            MODE
+        );
+        let bad = Settings::new().with_text(MODE, "stream");
+        let err = PgMode::from_settings(&bad).unwrap_err();
+        assert_eq!(err.setting(), MODE);
+        assert!(err.reason().contains("queue"), "{}", err.reason());
     }
 }

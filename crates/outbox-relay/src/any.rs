@@ -31,9 +31,13 @@ pub(crate) enum AnyStore {
     /// SQLite (`sqlite://PATH`), feature `sqlite`.
     #[cfg(feature = "sqlite")]
     Sqlite(outbox_sqlite::SqliteStore),
-    /// PostgreSQL (`postgres://...`), feature `postgres`.
+    /// PostgreSQL queue table (`postgres://...`), feature `postgres`.
     #[cfg(feature = "postgres")]
     Postgres(outbox_postgres::PgStore),
+    /// PostgreSQL event log (`postgres://...` with `--pg-mode log`), feature
+    /// `postgres`.
+    #[cfg(feature = "postgres")]
+    PgLog(outbox_postgres::PgLogStore),
 }
 
 /// Calls `$body` with `$s` bound to the inner store, whatever the variant.
@@ -44,6 +48,8 @@ macro_rules! each_store {
             AnyStore::Sqlite(ref $s) => $body,
             #[cfg(feature = "postgres")]
             AnyStore::Postgres(ref $s) => $body,
+            #[cfg(feature = "postgres")]
+            AnyStore::PgLog(ref $s) => $body,
         }
     };
 }
@@ -201,9 +207,23 @@ impl AnyStore {
                 .await
                 .map(AnyStore::Sqlite),
             #[cfg(feature = "postgres")]
-            "postgres" => open::<outbox_postgres::descriptor::PgBackend>(d, url, &settings)
-                .await
-                .map(AnyStore::Postgres),
+            "postgres" => {
+                use outbox_postgres::descriptor::{PgBackend, PgLogBackend, PgMode};
+                let mode =
+                    PgMode::from_settings(&settings).map_err(|error| ConnectError::Invalid {
+                        descriptor: d,
+                        error,
+                    })?;
+                match mode {
+                    PgMode::Log => open::<PgLogBackend>(d, url, &settings)
+                        .await
+                        .map(AnyStore::PgLog),
+                    // The queue table; `PgBackend` refuses a mode it does not open.
+                    _ => open::<PgBackend>(d, url, &settings)
+                        .await
+                        .map(AnyStore::Postgres),
+                }
+            }
             _ => Err(ConnectError::NotCompiled {
                 role: Role::Store,
                 feature: d.name(),
@@ -213,7 +233,18 @@ impl AnyStore {
 
     /// Creates or upgrades the outbox tables (idempotent).
     pub(crate) async fn migrate(&self) -> anyhow::Result<()> {
-        each_store!(self, s => s.migrate().await.map(drop).map_err(anyhow::Error::new))
+        match *self {
+            #[cfg(feature = "sqlite")]
+            AnyStore::Sqlite(ref s) => s.migrate().await.map(drop)?,
+            #[cfg(feature = "postgres")]
+            AnyStore::Postgres(ref s) => s.migrate().await.map(drop)?,
+            #[cfg(feature = "postgres")]
+            AnyStore::PgLog(ref s) => {
+                let mut conn = s.pool().acquire().await?;
+                s.log().migrate(&mut conn).await.map(drop)?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -181,6 +181,10 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
                 Some(age) => println!("oldest:     {:.1}s", age.as_secs_f64()),
                 None => println!("oldest:     -"),
             }
+            #[cfg(feature = "postgres")]
+            if let AnyStore::PgLog(log) = &store {
+                print_log_status(log).await?;
+            }
             // The breaker lives in the relay process; this command is not it.
             println!("sink:       a running relay shows it: GET /readyz or gauge outbox_sink_state (run --metrics-addr)");
             Ok(())
@@ -309,6 +313,47 @@ fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
         "built without the `prometheus` feature: --metrics-addr serves /healthz and /readyz only"
     );
     Ok(None)
+}
+
+/// The event log's own progress: one line per shard cursor, then the
+/// partitions' rotation.
+#[cfg(feature = "postgres")]
+async fn print_log_status(store: &outbox_postgres::PgLogStore) -> anyhow::Result<()> {
+    let status = store
+        .status()
+        .await
+        .context("cannot read the event log's status")?;
+    println!("mode:       log (consumer group {:?})", store.group());
+    for shard in &status.shards {
+        let c = &shard.cursor;
+        let lease = match (&c.owner, c.leased) {
+            (Some(owner), true) => format!("held by {owner}"),
+            (Some(owner), false) => format!("lapsed (was {owner})"),
+            (None, _) => "none".to_owned(),
+        };
+        println!(
+            "shard {}:  pending {}, lag {}, retry lane {}, parked keys {}, lease {lease}",
+            c.shard,
+            shard.pending,
+            shard
+                .lag
+                .map_or_else(|| "-".to_owned(), |l| format!("{:.1}s", l.as_secs_f64())),
+            shard.lane,
+            shard.parked_keys,
+        );
+    }
+    if status.shards.is_empty() {
+        println!("shards:     no cursor yet (no relay has claimed)");
+    }
+    println!(
+        "log:        generation {}, {} rotation(s), oldest writer {}",
+        status.log.generation,
+        status.log.rotations,
+        status
+            .oldest_writer
+            .map_or_else(|| "-".to_owned(), |w| format!("{:.1}s", w.as_secs_f64())),
+    );
+    Ok(())
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

@@ -146,3 +146,133 @@ async fn migrate_run_and_status_on_postgres() {
         .await
         .unwrap();
 }
+
+/// `--pg-mode log`: `migrate` creates the event log, `run` relays events
+/// committed through `PgLogStore`'s enqueue handle (one transaction rolled
+/// back) to a JSON-lines file, `status` and `dead list` read the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_mode_migrate_run_and_status() {
+    use outbox_postgres::{PgLogOptions, PgLogStore};
+    let url = database_url();
+    let schema = format!(
+        "outbox_clilog_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
+    });
+    let log_args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "log"];
+
+    let out = relay(&["migrate"]).args(log_args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "migrate failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The application's side: the log store's enqueue handle, no rotation.
+    let producer = PgLogStore::connect(
+        PgLogOptions::new(&url)
+            .with_schema(Ident::new(schema.clone()).unwrap())
+            .with_background_rotation(false),
+    )
+    .await
+    .unwrap();
+    let mut committed: HashSet<EventId> = HashSet::new();
+    for i in 0..40 {
+        let mut tx = pool.begin().await.unwrap();
+        let ev = NewEvent::new("cli.log", "cli", format!("{{\"n\":{i}}}").into_bytes())
+            .with_key(format!("k{}", i % 4));
+        committed.insert(producer.log().enqueue(&mut tx, ev).await.unwrap());
+        tx.commit().await.unwrap();
+    }
+    let mut tx = pool.begin().await.unwrap();
+    let phantom = producer
+        .log()
+        .enqueue(&mut tx, NewEvent::new("cli.log", "cli", b"never".to_vec()))
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let mut child = relay(&["run"])
+        .args(log_args)
+        .args(["--sink", &format!("jsonl:{}", file.display())])
+        .args(["--poll-interval-ms", "100"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let delivered: Vec<EventId> = loop {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        let ids: Vec<EventId> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| v["id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        if ids.len() >= committed.len() || Instant::now() > deadline {
+            break ids;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("relay exited early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert!(status.success(), "relay exited with {status}");
+
+    let unique: HashSet<EventId> = delivered.iter().copied().collect();
+    assert_eq!(unique, committed, "every committed event, nothing else");
+    assert_eq!(delivered.len(), committed.len(), "no event twice");
+    assert!(!unique.contains(&phantom));
+
+    let out = relay(&["status"]).args(log_args).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "status failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("mode:") && l.contains("log")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("pending:") && l.trim_end().ends_with(" 0")),
+        "{text}"
+    );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("shard 0/1:") && l.contains("pending 0")),
+        "{text}"
+    );
+    let out = relay(&["dead", "list"]).args(log_args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "dead list failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(no dead letters)"));
+
+    // A mode that does not exist is refused, naming the flag.
+    let out = relay(&["status", "--store", &url, "--pg-mode", "stream"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--pg-mode") && err.contains("queue"), "{err}");
+
+    drop(producer);
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
