@@ -5,7 +5,8 @@
 //! keeps only in memory (which claim holds which event) it reads from the
 //! one store instance every `store()` call shares, as one process would.
 //!
-//! 16 of the 24 cases pass. The other 8 test per-event leases, which this
+//! It runs the suite's `single_holder_per_shard` profile: 16 of the 24
+//! cases. The other 8 test per-event leases, which this
 //! design deliberately does not have (a shard is read by one lease holder
 //! through a cursor; see the `outbox_postgres::log` docs):
 //! - a second relay claims other events of a shard while the first holds
@@ -211,4 +212,4 @@ impl StoreHarness for LogHarness {
     }
 }
 
-outbox_testkit::store_conformance_tests!(LogHarness::new().await);
+outbox_testkit::store_conformance_tests!(LogHarness::new().await, single_holder_per_shard);
