@@ -4,7 +4,7 @@
 //! |------------|--------|
 //! | `/metrics` | the Prometheus text of the relay's metrics (feature `prometheus`) |
 //! | `/healthz` | `200 ok` while the process runs (liveness) |
-//! | `/readyz`  | `200` when the store answered the relay's last claim and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed) |
+//! | `/readyz`  | `200` when the store answered the relay's last claim (and no claim has been waiting 15 s or more) and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed) |
 //!
 //! The Prometheus exporter's own listener answers every path with the
 //! metrics, so it cannot share its port with other routes; this module
@@ -18,7 +18,7 @@ use outbox_core::{Claim, ClaimRequest, FencingToken, SettleReport, Settlement, S
 use outbox_worker::{SinkHealth, SinkState, SinkStatus};
 use serde_json::json;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tracing::debug;
@@ -27,6 +27,10 @@ use tracing::debug;
 const MAX_HEAD: usize = 8 * 1024;
 /// How long a client may take to send its request head.
 const READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A claim unanswered for this long makes the relay unready: the store is
+/// not answering (a pool waiting for a connection, a lock, a dead host).
+const CLAIM_STALL: Duration = Duration::from_secs(15);
 
 /// What the store answered to the relay's last claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,30 +41,66 @@ enum StoreState {
     Ok,
     /// The last claim failed with this error (not yet scrubbed).
     Failed(String),
+    /// A claim has been running for this long (at least [`CLAIM_STALL`]).
+    Stalled(Duration),
+}
+
+#[derive(Debug)]
+struct ProbeState {
+    last: StoreState,
+    /// When the claim under way started.
+    claiming_since: Option<Instant>,
 }
 
 /// The result of the relay's last claim, shared with `/readyz`.
 #[derive(Debug, Clone)]
 pub(crate) struct StoreProbe {
-    state: Arc<Mutex<StoreState>>,
+    state: Arc<Mutex<ProbeState>>,
 }
 
 impl StoreProbe {
     fn new() -> Self {
         Self {
-            state: Arc::new(Mutex::new(StoreState::Starting)),
+            state: Arc::new(Mutex::new(ProbeState {
+                last: StoreState::Starting,
+                claiming_since: None,
+            })),
         }
     }
 
-    fn set(&self, state: StoreState) {
-        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = state;
+    fn lock(&self) -> std::sync::MutexGuard<'_, ProbeState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The last answer, or [`StoreState::Stalled`] when the claim under
+    /// way has waited for [`CLAIM_STALL`] or longer.
     fn get(&self) -> StoreState {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+        let state = self.lock();
+        match state.claiming_since.map(|t| t.elapsed()) {
+            Some(waited) if waited >= CLAIM_STALL => StoreState::Stalled(waited),
+            _ => state.last.clone(),
+        }
+    }
+}
+
+/// Marks a claim under way; clears the mark when dropped (also when the
+/// claim is cancelled).
+struct Claiming<'a>(&'a StoreProbe);
+
+impl<'a> Claiming<'a> {
+    fn start(probe: &'a StoreProbe) -> Self {
+        probe.lock().claiming_since = Some(Instant::now());
+        Self(probe)
+    }
+
+    fn finish(self, answer: StoreState) {
+        self.0.lock().last = answer;
+    }
+}
+
+impl Drop for Claiming<'_> {
+    fn drop(&mut self) {
+        self.0.lock().claiming_since = None;
     }
 }
 
@@ -90,8 +130,9 @@ impl<S: Store> Store for Watched<S> {
     type Error = S::Error;
 
     async fn claim(&self, req: &ClaimRequest) -> Result<Claim, S::Error> {
+        let claiming = Claiming::start(&self.probe);
         let result = self.inner.claim(req).await;
-        self.probe.set(match &result {
+        claiming.finish(match &result {
             Ok(_) => StoreState::Ok,
             Err(e) => StoreState::Failed(e.to_string()),
         });
@@ -239,6 +280,10 @@ fn readiness(sink: &SinkStatus, store: &StoreState, secrets: &[String]) -> Respo
             "state": "error",
             "last_error": scrub(e, secrets),
         }),
+        StoreState::Stalled(waited) => json!({
+            "state": "no_answer",
+            "claim_waiting_secs": waited.as_secs(),
+        }),
     };
     if ready {
         return Response::json(
@@ -351,6 +396,20 @@ mod tests {
     }
 
     #[test]
+    fn a_claim_under_way_is_stalled_only_after_a_while() {
+        let probe = StoreProbe::new();
+        let claiming = Claiming::start(&probe);
+        assert_eq!(probe.get(), StoreState::Starting);
+        probe.lock().claiming_since = Some(Instant::now() - CLAIM_STALL);
+        assert!(matches!(probe.get(), StoreState::Stalled(_)));
+        claiming.finish(StoreState::Ok);
+        assert_eq!(probe.get(), StoreState::Ok);
+        // A cancelled claim leaves no mark behind.
+        drop(Claiming::start(&probe));
+        assert_eq!(probe.lock().claiming_since, None);
+    }
+
+    #[test]
     fn routes() {
         assert_eq!(route("GET", "/metrics"), Route::Metrics);
         assert_eq!(route("HEAD", "/healthz"), Route::Health);
@@ -392,6 +451,11 @@ mod tests {
         assert_eq!(v["sink"]["outages"], 2);
         assert_eq!(v["sink"]["last_error"]["code"], "SINK_UNAVAILABLE");
         assert!(!r.body.contains("hunter2"), "{}", r.body);
+
+        let stalled = StoreState::Stalled(Duration::from_secs(20));
+        let r = readiness(&closed, &stalled, &[]);
+        assert_eq!(r.status, 503);
+        assert_eq!(body(&r)["store"]["state"], "no_answer");
 
         let mut half = open.clone();
         half.state = SinkState::HalfOpen;

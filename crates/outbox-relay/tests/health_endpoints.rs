@@ -221,3 +221,133 @@ async fn readyz_follows_a_sink_outage() {
     );
     nats.cleanup().await;
 }
+
+/// The store's side: the relay reads PostgreSQL through a TCP proxy; when
+/// the proxy refuses connections the relay's claims fail (or wait for a
+/// connection) and `/readyz` turns 503 naming the store, with no password
+/// in the body; once the proxy forwards again `/readyz` is 200 and events
+/// committed during the outage are delivered.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_a_store_outage() {
+    use outbox_postgres::{sqlx, Ident, PgOutbox};
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
+    });
+    let schema = format!(
+        "outbox_ready_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let proxy = TcpProxy::start(outbox_testkit::broker::first_socket_addr(&url, 5432)).await;
+    // The same URL with the proxy's address as host:port.
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let user = authority
+        .rsplit_once('@')
+        .map_or(String::new(), |(u, _)| format!("{u}@"));
+    let proxied = format!("{scheme}://{user}{}/{path}", proxy.addr());
+
+    let relay_cmd = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+        cmd.args(args)
+            .args(["--store", &proxied, "--pg-schema", &schema])
+            .env("RUST_LOG", "warn")
+            .env_remove("OUTBOX_CONFIG")
+            .env_remove("OUTBOX_STORE");
+        cmd
+    };
+    let out = relay_cmd(&["migrate"]).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let outbox = PgOutbox::new(
+        Ident::new(schema.clone()).unwrap(),
+        Ident::new("events").unwrap(),
+    )
+    .unwrap();
+    let commit = |i: usize| {
+        let (pool, outbox) = (pool.clone(), outbox.clone());
+        async move {
+            let mut tx = pool.begin().await.unwrap();
+            let id = outbox
+                .enqueue(
+                    &mut tx,
+                    NewEvent::new("ready.test", "t", format!("{i}").into_bytes()),
+                )
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            id
+        }
+    };
+    let mut committed = HashSet::new();
+    for i in 0..10 {
+        committed.insert(commit(i).await);
+    }
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let mut relay = ChildGuard::new(
+        relay_cmd(&["run", "--poll-interval-ms", "100", "--metrics-addr", &addr])
+            .args(["--sink", &format!("jsonl:{}", file.display())])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let ready: serde_json::Value =
+        serde_json::from_str(&wait_for(&addr, "/readyz", 200, Duration::from_secs(30)).await)
+            .unwrap();
+    assert_eq!(ready["store"]["state"], "ok", "{ready}");
+
+    proxy.refuse();
+    for i in 10..20 {
+        committed.insert(commit(i).await);
+    }
+    let down: serde_json::Value =
+        serde_json::from_str(&wait_for(&addr, "/readyz", 503, Duration::from_secs(40)).await)
+            .unwrap();
+    eprintln!("/readyz during the store outage: {down}");
+    assert!(
+        ["error", "no_answer"].contains(&down["store"]["state"].as_str().unwrap()),
+        "{down}"
+    );
+    assert_eq!(down["sink"]["state"], "closed", "{down}");
+    assert_eq!(get(&addr, "/healthz").unwrap().0, 200);
+
+    proxy.restore();
+    wait_for(&addr, "/readyz", 200, Duration::from_secs(60)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let delivered: HashSet<EventId> = loop {
+        let ids: HashSet<EventId> = std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| v["id"].as_str().unwrap().parse().unwrap())
+            .collect();
+        if ids.len() >= committed.len() || Instant::now() > deadline {
+            break ids;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(delivered, committed);
+    let status = relay.terminate(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "relay exit: {status:?}"
+    );
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .unwrap();
+}
