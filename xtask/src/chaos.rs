@@ -290,11 +290,7 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     } else {
         Some(crate::services::ensure_all()?)
     };
-    let kafka = TcpStream::connect_timeout(
-        &SocketAddr::from(([127, 0, 0, 1], 9092)),
-        Duration::from_secs(2),
-    )
-    .is_ok();
+    let kafka = kafka_up();
     let mut scenarios = plan(mode, kafka, allow_pg_restart);
     if let Some(only) = &only {
         scenarios.retain(|s| {
@@ -334,7 +330,21 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     std::fs::create_dir_all(&out_root)?;
     let mut reports = Vec::new();
     let mut failures = Vec::new();
+    let mut tansu = None;
     for (i, s) in scenarios.iter().enumerate() {
+        if s.broker == "kafka" && !kafka_up() {
+            // Whoever ran the broker stopped it: run our own until the end.
+            match crate::kafka::start_tansu() {
+                Ok(g) => tansu = Some(g),
+                Err(e) => {
+                    failures.push(format!(
+                        "{}: Kafka is down and could not be started: {e:#}",
+                        s.label()
+                    ));
+                    continue;
+                }
+            }
+        }
         let out = out_root.join(s.label());
         let _ = std::fs::remove_dir_all(&out);
         println!(
@@ -363,15 +373,31 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         }
     }
 
+    drop(tansu);
+    let summary_path = out_root.join("summary.json");
+    if only.is_some() {
+        // A subset re-run replaces its runs in the last summary of this mode.
+        let key = |r: &Value| {
+            (
+                r["scenario"]["store"].clone(),
+                r["scenario"]["broker"].clone(),
+                r["scenario"]["faults"].clone(),
+            )
+        };
+        if let Ok(old) = std::fs::read(&summary_path) {
+            let old: Value = serde_json::from_slice(&old).unwrap_or(Value::Null);
+            let mut merged: Vec<Value> = old["runs"].as_array().cloned().unwrap_or_default();
+            merged.retain(|r| !reports.iter().any(|n| key(n) == key(r)));
+            merged.extend(reports);
+            reports = merged;
+        }
+    }
     let summary = serde_json::json!({
         "mode": mode.name(),
         "date": today(),
         "runs": reports,
     });
-    std::fs::write(
-        out_root.join("summary.json"),
-        serde_json::to_vec_pretty(&summary)?,
-    )?;
+    std::fs::write(&summary_path, serde_json::to_vec_pretty(&summary)?)?;
     let md = markdown(&summary);
     std::fs::write(out_root.join("summary.md"), &md)?;
     println!("\n{md}");
@@ -388,6 +414,14 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     }
     println!("chaos {} passed", mode.name());
     Ok(())
+}
+
+fn kafka_up() -> bool {
+    TcpStream::connect_timeout(
+        &SocketAddr::from(([127, 0, 0, 1], 9092)),
+        Duration::from_secs(2),
+    )
+    .is_ok()
 }
 
 /// Builds the relay (every backend) and the suite; returns their paths.
@@ -408,18 +442,28 @@ fn build() -> Result<(PathBuf, PathBuf)> {
         "--bin",
         "outbox-chaos",
     ])?;
-    let dir = target_dir()?.join("debug");
-    let relay = dir.join("outbox-relay");
-    let chaos = dir.join("outbox-chaos");
-    for b in [&relay, &chaos] {
-        if !b.exists() {
+    let target = target_dir()?;
+    // Private copies: another `cargo build` or `cargo test` in the same
+    // target directory (with other features) must not swap the binary
+    // under a run.
+    let bin_dir = target.join("chaos").join("bin");
+    std::fs::create_dir_all(&bin_dir)?;
+    let mut out = Vec::new();
+    for name in ["outbox-relay", "outbox-chaos"] {
+        let built = target.join("debug").join(name);
+        if !built.exists() {
             bail!(
                 "{} was not built (relay package {relay_pkg}): check the binary names",
-                b.display()
+                built.display()
             );
         }
+        let copy = bin_dir.join(name);
+        let _ = std::fs::remove_file(&copy);
+        std::fs::copy(&built, &copy)
+            .with_context(|| format!("copying {} to {}", built.display(), copy.display()))?;
+        out.push(copy);
     }
-    Ok((relay, chaos))
+    Ok((out[0].clone(), out[1].clone()))
 }
 
 fn package_exists(name: &str) -> Result<bool> {
@@ -539,6 +583,14 @@ fn markdown(summary: &Value) -> String {
             )
         })
         .collect();
+    let rank = |(st, br): &(String, String)| {
+        let b = ["nats", "amqp", "kafka"]
+            .iter()
+            .position(|x| x == br)
+            .unwrap_or(9);
+        (st != "postgres", b)
+    };
+    pairs.sort_by_key(rank);
     pairs.dedup();
     let (mut events, mut faults) = (0u64, 0u64);
     for (store, broker) in pairs {
