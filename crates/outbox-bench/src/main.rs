@@ -1,6 +1,6 @@
 //! `outbox-bench`: the benchmark behind `cargo xtask bench`.
 //!
-//! Runs the scenarios of issue 6 against the real services (PostgreSQL,
+//! Runs the scenarios of issue 6 (and the event-log comparison) against the real services (PostgreSQL,
 //! NATS JetStream, RabbitMQ, a Kafka-protocol broker), prints a markdown
 //! table and writes `target/bench/results.json` (and `results.md`). Every
 //! throughput is reported as a ratio to ceilings measured in the same run,
@@ -54,6 +54,10 @@ const SCENARIOS: &[(&str, &str)] = &[
         "drain with a REPEATABLE READ transaction held open vs a clean drain",
     ),
     ("scale-out", "1, 2 and 4 relays (shards) on one table"),
+    (
+        "event-log",
+        "event log (PgLogStore) vs queue table (PgStore): claim+settle and relay drains, clean and with a REPEATABLE READ snapshot held",
+    ),
 ];
 
 /// Command line.

@@ -1,17 +1,18 @@
-//! The eight scenarios of issue 6.
+//! The eight scenarios of issue 6, and the event-log comparison.
 
 use crate::probe::Machine;
 use crate::report::Row;
 use crate::run::{naive, relay_drain, sink_ceiling, store_ceiling, Drained};
 use crate::setup::{
-    admin_pool, broker, load_pg, load_sqlite, new_event, pg_store, sqlite_store, Broker, Resources,
-    Services, EVENT_TYPE, KEYS, PAYLOAD_BYTES,
+    admin_pool, broker, hold_snapshot, load_pg, load_pg_log, load_sqlite, new_event, pg_log_store,
+    pg_store, release_snapshot, sqlite_store, Broker, Resources, Services, EVENT_TYPE, KEYS,
+    PAYLOAD_BYTES,
 };
 use anyhow::{bail, Context, Result};
-use outbox_core::{Event, NewEvent};
+use outbox_core::{Event, NewEvent, Store};
 use outbox_worker::HandlerRegistry;
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, Row as _};
+use sqlx::Row as _;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -181,6 +182,7 @@ impl Ctx {
             "backlog" => self.backlog().await,
             "repeatable-read" => self.repeatable_read().await,
             "scale-out" => self.scale_out().await,
+            "event-log" => self.event_log().await,
             other => bail!("unknown scenario {other}"),
         }
     }
@@ -783,15 +785,7 @@ impl Ctx {
             let store = pg_store(&self.services, &mut self.res, label, false, true, 4).await?;
             load_pg(&store, "bench", n).await?;
             let mut holder = if held {
-                let mut conn = sqlx::PgConnection::connect(&self.services.database_url).await?;
-                sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
-                    .execute(&mut conn)
-                    .await?;
-                // The first statement takes the snapshot; it is held until rollback.
-                sqlx::query("SELECT count(*) FROM pg_class")
-                    .execute(&mut conn)
-                    .await?;
-                Some(conn)
+                Some(hold_snapshot(&self.services).await?)
             } else {
                 None
             };
@@ -809,9 +803,8 @@ impl Ctx {
             // Closing the relay's connections flushes their table statistics.
             store.pool().close().await;
             let dead = dead_tuples(&self.services, &schema, &table).await?;
-            if let Some(mut conn) = holder.take() {
-                sqlx::query("ROLLBACK").execute(&mut conn).await?;
-                conn.close().await?;
+            if let Some(conn) = holder.take() {
+                release_snapshot(conn).await?;
             }
             results.push((held, d, dead));
         }
@@ -861,6 +854,253 @@ impl Ctx {
         }
         Ok(())
     }
+
+    /// The event log ([`outbox_postgres::PgLogStore`], opt-in) against the
+    /// queue table ([`outbox_postgres::PgStore`]) on the same backlog: each
+    /// store's claim+settle loop (no sink) and the real relay to the no-op
+    /// handler, first clean, then with another connection holding a
+    /// REPEATABLE READ snapshot through the drain (ratio vs clean). Every
+    /// measurement has its own fresh schema; queue and log alternate so
+    /// that machine noise hits both.
+    async fn event_log(&mut self) -> Result<()> {
+        let n = self.sizes.backlog;
+        let mut clean: HashMap<(PgMode, Loop), f64> = HashMap::new();
+        for held in [false, true] {
+            for lp in [Loop::Ceiling, Loop::Relay] {
+                for mode in [PgMode::Queue, PgMode::Log] {
+                    let m = self.pg_mode_drain(mode, lp, held, n).await?;
+                    let snapshot = if held {
+                        "REPEATABLE READ snapshot held"
+                    } else {
+                        "clean"
+                    };
+                    let case = format!("{}, {}, {snapshot}", lp.label(), mode.label());
+                    let row = Row::new("event-log", case, m.drained.rate(), "events/s")
+                        .param("store", mode.name())
+                        .param("snapshot_held", held);
+                    let mut row = with_usage(self.common(row, n), &m.drained)
+                        .detail("load_s", m.load_s)
+                        .detail("n_dead_tup_after_drain", m.dead.0)
+                        .detail("n_dead_tup_after_vacuum", m.dead.1);
+                    if held {
+                        let base = clean.get(&(mode, lp)).copied().unwrap_or(0.0);
+                        row = row.against(format!("{} clean", mode.name()), base);
+                    } else {
+                        if mode == PgMode::Log {
+                            let base = clean.get(&(PgMode::Queue, lp)).copied().unwrap_or(0.0);
+                            row = row.against("queue table, same loop", base);
+                        }
+                        if !m.drained.capped {
+                            clean.insert((mode, lp), m.drained.rate());
+                        }
+                    }
+                    self.rows.push(row);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One drain of a fresh `n` backlog in a fresh schema for the
+    /// `event-log` scenario.
+    async fn pg_mode_drain(
+        &mut self,
+        mode: PgMode,
+        lp: Loop,
+        held: bool,
+        n: u64,
+    ) -> Result<ModeDrain> {
+        let label = format!(
+            "{}_{}{}",
+            mode.name(),
+            lp.name(),
+            if held { "_rr" } else { "" }
+        );
+        let (batch, cap) = (self.batch, self.sizes.cap);
+        match mode {
+            PgMode::Queue => {
+                let relay = lp == Loop::Relay;
+                let store =
+                    pg_store(&self.services, &mut self.res, &label, false, relay, 4).await?;
+                let load = load_pg(&store, "bench", n).await?;
+                let schema = store.outbox().schema().as_str().to_owned();
+                self.timed_drain(
+                    store.clone(),
+                    lp,
+                    held,
+                    n,
+                    batch,
+                    cap,
+                    load,
+                    &schema,
+                    || {
+                        let pool = store.pool().clone();
+                        async move { pool.close().await }
+                    },
+                )
+                .await
+            }
+            PgMode::Log => {
+                let store = pg_log_store(&self.services, &mut self.res, &label, 4).await?;
+                let load = load_pg_log(&store, "bench", n).await?;
+                let schema = store.log().schema().as_str().to_owned();
+                let pool = store.pool().clone();
+                let m = self
+                    .timed_drain(
+                        store,
+                        lp,
+                        held,
+                        n,
+                        batch,
+                        cap,
+                        load,
+                        &schema,
+                        || async move {
+                            pool.close().await;
+                        },
+                    )
+                    .await?;
+                Ok(m)
+            }
+        }
+    }
+
+    /// Holds a snapshot if asked, drains `store` with `lp`, closes the
+    /// store's pool (`close`, which also flushes its table statistics),
+    /// reads the schema's dead tuples, releases the snapshot.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one private helper of one scenario"
+    )]
+    async fn timed_drain<St, F, Fut>(
+        &self,
+        store: St,
+        lp: Loop,
+        held: bool,
+        n: u64,
+        batch: u32,
+        cap: Duration,
+        load: Duration,
+        schema: &str,
+        close: F,
+    ) -> Result<ModeDrain>
+    where
+        St: Store + Clone,
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let holder = if held {
+            Some(hold_snapshot(&self.services).await?)
+        } else {
+            None
+        };
+        let drained = match lp {
+            Loop::Ceiling => store_ceiling(&store, batch, n, cap).await,
+            Loop::Relay => relay_drain(store.clone(), noop_handlers(), batch, 1, n, cap).await,
+        };
+        close().await;
+        drop(store);
+        let dead = schema_dead_tuples(&self.services, schema).await;
+        if let Some(conn) = holder {
+            release_snapshot(conn).await?;
+        }
+        Ok(ModeDrain {
+            drained: drained?,
+            load_s: load.as_secs_f64(),
+            dead: dead?,
+        })
+    }
+}
+
+/// The two PostgreSQL stores compared by the `event-log` scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum PgMode {
+    /// `PgStore`: rows updated at claim, deleted at settle.
+    Queue,
+    /// `PgLogStore`: append-only log read in snapshot windows, a cursor per shard.
+    Log,
+}
+
+impl PgMode {
+    fn name(self) -> &'static str {
+        match self {
+            PgMode::Queue => "queue",
+            PgMode::Log => "log",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            PgMode::Queue => "queue table (PgStore)",
+            PgMode::Log => "event log (PgLogStore)",
+        }
+    }
+}
+
+/// The two loops of the `event-log` scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Loop {
+    /// The store's claim + settle(all delivered) loop, no sink.
+    Ceiling,
+    /// The real relay to the no-op handler.
+    Relay,
+}
+
+impl Loop {
+    fn name(self) -> &'static str {
+        match self {
+            Loop::Ceiling => "ceil",
+            Loop::Relay => "relay",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Loop::Ceiling => "store claim+settle (no sink)",
+            Loop::Relay => "relay -> no-op handler",
+        }
+    }
+}
+
+/// One measurement of the `event-log` scenario.
+#[derive(Debug)]
+struct ModeDrain {
+    drained: Drained,
+    load_s: f64,
+    /// Dead tuples in the store's schema after the drain, and after a VACUUM
+    /// run while the snapshot (if any) is still held.
+    dead: (i64, i64),
+}
+
+/// The sum of `n_dead_tup` over the tables of `schema` after a drain, and
+/// after a VACUUM of each (which cannot remove tuples a held snapshot may
+/// still see).
+async fn schema_dead_tuples(services: &Services, schema: &str) -> Result<(i64, i64)> {
+    let pool = admin_pool(services).await?;
+    let sum = "SELECT coalesce(sum(n_dead_tup), 0)::bigint FROM pg_stat_user_tables \
+               WHERE schemaname = $1";
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let before: i64 = sqlx::query_scalar(sum)
+        .bind(schema)
+        .fetch_one(&pool)
+        .await?;
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT relname::text FROM pg_stat_user_tables WHERE schemaname = $1")
+            .bind(schema)
+            .fetch_all(&pool)
+            .await?;
+    for t in tables {
+        sqlx::query(&format!("VACUUM \"{schema}\".\"{t}\""))
+            .execute(&pool)
+            .await?;
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let after: i64 = sqlx::query_scalar(sum)
+        .bind(schema)
+        .fetch_one(&pool)
+        .await?;
+    pool.close().await;
+    Ok((before, after))
 }
 
 /// Latency of one offered-load run.

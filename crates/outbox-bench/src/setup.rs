@@ -10,7 +10,7 @@ use outbox_kafka::rdkafka::client::DefaultClientContext;
 use outbox_kafka::rdkafka::ClientConfig;
 use outbox_kafka::{KafkaConfig, KafkaPublisher};
 use outbox_nats::{NatsConfig, NatsPublisher};
-use outbox_postgres::{Ident, PgStore, PgStoreOptions};
+use outbox_postgres::{Ident, PgLogOptions, PgLogStore, PgStore, PgStoreOptions};
 use outbox_sqlite::SqliteStore;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -238,6 +238,81 @@ async fn analyze(pool: &PgPool, store: &PgStore) -> Result<()> {
         store.outbox().table().as_str()
     );
     sqlx::query(&sql).execute(pool).await?;
+    Ok(())
+}
+
+/// A fresh schema `obench_<name>_<suffix>` with the event log
+/// ([`PgLogStore`], opt-in mode) migrated into it, and a store on it (the
+/// product defaults otherwise: background rotation on, progress settled
+/// with `synchronous_commit = off`).
+pub(crate) async fn pg_log_store(
+    services: &Services,
+    res: &mut Resources,
+    name: &str,
+    max_connections: u32,
+) -> Result<PgLogStore> {
+    let schema = format!("obench_{name}_{}", suffix());
+    res.schemas.push(schema.clone());
+    let options = PgLogOptions::new(services.database_url.clone())
+        .with_schema(Ident::new(schema)?)
+        .with_auto_migrate(true)
+        .with_max_connections(max_connections);
+    PgLogStore::connect(options).await.with_context(|| {
+        format!(
+            "cannot open the Postgres event-log store at {}",
+            outbox_postgres::redact_url(&services.database_url)
+        )
+    })
+}
+
+/// Loads `n` events for `topic` into the event log, 5,000 per INSERT
+/// (`PgLog::enqueue_batch`, one transaction each, two at a time), as
+/// [`load_pg`] does for the queue table. No `ANALYZE`: the log's plans do
+/// not depend on statistics, and autovacuum may never analyze an
+/// append-only table. Returns the time taken.
+pub(crate) async fn load_pg_log(store: &PgLogStore, topic: &str, n: u64) -> Result<Duration> {
+    const CHUNK: u64 = 5_000;
+    let started = Instant::now();
+    let chunks: Vec<u64> = (0..n.div_ceil(CHUNK)).collect();
+    stream::iter(chunks)
+        .map(|c| async move {
+            let from = c * CHUNK;
+            let to = (from + CHUNK).min(n);
+            let events: Vec<NewEvent> = (from..to).map(|i| new_event(topic, i)).collect();
+            let mut tx = store.pool().begin().await?;
+            store
+                .log()
+                .enqueue_batch(&mut tx, events)
+                .await
+                .context("log enqueue_batch")?;
+            tx.commit().await?;
+            anyhow::Ok(())
+        })
+        .buffer_unordered(2)
+        .try_collect::<Vec<()>>()
+        .await?;
+    Ok(started.elapsed())
+}
+
+/// A connection holding a `REPEATABLE READ` snapshot (taken by its first
+/// statement) until [`release_snapshot`].
+pub(crate) async fn hold_snapshot(services: &Services) -> Result<sqlx::PgConnection> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(&services.database_url).await?;
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut conn)
+        .await?;
+    sqlx::query("SELECT count(*) FROM pg_class")
+        .execute(&mut conn)
+        .await?;
+    Ok(conn)
+}
+
+/// Ends the transaction of [`hold_snapshot`] and closes its connection.
+pub(crate) async fn release_snapshot(mut conn: sqlx::PgConnection) -> Result<()> {
+    use sqlx::Connection as _;
+    sqlx::query("ROLLBACK").execute(&mut conn).await?;
+    conn.close().await?;
     Ok(())
 }
 
