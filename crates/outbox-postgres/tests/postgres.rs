@@ -12,9 +12,9 @@ use outbox_core::{
 use outbox_postgres::{
     Ident, InvalidIdentifier, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
 };
+use outbox_testkit::logs::LogCapture;
 use sqlx::{Connection, PgConnection, Row};
 use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn req(relay: &str, n: u32) -> ClaimRequest {
@@ -188,30 +188,10 @@ async fn hostile_names_are_rejected_and_nothing_is_dropped() {
     assert_eq!(y, 0, "table y still exists");
 }
 
-/// Captures everything `tracing` logs, to check no secret is printed.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_password_never_appears_in_debug_errors_or_logs() {
     const PASSWORD: &str = "hunter2-Sup3rSecret";
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::TRACE)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = LogCapture::start(tracing::Level::TRACE);
 
     let db = TestDb::new().await;
     // The local server trusts loopback, so any password is accepted.
@@ -255,7 +235,7 @@ async fn the_password_never_appears_in_debug_errors_or_logs() {
     assert!(!format!("{err} {err:?}").contains(PASSWORD), "{err:?}");
     drop(store);
 
-    let logs = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let logs = captured.text();
     assert!(!logs.contains(PASSWORD), "password in logs:\n{logs}");
 }
 

@@ -37,6 +37,14 @@ impl LogCapture {
     pub fn contains(&self, needle: &str) -> bool {
         self.text().contains(needle)
     }
+
+    /// How many logged lines contain both `level` (e.g. `"WARN"`) and `needle`.
+    pub fn lines(&self, level: &str, needle: &str) -> usize {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(level) && l.contains(needle))
+            .count()
+    }
 }
 
 impl std::io::Write for LogCapture {

@@ -7,6 +7,7 @@ use outbox_core::{
     RetryPolicy, Settlement, Sink, Store,
 };
 use outbox_sqlite::SqliteStore;
+use outbox_testkit::logs::LogCapture;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -324,30 +325,9 @@ async fn shutdown_lets_the_in_flight_batch_finish_and_records_it() {
     assert_eq!((stats.pending, stats.in_flight), (0, 0));
 }
 
-/// Captures log output of the current thread.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test(flavor = "current_thread")]
 async fn lost_lease_changes_nothing_and_is_logged_and_counted() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::WARN)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (captured, _guard) = LogCapture::start(tracing::Level::WARN);
 
     let db = db().await;
     let ids = enqueue(&db.store, vec![ev("a", "1"), ev("a", "2")]).await;
@@ -407,7 +387,7 @@ async fn lost_lease_changes_nothing_and_is_logged_and_counted() {
         .unwrap()
         .iter()
         .any(|p| matches!(p, Progress::LeaseLost { ids: lost } if lost.len() == 2)));
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let text = captured.text();
     assert!(
         text.contains("WARN") && text.contains("lease lost"),
         "{text}"
