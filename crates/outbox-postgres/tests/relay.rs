@@ -12,6 +12,7 @@ mod common;
 use common::TestDb;
 use outbox_core::{Event, EventId, NewEvent, Outcome, RelayId, Sink};
 use outbox_postgres::{Ident, PgStore, PgStoreOptions};
+use outbox_testkit::process::ChildGuard;
 use outbox_worker::{Relay, RelayOptions};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -160,16 +161,18 @@ async fn a_paused_relay_cannot_overwrite_the_new_owner() {
 
     let gate = std::env::temp_dir().join(format!("outbox-gate-{}", db.schema));
     let _ = std::fs::remove_file(&gate);
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .args(["paused_relay_child", "--exact", "--ignored", "--nocapture"])
-        .env(CHILD_ENV, db.schema.as_str())
-        .env(GATE_ENV, &gate)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let pid = child.id().to_string();
+    // Killed if this test fails before it is resumed (a stopped child would stay).
+    let mut child = ChildGuard::new(
+        Command::new(std::env::current_exe().unwrap())
+            .args(["paused_relay_child", "--exact", "--ignored", "--nocapture"])
+            .env(CHILD_ENV, db.schema.as_str())
+            .env(GATE_ENV, &gate)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
 
     // Wait until the child has claimed every event (its sink now waits on the gate).
     let leased_by_child = format!(
@@ -185,17 +188,13 @@ async fn a_paused_relay_cannot_overwrite_the_new_owner() {
             break;
         }
         assert!(
-            child.try_wait().unwrap().is_none(),
+            child.child().try_wait().unwrap().is_none(),
             "child relay exited early"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Pause it, open its gate (it sees it only once resumed), let the lease run out.
-    assert!(Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()
-        .unwrap()
-        .success());
+    child.signal("STOP");
     std::fs::write(&gate, b"go").unwrap();
     let expired = format!(
         "SELECT count(*) FROM {} WHERE locked_until <= now()",
@@ -227,12 +226,8 @@ async fn a_paused_relay_cannot_overwrite_the_new_owner() {
     }
 
     // Resume the paused relay: its late complete must change nothing.
-    assert!(Command::new("kill")
-        .args(["-CONT", &pid])
-        .status()
-        .unwrap()
-        .success());
-    let out = child.wait_with_output().unwrap();
+    child.signal("CONT");
+    let out = child.into_inner().wait_with_output().unwrap();
     let _ = std::fs::remove_file(&gate);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
