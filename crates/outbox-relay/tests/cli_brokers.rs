@@ -13,6 +13,7 @@
 
 use outbox_core::{DeadLetterQuery, DeadLetterStore, NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
+use outbox_testkit::process::ChildGuard;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -42,14 +43,16 @@ async fn outbox_with_events(dir: &std::path::Path, topic: &str) -> (SqliteStore,
 /// Runs `outbox-relay run` with `sink_args` until the outbox is drained
 /// (bounded), stops it with SIGTERM and checks nothing was dead-lettered.
 async fn relay_until_drained(store: &SqliteStore, url: &str, sink_args: &[&str]) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args(["run", "--store", url, "--poll-interval-ms", "100"])
-        .args(sink_args)
-        .env("RUST_LOG", "warn")
-        .env_remove("OUTBOX_CONFIG")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = ChildGuard::new(
+        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args(["run", "--store", url, "--poll-interval-ms", "100"])
+            .args(sink_args)
+            .env("RUST_LOG", "warn")
+            .env_remove("OUTBOX_CONFIG")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let stats = store.stats().await.unwrap();
@@ -60,16 +63,15 @@ async fn relay_until_drained(store: &SqliteStore, url: &str, sink_args: &[&str])
             Instant::now() < deadline,
             "relay did not drain the outbox: {stats:?}"
         );
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.child().try_wait().unwrap() {
             panic!("relay exited early with {status}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    let status = child
+        .terminate(Duration::from_secs(30))
+        .expect("relay ignored SIGTERM");
+    assert!(status.success(), "relay exited with {status} after SIGTERM");
     let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
     assert!(dead.is_empty(), "dead letters: {dead:?}");
 }

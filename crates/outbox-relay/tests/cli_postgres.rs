@@ -6,6 +6,7 @@
 
 use outbox_core::{EventId, NewEvent};
 use outbox_postgres::{sqlx, Ident, PgOutbox};
+use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,21 +68,23 @@ async fn migrate_run_and_status_on_postgres() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
-    let mut child = relay(&[
-        "run",
-        "--store",
-        &url,
-        "--pg-schema",
-        &schema,
-        "--sink",
-        &format!("jsonl:{}", file.display()),
-        "--poll-interval-ms",
-        "100",
-    ])
-    .stdout(Stdio::null())
-    .stderr(Stdio::piped())
-    .spawn()
-    .unwrap();
+    let mut child = ChildGuard::new(
+        relay(&[
+            "run",
+            "--store",
+            &url,
+            "--pg-schema",
+            &schema,
+            "--sink",
+            &format!("jsonl:{}", file.display()),
+            "--poll-interval-ms",
+            "100",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap(),
+    );
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let delivered: HashSet<EventId> = loop {
@@ -97,11 +100,9 @@ async fn migrate_run_and_status_on_postgres() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Graceful stop: SIGTERM, exit 0.
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let status = child.wait().unwrap();
+    let status = child
+        .terminate(Duration::from_secs(30))
+        .expect("relay ignored SIGTERM");
     assert!(status.success(), "relay exited with {status}");
 
     assert_eq!(delivered, committed, "every committed event, nothing else");
@@ -196,13 +197,15 @@ async fn log_mode_migrate_run_and_status() {
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
-    let mut child = relay(&["run"])
-        .args(log_args)
-        .args(["--sink", &format!("jsonl:{}", file.display())])
-        .args(["--poll-interval-ms", "100"])
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = ChildGuard::new(
+        relay(&["run"])
+            .args(log_args)
+            .args(["--sink", &format!("jsonl:{}", file.display())])
+            .args(["--poll-interval-ms", "100"])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let delivered: Vec<EventId> = loop {
@@ -215,16 +218,15 @@ async fn log_mode_migrate_run_and_status() {
         if ids.len() >= committed.len() || Instant::now() > deadline {
             break ids;
         }
-        if let Some(status) = child.try_wait().unwrap() {
+        if let Some(status) = child.child().try_wait().unwrap() {
             panic!("relay exited early with {status}");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    let status = child.wait().unwrap();
+    // Graceful stop: SIGTERM, exit 0.
+    let status = child
+        .terminate(Duration::from_secs(30))
+        .expect("relay ignored SIGTERM");
     assert!(status.success(), "relay exited with {status}");
 
     let unique: HashSet<EventId> = delivered.iter().copied().collect();

@@ -4,20 +4,21 @@
 
 use outbox_core::{DeadLetterQuery, DeadLetterStore, EventId, NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
+use outbox_testkit::process::ChildGuard;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const EVENTS: usize = 3000;
 
-fn start_relay(url: &str, out: &Path, log: &Path) -> Child {
+fn start_relay(url: &str, out: &Path, log: &Path) -> ChildGuard {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+    let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
         .args([
             "run",
             "--store",
@@ -36,7 +37,8 @@ fn start_relay(url: &str, out: &Path, log: &Path) -> Child {
         .stdout(Stdio::null())
         .stderr(log)
         .spawn()
-        .expect("cannot start outbox-relay")
+        .expect("cannot start outbox-relay");
+    ChildGuard::new(child)
 }
 
 /// Ids of the complete JSON lines in the output (a line torn by the kill is skipped).
@@ -96,7 +98,7 @@ async fn sigkill_mid_batch_then_restart_loses_nothing() {
         if n >= 100 {
             break;
         }
-        if let Some(status) = first.try_wait().unwrap() {
+        if let Some(status) = first.child().try_wait().unwrap() {
             panic!(
                 "relay exited early with {status}: {}",
                 std::fs::read_to_string(&log).unwrap_or_default()
@@ -105,8 +107,7 @@ async fn sigkill_mid_batch_then_restart_loses_nothing() {
         assert!(Instant::now() < deadline, "relay wrote nothing within 60s");
         std::thread::sleep(Duration::from_millis(1));
     }
-    first.kill().unwrap(); // SIGKILL
-    first.wait().unwrap();
+    first.kill(); // SIGKILL, then waits
     let (before, _) = delivered_ids(&out);
     assert!(
         before.len() < EVENTS,
@@ -123,7 +124,7 @@ async fn sigkill_mid_batch_then_restart_loses_nothing() {
         if stats.pending == 0 && stats.in_flight == 0 {
             break;
         }
-        if let Some(status) = second.try_wait().unwrap() {
+        if let Some(status) = second.child().try_wait().unwrap() {
             panic!(
                 "restarted relay exited with {status}: {}",
                 std::fs::read_to_string(&log).unwrap_or_default()
@@ -137,19 +138,9 @@ async fn sigkill_mid_batch_then_restart_loses_nothing() {
     }
 
     // Graceful stop: SIGTERM, exit 0.
-    let term = Command::new("kill")
-        .args(["-TERM", &second.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = second.try_wait().unwrap() {
-            break status;
-        }
-        assert!(Instant::now() < deadline, "relay ignored SIGTERM for 30s");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = second
+        .terminate(Duration::from_secs(30))
+        .expect("relay ignored SIGTERM for 30s");
     assert!(status.success(), "relay exited with {status} after SIGTERM");
 
     let (ids, torn) = delivered_ids(&out);

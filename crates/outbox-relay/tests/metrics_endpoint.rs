@@ -4,6 +4,7 @@
 
 use outbox_core::{NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
+use outbox_testkit::process::ChildGuard;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -41,23 +42,25 @@ async fn run_serves_prometheus_metrics() {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let out = dir.path().join("out.jsonl");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args([
-            "run",
-            "--store",
-            &url,
-            "--poll-interval-ms",
-            "100",
-            "--metrics-addr",
-            &addr,
-        ])
-        .arg("--sink")
-        .arg(format!("jsonl:{}", out.display()))
-        .env("RUST_LOG", "warn")
-        .env_remove("OUTBOX_CONFIG")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = ChildGuard::new(
+        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
+            .args([
+                "run",
+                "--store",
+                &url,
+                "--poll-interval-ms",
+                "100",
+                "--metrics-addr",
+                &addr,
+            ])
+            .arg("--sink")
+            .arg(format!("jsonl:{}", out.display()))
+            .env("RUST_LOG", "warn")
+            .env_remove("OUTBOX_CONFIG")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
 
     let deadline = Instant::now() + Duration::from_secs(60);
     let body = loop {
@@ -75,11 +78,10 @@ async fn run_serves_prometheus_metrics() {
         assert!(Instant::now() < deadline, "no metrics served on {addr}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(child.wait().unwrap().success());
+    let status = child
+        .terminate(Duration::from_secs(30))
+        .expect("relay ignored SIGTERM");
+    assert!(status.success(), "relay exited with {status} after SIGTERM");
 
     let delivered: f64 = body
         .lines()
