@@ -4,57 +4,13 @@
 
 use outbox_core::{EventId, NewEvent};
 use outbox_postgres::{Ident, PgLog, PgLogOptions, PgLogStore};
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool, Row};
+use sqlx::{PgPool, Row};
 use std::time::Duration;
 
-/// `DATABASE_URL`, or the local default.
-pub fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A pool on the test database; fails with a clear message when PostgreSQL is down.
-pub async fn pool(max: u32) -> PgPool {
-    let url = database_url();
-    PgPoolOptions::new()
-        .max_connections(max)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot connect to PostgreSQL at {} ({e}); start it or set DATABASE_URL",
-                outbox_postgres::redact_url(&url)
-            )
-        })
-}
-
-/// Drops its schema (CASCADE) when dropped, even when the test panicked.
-#[derive(Debug)]
-pub struct SchemaGuard(pub Ident);
-
-impl Drop for SchemaGuard {
-    fn drop(&mut self) {
-        let schema = self.0.clone();
-        let handle = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async move {
-                if let Ok(mut conn) = PgConnection::connect(&database_url()).await {
-                    let _ = sqlx::raw_sql(&format!(
-                        "DROP SCHEMA IF EXISTS {} CASCADE",
-                        schema.quoted()
-                    ))
-                    .execute(&mut conn)
-                    .await;
-                }
-            });
-        });
-        let _ = handle.join();
-    }
-}
+// The connection and schema clean-up the store tests use.
+#[path = "../common/mod.rs"]
+mod common;
+pub use common::{database_url, pool, SchemaGuard};
 
 /// A migrated event log in a fresh schema `outbox_log_<random>`, table `events`.
 #[derive(Debug)]
