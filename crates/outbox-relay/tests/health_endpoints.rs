@@ -7,33 +7,19 @@
 //! committed event.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod support;
+
 use outbox_core::{DeadLetterQuery, DeadLetterStore, EventId, NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
 use outbox_testkit::nats::NatsFixture;
 use outbox_testkit::process::ChildGuard;
 use outbox_testkit::proxy::TcpProxy;
 use std::collections::HashSet;
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// `GET path` on `addr`: status and body, `None` when nothing answers.
-fn get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n")?.1.to_owned();
-    Some((status, body))
-}
+use support::{free_addr, get};
 
 /// Polls `path` until it answers `status` (bounded); returns the body.
 async fn wait_for(addr: &str, path: &str, status: u16, bound: Duration) -> String {
@@ -96,12 +82,7 @@ async fn readyz_follows_a_sink_outage() {
     let committed: Arc<Mutex<HashSet<EventId>>> = Arc::default();
     commit(&store, &topic, &committed, 0, 20).await;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_addr();
     let mut relay = ChildGuard::new(
         Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
             .args(["run", "--store", &url, "--poll-interval-ms", "50"])
@@ -289,12 +270,7 @@ async fn readyz_follows_a_store_outage() {
         committed.insert(commit(i).await);
     }
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_addr();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
     let mut relay = ChildGuard::new(

@@ -2,25 +2,14 @@
 //! for Prometheus, and the counters match what was delivered.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod support;
+
 use outbox_core::{NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
 use outbox_testkit::process::ChildGuard;
-use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn scrape(addr: &str) -> Option<String> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut body = String::new();
-    s.read_to_string(&mut body).ok()?;
-    Some(body)
-}
+use support::{free_addr, get};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_prometheus_metrics() {
@@ -35,12 +24,7 @@ async fn run_serves_prometheus_metrics() {
     enqueue_batch(&mut tx, events).await.unwrap();
     tx.commit().await.unwrap();
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let addr = format!("127.0.0.1:{port}");
+    let addr = free_addr();
     let out = dir.path().join("out.jsonl");
     let mut child = ChildGuard::new(
         Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
@@ -66,7 +50,7 @@ async fn run_serves_prometheus_metrics() {
     let body = loop {
         let drained = store.stats().await.unwrap().pending == 0;
         if drained {
-            if let Some(body) = scrape(&addr) {
+            if let Some(body) = get(&addr, "/metrics").map(|(_, body)| body) {
                 if body
                     .lines()
                     .any(|l| l.starts_with("outbox_events_delivered_total"))
