@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::TestDb;
+use common::{end_enqueue, TestDb};
 use outbox_core::{EventId, FencingToken, NewEvent, ValidationError};
-use outbox_postgres::{EnqueueError, PgStore};
+use outbox_postgres::PgStore;
 use outbox_testkit::store::{RowState, StoreHarness};
 use sqlx::Row;
 
@@ -45,17 +45,7 @@ impl StoreHarness for PgHarness {
         } else {
             self.db.outbox.enqueue_batch(&mut tx, events).await
         };
-        let ids = match result {
-            Ok(ids) => ids,
-            Err(EnqueueError::Invalid { source, .. }) => return Err(source),
-            Err(e) => panic!("enqueue failed: {e}"),
-        };
-        if commit {
-            tx.commit().await.unwrap();
-        } else {
-            tx.rollback().await.unwrap();
-        }
-        Ok(ids)
+        end_enqueue(tx, result, commit).await
     }
 
     async fn snapshot(&self, id: EventId) -> RowState {

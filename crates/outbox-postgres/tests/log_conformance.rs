@@ -32,9 +32,9 @@
 
 mod log_support;
 
-use log_support::LogDb;
+use log_support::{end_enqueue, LogDb};
 use outbox_core::{EventId, NewEvent, ValidationError};
-use outbox_postgres::{EnqueueError, PgLogStore};
+use outbox_postgres::PgLogStore;
 use outbox_testkit::store::{RowState, StoreHarness};
 use sqlx::Row;
 
@@ -70,17 +70,7 @@ impl StoreHarness for LogHarness {
         } else {
             self.db.log.enqueue_batch(&mut tx, events).await
         };
-        let ids = match result {
-            Ok(ids) => ids,
-            Err(EnqueueError::Invalid { source, .. }) => return Err(source),
-            Err(e) => panic!("enqueue failed: {e}"),
-        };
-        if commit {
-            tx.commit().await.unwrap();
-        } else {
-            tx.rollback().await.unwrap();
-        }
-        Ok(ids)
+        end_enqueue(tx, result, commit).await
     }
 
     async fn snapshot(&self, id: EventId) -> RowState {

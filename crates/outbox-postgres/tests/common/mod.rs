@@ -1,9 +1,10 @@
 //! Shared test support: a fresh schema per test, dropped afterwards.
 #![allow(dead_code, unreachable_pub)]
 
-use outbox_postgres::{Ident, PgOutbox, PgStore, PgStoreOptions, MIGRATIONS};
+use outbox_core::{EventId, ValidationError};
+use outbox_postgres::{EnqueueError, Ident, PgOutbox, PgStore, PgStoreOptions, MIGRATIONS};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 
 /// `DATABASE_URL`, or the local default.
 pub fn database_url() -> String {
@@ -105,4 +106,25 @@ impl TestDb {
     pub fn events(&self) -> String {
         format!("{}.\"events\"", self.schema.quoted())
     }
+}
+
+/// Ends a conformance harness's enqueue in `tx`: a validation error is the
+/// suite's answer (the transaction is dropped), any other error fails the
+/// test; otherwise commits (`commit`) or rolls back.
+pub async fn end_enqueue(
+    tx: Transaction<'_, Postgres>,
+    result: Result<Vec<EventId>, EnqueueError>,
+    commit: bool,
+) -> Result<Vec<EventId>, ValidationError> {
+    let ids = match result {
+        Ok(ids) => ids,
+        Err(EnqueueError::Invalid { source, .. }) => return Err(source),
+        Err(e) => panic!("enqueue failed: {e}"),
+    };
+    if commit {
+        tx.commit().await.unwrap();
+    } else {
+        tx.rollback().await.unwrap();
+    }
+    Ok(ids)
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 // The connection and schema clean-up the store tests use.
 #[path = "../common/mod.rs"]
 mod common;
-pub use common::{database_url, pool, SchemaGuard};
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use common::{database_url, end_enqueue, pool, SchemaGuard};
 
 /// A migrated event log in a fresh schema `outbox_log_<random>`, table `events`.
 #[derive(Debug)]
