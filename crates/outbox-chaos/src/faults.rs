@@ -5,10 +5,10 @@
 //! Steps are spread evenly over the production time, one after the other.
 //! Example: `kill*2,stop,broker-outage+kill,db-flap`.
 
-use crate::proxy::Proxy;
 use crate::record::{now_us, FaultRecord};
 use crate::relays::Relays;
 use anyhow::{bail, Context as _, Result};
+use outbox_testkit::proxy::TcpProxy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::postgres::PgPool;
@@ -121,8 +121,8 @@ pub(crate) struct FaultTimes {
 #[derive(Debug, Clone)]
 pub(crate) struct Targets {
     pub(crate) relays: Arc<Mutex<Relays>>,
-    pub(crate) broker_proxy: Option<Arc<Proxy>>,
-    pub(crate) db_proxy: Option<Arc<Proxy>>,
+    pub(crate) broker_proxy: Option<Arc<TcpProxy>>,
+    pub(crate) db_proxy: Option<Arc<TcpProxy>>,
     /// A direct admin connection and the relays' `application_name`.
     pub(crate) pg_admin: Option<(PgPool, String)>,
     /// Whether `pg-restart` may run.
@@ -229,9 +229,9 @@ async fn inject(
         }
         FaultKind::BrokerOutage | FaultKind::DbOutage => {
             let (proxy, what) = proxy_of(kind, t)?;
-            proxy.down();
+            proxy.refuse();
             tokio::time::sleep(times.outage).await;
-            proxy.up();
+            proxy.restore();
             target = what.to_owned();
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
@@ -240,9 +240,9 @@ async fn inject(
                 if c > 0 {
                     tokio::time::sleep(times.flap_up).await;
                 }
-                proxy.down();
+                proxy.refuse();
                 tokio::time::sleep(times.flap_down).await;
-                proxy.up();
+                proxy.restore();
             }
             target = what.to_owned();
         }
@@ -257,7 +257,7 @@ async fn inject(
     })
 }
 
-fn proxy_of(kind: FaultKind, t: &Targets) -> Result<(&Proxy, &'static str)> {
+fn proxy_of(kind: FaultKind, t: &Targets) -> Result<(&TcpProxy, &'static str)> {
     let found = match kind {
         FaultKind::BrokerOutage | FaultKind::BrokerFlap => {
             t.broker_proxy.as_deref().map(|p| (p, "broker proxy"))

@@ -18,7 +18,6 @@ mod checker;
 mod consumer;
 mod faults;
 mod producer;
-mod proxy;
 mod record;
 mod relays;
 
@@ -26,8 +25,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use consumer::Destination;
 use faults::{FaultTimes, Targets};
+use outbox_testkit::proxy::TcpProxy;
 use producer::{AppDb, ProducerConfig};
-use proxy::Proxy;
 use rand::Rng;
 use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
 use relays::{RelaySpec, Relays};
@@ -374,13 +373,13 @@ async fn run_created(
     // to the address the broker advertises) and PostgreSQL through them.
     let broker_proxy = match dest {
         Destination::Nats { url, .. } | Destination::Amqp { url, .. } => {
-            Some(Arc::new(Proxy::start(resolve(url).await?).await?))
+            Some(Arc::new(TcpProxy::start(resolve(url).await?).await))
         }
         Destination::Kafka { .. } => None,
     };
     let db_proxy = match args.store {
         StoreKind::Postgres => Some(Arc::new(
-            Proxy::start(resolve(&args.database_url).await?).await?,
+            TcpProxy::start(resolve(&args.database_url).await?).await,
         )),
         StoreKind::Sqlite => None,
     };
