@@ -60,7 +60,14 @@ fn print_help() {
 
 /// The workspace root (the parent of `xtask/`).
 pub(crate) fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    // `cargo run` / `cargo xtask` set CARGO_MANIFEST_DIR for the process:
+    // prefer it to the value baked in at compile time, which names the
+    // checkout that built this binary (a shared target directory can hand
+    // one checkout's xtask binary to another).
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))

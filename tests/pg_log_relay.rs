@@ -4,6 +4,8 @@
 //! long before the poll interval.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+#[path = "../crates/outbox-postgres/tests/log_support/mod.rs"]
+#[allow(unused_imports)]
 mod log_support;
 
 use log_support::LogDb;

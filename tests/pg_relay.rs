@@ -7,6 +7,8 @@
     missing_docs
 )]
 
+#[path = "../crates/outbox-postgres/tests/common/mod.rs"]
+#[allow(unused_imports)]
 mod common;
 
 use common::TestDb;
