@@ -11,11 +11,14 @@
     allow(dead_code, unused_imports)
 )]
 
-use outbox_core::{DeadLetterQuery, DeadLetterStore, NewEvent, Store};
+mod support;
+
+use outbox_core::{DeadLetterQuery, DeadLetterStore, NewEvent};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
 use outbox_testkit::process::ChildGuard;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+use support::{relay, stop, wait_drained};
 
 const EVENTS: usize = 50;
 
@@ -44,34 +47,14 @@ async fn outbox_with_events(dir: &std::path::Path, topic: &str) -> (SqliteStore,
 /// (bounded), stops it with SIGTERM and checks nothing was dead-lettered.
 async fn relay_until_drained(store: &SqliteStore, url: &str, sink_args: &[&str]) {
     let mut child = ChildGuard::new(
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["run", "--store", url, "--poll-interval-ms", "100"])
+        relay(&["run", "--store", url, "--poll-interval-ms", "100"])
             .args(sink_args)
-            .env("RUST_LOG", "warn")
-            .env_remove("OUTBOX_CONFIG")
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(90);
-    loop {
-        let stats = store.stats().await.unwrap();
-        if stats.pending == 0 && stats.in_flight == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "relay did not drain the outbox: {stats:?}"
-        );
-        if let Some(status) = child.child().try_wait().unwrap() {
-            panic!("relay exited early with {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let status = child
-        .terminate(Duration::from_secs(30))
-        .expect("relay ignored SIGTERM");
-    assert!(status.success(), "relay exited with {status} after SIGTERM");
+    wait_drained(store, &mut child, Duration::from_secs(90)).await;
+    stop(&mut child);
     let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
     assert!(dead.is_empty(), "dead letters: {dead:?}");
 }

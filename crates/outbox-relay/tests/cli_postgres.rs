@@ -4,25 +4,19 @@
 //! `postgres://postgres@127.0.0.1:5432/test`); each run in its own schema.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod support;
+
 use outbox_core::{EventId, NewEvent};
 use outbox_postgres::{sqlx, Ident, PgOutbox};
 use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+use support::{relay, stop};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-fn relay(args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
-    cmd.args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("OUTBOX_CONFIG")
-        .env_remove("OUTBOX_STORE");
-    cmd
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,10 +94,7 @@ async fn migrate_run_and_status_on_postgres() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Graceful stop: SIGTERM, exit 0.
-    let status = child
-        .terminate(Duration::from_secs(30))
-        .expect("relay ignored SIGTERM");
-    assert!(status.success(), "relay exited with {status}");
+    stop(&mut child);
 
     assert_eq!(delivered, committed, "every committed event, nothing else");
     assert!(!delivered.contains(&phantom));
@@ -224,10 +215,7 @@ async fn log_mode_migrate_run_and_status() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     // Graceful stop: SIGTERM, exit 0.
-    let status = child
-        .terminate(Duration::from_secs(30))
-        .expect("relay ignored SIGTERM");
-    assert!(status.success(), "relay exited with {status}");
+    stop(&mut child);
 
     let unique: HashSet<EventId> = delivered.iter().copied().collect();
     assert_eq!(unique, committed, "every committed event, nothing else");

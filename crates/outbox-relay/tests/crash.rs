@@ -2,13 +2,16 @@
 //! and every committed event reaches the output at least once.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+mod support;
+
 use outbox_core::{DeadLetterQuery, DeadLetterStore, EventId, NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
 use outbox_testkit::process::ChildGuard;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
+use support::{relay, stop};
 
 const EVENTS: usize = 3000;
 
@@ -18,26 +21,23 @@ fn start_relay(url: &str, out: &Path, log: &Path) -> ChildGuard {
         .append(true)
         .open(log)
         .unwrap();
-    let child = Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-        .args([
-            "run",
-            "--store",
-            url,
-            "--sink",
-            &format!("jsonl:{}", out.display()),
-            "--batch-size",
-            "10",
-            "--poll-interval-ms",
-            "50",
-            "--lock-timeout-ms",
-            "1000",
-        ])
-        .env("RUST_LOG", "warn")
-        .env_remove("OUTBOX_CONFIG")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("cannot start outbox-relay");
+    let child = relay(&[
+        "run",
+        "--store",
+        url,
+        "--sink",
+        &format!("jsonl:{}", out.display()),
+        "--batch-size",
+        "10",
+        "--poll-interval-ms",
+        "50",
+        "--lock-timeout-ms",
+        "1000",
+    ])
+    .stdout(Stdio::null())
+    .stderr(log)
+    .spawn()
+    .expect("cannot start outbox-relay");
     ChildGuard::new(child)
 }
 
@@ -138,10 +138,7 @@ async fn sigkill_mid_batch_then_restart_loses_nothing() {
     }
 
     // Graceful stop: SIGTERM, exit 0.
-    let status = second
-        .terminate(Duration::from_secs(30))
-        .expect("relay ignored SIGTERM for 30s");
-    assert!(status.success(), "relay exited with {status} after SIGTERM");
+    stop(&mut second);
 
     let (ids, torn) = delivered_ids(&out);
     assert!(torn <= 1, "{torn} unparseable lines");

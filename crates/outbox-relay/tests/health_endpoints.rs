@@ -15,11 +15,11 @@ use outbox_testkit::nats::NatsFixture;
 use outbox_testkit::process::ChildGuard;
 use outbox_testkit::proxy::TcpProxy;
 use std::collections::HashSet;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{free_addr, get};
+use support::{free_addr, get, relay};
 
 /// Polls `path` until it answers `status` (bounded); returns the body.
 async fn wait_for(addr: &str, path: &str, status: u16, bound: Duration) -> String {
@@ -84,13 +84,10 @@ async fn readyz_follows_a_sink_outage() {
 
     let addr = free_addr();
     let mut relay = ChildGuard::new(
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args(["run", "--store", &url, "--poll-interval-ms", "50"])
+        relay(&["run", "--store", &url, "--poll-interval-ms", "50"])
             .args(["--metrics-addr", &addr])
             .args(["--sink", &format!("nats://{}", proxy.addr())])
             .args(["--nats-subject-prefix", prefix])
-            .env("RUST_LOG", "warn")
-            .env_remove("OUTBOX_CONFIG")
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
@@ -195,11 +192,7 @@ async fn readyz_follows_a_sink_outage() {
     let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
     assert!(dead.is_empty(), "dead letters: {dead:?}");
 
-    let status = relay.terminate(Duration::from_secs(30));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "relay exit: {status:?}"
-    );
+    support::stop(&mut relay);
     nats.cleanup().await;
 }
 
@@ -231,12 +224,8 @@ async fn readyz_follows_a_store_outage() {
     let proxied = format!("{scheme}://{user}{}/{path}", proxy.addr());
 
     let relay_cmd = |args: &[&str]| {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
-        cmd.args(args)
-            .args(["--store", &proxied, "--pg-schema", &schema])
-            .env("RUST_LOG", "warn")
-            .env_remove("OUTBOX_CONFIG")
-            .env_remove("OUTBOX_STORE");
+        let mut cmd = relay(args);
+        cmd.args(["--store", &proxied, "--pg-schema", &schema]);
         cmd
     };
     let out = relay_cmd(&["migrate"]).output().unwrap();
@@ -317,11 +306,7 @@ async fn readyz_follows_a_store_outage() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(delivered, committed);
-    let status = relay.terminate(Duration::from_secs(30));
-    assert!(
-        status.is_some_and(|s| s.success()),
-        "relay exit: {status:?}"
-    );
+    support::stop(&mut relay);
     sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
         .execute(&pool)
         .await

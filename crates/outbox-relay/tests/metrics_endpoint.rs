@@ -7,9 +7,9 @@ mod support;
 use outbox_core::{NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
 use outbox_testkit::process::ChildGuard;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-use support::{free_addr, get};
+use support::{free_addr, get, relay, stop};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_serves_prometheus_metrics() {
@@ -27,23 +27,22 @@ async fn run_serves_prometheus_metrics() {
     let addr = free_addr();
     let out = dir.path().join("out.jsonl");
     let mut child = ChildGuard::new(
-        Command::new(env!("CARGO_BIN_EXE_outbox-relay"))
-            .args([
-                "run",
-                "--store",
-                &url,
-                "--poll-interval-ms",
-                "100",
-                "--metrics-addr",
-                &addr,
-            ])
-            .arg("--sink")
-            .arg(format!("jsonl:{}", out.display()))
-            .env("RUST_LOG", "warn")
-            .env_remove("OUTBOX_CONFIG")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+        relay(&[
+            "run",
+            "--store",
+            &url,
+            "--poll-interval-ms",
+            "100",
+            "--metrics-addr",
+            &addr,
+        ])
+        .arg("--sink")
+        .arg(format!("jsonl:{}", out.display()))
+        .env("RUST_LOG", "warn")
+        .env_remove("OUTBOX_CONFIG")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap(),
     );
 
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -62,10 +61,7 @@ async fn run_serves_prometheus_metrics() {
         assert!(Instant::now() < deadline, "no metrics served on {addr}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
-    let status = child
-        .terminate(Duration::from_secs(30))
-        .expect("relay ignored SIGTERM");
-    assert!(status.success(), "relay exited with {status} after SIGTERM");
+    stop(&mut child);
 
     let delivered: f64 = body
         .lines()

@@ -1,9 +1,13 @@
-//! Shared by the binary's HTTP tests: a free local address and a minimal
-//! HTTP GET for the metrics listener.
+//! Shared by the binary's tests: the relay command, its graceful stop and
+//! drain, a free local address and a minimal HTTP GET for the metrics
+//! listener.
 #![allow(dead_code, unreachable_pub)]
 
+use outbox_core::Store;
+use outbox_testkit::process::ChildGuard;
 use std::io::{Read, Write};
-use std::time::Duration;
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 /// `127.0.0.1:<port>` of a port that was free a moment ago.
 pub fn free_addr() -> String {
@@ -29,4 +33,44 @@ pub fn get(addr: &str, path: &str) -> Option<(u16, String)> {
     let status = text.split_whitespace().nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n")?.1.to_owned();
     Some((status, body))
+}
+
+/// `outbox-relay <args>` with warnings logged and no configuration taken
+/// from the environment (`OUTBOX_CONFIG`, `OUTBOX_STORE`).
+pub fn relay(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
+    cmd.args(args)
+        .env("RUST_LOG", "warn")
+        .env_remove("OUTBOX_CONFIG")
+        .env_remove("OUTBOX_STORE");
+    cmd
+}
+
+/// Graceful stop: SIGTERM, then the relay must exit 0 within 30 s.
+pub fn stop(relay: &mut ChildGuard) {
+    let status = relay.terminate(Duration::from_secs(30));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "relay exit after SIGTERM: {status:?} (None: ignored it, killed)"
+    );
+}
+
+/// Polls `store` until nothing is pending or in flight (bounded); panics
+/// when `relay` exits meanwhile.
+pub async fn wait_drained<S: Store>(store: &S, relay: &mut ChildGuard, bound: Duration) {
+    let deadline = Instant::now() + bound;
+    loop {
+        let stats = store.stats().await.expect("stats");
+        if stats.pending == 0 && stats.in_flight == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not drain the outbox within {bound:?}: {stats:?}"
+        );
+        if let Some(status) = relay.child().try_wait().expect("try_wait") {
+            panic!("relay exited early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
