@@ -6,24 +6,14 @@
 
 mod common;
 
-use common::TestDb;
+use common::{req, TestDb};
 use outbox_core::{
-    ClaimRequest, ErrorCode, Event, EventId, FencingToken, LastError, NewEvent, RelayId,
-    Resolution, Settlement, ShardSpec, Store,
+    ErrorCode, Event, EventId, FencingToken, LastError, NewEvent, Resolution, Settlement, Store,
 };
 use outbox_postgres::PgStore;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-fn req(relay: &str, n: u32) -> ClaimRequest {
-    ClaimRequest {
-        relay_id: RelayId::new(relay),
-        batch_size: n,
-        lease: Duration::from_secs(600),
-        shard: ShardSpec::ALL,
-    }
-}
 
 fn keyed(key: &str, n: usize) -> NewEvent {
     NewEvent::new("test.event", "pg", n.to_string().into_bytes()).with_key(key)

@@ -4,10 +4,9 @@
 
 mod common;
 
-use common::{database_url, fresh_schema, pool, SchemaGuard, TestDb};
+use common::{database_url, fresh_schema, pool, req, SchemaGuard, TestDb};
 use outbox_core::{
-    ClaimRequest, EventId, FencingToken, NewEvent, RelayId, Resolution, Settlement, ShardSpec,
-    Stats, Store,
+    ClaimRequest, EventId, FencingToken, NewEvent, Resolution, Settlement, ShardSpec, Stats, Store,
 };
 use outbox_postgres::{
     Ident, InvalidIdentifier, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
@@ -16,15 +15,6 @@ use outbox_testkit::logs::LogCapture;
 use sqlx::{Connection, PgConnection, Row};
 use std::collections::BTreeSet;
 use std::time::Duration;
-
-fn req(relay: &str, n: u32) -> ClaimRequest {
-    ClaimRequest {
-        relay_id: RelayId::new(relay),
-        batch_size: n,
-        lease: Duration::from_secs(600),
-        shard: ShardSpec::ALL,
-    }
-}
 
 fn ev(n: usize) -> NewEvent {
     NewEvent::new("test.event", "pg", format!("p{n}").into_bytes())

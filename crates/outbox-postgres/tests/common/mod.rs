@@ -1,10 +1,11 @@
 //! Shared test support: a fresh schema per test, dropped afterwards.
 #![allow(dead_code, unreachable_pub)]
 
-use outbox_core::{EventId, ValidationError};
+use outbox_core::{ClaimRequest, EventId, RelayId, ShardSpec, ValidationError};
 use outbox_postgres::{EnqueueError, Ident, PgOutbox, PgStore, PgStoreOptions, MIGRATIONS};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
+use std::time::Duration;
 
 /// `DATABASE_URL`, or the local default.
 pub fn database_url() -> String {
@@ -127,4 +128,14 @@ pub async fn end_enqueue(
         tx.rollback().await.unwrap();
     }
     Ok(ids)
+}
+
+/// A claim of up to `n` events by `relay`, all shards, a 10-minute lease.
+pub fn req(relay: &str, n: u32) -> ClaimRequest {
+    ClaimRequest {
+        relay_id: RelayId::new(relay),
+        batch_size: n,
+        lease: Duration::from_secs(600),
+        shard: ShardSpec::ALL,
+    }
 }
