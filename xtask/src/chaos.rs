@@ -7,7 +7,7 @@
 //! `report.json`; this collects them into `target/chaos/<mode>/summary.json`
 //! and `summary.md` (the tables of RELIABILITY.md) and fails when a run
 //! lost, reordered or invented an event, or duplicated more than one batch
-//! per kill / lease loss.
+//! per kill / lease loss and per cut of the broker connection.
 //!
 //! - `--quick` (in `cargo xtask ci`, about 5 minutes): PostgreSQL + NATS,
 //!   PostgreSQL + RabbitMQ, SQLite + NATS, and PostgreSQL + Kafka when the
@@ -325,7 +325,7 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         }
         return Ok(());
     }
-    let (relay, chaos) = build()?;
+    let (_bins, relay, chaos) = build()?;
     let out_root = target_dir()?.join("chaos").join(mode.name());
     std::fs::create_dir_all(&out_root)?;
     let mut reports = Vec::new();
@@ -424,8 +424,18 @@ fn kafka_up() -> bool {
     .is_ok()
 }
 
-/// Builds the relay (every backend) and the suite; returns their paths.
-fn build() -> Result<(PathBuf, PathBuf)> {
+/// The suite's private copies of the binaries; removed when dropped.
+#[derive(Debug)]
+struct BinDir(PathBuf);
+
+impl Drop for BinDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds the relay (every backend) and the suite; returns private copies.
+fn build() -> Result<(BinDir, PathBuf, PathBuf)> {
     let relay_pkg = if package_exists("outbox-relay")? {
         "outbox-relay"
     } else {
@@ -446,8 +456,13 @@ fn build() -> Result<(PathBuf, PathBuf)> {
     // Private copies: another `cargo build` or `cargo test` in the same
     // target directory (with other features) must not swap the binary
     // under a run.
-    let bin_dir = target.join("chaos").join("bin");
+    // One directory per suite process: two suites sharing a target
+    // directory (a CI clone, a developer) must not replace each other's.
+    let bin_dir = target
+        .join("chaos")
+        .join(format!("bin-{}", std::process::id()));
     std::fs::create_dir_all(&bin_dir)?;
+    let guard = BinDir(bin_dir.clone());
     let mut out = Vec::new();
     for name in ["outbox-relay", "outbox-chaos"] {
         let built = target.join("debug").join(name);
@@ -463,7 +478,7 @@ fn build() -> Result<(PathBuf, PathBuf)> {
             .with_context(|| format!("copying {} to {}", built.display(), copy.display()))?;
         out.push(copy);
     }
-    Ok((out[0].clone(), out[1].clone()))
+    Ok((guard, out[0].clone(), out[1].clone()))
 }
 
 fn package_exists(name: &str) -> Result<bool> {

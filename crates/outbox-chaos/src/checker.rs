@@ -111,8 +111,12 @@ pub(crate) struct Report {
     pub(crate) latency_ms: Latency,
     /// Each fault and the recovery after it.
     pub(crate) faults: Vec<FaultResult>,
-    /// Extra copies allowed: one batch per kill or lease-losing stop.
+    /// Extra copies allowed: one batch per kill or lease-losing stop, and one
+    /// per cut of the broker connection.
     pub(crate) duplicate_allowance: u64,
+    /// Times the relays' broker connections were cut.
+    #[serde(default)]
+    pub(crate) broker_cuts: u64,
     /// Seconds from the end of production until the last committed event
     /// arrived (the drain).
     pub(crate) drain_s: Option<f64>,
@@ -302,7 +306,8 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         })
         .collect();
     let dup_faults = input.faults.iter().filter(|f| f.may_duplicate).count() as u64;
-    let duplicate_allowance = dup_faults * u64::from(input.scenario.batch_size);
+    let broker_cuts: u64 = input.faults.iter().map(|f| u64::from(f.broker_cuts)).sum();
+    let duplicate_allowance = (dup_faults + broker_cuts) * u64::from(input.scenario.batch_size);
     let drain_s = match prefix_max.last() {
         None => Some(0.0),
         Some(&i64::MAX) => None,
@@ -333,7 +338,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     }
     if extra_copies > duplicate_allowance {
         failures.push(format!(
-            "{extra_copies} extra copies, more than one batch ({}) per kill / lease loss ({dup_faults}): allowance {duplicate_allowance}",
+            "{extra_copies} extra copies, more than one batch ({}) per kill / lease loss ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
             input.scenario.batch_size
         ));
     }
@@ -360,6 +365,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         latency_ms,
         faults,
         duplicate_allowance,
+        broker_cuts,
         drain_s,
         recovery_misses,
         relay_exits: Vec::new(),
@@ -463,6 +469,7 @@ mod tests {
             end_us: 2_600,
             recovery_from_us: None,
             may_duplicate: true,
+            broker_cuts: 0,
         }];
         let r = check(&Inputs {
             scenario: scenario(),
@@ -499,6 +506,7 @@ mod tests {
             end_us: 2_500_000,
             recovery_from_us: None,
             may_duplicate: true,
+            broker_cuts: 0,
         }];
         let r = check(&Inputs {
             scenario: scenario(),
@@ -512,5 +520,39 @@ mod tests {
         assert_eq!(r.faults[0].recovery_s, Some(4.0));
         assert_eq!(r.latency_ms.max, 4_500.0);
         assert_eq!(r.drain_s, Some(0.002));
+    }
+
+    #[test]
+    fn each_broker_cut_allows_one_batch_of_copies() {
+        let e = p("a", 1, TxOutcome::Committed, 100);
+        let produced = vec![e.clone()];
+        // Batch size 2, one flap of 2 cuts: 4 extra copies allowed.
+        let flap = |n: usize| {
+            let arrivals: Vec<Arrival> = (0..=n).map(|i| a(&e, 200 + i as i64)).collect();
+            let faults = vec![FaultRecord {
+                kind: "broker-flap".into(),
+                target: "broker proxy".into(),
+                start_us: 150,
+                end_us: 160,
+                recovery_from_us: None,
+                may_duplicate: false,
+                broker_cuts: 2,
+            }];
+            check(&Inputs {
+                scenario: scenario(),
+                produced: &produced,
+                arrivals: &arrivals,
+                faults: &faults,
+                produce_end_us: 100,
+                resolved_committed: &HashSet::new(),
+            })
+        };
+        let ok = flap(4);
+        assert_eq!(
+            (ok.extra_copies, ok.duplicate_allowance, ok.broker_cuts),
+            (4, 4, 2)
+        );
+        assert!(ok.passed, "{:?}", ok.failures);
+        assert!(!flap(5).passed);
     }
 }

@@ -197,6 +197,7 @@ async fn inject(
     let mut target = String::new();
     let mut may_duplicate = false;
     let mut recovery_from_us = None;
+    let mut broker_cuts = 0;
     match kind {
         FaultKind::Kill => {
             t.relays.lock().await.kill_and_restart(relay).await?;
@@ -233,6 +234,9 @@ async fn inject(
             tokio::time::sleep(times.outage).await;
             proxy.restore();
             target = what.to_owned();
+            if kind == FaultKind::BrokerOutage {
+                broker_cuts = 1;
+            }
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
             let (proxy, what) = proxy_of(kind, t)?;
@@ -245,6 +249,9 @@ async fn inject(
                 proxy.restore();
             }
             target = what.to_owned();
+            if kind == FaultKind::BrokerFlap {
+                broker_cuts = times.flap_cycles;
+            }
         }
     }
     Ok(FaultRecord {
@@ -254,6 +261,7 @@ async fn inject(
         end_us: now_us(),
         recovery_from_us,
         may_duplicate,
+        broker_cuts,
     })
 }
 

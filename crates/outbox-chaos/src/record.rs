@@ -105,6 +105,11 @@ pub(crate) struct FaultRecord {
     /// Whether a duplicate batch is expected from it (a relay killed or
     /// stopped past its lease: its claimed batch may be sent again).
     pub(crate) may_duplicate: bool,
+    /// How many times it cut the relays' broker connections (an outage: 1,
+    /// a flap: its cycles). Messages the broker stored whose acks were lost
+    /// with the connection are sent again: at most one batch per cut.
+    #[serde(default)]
+    pub(crate) broker_cuts: u32,
 }
 
 const COMMITTED: u8 = 1;
