@@ -53,15 +53,52 @@ impl Migration {
     }
 }
 
+/// The identifiers a migration set is rendered with: the queue mode's
+/// [`Names`] and the event-log mode's `LogNames`.
+pub(crate) trait MigrationNames {
+    /// The schema (the advisory lock is keyed on it).
+    fn schema(&self) -> &crate::Ident;
+    /// The outbox table (for the log line).
+    fn table(&self) -> &crate::Ident;
+    /// `template` with each `{{placeholder}}` replaced.
+    fn render(&self, template: &str) -> String;
+}
+
+impl MigrationNames for Names {
+    fn schema(&self) -> &crate::Ident {
+        &self.schema
+    }
+    fn table(&self) -> &crate::Ident {
+        &self.table
+    }
+    fn render(&self, template: &str) -> String {
+        Names::render(self, template)
+    }
+}
+
 /// Applies the missing migrations in one transaction. Several processes may
 /// call this at once: a `pg_advisory_xact_lock` keyed on the schema
 /// serializes them, and the later ones find nothing left to do.
 /// Returns the versions this call applied.
 pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i32>, MigrateError> {
+    apply(conn, names, MIGRATIONS, LOCK_NAMESPACE, "outbox").await
+}
+
+/// The migration runner shared by both modes: `migrations` applied in one
+/// transaction under `pg_advisory_xact_lock(lock_namespace, hashtext(schema))`,
+/// recorded with their checksums in `{{history}}`. `what` names the set in
+/// the log line. Returns the versions this call applied.
+pub(crate) async fn apply<N: MigrationNames + Sync>(
+    conn: &mut PgConnection,
+    names: &N,
+    migrations: &'static [Migration],
+    lock_namespace: i32,
+    what: &'static str,
+) -> Result<Vec<i32>, MigrateError> {
     let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
-        .bind(LOCK_NAMESPACE)
-        .bind(names.schema.as_str())
+        .bind(lock_namespace)
+        .bind(names.schema().as_str())
         .execute(&mut *tx)
         .await
         .map_err(MigrateError::Database)?;
@@ -89,7 +126,7 @@ pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i3
     for row in applied {
         let version: i32 = row.try_get(0).map_err(MigrateError::Database)?;
         let checksum: i64 = row.try_get(1).map_err(MigrateError::Database)?;
-        match MIGRATIONS.iter().find(|m| m.version == version) {
+        match migrations.iter().find(|m| m.version == version) {
             None => return Err(MigrateError::UnknownVersion { version }),
             Some(m) if m.checksum() != checksum => {
                 return Err(MigrateError::ChecksumMismatch {
@@ -103,13 +140,13 @@ pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i3
 
     // Collected first: an iterator adapter with a closure held across the
     // awaits below makes the future not `Send` (a rustc limitation).
-    let pending: Vec<&'static Migration> = MIGRATIONS
+    let pending: Vec<&'static Migration> = migrations
         .iter()
         .filter(|m| !done.contains(&m.version))
         .collect();
     let mut applied_now = Vec::new();
     for m in pending {
-        let sql = m.render(names);
+        let sql = names.render(m.template);
         tx.execute(sql.as_str())
             .await
             .map_err(|source| MigrateError::Failed {
@@ -127,11 +164,11 @@ pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i3
         .await
         .map_err(MigrateError::Database)?;
         tracing::info!(
-            schema = %names.schema,
-            table = %names.table,
+            schema = %names.schema(),
+            table = %names.table(),
             version = m.version,
             name = m.name,
-            "applied outbox migration"
+            "applied {what} migration"
         );
         applied_now.push(m.version);
     }
