@@ -156,26 +156,12 @@ impl PgOutbox {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
-        let id = event.id();
-        event
-            .validate(&self.limits)
-            .map_err(|source| EnqueueError::Invalid { id, source })?;
-        let key_hash = i64::from(event.key_hash());
-        let (id, key, event_type, topic, payload, headers) = event.into_parts();
-        let headers = headers_json(&headers);
         let sql = if self.notify {
             &self.sql.one_notify
         } else {
             &self.sql.one
         };
-        let mut q = sqlx::query(sql)
-            .bind(id.as_uuid())
-            .bind(key)
-            .bind(key_hash)
-            .bind(event_type)
-            .bind(topic)
-            .bind(payload)
-            .bind(headers);
+        let (id, mut q) = bind_event(sqlx::query(sql), event, &self.limits)?;
         if self.notify {
             q = q.bind(&self.names.channel);
         }
@@ -191,47 +177,16 @@ impl PgOutbox {
         conn: &mut PgConnection,
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
-        let events: Vec<NewEvent> = events.into_iter().collect();
+        let events = validate_batch(events, &self.limits)?;
         if events.is_empty() {
             return Ok(Vec::new());
-        }
-        for e in &events {
-            e.validate(&self.limits)
-                .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
-        }
-        let n = events.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut uuids: Vec<Uuid> = Vec::with_capacity(n);
-        let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
-        let mut hashes: Vec<i64> = Vec::with_capacity(n);
-        let mut types: Vec<String> = Vec::with_capacity(n);
-        let mut topics: Vec<String> = Vec::with_capacity(n);
-        let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(n);
-        let mut headers: Vec<String> = Vec::with_capacity(n);
-        for e in events {
-            hashes.push(i64::from(e.key_hash()));
-            let (id, key, event_type, topic, payload, h) = e.into_parts();
-            ids.push(id);
-            uuids.push(id.as_uuid());
-            keys.push(key);
-            types.push(event_type);
-            topics.push(topic);
-            payloads.push(payload);
-            headers.push(headers_json(&h));
         }
         let sql = if self.notify {
             &self.sql.batch_notify
         } else {
             &self.sql.batch
         };
-        let mut q = sqlx::query(sql)
-            .bind(uuids)
-            .bind(keys)
-            .bind(hashes)
-            .bind(types)
-            .bind(topics)
-            .bind(payloads)
-            .bind(headers);
+        let (ids, mut q) = bind_batch(sqlx::query(sql), events);
         if self.notify {
             q = q.bind(&self.names.channel);
         }
@@ -254,6 +209,81 @@ impl PgOutbox {
             .map(|m| (m.version, m.name, m.render(&self.names)))
             .collect()
     }
+}
+
+/// An INSERT statement being bound (`sqlx::query(..)`).
+pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
+
+/// Validates `event` and binds its seven columns (id, key, key hash, type,
+/// topic, payload, headers as JSON) to `q`, in the order both modes' INSERT
+/// statements expect. Returns the event's id with the bound query.
+pub(crate) fn bind_event<'q>(
+    q: PgQuery<'q>,
+    event: NewEvent,
+    limits: &EventLimits,
+) -> Result<(EventId, PgQuery<'q>), EnqueueError> {
+    let id = event.id();
+    event
+        .validate(limits)
+        .map_err(|source| EnqueueError::Invalid { id, source })?;
+    let key_hash = i64::from(event.key_hash());
+    let (id, key, event_type, topic, payload, headers) = event.into_parts();
+    let q = q
+        .bind(id.as_uuid())
+        .bind(key)
+        .bind(key_hash)
+        .bind(event_type)
+        .bind(topic)
+        .bind(payload)
+        .bind(headers_json(&headers));
+    Ok((id, q))
+}
+
+/// Collects and validates a batch (nothing is bound if one is refused).
+pub(crate) fn validate_batch(
+    events: impl IntoIterator<Item = NewEvent>,
+    limits: &EventLimits,
+) -> Result<Vec<NewEvent>, EnqueueError> {
+    let events: Vec<NewEvent> = events.into_iter().collect();
+    for e in &events {
+        e.validate(limits)
+            .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
+    }
+    Ok(events)
+}
+
+/// Binds a validated batch to `q` as seven arrays (the columns of
+/// [`bind_event`], for an `UNNEST` INSERT). Returns the ids in the given order.
+pub(crate) fn bind_batch(q: PgQuery<'_>, events: Vec<NewEvent>) -> (Vec<EventId>, PgQuery<'_>) {
+    let n = events.len();
+    let mut ids = Vec::with_capacity(n);
+    let mut uuids: Vec<Uuid> = Vec::with_capacity(n);
+    let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
+    let mut hashes: Vec<i64> = Vec::with_capacity(n);
+    let mut types: Vec<String> = Vec::with_capacity(n);
+    let mut topics: Vec<String> = Vec::with_capacity(n);
+    let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(n);
+    let mut headers: Vec<String> = Vec::with_capacity(n);
+    for e in events {
+        hashes.push(i64::from(e.key_hash()));
+        let (id, key, event_type, topic, payload, h) = e.into_parts();
+        ids.push(id);
+        uuids.push(id.as_uuid());
+        keys.push(key);
+        types.push(event_type);
+        topics.push(topic);
+        payloads.push(payload);
+        headers.push(headers_json(&h));
+    }
+    let q = q
+        .bind(uuids)
+        .bind(keys)
+        .bind(hashes)
+        .bind(types)
+        .bind(topics)
+        .bind(payloads)
+        .bind(headers);
+    (ids, q)
 }
 
 fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> String {

@@ -1,12 +1,12 @@
 //! Enqueue into the event log inside the caller's transaction.
 
 use super::names::LogNames;
+use crate::enqueue::{bind_batch, bind_event, validate_batch};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
 use outbox_core::{EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
 use std::fmt;
 use std::sync::Arc;
-use uuid::Uuid;
 
 /// A cheap, cloneable handle to one event-log outbox: enqueues events in the
 /// caller's transaction (one INSERT, same signatures as
@@ -105,23 +105,8 @@ impl PgLog {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
-        let id = event.id();
-        event
-            .validate(&self.limits)
-            .map_err(|source| EnqueueError::Invalid { id, source })?;
-        let key_hash = i64::from(event.key_hash());
-        let (id, key, event_type, topic, payload, headers) = event.into_parts();
-        sqlx::query(&self.sql.one)
-            .bind(id.as_uuid())
-            .bind(key)
-            .bind(key_hash)
-            .bind(event_type)
-            .bind(topic)
-            .bind(payload)
-            .bind(headers_json(&headers))
-            .execute(conn)
-            .await
-            .map_err(EnqueueError::Database)?;
+        let (id, q) = bind_event(sqlx::query(&self.sql.one), event, &self.limits)?;
+        q.execute(conn).await.map_err(EnqueueError::Database)?;
         Ok(id)
     }
 
@@ -133,45 +118,12 @@ impl PgLog {
         conn: &mut PgConnection,
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
-        let events: Vec<NewEvent> = events.into_iter().collect();
+        let events = validate_batch(events, &self.limits)?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        for e in &events {
-            e.validate(&self.limits)
-                .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
-        }
-        let n = events.len();
-        let mut ids = Vec::with_capacity(n);
-        let mut uuids: Vec<Uuid> = Vec::with_capacity(n);
-        let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
-        let mut hashes: Vec<i64> = Vec::with_capacity(n);
-        let mut types: Vec<String> = Vec::with_capacity(n);
-        let mut topics: Vec<String> = Vec::with_capacity(n);
-        let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(n);
-        let mut headers: Vec<String> = Vec::with_capacity(n);
-        for e in events {
-            hashes.push(i64::from(e.key_hash()));
-            let (id, key, event_type, topic, payload, h) = e.into_parts();
-            ids.push(id);
-            uuids.push(id.as_uuid());
-            keys.push(key);
-            types.push(event_type);
-            topics.push(topic);
-            payloads.push(payload);
-            headers.push(headers_json(&h));
-        }
-        sqlx::query(&self.sql.batch)
-            .bind(uuids)
-            .bind(keys)
-            .bind(hashes)
-            .bind(types)
-            .bind(topics)
-            .bind(payloads)
-            .bind(headers)
-            .execute(conn)
-            .await
-            .map_err(EnqueueError::Database)?;
+        let (ids, q) = bind_batch(sqlx::query(&self.sql.batch), events);
+        q.execute(conn).await.map_err(EnqueueError::Database)?;
         Ok(ids)
     }
 
@@ -189,9 +141,4 @@ impl PgLog {
             .map(|m| (m.version, m.name, self.names.render(m.template)))
             .collect()
     }
-}
-
-fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> String {
-    // A map of strings always serializes; the fallback is never used.
-    serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
 }
