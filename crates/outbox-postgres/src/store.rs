@@ -534,7 +534,7 @@ fn count(n: i64) -> u64 {
 
 /// The headers of a claimed event: a JSON object of strings, or the reason
 /// the row cannot be delivered.
-fn headers_strict(text: &str) -> Result<BTreeMap<String, String>, String> {
+pub(crate) fn headers_strict(text: &str) -> Result<BTreeMap<String, String>, String> {
     serde_json::from_str(text).map_err(|e| {
         format!("headers are not a JSON object of strings: {e} (headers: {text:.200})")
     })
@@ -545,6 +545,12 @@ fn headers_strict(text: &str) -> Result<BTreeMap<String, String>, String> {
 /// values are shown as JSON text; headers that are not an object at all are
 /// shown whole under `outbox-raw-headers`.
 fn headers_lenient(text: &str) -> BTreeMap<String, String> {
+    headers_lenient_under(text, "outbox-raw-headers")
+}
+
+/// [`headers_lenient`] with the key that holds headers that are not a JSON
+/// object at all (each mode keeps its own).
+pub(crate) fn headers_lenient_under(text: &str, raw_key: &str) -> BTreeMap<String, String> {
     if let Ok(h) = serde_json::from_str(text) {
         return h;
     }
@@ -556,11 +562,11 @@ fn headers_lenient(text: &str) -> BTreeMap<String, String> {
                 other => (k, other.to_string()),
             })
             .collect(),
-        _ => BTreeMap::from([("outbox-raw-headers".to_owned(), text.to_owned())]),
+        _ => BTreeMap::from([(raw_key.to_owned(), text.to_owned())]),
     }
 }
 
-fn last_error(code: Option<String>, message: Option<String>) -> Option<LastError> {
+pub(crate) fn last_error(code: Option<String>, message: Option<String>) -> Option<LastError> {
     code.map(|code| LastError {
         code: ErrorCode::new(code),
         message: message.unwrap_or_default(),

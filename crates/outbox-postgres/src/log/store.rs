@@ -7,6 +7,7 @@ use super::snapshot::{Position, Snap};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
 use crate::options::scrub;
+use crate::store::{headers_lenient_under, headers_strict, last_error};
 use crate::{redact_url, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
@@ -16,7 +17,7 @@ use outbox_core::{
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Acquire, PgPool, Row};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -366,35 +367,6 @@ fn covering_start(total: u32, index: u32, existing: &[(u32, u32, Snap)]) -> Opti
         }
     }
     Snap::intersection(&starts)
-}
-
-fn strict_headers(text: &str) -> Result<BTreeMap<String, String>, String> {
-    serde_json::from_str(text)
-        .map_err(|e| format!("headers are not a JSON object of strings: {e}: {text:.200}"))
-}
-
-/// Headers of a dead letter, shown even when they were the reason it died.
-fn lenient_headers(text: &str) -> BTreeMap<String, String> {
-    if let Ok(h) = serde_json::from_str(text) {
-        return h;
-    }
-    match serde_json::from_str::<serde_json::Value>(text) {
-        Ok(serde_json::Value::Object(map)) => map
-            .into_iter()
-            .map(|(k, v)| match v {
-                serde_json::Value::String(s) => (k, s),
-                other => (k, other.to_string()),
-            })
-            .collect(),
-        _ => BTreeMap::from([("x-outbox-undecodable-headers".to_owned(), text.to_owned())]),
-    }
-}
-
-fn last_error(code: Option<String>, message: Option<String>) -> Option<LastError> {
-    code.map(|code| LastError {
-        code: ErrorCode::new(code),
-        message: message.unwrap_or_default(),
-    })
 }
 
 /// What a claim writes before it returns: parked rows into the lane and
@@ -811,7 +783,7 @@ impl PgLogStore {
                     ord,
                     attempts: stored,
                 };
-                match strict_headers(&headers) {
+                match headers_strict(&headers) {
                     Ok(headers) if events.len() < limit => {
                         events.push(Event {
                             id,
@@ -856,7 +828,7 @@ impl PgLogStore {
                 writes.park.push((txid, seq));
                 (Kind::Parked, None)
             } else {
-                match strict_headers(&headers) {
+                match headers_strict(&headers) {
                     Ok(headers) => (
                         Kind::Deliver,
                         Some(Event {
@@ -1995,7 +1967,7 @@ impl DeadLetterStore for PgLogStore {
                         event_type: r.try_get(2)?,
                         topic: r.try_get(3)?,
                         payload: r.try_get(4)?,
-                        headers: lenient_headers(&headers),
+                        headers: headers_lenient_under(&headers, "x-outbox-undecodable-headers"),
                         created_at: r.try_get(6)?,
                         attempts: u32::try_from(attempts).unwrap_or(0),
                         next_attempt_at: dead_at,
