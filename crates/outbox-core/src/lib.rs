@@ -6,6 +6,7 @@ mod envelope;
 mod error;
 mod event;
 pub mod headers;
+pub mod ident;
 mod message;
 mod redact;
 mod retry;

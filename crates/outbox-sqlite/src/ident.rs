@@ -1,5 +1,6 @@
 //! Validated SQL identifiers for the outbox table name.
 
+use outbox_core::ident::IdentError;
 use std::fmt;
 use thiserror::Error;
 
@@ -50,18 +51,13 @@ impl Ident {
     /// Validates `name`.
     pub fn new(name: impl Into<String>) -> Result<Self, InvalidIdentifier> {
         let name = name.into();
-        let mut bytes = name.bytes();
-        let Some(first) = bytes.next() else {
-            return Err(InvalidIdentifier::Empty);
-        };
-        if !(first.is_ascii_alphabetic() || first == b'_')
-            || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
-        {
-            return Err(InvalidIdentifier::InvalidCharacters(name));
-        }
-        if name.len() > MAX_IDENTIFIER_BYTES {
-            let len = name.len();
-            return Err(InvalidIdentifier::TooLong { name, len });
+        match outbox_core::ident::validate(&name, MAX_IDENTIFIER_BYTES) {
+            Ok(()) => {}
+            Err(IdentError::Empty) => return Err(InvalidIdentifier::Empty),
+            Err(IdentError::TooLong { len }) => {
+                return Err(InvalidIdentifier::TooLong { name, len })
+            }
+            Err(_) => return Err(InvalidIdentifier::InvalidCharacters(name)),
         }
         if name
             .get(..7)

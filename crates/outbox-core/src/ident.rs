@@ -1,0 +1,74 @@
+//! The rules for SQL identifiers (schema and table names) shared by the
+//! store crates: each keeps its own `Ident` type and error, and calls
+//! [`validate`].
+
+/// Why a name breaks the identifier rules of [`validate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdentError {
+    /// The name was empty.
+    Empty,
+    /// The name had a character outside `[A-Za-z0-9_]`, or began with a digit.
+    InvalidCharacters,
+    /// The name was longer than the maximum; `len` is its length in bytes.
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+    },
+}
+
+/// Checks that `name` matches `[A-Za-z_][A-Za-z0-9_]*` (so its double-quoted
+/// form can never break out of the identifier) and is at most `max_len`
+/// bytes long. The character check comes first.
+///
+/// ```
+/// use outbox_core::ident::{validate, IdentError};
+/// assert_eq!(validate("outbox_events", 63), Ok(()));
+/// assert_eq!(validate("", 63), Err(IdentError::Empty));
+/// assert_eq!(validate("1x", 63), Err(IdentError::InvalidCharacters));
+/// assert_eq!(validate("abcd", 3), Err(IdentError::TooLong { len: 4 }));
+/// ```
+pub fn validate(name: &str, max_len: usize) -> Result<(), IdentError> {
+    let mut bytes = name.bytes();
+    let Some(first) = bytes.next() else {
+        return Err(IdentError::Empty);
+    };
+    if !(first.is_ascii_alphabetic() || first == b'_')
+        || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+    {
+        return Err(IdentError::InvalidCharacters);
+    }
+    if name.len() > max_len {
+        return Err(IdentError::TooLong { len: name.len() });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules() {
+        for ok in ["a", "_x", "Events_2", "order"] {
+            assert_eq!(validate(ok, 63), Ok(()));
+        }
+        for bad in ["9a", "a-b", "a b", "x\"y", "é"] {
+            assert_eq!(
+                validate(bad, 63),
+                Err(IdentError::InvalidCharacters),
+                "{bad}"
+            );
+        }
+        assert_eq!(validate(&"a".repeat(63), 63), Ok(()));
+        assert_eq!(
+            validate(&"a".repeat(64), 63),
+            Err(IdentError::TooLong { len: 64 })
+        );
+        // Characters are checked before the length.
+        assert_eq!(
+            validate(&"-".repeat(64), 63),
+            Err(IdentError::InvalidCharacters)
+        );
+    }
+}
