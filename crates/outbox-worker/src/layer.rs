@@ -148,9 +148,15 @@ impl<S: Sink> Sink for KeyOrder<S> {
         // Keys whose later events must not be attempted in this batch.
         let mut blocked: Vec<bool> = vec![false; keys];
         let mut sink_down = false;
-        for wave in 0..count {
-            let members: Vec<usize> = (0..events.len())
-                .filter(|&i| wave_of[i] == wave)
+        // Each wave's members in batch order, grouped once (not one scan of
+        // the batch per wave).
+        let mut by_wave: Vec<Vec<usize>> = vec![Vec::new(); count];
+        for (i, &wave) in wave_of.iter().enumerate() {
+            by_wave[wave].push(i);
+        }
+        for wave in by_wave {
+            let members: Vec<usize> = wave
+                .into_iter()
                 .filter(|&i| {
                     if sink_down || blocked[key_of[i]] {
                         outcomes[i] = Some(Outcome::NotAttempted);
