@@ -88,6 +88,12 @@ impl Row {
         self
     }
 
+    /// Sets the target, met when the ratio is at least `min`.
+    pub(crate) fn target_ratio(self, t: impl Into<String>, min: f64) -> Self {
+        let met = self.ratio.unwrap_or(0.0) >= min;
+        self.target(t, met)
+    }
+
     /// Sets a note.
     pub(crate) fn note(mut self, n: impl Into<String>) -> Self {
         self.note = Some(n.into());

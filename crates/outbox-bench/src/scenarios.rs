@@ -9,7 +9,8 @@ use crate::setup::{
     PAYLOAD_BYTES,
 };
 use anyhow::{bail, Context, Result};
-use outbox_core::{Event, NewEvent, Store};
+use outbox_core::{Event, NewEvent, Sink, Store};
+use outbox_postgres::PgStore;
 use outbox_worker::HandlerRegistry;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::Row as _;
@@ -220,6 +221,20 @@ impl Ctx {
         Ok(d.rate())
     }
 
+    /// A relay drain of the `n` events in `store` to `sink` with `relays`
+    /// shards; the store's pool is closed afterwards.
+    async fn pg_relay_drain<Si: Sink>(
+        &self,
+        store: &PgStore,
+        sink: Arc<Si>,
+        relays: u32,
+        n: u64,
+    ) -> Result<Drained> {
+        let d = relay_drain(store.clone(), sink, self.batch, relays, n, self.sizes.cap).await?;
+        store.pool().close().await;
+        Ok(d)
+    }
+
     /// A relay drain of a fresh `n` backlog in Postgres to the no-op handler
     /// with `relays` shards (cached per size for one relay).
     async fn pg_noop_drain(&mut self, n: u64, relays: u32, label: &str) -> Result<(Drained, f64)> {
@@ -233,16 +248,9 @@ impl Ctx {
         )
         .await?;
         let load = load_pg(&store, "bench", n).await?;
-        let d = relay_drain(
-            store.clone(),
-            noop_handlers(),
-            self.batch,
-            relays,
-            n,
-            self.sizes.cap,
-        )
-        .await?;
-        store.pool().close().await;
+        let d = self
+            .pg_relay_drain(&store, noop_handlers(), relays, n)
+            .await?;
         if relays == 1 && !d.capped {
             self.cache.insert(format!("pg-noop-{n}"), d.rate());
         }
@@ -263,8 +271,8 @@ impl Ctx {
         let row = with_usage(self.common(row, n), &d)
             .detail("load_s", load)
             .against("store ceiling", ceiling);
-        let met = row.ratio.unwrap_or(0.0) >= 0.5;
-        self.rows.push(row.target(">= 50% of store ceiling", met));
+        self.rows
+            .push(row.target_ratio(">= 50% of store ceiling", 0.5));
 
         // SQLite: ceiling and relay on two fresh files.
         let store = sqlite_store(&mut self.res, "ceiling").await?;
@@ -300,8 +308,8 @@ impl Ctx {
         let row = with_usage(self.common(row, n), &d)
             .detail("load_s", load.as_secs_f64())
             .against("store ceiling", c.rate());
-        let met = row.ratio.unwrap_or(0.0) >= 0.5;
-        self.rows.push(row.target(">= 50% of store ceiling", met));
+        self.rows
+            .push(row.target_ratio(">= 50% of store ceiling", 0.5));
         Ok(())
     }
 
@@ -350,16 +358,7 @@ impl Ctx {
         }
         let store = pg_store(&self.services, &mut self.res, "broker", false, true, 4).await?;
         let load = load_pg(&store, &topic, n).await?;
-        let d = relay_drain(
-            store.clone(),
-            Arc::new(sink),
-            self.batch,
-            1,
-            n,
-            self.sizes.cap,
-        )
-        .await?;
-        store.pool().close().await;
+        let d = self.pg_relay_drain(&store, Arc::new(sink), 1, n).await?;
         if !d.capped {
             self.cache.insert(format!("pg-{}", b.name()), d.rate());
         }
@@ -377,9 +376,8 @@ impl Ctx {
         let row = with_usage(self.common(row, n), &d)
             .detail("load_s", load.as_secs_f64())
             .against(name, slower);
-        let met = row.ratio.unwrap_or(0.0) >= 0.5;
         self.rows
-            .push(row.target(">= 50% of the slower ceiling", met));
+            .push(row.target_ratio(">= 50% of the slower ceiling", 0.5));
         Ok(())
     }
 
@@ -392,26 +390,12 @@ impl Ctx {
         load_pg(&store, "bench", n).await?;
         let d = naive(&store, noop_handlers().as_ref(), secs).await?;
         store.pool().close().await;
-        let row = Row::new(
-            "naive",
+        self.push_naive(
             "NAIVE BASELINE postgres -> no-op (claim 1, deliver, delete, commit)",
-            d.rate(),
-            "events/s",
-        );
-        self.rows.push(with_usage(
-            row.param("backlog", n).param("duration_s", secs.as_secs()),
             &d,
-        ));
+        );
         let relay = self.relay_rate_noop().await?;
-        let row = Row::new(
-            "naive",
-            "relay / naive, postgres -> no-op",
-            relay,
-            "events/s",
-        )
-        .against("naive", d.rate());
-        let met = row.ratio.unwrap_or(0.0) >= 30.0;
-        self.rows.push(row.target(">= 30x naive", met));
+        self.push_relay_vs_naive("relay / naive, postgres -> no-op", relay, &d);
 
         // To NATS JetStream: publish, await the PubAck, then mark.
         let (sink, subject) = broker(&self.services, &mut self.res, Broker::Nats, "naive").await?;
@@ -419,16 +403,10 @@ impl Ctx {
         load_pg(&store, &subject, n).await?;
         let d = naive(&store, &sink, secs).await?;
         store.pool().close().await;
-        let row = Row::new(
-            "naive",
+        self.push_naive(
             "NAIVE BASELINE postgres -> nats-jetstream (claim 1, publish, await ack, delete, commit)",
-            d.rate(),
-            "events/s",
-        );
-        self.rows.push(with_usage(
-            row.param("backlog", n).param("duration_s", secs.as_secs()),
             &d,
-        ));
+        );
         let key = format!("pg-{}", Broker::Nats.name());
         let relay = match self.cache.get(&key) {
             Some(v) => *v,
@@ -436,29 +414,27 @@ impl Ctx {
                 let store =
                     pg_store(&self.services, &mut self.res, "relay_nats", false, true, 4).await?;
                 load_pg(&store, &subject, n).await?;
-                let r = relay_drain(
-                    store.clone(),
-                    Arc::new(sink),
-                    self.batch,
-                    1,
-                    n,
-                    self.sizes.cap,
-                )
-                .await?;
-                store.pool().close().await;
+                let r = self.pg_relay_drain(&store, Arc::new(sink), 1, n).await?;
                 r.rate()
             }
         };
-        let row = Row::new(
-            "naive",
-            "relay / naive, postgres -> nats-jetstream",
-            relay,
-            "events/s",
-        )
-        .against("naive", d.rate());
-        let met = row.ratio.unwrap_or(0.0) >= 30.0;
-        self.rows.push(row.target(">= 30x naive", met));
+        self.push_relay_vs_naive("relay / naive, postgres -> nats-jetstream", relay, &d);
         Ok(())
+    }
+
+    /// The row of one naive-baseline run `d`.
+    fn push_naive(&mut self, case: &str, d: &Drained) {
+        let row = Row::new("naive", case, d.rate(), "events/s")
+            .param("backlog", self.sizes.naive_backlog)
+            .param("duration_s", self.sizes.naive.as_secs());
+        self.rows.push(with_usage(row, d));
+    }
+
+    /// The row of the relay's rate against the naive baseline `naive`
+    /// (target: 30 times faster).
+    fn push_relay_vs_naive(&mut self, case: &str, relay: f64, naive: &Drained) {
+        let row = Row::new("naive", case, relay, "events/s").against("naive", naive.rate());
+        self.rows.push(row.target_ratio(">= 30x naive", 30.0));
     }
 
     /// The relay's Postgres -> no-op rate from earlier in the run, or
@@ -772,8 +748,7 @@ impl Ctx {
         )
         .param("backlog", big)
         .against(format!("{small} backlog"), small_rate);
-        let met = row.ratio.unwrap_or(0.0) >= 0.9;
-        let mut row = row.target(">= 90% of the 10k drain", met);
+        let mut row = row.target_ratio(">= 90% of the 10k drain", 0.9);
         if self.quick {
             row = row.note("quick run: 100k instead of 1M");
         }
@@ -794,19 +769,11 @@ impl Ctx {
             } else {
                 None
             };
-            let d = relay_drain(
-                store.clone(),
-                noop_handlers(),
-                self.batch,
-                1,
-                n,
-                self.sizes.cap,
-            )
-            .await?;
             let schema = store.outbox().schema().as_str().to_owned();
             let table = store.outbox().table().as_str().to_owned();
-            // Closing the relay's connections flushes their table statistics.
-            store.pool().close().await;
+            // Closing the relay's connections (in `pg_relay_drain`) flushes
+            // their table statistics.
+            let d = self.pg_relay_drain(&store, noop_handlers(), 1, n).await?;
             let dead = dead_tuples(&self.services, &schema, &table).await?;
             if let Some(conn) = holder.take() {
                 release_snapshot(conn).await?;

@@ -186,47 +186,71 @@ pub(crate) async fn pg_store(
     listen: bool,
     max_connections: u32,
 ) -> Result<PgStore> {
-    let schema = format!("obench_{name}_{}", suffix());
-    res.schemas.push(schema.clone());
     let options = PgStoreOptions::new(services.database_url.clone())
-        .with_schema(Ident::new(schema)?)
+        .with_schema(fresh_schema(res, name)?)
         .with_auto_migrate(true)
         .with_notify(notify)
         .with_listen(listen)
         .with_max_connections(max_connections);
-    PgStore::connect(options).await.with_context(|| {
-        format!(
-            "cannot open the Postgres store at {}",
-            outbox_postgres::redact_url(&services.database_url)
-        )
-    })
+    PgStore::connect(options)
+        .await
+        .with_context(|| cannot_open("store", services))
+}
+
+/// A fresh schema name `obench_<name>_<suffix>`, recorded in `res` for cleanup.
+fn fresh_schema(res: &mut Resources, name: &str) -> Result<Ident> {
+    let schema = format!("obench_{name}_{}", suffix());
+    res.schemas.push(schema.clone());
+    Ok(Ident::new(schema)?)
+}
+
+/// The error context of a Postgres `store` that would not open.
+fn cannot_open(store: &str, services: &Services) -> String {
+    format!(
+        "cannot open the Postgres {store} at {}",
+        outbox_postgres::redact_url(&services.database_url)
+    )
 }
 
 /// Loads `n` events for `topic` into the Postgres outbox, 5,000 per INSERT
 /// (`enqueue_batch`, one transaction each, two at a time). Returns the time taken.
 pub(crate) async fn load_pg(store: &PgStore, topic: &str, n: u64) -> Result<Duration> {
-    const CHUNK: u64 = 5_000;
     let started = Instant::now();
+    load_chunks(topic, n, |events| async move {
+        let mut tx = store.pool().begin().await?;
+        store
+            .outbox()
+            .enqueue_batch(&mut tx, events)
+            .await
+            .context("enqueue_batch")?;
+        tx.commit().await?;
+        anyhow::Ok(())
+    })
+    .await?;
+    analyze(store.pool(), store).await?;
+    Ok(started.elapsed())
+}
+
+/// Cuts events `0..n` for `topic` into chunks of 5,000 and runs `insert`
+/// on each, two at a time.
+async fn load_chunks<F, Fut>(topic: &str, n: u64, insert: F) -> Result<()>
+where
+    F: Fn(Vec<NewEvent>) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    const CHUNK: u64 = 5_000;
+    let insert = &insert;
     let chunks: Vec<u64> = (0..n.div_ceil(CHUNK)).collect();
     stream::iter(chunks)
         .map(|c| async move {
             let from = c * CHUNK;
             let to = (from + CHUNK).min(n);
-            let events: Vec<NewEvent> = (from..to).map(|i| new_event(topic, i)).collect();
-            let mut tx = store.pool().begin().await?;
-            store
-                .outbox()
-                .enqueue_batch(&mut tx, events)
-                .await
-                .context("enqueue_batch")?;
-            tx.commit().await?;
-            anyhow::Ok(())
+            insert((from..to).map(|i| new_event(topic, i)).collect()).await
         })
         .buffer_unordered(2)
         .try_collect::<Vec<()>>()
         .await?;
-    analyze(store.pool(), store).await?;
-    Ok(started.elapsed())
+    Ok(())
 }
 
 /// `ANALYZE` the events table so the planner sees the backlog (autovacuum,
@@ -251,18 +275,13 @@ pub(crate) async fn pg_log_store(
     name: &str,
     max_connections: u32,
 ) -> Result<PgLogStore> {
-    let schema = format!("obench_{name}_{}", suffix());
-    res.schemas.push(schema.clone());
     let options = PgLogOptions::new(services.database_url.clone())
-        .with_schema(Ident::new(schema)?)
+        .with_schema(fresh_schema(res, name)?)
         .with_auto_migrate(true)
         .with_max_connections(max_connections);
-    PgLogStore::connect(options).await.with_context(|| {
-        format!(
-            "cannot open the Postgres event-log store at {}",
-            outbox_postgres::redact_url(&services.database_url)
-        )
-    })
+    PgLogStore::connect(options)
+        .await
+        .with_context(|| cannot_open("event-log store", services))
 }
 
 /// Loads `n` events for `topic` into the event log, 5,000 per INSERT
@@ -271,26 +290,18 @@ pub(crate) async fn pg_log_store(
 /// not depend on statistics, and autovacuum may never analyze an
 /// append-only table. Returns the time taken.
 pub(crate) async fn load_pg_log(store: &PgLogStore, topic: &str, n: u64) -> Result<Duration> {
-    const CHUNK: u64 = 5_000;
     let started = Instant::now();
-    let chunks: Vec<u64> = (0..n.div_ceil(CHUNK)).collect();
-    stream::iter(chunks)
-        .map(|c| async move {
-            let from = c * CHUNK;
-            let to = (from + CHUNK).min(n);
-            let events: Vec<NewEvent> = (from..to).map(|i| new_event(topic, i)).collect();
-            let mut tx = store.pool().begin().await?;
-            store
-                .log()
-                .enqueue_batch(&mut tx, events)
-                .await
-                .context("log enqueue_batch")?;
-            tx.commit().await?;
-            anyhow::Ok(())
-        })
-        .buffer_unordered(2)
-        .try_collect::<Vec<()>>()
-        .await?;
+    load_chunks(topic, n, |events| async move {
+        let mut tx = store.pool().begin().await?;
+        store
+            .log()
+            .enqueue_batch(&mut tx, events)
+            .await
+            .context("log enqueue_batch")?;
+        tx.commit().await?;
+        anyhow::Ok(())
+    })
+    .await?;
     Ok(started.elapsed())
 }
 
