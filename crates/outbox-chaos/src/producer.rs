@@ -215,6 +215,42 @@ enum TxError {
     AtCommit,
 }
 
+/// Enqueues `$events` in the transaction `$tx` through `$outbox`: with one
+/// `enqueue_batch` call when `$batch`, else one `enqueue` each. A macro, not a
+/// function: `PgOutbox` and `SqliteOutbox` have the same calls but no common
+/// trait. Any error is a [`TxError::Before`].
+macro_rules! enqueue_all {
+    ($outbox:expr, $tx:ident, $events:expr, $batch:expr) => {
+        if $batch {
+            $outbox
+                .enqueue_batch(&mut $tx, $events)
+                .await
+                .map_err(|_| TxError::Before)?;
+        } else {
+            for e in $events {
+                $outbox
+                    .enqueue(&mut $tx, e)
+                    .await
+                    .map_err(|_| TxError::Before)?;
+            }
+        }
+    };
+}
+
+/// Rolls `tx` back when `rollback` (a failed ROLLBACK still never commits),
+/// else commits it.
+async fn finish<DB: sqlx::Database>(
+    tx: sqlx::Transaction<'_, DB>,
+    rollback: bool,
+) -> Result<TxOutcome, TxError> {
+    if rollback {
+        let _ = tx.rollback().await;
+        return Ok(TxOutcome::RolledBack);
+    }
+    tx.commit().await.map_err(|_| TxError::AtCommit)?;
+    Ok(TxOutcome::Committed)
+}
+
 async fn pg_tx(
     pool: &PgPool,
     outbox: &PgOutbox,
@@ -233,26 +269,8 @@ async fn pg_tx(
     .execute(&mut *tx)
     .await
     .map_err(|_| TxError::Before)?;
-    if batch {
-        outbox
-            .enqueue_batch(&mut tx, events)
-            .await
-            .map_err(|_| TxError::Before)?;
-    } else {
-        for e in events {
-            outbox
-                .enqueue(&mut tx, e)
-                .await
-                .map_err(|_| TxError::Before)?;
-        }
-    }
-    if rollback {
-        // A failed ROLLBACK still never commits.
-        let _ = tx.rollback().await;
-        return Ok(TxOutcome::RolledBack);
-    }
-    tx.commit().await.map_err(|_| TxError::AtCommit)?;
-    Ok(TxOutcome::Committed)
+    enqueue_all!(outbox, tx, events, batch);
+    finish(tx, rollback).await
 }
 
 async fn sqlite_tx(
@@ -270,23 +288,6 @@ async fn sqlite_tx(
         .execute(&mut *tx)
         .await
         .map_err(|_| TxError::Before)?;
-    if batch {
-        outbox
-            .enqueue_batch(&mut tx, events)
-            .await
-            .map_err(|_| TxError::Before)?;
-    } else {
-        for e in events {
-            outbox
-                .enqueue(&mut tx, e)
-                .await
-                .map_err(|_| TxError::Before)?;
-        }
-    }
-    if rollback {
-        let _ = tx.rollback().await;
-        return Ok(TxOutcome::RolledBack);
-    }
-    tx.commit().await.map_err(|_| TxError::AtCommit)?;
-    Ok(TxOutcome::Committed)
+    enqueue_all!(outbox, tx, events, batch);
+    finish(tx, rollback).await
 }
