@@ -32,12 +32,40 @@ fn event(topic: &str, key: Option<&str>, n: usize) -> Event {
 
 const PARTITIONS: i32 = 3;
 
-fn cluster(
-    topic: &str,
-) -> MockCluster<'static, outbox_kafka::rdkafka::producer::DefaultProducerContext> {
+type Mock = MockCluster<'static, outbox_kafka::rdkafka::producer::DefaultProducerContext>;
+
+fn cluster(topic: &str) -> Mock {
     let mock = MockCluster::new(3).unwrap();
     mock.create_topic(topic, PARTITIONS, 3).unwrap();
     mock
+}
+
+/// A fresh topic named after `name` on a new mock cluster, and the
+/// cluster's bootstrap servers.
+fn mock_topic(name: &str) -> (String, Mock, String) {
+    let topic = topic_name(name);
+    let mock = cluster(&topic);
+    let brokers = mock.bootstrap_servers();
+    (topic, mock, brokers)
+}
+
+/// Delivers one event for `key` (warming up metadata and the producer id)
+/// and asserts it was delivered; returns it.
+async fn warm_up(publisher: &KafkaPublisher, topic: &str, key: &str) -> Vec<Event> {
+    let warm = vec![event(topic, Some(key), 0)];
+    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    warm
+}
+
+/// `outcome` is a failure with `code`, retryable or not as `retryable` says.
+fn assert_failed(outcome: &Outcome, code: &ErrorCode, retryable: bool, context: &str) {
+    match outcome {
+        Outcome::Failed(e) => {
+            assert_eq!(e.code(), code, "{context}: {e}");
+            assert_eq!(e.is_retryable(), retryable, "{context}: {e}");
+        }
+        other => panic!("{context}: expected {code:?}, got {other:?}"),
+    }
 }
 
 fn ids(events: &[Event]) -> BTreeSet<EventId> {
@@ -70,9 +98,7 @@ async fn assert_topic_holds(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn delivers_with_key_headers_and_per_key_order() {
-    let topic = topic_name("mock-basic");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, _mock, brokers) = mock_topic("mock-basic");
     let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
     let keys = ["a", "b", "c", "d"];
     let events: Vec<_> = (0..40)
@@ -123,9 +149,7 @@ async fn delivers_with_key_headers_and_per_key_order() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_then_up_while_in_flight_delivers_everything_once() {
-    let topic = topic_name("mock-down-up");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, mock, brokers) = mock_topic("mock-down-up");
     let publisher = Arc::new(
         KafkaPublisher::new(
             KafkaConfig::new(&brokers).with_delivery_timeout(Duration::from_secs(120)),
@@ -133,8 +157,7 @@ async fn brokers_down_then_up_while_in_flight_delivers_everything_once() {
         .unwrap(),
     );
     // Warm up (metadata, producer id) so the outage hits produce requests.
-    let warm = vec![event(&topic, Some("k0"), 0)];
-    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    let warm = warm_up(&publisher, &topic, "k0").await;
 
     mock.broker_down(-1).unwrap();
     let events: Vec<_> = (1..=30)
@@ -164,15 +187,12 @@ async fn brokers_down_then_up_while_in_flight_delivers_everything_once() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_past_the_timeout_fail_unavailable_then_redelivery_succeeds() {
-    let topic = topic_name("mock-timeout");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, mock, brokers) = mock_topic("mock-timeout");
     let publisher = KafkaPublisher::new(
         KafkaConfig::new(&brokers).with_delivery_timeout(Duration::from_secs(2)),
     )
     .unwrap();
-    let warm = vec![event(&topic, Some("k"), 0)];
-    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    let warm = warm_up(&publisher, &topic, "k").await;
 
     mock.broker_down(-1).unwrap();
     let events: Vec<_> = (1..=10).map(|n| event(&topic, Some("k"), n)).collect();
@@ -216,12 +236,9 @@ async fn brokers_down_past_the_timeout_fail_unavailable_then_redelivery_succeeds
 
 #[tokio::test(flavor = "multi_thread")]
 async fn retriable_request_errors_are_retried_without_duplicates() {
-    let topic = topic_name("mock-req-errors");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, mock, brokers) = mock_topic("mock-req-errors");
     let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
-    let warm = vec![event(&topic, Some("k"), 0)];
-    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    let warm = warm_up(&publisher, &topic, "k").await;
 
     mock.request_errors(
         RDKafkaApiKey::Produce,
@@ -244,9 +261,7 @@ async fn retriable_request_errors_are_retried_without_duplicates() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn message_too_large_is_permanent_and_does_not_block_the_batch() {
-    let topic = topic_name("mock-too-large");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, _mock, brokers) = mock_topic("mock-too-large");
     let publisher =
         KafkaPublisher::new(KafkaConfig::new(&brokers).with_property("message.max.bytes", "10000"))
             .unwrap();
@@ -260,13 +275,12 @@ async fn message_too_large_is_permanent_and_does_not_block_the_batch() {
     let outcomes = publisher.deliver(&events).await;
     assert_eq!(outcomes[0], Outcome::Delivered);
     assert_eq!(outcomes[2], Outcome::Delivered);
-    match &outcomes[1] {
-        Outcome::Failed(e) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert_eq!(e.code(), &ErrorCode::PUBLISH_TOO_LARGE);
-        }
-        other => panic!("expected too large, got {other:?}"),
-    }
+    assert_failed(
+        &outcomes[1],
+        &ErrorCode::PUBLISH_TOO_LARGE,
+        false,
+        "client-side too large",
+    );
     let got = read_back(&brokers, &topic, PARTITIONS, 2).await;
     assert_eq!(
         received_ids(&got),
@@ -276,25 +290,21 @@ async fn message_too_large_is_permanent_and_does_not_block_the_batch() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_rejecting_as_too_large_is_permanent() {
-    let topic = topic_name("mock-broker-too-large");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, mock, brokers) = mock_topic("mock-broker-too-large");
     let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
-    let warm = vec![event(&topic, Some("k"), 0)];
-    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    warm_up(&publisher, &topic, "k").await;
     mock.request_errors(
         RDKafkaApiKey::Produce,
         &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE],
     );
     let events = vec![event(&topic, Some("k"), 1)];
     let outcomes = publisher.deliver(&events).await;
-    match &outcomes[0] {
-        Outcome::Failed(e) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert_eq!(e.code(), &ErrorCode::PUBLISH_TOO_LARGE);
-        }
-        other => panic!("expected too large, got {other:?}"),
-    }
+    assert_failed(
+        &outcomes[0],
+        &ErrorCode::PUBLISH_TOO_LARGE,
+        false,
+        "broker-side too large",
+    );
     // The producer keeps working afterwards.
     let next = vec![event(&topic, Some("k"), 2)];
     assert_eq!(publisher.deliver(&next).await, vec![Outcome::Delivered]);
@@ -302,9 +312,7 @@ async fn broker_rejecting_as_too_large_is_permanent() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn unknown_topic_follows_the_configured_policy() {
-    let topic = topic_name("mock-known");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, mock, brokers) = mock_topic("mock-known");
     let missing = topic_name("mock-missing");
     mock.topic_error(
         &missing,
@@ -325,24 +333,20 @@ async fn unknown_topic_follows_the_configured_policy() {
         let events = vec![event(&missing, Some("k"), 0), event(&topic, Some("k"), 1)];
         let outcomes = publisher.deliver(&events).await;
         assert_eq!(outcomes[1], Outcome::Delivered);
-        match &outcomes[0] {
-            Outcome::Failed(e) => {
-                assert_eq!(e.code(), &ErrorCode::PUBLISH_UNROUTABLE, "{e}");
-                assert_eq!(e.is_retryable(), retryable, "{policy:?}: {e}");
-            }
-            other => panic!("expected unroutable, got {other:?}"),
-        }
+        assert_failed(
+            &outcomes[0],
+            &ErrorCode::PUBLISH_UNROUTABLE,
+            retryable,
+            &format!("{policy:?}"),
+        );
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn fatal_producer_error_fails_unavailable_and_replaces_the_producer() {
-    let topic = topic_name("mock-fatal");
-    let mock = cluster(&topic);
-    let brokers = mock.bootstrap_servers();
+    let (topic, mock, brokers) = mock_topic("mock-fatal");
     let publisher = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
-    let warm = vec![event(&topic, Some("k"), 0)];
-    assert_eq!(publisher.deliver(&warm).await, vec![Outcome::Delivered]);
+    let warm = warm_up(&publisher, &topic, "k").await;
     assert_eq!(publisher.producers_recreated(), 0);
 
     // A sequence desynchronisation on the head-of-line request: librdkafka
