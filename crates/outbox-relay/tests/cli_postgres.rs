@@ -11,33 +11,68 @@ use outbox_postgres::{sqlx, Ident, PgOutbox};
 use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
-use support::{relay, stop};
+use support::{assert_success, relay, stop, wait_jsonl_ids};
 
 fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// A fresh schema name `<prefix>_<random>` and a pool on `url`.
+async fn schema_and_pool(prefix: &str, url: &str) -> (String, sqlx::PgPool) {
+    let schema = format!(
+        "{prefix}_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    let pool = sqlx::PgPool::connect(url).await.unwrap_or_else(|e| {
+        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
+    });
+    (schema, pool)
+}
+
+/// The application's side: 40 events of `event_type` (keys `k0`..`k3`),
+/// each committed in its own transaction through `enqueue`, then one more
+/// in a transaction rolled back. Returns the committed ids and the
+/// rolled-back one.
+async fn commit_40_roll_back_1(
+    pool: &sqlx::PgPool,
+    event_type: &str,
+    enqueue: impl AsyncFn(&mut sqlx::PgConnection, NewEvent) -> EventId,
+) -> (HashSet<EventId>, EventId) {
+    let mut committed: HashSet<EventId> = HashSet::new();
+    for i in 0..40 {
+        let mut tx = pool.begin().await.unwrap();
+        let ev = NewEvent::new(event_type, "cli", format!("{{\"n\":{i}}}").into_bytes())
+            .with_key(format!("k{}", i % 4));
+        committed.insert(enqueue(&mut *tx, ev).await);
+        tx.commit().await.unwrap();
+    }
+    let mut tx = pool.begin().await.unwrap();
+    let phantom = enqueue(
+        &mut *tx,
+        NewEvent::new(event_type, "cli", b"never".to_vec()),
+    )
+    .await;
+    tx.rollback().await.unwrap();
+    (committed, phantom)
+}
+
+async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_run_and_status_on_postgres() {
     let url = database_url();
-    let schema = format!(
-        "outbox_cli_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
-    });
+    let (schema, pool) = schema_and_pool("outbox_cli", &url).await;
 
     let out = relay(&["migrate", "--store", &url, "--pg-schema", &schema])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "migrate failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "migrate");
 
     // Commit 40 events in application transactions, roll one back.
     let outbox = PgOutbox::new(
@@ -45,20 +80,10 @@ async fn migrate_run_and_status_on_postgres() {
         Ident::new("events").unwrap(),
     )
     .unwrap();
-    let mut committed: HashSet<EventId> = HashSet::new();
-    for i in 0..40 {
-        let mut tx = pool.begin().await.unwrap();
-        let ev = NewEvent::new("cli.test", "cli", format!("{{\"n\":{i}}}").into_bytes())
-            .with_key(format!("k{}", i % 4));
-        committed.insert(outbox.enqueue(&mut tx, ev).await.unwrap());
-        tx.commit().await.unwrap();
-    }
-    let mut tx = pool.begin().await.unwrap();
-    let phantom = outbox
-        .enqueue(&mut tx, NewEvent::new("cli.test", "cli", b"never".to_vec()))
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
+    let (committed, phantom) = commit_40_roll_back_1(&pool, "cli.test", async |conn, ev| {
+        outbox.enqueue(conn, ev).await.unwrap()
+    })
+    .await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
@@ -80,19 +105,10 @@ async fn migrate_run_and_status_on_postgres() {
         .unwrap(),
     );
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let delivered: HashSet<EventId> = loop {
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let ids: HashSet<EventId> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .map(|v| v["id"].as_str().unwrap().parse().unwrap())
-            .collect();
-        if ids.len() >= committed.len() || Instant::now() > deadline {
-            break ids;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let delivered: HashSet<EventId> = wait_jsonl_ids(&file, committed.len(), &mut child)
+        .await
+        .into_iter()
+        .collect();
     // Graceful stop: SIGTERM, exit 0.
     stop(&mut child);
 
@@ -103,11 +119,7 @@ async fn migrate_run_and_status_on_postgres() {
         .output()
         .unwrap();
     let status = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "status");
     assert!(
         status
             .lines()
@@ -133,10 +145,7 @@ async fn migrate_run_and_status_on_postgres() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("invalid store setting"));
 
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_schema(&pool, &schema).await;
 }
 
 /// `--pg-mode log`: `migrate` creates the event log, `run` relays events
@@ -146,21 +155,11 @@ async fn migrate_run_and_status_on_postgres() {
 async fn log_mode_migrate_run_and_status() {
     use outbox_postgres::{PgLogOptions, PgLogStore};
     let url = database_url();
-    let schema = format!(
-        "outbox_clilog_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
-    });
+    let (schema, pool) = schema_and_pool("outbox_clilog", &url).await;
     let log_args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "log"];
 
     let out = relay(&["migrate"]).args(log_args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "migrate failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "migrate");
 
     // The application's side: the log store's enqueue handle, no rotation.
     let producer = PgLogStore::connect(
@@ -170,21 +169,10 @@ async fn log_mode_migrate_run_and_status() {
     )
     .await
     .unwrap();
-    let mut committed: HashSet<EventId> = HashSet::new();
-    for i in 0..40 {
-        let mut tx = pool.begin().await.unwrap();
-        let ev = NewEvent::new("cli.log", "cli", format!("{{\"n\":{i}}}").into_bytes())
-            .with_key(format!("k{}", i % 4));
-        committed.insert(producer.log().enqueue(&mut tx, ev).await.unwrap());
-        tx.commit().await.unwrap();
-    }
-    let mut tx = pool.begin().await.unwrap();
-    let phantom = producer
-        .log()
-        .enqueue(&mut tx, NewEvent::new("cli.log", "cli", b"never".to_vec()))
-        .await
-        .unwrap();
-    tx.rollback().await.unwrap();
+    let (committed, phantom) = commit_40_roll_back_1(&pool, "cli.log", async |conn, ev| {
+        producer.log().enqueue(conn, ev).await.unwrap()
+    })
+    .await;
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
@@ -198,22 +186,7 @@ async fn log_mode_migrate_run_and_status() {
             .unwrap(),
     );
 
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let delivered: Vec<EventId> = loop {
-        let text = std::fs::read_to_string(&file).unwrap_or_default();
-        let ids: Vec<EventId> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .map(|v| v["id"].as_str().unwrap().parse().unwrap())
-            .collect();
-        if ids.len() >= committed.len() || Instant::now() > deadline {
-            break ids;
-        }
-        if let Some(status) = child.child().try_wait().unwrap() {
-            panic!("relay exited early with {status}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let delivered = wait_jsonl_ids(&file, committed.len(), &mut child).await;
     // Graceful stop: SIGTERM, exit 0.
     stop(&mut child);
 
@@ -224,11 +197,7 @@ async fn log_mode_migrate_run_and_status() {
 
     let out = relay(&["status"]).args(log_args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "status failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "status");
     assert!(
         text.lines()
             .any(|l| l.starts_with("mode:") && l.contains("log")),
@@ -245,11 +214,7 @@ async fn log_mode_migrate_run_and_status() {
         "{text}"
     );
     let out = relay(&["dead", "list"]).args(log_args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "dead list failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert_success(&out, "dead list");
     assert!(String::from_utf8_lossy(&out.stdout).contains("(no dead letters)"));
 
     // A mode that does not exist is refused, naming the flag.
@@ -261,8 +226,5 @@ async fn log_mode_migrate_run_and_status() {
     assert!(err.contains("--pg-mode") && err.contains("queue"), "{err}");
 
     drop(producer);
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_schema(&pool, &schema).await;
 }

@@ -3,10 +3,11 @@
 //! listener.
 #![allow(dead_code, unreachable_pub)]
 
-use outbox_core::Store;
+use outbox_core::{EventId, Store};
 use outbox_testkit::process::ChildGuard;
 use std::io::{Read, Write};
-use std::process::Command;
+use std::path::Path;
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 /// `127.0.0.1:<port>` of a port that was free a moment ago.
@@ -68,6 +69,43 @@ pub async fn wait_drained<S: Store>(store: &S, relay: &mut ChildGuard, bound: Du
             Instant::now() < deadline,
             "the relay did not drain the outbox within {bound:?}: {stats:?}"
         );
+        if let Some(status) = relay.child().try_wait().expect("try_wait") {
+            panic!("relay exited early with {status}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Asserts that the `what` command exited 0, showing its stderr if not.
+pub fn assert_success(out: &Output, what: &str) {
+    assert!(
+        out.status.success(),
+        "{what} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Polls the JSON-lines `file` of a `jsonl:` sink until it holds at least
+/// `expected` events or 60 s passed; returns their ids in file order.
+/// Panics when `relay` exits meanwhile.
+pub async fn wait_jsonl_ids(file: &Path, expected: usize, relay: &mut ChildGuard) -> Vec<EventId> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        let ids: Vec<EventId> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .map(|v| {
+                v["id"]
+                    .as_str()
+                    .expect("an id")
+                    .parse()
+                    .expect("an event id")
+            })
+            .collect();
+        if ids.len() >= expected || Instant::now() > deadline {
+            return ids;
+        }
         if let Some(status) = relay.child().try_wait().expect("try_wait") {
             panic!("relay exited early with {status}");
         }
