@@ -55,6 +55,31 @@ async fn settle(store: &PgStore, token: FencingToken, s: Settlement) {
     );
 }
 
+/// Settles every event of `ids` as delivered, none fenced or rejected.
+async fn deliver_all(store: &PgStore, token: FencingToken, ids: &[EventId]) {
+    settle(
+        store,
+        token,
+        Settlement::new().with_all(ids, Resolution::Delivered),
+    )
+    .await;
+}
+
+/// A fresh database holding `keys * per_key` keyed events (keys `k0`.. in
+/// turn) and a store on it; returns them with the events' ids in order.
+async fn keyed_backlog(keys: usize, per_key: usize) -> (TestDb, PgStore, Vec<EventId>) {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let all = enqueue(
+        &db,
+        (0..keys * per_key)
+            .map(|i| keyed(&format!("k{}", i % keys), i))
+            .collect(),
+    )
+    .await;
+    (db, store, all)
+}
+
 /// `events` holds, for each key, its events in id order.
 fn assert_key_order(claimed: &[Event]) {
     let mut last: HashMap<&str, EventId> = HashMap::new();
@@ -71,15 +96,7 @@ fn assert_key_order(claimed: &[Event]) {
 async fn a_retried_head_parks_its_key_and_claims_still_find_due_events() {
     const KEYS: usize = 20;
     const PER_KEY: usize = 30;
-    let db = TestDb::new().await;
-    let store = db.store().await;
-    let all = enqueue(
-        &db,
-        (0..KEYS * PER_KEY)
-            .map(|i| keyed(&format!("k{}", i % KEYS), i))
-            .collect(),
-    )
-    .await;
+    let (db, store, all) = keyed_backlog(KEYS, PER_KEY).await;
 
     // The heads fail and go into a long backoff: the retry parks the rest.
     let heads = store.claim(&req("r", KEYS as u32)).await.unwrap();
@@ -113,12 +130,7 @@ async fn a_retried_head_parks_its_key_and_claims_still_find_due_events() {
     .await;
     let c = store.claim(&req("r", 50)).await.unwrap();
     assert_eq!(ids(&c.events), fresh);
-    settle(
-        &store,
-        c.token,
-        Settlement::new().with_all(&fresh, Resolution::Delivered),
-    )
-    .await;
+    deliver_all(&store, c.token, &fresh).await;
 
     // A new event of a blocked key is blocked too (and parked by the claim
     // that walked past it).
@@ -140,12 +152,7 @@ async fn a_retried_head_parks_its_key_and_claims_still_find_due_events() {
     assert_eq!(ids(&c.events), want);
     assert_eq!(c.events[0].attempts, 2, "the head's retry counted");
     assert_key_order(&c.events);
-    settle(
-        &store,
-        c.token,
-        Settlement::new().with_all(&want, Resolution::Delivered),
-    )
-    .await;
+    deliver_all(&store, c.token, &want).await;
     assert_eq!(parked(&db).await, 0);
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
@@ -155,15 +162,7 @@ async fn a_retried_head_parks_its_key_and_claims_still_find_due_events() {
 async fn rows_behind_leased_heads_are_parked_when_they_fill_the_walk() {
     const KEYS: usize = 10;
     const PER_KEY: usize = 100;
-    let db = TestDb::new().await;
-    let store = db.store().await;
-    let all = enqueue(
-        &db,
-        (0..KEYS * PER_KEY)
-            .map(|i| keyed(&format!("k{}", i % KEYS), i))
-            .collect(),
-    )
-    .await;
+    let (db, store, all) = keyed_backlog(KEYS, PER_KEY).await;
     let a = store.claim(&req("a", KEYS as u32)).await.unwrap();
     assert_eq!(ids(&a.events), all[..KEYS]);
 
@@ -183,21 +182,11 @@ async fn rows_behind_leased_heads_are_parked_when_they_fill_the_walk() {
     let loose = enqueue(&db, vec![NewEvent::new("loose", "pg", vec![])]).await;
     let b = store.claim(&req("b", 5)).await.unwrap();
     assert_eq!(ids(&b.events), loose);
-    settle(
-        &store,
-        b.token,
-        Settlement::new().with_all(&loose, Resolution::Delivered),
-    )
-    .await;
+    deliver_all(&store, b.token, &loose).await;
 
     // The heads are delivered: the parked rows come through their keys, an
     // equal share of the batch per key, each key a prefix in order.
-    settle(
-        &store,
-        a.token,
-        Settlement::new().with_all(&ids(&a.events), Resolution::Delivered),
-    )
-    .await;
+    deliver_all(&store, a.token, &ids(&a.events)).await;
     let mut seen = Vec::new();
     loop {
         let c = store.claim(&req("c", 200)).await.unwrap();
@@ -207,12 +196,7 @@ async fn rows_behind_leased_heads_are_parked_when_they_fill_the_walk() {
         assert!(c.events.len() <= 200);
         assert_key_order(&c.events);
         let got = ids(&c.events);
-        settle(
-            &store,
-            c.token,
-            Settlement::new().with_all(&got, Resolution::Delivered),
-        )
-        .await;
+        deliver_all(&store, c.token, &got).await;
         seen.extend(got);
     }
     seen.sort();
