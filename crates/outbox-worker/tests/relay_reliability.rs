@@ -358,6 +358,17 @@ async fn outage_costs_nothing<S: Store + DeadLetterStore>(store: S, ids: Vec<Eve
     assert_eq!(dead, 0);
 }
 
+/// Nothing pending, in flight or dead in `store`, and no dead letter listed.
+async fn assert_empty_without_dead_letters<S: Store + DeadLetterStore>(store: &S) {
+    assert!(store
+        .list_dead(&DeadLetterQuery::default())
+        .await
+        .unwrap()
+        .is_empty());
+    let stats = store.stats().await.unwrap();
+    assert_eq!((stats.pending, stats.in_flight, stats.dead), (0, 0, 0));
+}
+
 fn running_dead(log: &[Progress]) -> usize {
     log.iter()
         .filter(|p| matches!(p, Progress::Dead { .. }))
@@ -370,13 +381,7 @@ async fn sink_outage_counts_no_attempt_and_delivers_everything_after_sqlite() {
     let ids = db.enqueue(events(40, 5, "order.created")).await;
     let store = db.store().await;
     outage_costs_nothing(store.clone(), ids).await;
-    assert!(store
-        .list_dead(&DeadLetterQuery::default())
-        .await
-        .unwrap()
-        .is_empty());
-    let stats = store.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.in_flight, stats.dead), (0, 0, 0));
+    assert_empty_without_dead_letters(&store).await;
 }
 
 #[cfg(feature = "postgres")]
@@ -388,13 +393,7 @@ async fn sink_outage_counts_no_attempt_and_delivers_everything_after_postgres() 
     let ids = db.enqueue(events(40, 5, "order.created")).await;
     let store = db.store().await;
     outage_costs_nothing(store.clone(), ids).await;
-    assert!(store
-        .list_dead(&DeadLetterQuery::default())
-        .await
-        .unwrap()
-        .is_empty());
-    let stats = store.stats().await.unwrap();
-    assert_eq!((stats.pending, stats.in_flight, stats.dead), (0, 0, 0));
+    assert_empty_without_dead_letters(&store).await;
     db.drop_schema().await;
 }
 
