@@ -27,6 +27,37 @@ pub enum TxEnd {
     Rollback,
 }
 
+impl TxEnd {
+    /// Ends `tx` this way.
+    async fn finish<DB: sqlx::Database>(self, tx: sqlx::Transaction<'_, DB>) {
+        match self {
+            TxEnd::Commit => tx.commit().await.expect("COMMIT"),
+            TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),
+        }
+    }
+}
+
+/// Ends the transaction of a `try_enqueue`: `COMMIT` when the enqueue
+/// worked; `ROLLBACK` and the reason when `invalid` finds the events refused
+/// as invalid (it hands any other error back); panics on any other error.
+async fn end_try_enqueue<DB: sqlx::Database, E: std::fmt::Display>(
+    tx: sqlx::Transaction<'_, DB>,
+    result: Result<Vec<EventId>, E>,
+    invalid: impl FnOnce(E) -> Result<ValidationError, E>,
+) -> Result<Vec<EventId>, ValidationError> {
+    match result.map_err(invalid) {
+        Ok(ids) => {
+            tx.commit().await.expect("COMMIT");
+            Ok(ids)
+        }
+        Err(Ok(source)) => {
+            tx.rollback().await.expect("ROLLBACK");
+            Err(source)
+        }
+        Err(Err(e)) => panic!("enqueue failed: {e}"),
+    }
+}
+
 /// Rows left in the outbox tables, read with plain SQL (not through the
 /// store's own stats).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,26 +161,18 @@ impl App for SqliteApp {
         let ids = outbox_sqlite::enqueue_batch(&mut tx, events)
             .await
             .expect("enqueue in the order's transaction");
-        match end {
-            TxEnd::Commit => tx.commit().await.expect("COMMIT"),
-            TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),
-        }
+        end.finish(tx).await;
         ids
     }
 
     async fn try_enqueue(&self, events: Vec<NewEvent>) -> Result<Vec<EventId>, ValidationError> {
         let mut tx = self.store.pool().begin().await.expect("BEGIN");
-        match outbox_sqlite::enqueue_batch(&mut tx, events).await {
-            Ok(ids) => {
-                tx.commit().await.expect("COMMIT");
-                Ok(ids)
-            }
-            Err(outbox_sqlite::EnqueueError::Invalid { source, .. }) => {
-                tx.rollback().await.expect("ROLLBACK");
-                Err(source)
-            }
-            Err(e) => panic!("enqueue failed: {e}"),
-        }
+        let result = outbox_sqlite::enqueue_batch(&mut tx, events).await;
+        end_try_enqueue(tx, result, |e| match e {
+            outbox_sqlite::EnqueueError::Invalid { source, .. } => Ok(source),
+            e => Err(e),
+        })
+        .await
     }
 
     async fn order_ids(&self) -> Vec<i64> {
@@ -251,26 +274,18 @@ impl App for PostgresApp {
             .enqueue_batch(&mut tx, events)
             .await
             .expect("enqueue in the order's transaction");
-        match end {
-            TxEnd::Commit => tx.commit().await.expect("COMMIT"),
-            TxEnd::Rollback => tx.rollback().await.expect("ROLLBACK"),
-        }
+        end.finish(tx).await;
         ids
     }
 
     async fn try_enqueue(&self, events: Vec<NewEvent>) -> Result<Vec<EventId>, ValidationError> {
         let mut tx = self.store.pool().begin().await.expect("BEGIN");
-        match self.store.outbox().enqueue_batch(&mut tx, events).await {
-            Ok(ids) => {
-                tx.commit().await.expect("COMMIT");
-                Ok(ids)
-            }
-            Err(outbox_postgres::EnqueueError::Invalid { source, .. }) => {
-                tx.rollback().await.expect("ROLLBACK");
-                Err(source)
-            }
-            Err(e) => panic!("enqueue failed: {e}"),
-        }
+        let result = self.store.outbox().enqueue_batch(&mut tx, events).await;
+        end_try_enqueue(tx, result, |e| match e {
+            outbox_postgres::EnqueueError::Invalid { source, .. } => Ok(source),
+            e => Err(e),
+        })
+        .await
     }
 
     async fn order_ids(&self) -> Vec<i64> {
