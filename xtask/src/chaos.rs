@@ -223,12 +223,17 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                         (_, true) => 5,
                     };
                     if full {
-                        // The outage and flap: 60 s, and 2 s every 5 s.
+                        // The outage and flap: 60 s, and 2 s every
+                        // 5 s, at 2,000 events/s for the broker faults.
                         s.outage_s = 60;
                         s.flap_cycles = 6;
                         s.flap_down_ms = 2000;
                         s.flap_up_ms = 3000;
-                        s.rate = 1000;
+                        s.rate = if kind.starts_with("broker-") {
+                            2000
+                        } else {
+                            1000
+                        };
                     } else {
                         s.outage_s = 15;
                         s.flap_cycles = 4;

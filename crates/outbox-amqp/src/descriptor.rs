@@ -40,6 +40,18 @@ impl Backend for AmqpBackend {
     async fn connect(config: AmqpConfig) -> Result<AmqpPublisher, AmqpError> {
         AmqpPublisher::connect(config).await
     }
+
+    /// Connects; when the broker is unreachable (a retryable error), warns
+    /// and returns a publisher that connects on a later batch.
+    async fn connect_lazy(config: AmqpConfig) -> Result<AmqpPublisher, AmqpError> {
+        match AmqpPublisher::connect(config.clone()).await {
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(error = %e, "AMQP broker not reachable; connecting on a later batch");
+                Ok(AmqpPublisher::lazy(config))
+            }
+            connected => connected,
+        }
+    }
 }
 
 #[cfg(test)]

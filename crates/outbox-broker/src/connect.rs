@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 /// | `attempts` | 5 | connection attempts of [`ConnectPolicy::connect`] (at least 1) |
 /// | `timeout` | 5 s | bound on one attempt |
 /// | `min_delay` | 100 ms | delay after the first failed attempt |
-/// | `max_delay` | 5 s | cap of the exponential backoff (also between reconnect attempts) |
+/// | `max_delay` | 2 s | cap of the exponential backoff (also between reconnect attempts: a broker that returns is in use again within about 2 s) |
 ///
 /// Delays double from `min_delay` up to `max_delay`; [`ConnectPolicy::connect`]
 /// jitters them so that relays restarting together do not reconnect in step.
@@ -34,7 +34,7 @@ impl Default for ConnectPolicy {
             attempts: 5,
             timeout: Duration::from_secs(5),
             min_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(5),
+            max_delay: Duration::from_secs(2),
         }
     }
 }

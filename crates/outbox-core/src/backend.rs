@@ -482,6 +482,18 @@ pub trait Backend {
     fn connect(
         config: Self::Config,
     ) -> impl Future<Output = Result<Self::Connected, Self::Error>> + Send;
+
+    /// Opens without waiting for the service to be reachable: a publisher
+    /// whose broker is down returns at once and reports its batches as sink
+    /// unavailable until it connects, so a relay started during an outage
+    /// starts with its circuit breaker open instead of exiting. Errors that
+    /// waiting cannot fix (invalid configuration, refused credentials, a
+    /// failed TLS handshake) still fail here. Defaults to [`Self::connect`].
+    fn connect_lazy(
+        config: Self::Config,
+    ) -> impl Future<Output = Result<Self::Connected, Self::Error>> + Send {
+        Self::connect(config)
+    }
 }
 
 #[cfg(test)]

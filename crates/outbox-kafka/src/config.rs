@@ -282,6 +282,13 @@ impl KafkaConfig {
     pub fn client_config(&self) -> ClientConfig {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &self.brokers);
+        // librdkafka waits up to 10 s between reconnects by default; the
+        // connect policy's cap (2 s) brings a returning broker back in use
+        // sooner. A property given explicitly wins.
+        cc.set(
+            "reconnect.backoff.max.ms",
+            self.connect.max_delay.as_millis().to_string(),
+        );
         for (k, v) in &self.properties {
             cc.set(k, v);
         }

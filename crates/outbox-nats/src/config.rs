@@ -70,7 +70,7 @@ pub struct NatsTls {
 /// | `ack_timeout` | 5 s (then `PUBLISH_TIMEOUT`: the sink is unavailable, maybe delivered) |
 /// | `connect_timeout` | 5 s per attempt |
 /// | `connect_attempts` | 5 (exponential backoff, jittered) |
-/// | `reconnect_delay_max` | 4 s between reconnect attempts |
+/// | `reconnect_delay_max` | 1 s between reconnect attempts (a returning server is in use within about a second) |
 ///
 /// Connecting and reconnecting follow one [`ConnectPolicy`] (the same type
 /// every outbox publisher uses); the three `connect`/`reconnect` options
@@ -104,7 +104,7 @@ impl Default for NatsConfig {
             connect: ConnectPolicy::default()
                 .with_attempts(5)
                 .with_timeout(Duration::from_secs(5))
-                .with_delays(Duration::from_millis(100), Duration::from_secs(4)),
+                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
             unroutable_retryable: false,
             client_name: Some("outbox-relay".to_owned()),
             ignore_discovered_servers: false,

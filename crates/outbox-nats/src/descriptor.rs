@@ -39,6 +39,16 @@ impl Backend for NatsBackend {
     async fn connect(config: NatsConfig) -> Result<NatsPublisher, NatsError> {
         NatsPublisher::connect(config).await
     }
+
+    /// Connects; when no server is reachable (a retryable error), returns a
+    /// publisher that keeps connecting in the background. A TLS or
+    /// authentication failure still fails here.
+    async fn connect_lazy(config: NatsConfig) -> Result<NatsPublisher, NatsError> {
+        match NatsPublisher::connect(config.clone()).await {
+            Err(e) if e.is_retryable() => NatsPublisher::lazy(config).await,
+            connected => connected,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use outbox_core::{
 };
 use outbox_worker::JsonLinesSink;
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 /// Any compiled-in store, chosen at run time by [`AnyStore::connect`].
@@ -182,11 +183,22 @@ async fn open<B: Backend>(
     url: &str,
     settings: &Settings,
 ) -> Result<B::Connected, ConnectError> {
+    open_with::<B, _>(d, url, settings, B::connect).await
+}
+
+/// Configures backend `B` and connects it with `connect` (its `connect` or
+/// `connect_lazy`).
+async fn open_with<B: Backend, F: Future<Output = Result<B::Connected, B::Error>>>(
+    d: &'static Descriptor,
+    url: &str,
+    settings: &Settings,
+    connect: impl FnOnce(B::Config) -> F,
+) -> Result<B::Connected, ConnectError> {
     let config = B::configure(url, settings).map_err(|error| ConnectError::Invalid {
         descriptor: d,
         error,
     })?;
-    B::connect(config).await.map_err(|e| ConnectError::Connect {
+    connect(config).await.map_err(|e| ConnectError::Connect {
         role: d.role(),
         source: Box::new(e),
     })
@@ -313,7 +325,10 @@ pub(crate) enum AnySink {
 impl AnySink {
     /// Opens a sink from its text form: `stdout` (JSON lines on standard
     /// output), `jsonl:PATH` (JSON lines appended to a file), or a broker URL
-    /// of a compiled sink backend, configured with `settings_for`.
+    /// of a compiled sink backend, configured with `settings_for`. A broker
+    /// that is unreachable does not fail this: the publisher is opened
+    /// lazily (`Backend::connect_lazy`) and the relay starts with its
+    /// breaker open; a configuration, credential or TLS error does.
     #[cfg_attr(
         not(any(feature = "nats", feature = "amqp", feature = "kafka")),
         allow(unused_variables)
@@ -352,17 +367,32 @@ impl AnySink {
         let settings = settings_for(d);
         match d.name() {
             #[cfg(feature = "nats")]
-            "nats" => open::<outbox_nats::descriptor::NatsBackend>(d, spec, &settings)
-                .await
-                .map(|p| AnySink::Nats(Box::new(p))),
+            "nats" => open_with::<outbox_nats::descriptor::NatsBackend, _>(
+                d,
+                spec,
+                &settings,
+                outbox_nats::descriptor::NatsBackend::connect_lazy,
+            )
+            .await
+            .map(|p| AnySink::Nats(Box::new(p))),
             #[cfg(feature = "amqp")]
-            "amqp" => open::<outbox_amqp::descriptor::AmqpBackend>(d, spec, &settings)
-                .await
-                .map(|p| AnySink::Amqp(Box::new(p))),
+            "amqp" => open_with::<outbox_amqp::descriptor::AmqpBackend, _>(
+                d,
+                spec,
+                &settings,
+                outbox_amqp::descriptor::AmqpBackend::connect_lazy,
+            )
+            .await
+            .map(|p| AnySink::Amqp(Box::new(p))),
             #[cfg(feature = "kafka")]
-            "kafka" => open::<outbox_kafka::descriptor::KafkaBackend>(d, spec, &settings)
-                .await
-                .map(|p| AnySink::Kafka(Box::new(p))),
+            "kafka" => open_with::<outbox_kafka::descriptor::KafkaBackend, _>(
+                d,
+                spec,
+                &settings,
+                outbox_kafka::descriptor::KafkaBackend::connect_lazy,
+            )
+            .await
+            .map(|p| AnySink::Kafka(Box::new(p))),
             _ => Err(ConnectError::NotCompiled {
                 role: Role::Sink,
                 feature: d.name(),

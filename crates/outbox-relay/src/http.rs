@@ -4,7 +4,7 @@
 //! |------------|--------|
 //! | `/metrics` | the Prometheus text of the relay's metrics (feature `prometheus`) |
 //! | `/healthz` | `200 ok` while the process runs (liveness) |
-//! | `/readyz`  | `200` when the store answered the relay's last claim (and no claim has been waiting 15 s or more) and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed) |
+//! | `/readyz`  | `200` when the store answered the relay's last claim or settlement (and none has been waiting 15 s or more; a failed lease renewal also counts) and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed) |
 //!
 //! The Prometheus exporter's own listener answers every path with the
 //! metrics, so it cannot share its port with other routes; this module
@@ -144,11 +144,23 @@ impl<S: Store> Store for Watched<S> {
         token: FencingToken,
         settlement: &Settlement,
     ) -> Result<SettleReport, S::Error> {
-        self.inner.settle(token, settlement).await
+        // A settlement is watched like a claim: a relay retrying one through
+        // an outage claims nothing meanwhile.
+        let settling = Claiming::start(&self.probe);
+        let result = self.inner.settle(token, settlement).await;
+        settling.finish(match &result {
+            Ok(_) => StoreState::Ok,
+            Err(e) => StoreState::Failed(e.to_string()),
+        });
+        result
     }
 
     async fn renew(&self, token: FencingToken, lease: Duration) -> Result<u64, S::Error> {
-        self.inner.renew(token, lease).await
+        let result = self.inner.renew(token, lease).await;
+        if let Err(e) = &result {
+            self.probe.lock().last = StoreState::Failed(e.to_string());
+        }
+        result
     }
 
     async fn stats(&self) -> Result<Stats, S::Error> {
@@ -386,6 +398,59 @@ async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
     Ok(String::from_utf8_lossy(line).trim().to_owned())
 }
 
+/// One line on the relay serving `addr` (its `--metrics-addr`), from its
+/// `/readyz`: ready or not, the sink's breaker state (with its outages and
+/// last error while not closed) and the store's state. Never fails: an
+/// unreachable relay is a line saying so.
+pub(crate) async fn relay_status(addr: &str) -> String {
+    match tokio::time::timeout(Duration::from_secs(3), get_json(addr, "/readyz")).await {
+        Ok(Ok(v)) => describe_readiness(addr, &v),
+        Ok(Err(e)) => format!("relay {addr}: unreachable ({e})"),
+        Err(_) => format!("relay {addr}: no answer within 3s"),
+    }
+}
+
+/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the body as JSON.
+async fn get_json(addr: &str, path: &str) -> std::io::Result<serde_json::Value> {
+    let mut stream = TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut raw = Vec::new();
+    stream.take(64 * 1024).read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    serde_json::from_str(body).map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{path} did not answer JSON: {e}"),
+        )
+    })
+}
+
+/// The `status` line of one relay's `/readyz` answer.
+fn describe_readiness(addr: &str, v: &serde_json::Value) -> String {
+    let text = |v: &serde_json::Value| v.as_str().unwrap_or("?").to_owned();
+    let ready = if v["ready"].as_bool() == Some(true) {
+        "ready"
+    } else {
+        "not ready"
+    };
+    let mut sink = text(&v["sink"]["state"]);
+    if let Some(outages) = v["sink"]["outages"].as_u64() {
+        sink.push_str(&format!(", {outages} outage(s)"));
+    }
+    if let Some(code) = v["sink"]["last_error"]["code"].as_str() {
+        sink.push_str(&format!(", last error {code}"));
+    }
+    format!(
+        "relay {addr}: {ready}; sink: {sink}; store: {}",
+        text(&v["store"]["state"])
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -451,6 +516,14 @@ mod tests {
         assert_eq!(v["sink"]["outages"], 2);
         assert_eq!(v["sink"]["last_error"]["code"], "SINK_UNAVAILABLE");
         assert!(!r.body.contains("hunter2"), "{}", r.body);
+        assert_eq!(
+            describe_readiness("a:1", &v),
+            "relay a:1: not ready; sink: open, 2 outage(s), last error SINK_UNAVAILABLE; store: ok"
+        );
+        assert_eq!(
+            describe_readiness("a:1", &body(&ok)),
+            "relay a:1: ready; sink: closed; store: ok"
+        );
 
         let stalled = StoreState::Stalled(Duration::from_secs(20));
         let r = readiness(&closed, &stalled, &[]);

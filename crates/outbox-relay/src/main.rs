@@ -43,8 +43,9 @@ enum Command {
     Run(Box<RunArgs>),
     /// Create or upgrade the outbox tables.
     Migrate(StoreArgs),
-    /// Show pending, in-flight and dead counts.
-    Status(StoreArgs),
+    /// Show pending, in-flight and dead counts, and the sink state of
+    /// running relays (`--relay ADDR`, their `--metrics-addr`).
+    Status(StatusArgs),
     /// Inspect, replay or purge dead letters.
     Dead {
         #[command(subcommand)]
@@ -54,6 +55,17 @@ enum Command {
     /// and the backends' descriptors), or check or update a file's copy.
     #[command(hide = true)]
     ConfigTable(TableArgs),
+}
+
+/// `status`: the store's counts, and what running relays report.
+#[derive(Debug, Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// A running relay's `--metrics-addr` (host:port) whose sink and store
+    /// state to show, read from its `/readyz`. Repeatable.
+    #[arg(long = "relay", value_name = "ADDR")]
+    relays: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -169,7 +181,10 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
             println!("migrated {}", redact_url(&url));
             Ok(())
         }
-        Command::Status(args) => {
+        Command::Status(StatusArgs {
+            store: args,
+            relays,
+        }) => {
             init_logging("warn");
             let (store, url) = open(&args, secrets).await?;
             let stats = store.stats().await.context("cannot read stats")?;
@@ -185,8 +200,13 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
             if let AnyStore::PgLog(log) = &store {
                 print_log_status(log).await?;
             }
-            // The breaker lives in the relay process; this command is not it.
-            println!("sink:       a running relay shows it: GET /readyz or gauge outbox_sink_state (run --metrics-addr)");
+            // The breaker lives in each relay process: ask them.
+            if relays.is_empty() {
+                println!("sink:       add --relay ADDR (a relay's --metrics-addr) to show its sink state");
+            }
+            for addr in &relays {
+                println!("{}", http::relay_status(addr).await);
+            }
             Ok(())
         }
         Command::Dead { command } => {

@@ -67,31 +67,76 @@ fn gauge(metrics: &str, name: &str) -> Option<f64> {
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn readyz_follows_a_sink_outage() {
-    let nats = NatsFixture::new().await;
-    let proxy = TcpProxy::start(nats.broker_addr()).await;
-    let topic = nats.topic();
-    let subject = nats.subject(&topic);
-    let prefix = subject.strip_suffix(&format!(".{topic}")).unwrap();
-
+/// A migrated SQLite outbox in a temporary directory: (dir, URL, store).
+async fn sqlite_outbox() -> (tempfile::TempDir, String, SqliteStore) {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
     let store = SqliteStore::connect(&url).await.unwrap();
     store.migrate().await.unwrap();
-    let committed: Arc<Mutex<HashSet<EventId>>> = Arc::default();
-    commit(&store, &topic, &committed, 0, 20).await;
+    (dir, url, store)
+}
 
-    let addr = free_addr();
-    let mut relay = ChildGuard::new(
-        relay(&["run", "--store", &url, "--poll-interval-ms", "50"])
-            .args(["--metrics-addr", &addr])
+/// `outbox-relay run` from the SQLite outbox at `url` to NATS through
+/// `proxy`, serving health and metrics on `addr`.
+fn spawn_relay(
+    url: &str,
+    addr: &str,
+    proxy: &TcpProxy,
+    nats: &NatsFixture,
+    topic: &str,
+) -> ChildGuard {
+    let subject = nats.subject(topic);
+    let prefix = subject.strip_suffix(&format!(".{topic}")).unwrap();
+    ChildGuard::new(
+        relay(&["run", "--store", url, "--poll-interval-ms", "50"])
+            .args(["--metrics-addr", addr])
             .args(["--sink", &format!("nats://{}", proxy.addr())])
             .args(["--nats-subject-prefix", prefix])
             .stdout(Stdio::null())
             .spawn()
             .unwrap(),
-    );
+    )
+}
+
+/// Waits (bounded) until the relay has nothing pending or in flight, then
+/// asserts the stream holds every committed event and nothing is dead.
+async fn assert_all_delivered(
+    store: &SqliteStore,
+    nats: &NatsFixture,
+    committed: &Mutex<HashSet<EventId>>,
+    bound: Duration,
+) {
+    let deadline = Instant::now() + bound;
+    loop {
+        let stats = store.stats().await.unwrap();
+        if stats.pending == 0 && stats.in_flight == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not drain: {stats:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let committed = committed.lock().unwrap().clone();
+    let received = nats.drain(committed.len()).await;
+    let ids: HashSet<EventId> = received.iter().filter_map(|m| m.event_id()).collect();
+    assert_eq!(ids, committed, "the stream holds every committed event");
+    let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
+    assert!(dead.is_empty(), "dead letters: {dead:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_follows_a_sink_outage() {
+    let nats = NatsFixture::new().await;
+    let proxy = TcpProxy::start(nats.broker_addr()).await;
+    let topic = nats.topic();
+    let (_dir, url, store) = sqlite_outbox().await;
+    let committed: Arc<Mutex<HashSet<EventId>>> = Arc::default();
+    commit(&store, &topic, &committed, 0, 20).await;
+
+    let addr = free_addr();
+    let mut relay = spawn_relay(&url, &addr, &proxy, &nats, &topic);
 
     let bound = Duration::from_secs(30);
     assert_eq!(wait_for(&addr, "/healthz", 200, bound).await, "ok\n");
@@ -166,31 +211,68 @@ async fn readyz_follows_a_sink_outage() {
     producer.await.unwrap();
 
     // Everything committed reaches the stream, nothing is dead-lettered.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let stats = store.stats().await.unwrap();
-        if stats.pending == 0 && stats.in_flight == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the relay did not drain: {stats:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let committed = committed.lock().unwrap().clone();
-    let received: HashSet<EventId> = nats
-        .drain(committed.len())
-        .await
-        .iter()
-        .filter_map(|m| m.event_id())
-        .collect();
-    assert_eq!(
-        received, committed,
-        "the stream holds every committed event"
+    assert_all_delivered(&store, &nats, &committed, Duration::from_secs(60)).await;
+
+    support::stop(&mut relay);
+    nats.cleanup().await;
+}
+
+/// A relay started while the broker refuses connections does not exit: it
+/// starts with its breaker open (`/readyz` 503 naming the sink, `/healthz`
+/// 200), and once the broker is reachable it delivers everything committed
+/// meanwhile, with no attempt counted and nothing dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_started_during_a_broker_outage_waits_for_it() {
+    let nats = NatsFixture::new().await;
+    let proxy = TcpProxy::start(nats.broker_addr()).await;
+    proxy.refuse();
+    let topic = nats.topic();
+    let (_dir, url, store) = sqlite_outbox().await;
+    let committed: Arc<Mutex<HashSet<EventId>>> = Arc::default();
+    commit(&store, &topic, &committed, 0, 50).await;
+
+    let addr = free_addr();
+    let mut relay = spawn_relay(&url, &addr, &proxy, &nats, &topic);
+    let bound = Duration::from_secs(30);
+    assert_eq!(wait_for(&addr, "/healthz", 200, bound).await, "ok\n");
+    let down: serde_json::Value =
+        serde_json::from_str(&wait_for(&addr, "/readyz", 503, bound).await).unwrap();
+    assert!(
+        ["open", "half_open"].contains(&down["sink"]["state"].as_str().unwrap()),
+        "{down}"
     );
-    let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
-    assert!(dead.is_empty(), "dead letters: {dead:?}");
+    // Still running a few probes later, and nothing was attempted.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        relay.child().try_wait().unwrap().is_none(),
+        "the relay exited while the broker was down"
+    );
+    // `status --relay` shows the running relay's sink state.
+    let status = |expect: &[&str]| {
+        let out = support::relay(&["status", "--store", &url, "--relay", &addr])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{stdout}");
+        let line = stdout
+            .lines()
+            .find(|l| l.starts_with("relay "))
+            .unwrap_or("");
+        assert!(
+            expect.iter().all(|e| line.contains(e)),
+            "expected {expect:?} in: {stdout}"
+        );
+    };
+    // Open, or half-open while a probe is out.
+    status(&[": not ready; sink: ", "open, ", "outage(s)", "store: ok"]);
+    commit(&store, &topic, &committed, 50, 50).await;
+
+    proxy.restore();
+    let up: serde_json::Value =
+        serde_json::from_str(&wait_for(&addr, "/readyz", 200, bound).await).unwrap();
+    assert_eq!(up["sink"]["state"], "closed", "{up}");
+    status(&[": ready; sink: closed; store: ok"]);
+    assert_all_delivered(&store, &nats, &committed, Duration::from_secs(30)).await;
 
     support::stop(&mut relay);
     nats.cleanup().await;
