@@ -179,13 +179,14 @@ impl fmt::Debug for PgStore {
 /// guarantees. Order is `seq`, the insertion sequence (migration 2). The
 /// shape, in short:
 ///
-/// - `ready`: the walk (`{{walk}}`: the oldest unparked, due rows of
-///   `claim_idx`, at most `$7`) joined to each row's head (`{{head}}`: its
-///   key's first pending row, one probe of `key_idx`). A keyed row is
-///   blocked when its head is another row that is parked, leased or in
-///   backoff. The first `$3` unblocked rows are locked (`SKIP LOCKED`, so
-///   a concurrent claim takes the next ones); the walk is evaluated only
-///   that far, and blocked rows are never locked.
+/// - `walked` / `ready`: the walk (`{{walk}}`: the oldest unparked, due
+///   rows of `claim_idx`, at most `$7`) joined to each row's head
+///   (`{{head}}`: its key's first pending row, one probe of `key_idx`). A
+///   keyed row is blocked when its head is another row that is parked,
+///   leased or in backoff. The first `$3` unblocked rows are locked (`SKIP
+///   LOCKED`, so a concurrent claim takes the next ones); `walked` is a
+///   materialized CTE, evaluated only as far as `ready` reads it and never
+///   twice, and blocked rows are never locked.
 /// - `parking`: when `ready` came back short, the walked rows whose head is
 ///   parked or in retry backoff are parked (those no one else has locked),
 ///   so the next claim does not walk them again. Rows behind a head that is
@@ -236,17 +237,17 @@ runs AS (
         ) x
         WHERE x.due) r
 ),
+walked AS MATERIALIZED (
+    SELECT w.id, w.tid, w.seq,
+           h.seq = w.seq AS is_head,
+           coalesce(h.seq <> w.seq AND h.busy, false) AS blocked,
+           coalesce(h.seq <> w.seq AND h.parks, false) AS parks
+    FROM ({{walk}}) w
+    LEFT JOIN LATERAL ({{head}}) h ON true
+),
 ready AS (
     SELECT e.id, e.seq, e.key, e.next_attempt_at, c.is_head
-    FROM (
-        SELECT w.tid, w.seq,
-               h.seq = w.seq AS is_head,
-               coalesce(h.seq <> w.seq AND h.busy, false) AS blocked
-        FROM ({{walk}}) w
-        LEFT JOIN LATERAL ({{head}}) h ON true
-        ORDER BY w.seq
-        OFFSET 0
-    ) c
+    FROM walked c
     -- By row address (a TID scan): whatever the statistics say (an outbox
     -- table is often analyzed while nearly empty), the lock never becomes
     -- a join that rescans an index per walked row. A row updated since the
@@ -254,15 +255,15 @@ ready AS (
     JOIN {{events}} e ON e.ctid = c.tid
     WHERE NOT c.blocked
       AND e.delivered_at IS NULL AND NOT e.parked AND e.next_attempt_at <= now()
-    ORDER BY c.seq
+    -- `walked` is read in `seq` order and only as far as needed.
     LIMIT $3
     FOR UPDATE OF e SKIP LOCKED
 ),
 blocked AS (
-    SELECT w.tid
-    FROM (SELECT v.*, count(*) OVER () AS walked FROM ({{walk}}) v) w
-    JOIN LATERAL ({{head}}) h ON true
-    WHERE h.seq <> w.seq AND (h.parks OR (h.busy AND w.walked >= $7))
+    -- Only read when `ready` came back short, i.e. after it read all of
+    -- `walked`: the walk and its head probes are not repeated.
+    SELECT c.tid FROM walked c
+    WHERE c.parks OR (c.blocked AND (SELECT count(*) FROM walked) >= $7)
 ),
 run_rows AS (
     SELECT e.id, e.seq, e.key, e.next_attempt_at, false AS is_head FROM {{events}} e
