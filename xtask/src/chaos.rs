@@ -120,13 +120,15 @@ impl Scenario {
     }
 }
 
-fn faults_for(store: &str, broker: &str, kinds: &[&str]) -> Vec<String> {
+/// The fault kinds of `kinds` that apply to a store: no database faults for
+/// SQLite (a file). Every broker takes the broker faults (for Kafka the run
+/// starts a private broker behind its proxy).
+fn faults_for(store: &str, kinds: &[&str]) -> Vec<String> {
     kinds
         .iter()
         .filter(|k| {
-            let broker_fault = k.starts_with("broker-");
             let db_fault = k.starts_with("db-") || k.starts_with("pg-");
-            !(broker_fault && broker == "kafka" || db_fault && store == "sqlite")
+            !(db_fault && store == "sqlite")
         })
         .map(|k| (*k).to_owned())
         .collect()
@@ -162,7 +164,6 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
             for (store, broker) in pairs {
                 let kinds = faults_for(
                     store,
-                    broker,
                     &[
                         "kill",
                         "stop",
@@ -174,12 +175,7 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 );
                 let mut s = base(store, broker);
                 // Every applicable fault once, then a kill during a flap.
-                let mixed = if broker == "kafka" {
-                    "kill+db-flap"
-                } else {
-                    "kill+broker-flap"
-                };
-                s.faults = format!("{},{mixed}", kinds.join(","));
+                s.faults = format!("{},kill+broker-flap", kinds.join(","));
                 s.duration_s = 10 + s.fault_time_s();
                 out.push(s);
             }
@@ -208,7 +204,7 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 kinds.push("pg-restart");
             }
             for (store, broker) in pairs {
-                let applicable = faults_for(store, broker, &kinds);
+                let applicable = faults_for(store, &kinds);
                 for kind in &applicable {
                     let mut s = base(store, broker);
                     s.relays = 3;
@@ -712,6 +708,14 @@ mod tests {
         let secs: u64 = p.iter().map(|s| s.duration_s + 15).sum();
         assert!(secs <= 300, "quick mode takes {secs} s");
         assert!(!p[2].faults.contains("pg-") && !p[2].faults.contains("db-"));
+        let with_kafka = plan(Mode::Quick, true, false);
+        let kafka = with_kafka.last().unwrap();
+        assert_eq!((kafka.store, kafka.broker), ("postgres", "kafka"));
+        assert!(
+            kafka.faults.contains("broker-outage") && kafka.faults.contains("kill+broker-flap"),
+            "{}",
+            kafka.faults
+        );
     }
 
     #[test]
@@ -721,9 +725,13 @@ mod tests {
         let faults: u64 = p.iter().map(Scenario::fault_count).sum();
         assert!(events >= 1_000_000, "{events} events");
         assert!(faults >= 100, "{faults} faults");
-        assert!(p
-            .iter()
-            .all(|s| !(s.broker == "kafka" && s.faults.contains("broker-"))));
+        for kind in ["broker-outage", "broker-flap", "kill+broker-flap"] {
+            assert!(
+                p.iter()
+                    .any(|s| s.broker == "kafka" && s.store == "sqlite" && s.faults.contains(kind)),
+                "no sqlite + kafka run with {kind}"
+            );
+        }
     }
 
     #[test]

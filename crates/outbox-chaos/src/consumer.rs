@@ -1,8 +1,9 @@
 //! The independent consumers, one per broker, connected straight to the
-//! broker (never through the fault proxy). Each records every message it
-//! receives (event id, key, sequence from the payload, arrival time), copies
-//! included, until told to stop. Each creates and deletes its own
-//! destination: a JetStream stream with the deduplication window at its
+//! broker, never through the fault proxy (except Kafka's with a private
+//! broker, which advertises the proxy to every client: see kafka.rs). Each
+//! records every message it receives (event id, key, sequence from the
+//! payload, arrival time), copies included, until told to stop. Each
+//! creates and deletes its own destination: a JetStream stream with the deduplication window at its
 //! minimum (so the relays' duplicates are stored and counted), a RabbitMQ
 //! queue, a Kafka topic.
 
@@ -213,6 +214,10 @@ impl Destination {
                     .set("group.id", format!("chaos-{topic}"))
                     .set("enable.auto.commit", "false")
                     .set("auto.offset.reset", "earliest")
+                    // Behind the fault proxy of a private broker: back
+                    // within a second of the broker, as the relays are.
+                    .set("reconnect.backoff.ms", "100")
+                    .set("reconnect.backoff.max.ms", "1000")
                     .create()
                     .context("Kafka consumer")?;
                 let mut partitions = TopicPartitionList::new();

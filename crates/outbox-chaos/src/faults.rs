@@ -141,7 +141,10 @@ impl Targets {
                 bail!("pg-restart needs the PostgreSQL store and --allow-pg-restart")
             }
             FaultKind::BrokerOutage | FaultKind::BrokerFlap if self.broker_proxy.is_none() => {
-                bail!("{} needs a broker proxy (not possible for Kafka, whose clients reconnect to the advertised address)", kind.name())
+                bail!(
+                    "{} needs a broker proxy (for Kafka: the run's private broker)",
+                    kind.name()
+                )
             }
             FaultKind::DbOutage | FaultKind::DbFlap if self.db_proxy.is_none() => {
                 bail!(

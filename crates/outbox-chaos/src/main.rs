@@ -17,6 +17,7 @@
 mod checker;
 mod consumer;
 mod faults;
+mod kafka;
 mod producer;
 mod record;
 mod relays;
@@ -24,7 +25,8 @@ mod relays;
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use consumer::Destination;
-use faults::{FaultTimes, Targets};
+use faults::{FaultKind, FaultTimes, Targets};
+use kafka::PrivateKafka;
 use outbox_testkit::proxy::TcpProxy;
 use producer::{AppDb, ProducerConfig};
 use rand::Rng;
@@ -165,10 +167,12 @@ struct RunArgs {
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     amqp_url: String,
-    /// Kafka bootstrap servers.
+    /// Kafka bootstrap servers (a run with a broker fault starts its own
+    /// broker instead: see kafka.rs).
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     kafka_brokers: String,
-    /// Keep the schema / stream / queue / topic and the SQLite file.
+    /// Keep the schema / stream / queue / topic and the SQLite file (not
+    /// the topic of a private Kafka broker, which stops with the run).
     #[arg(long)]
     keep: bool,
     /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL).
@@ -283,7 +287,7 @@ fn default_relay_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-async fn run(args: RunArgs, steps: Vec<Vec<faults::FaultKind>>) -> Result<bool> {
+async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
     let store_short = match args.store {
         StoreKind::Postgres => "pg",
@@ -308,6 +312,18 @@ async fn run(args: RunArgs, steps: Vec<Vec<faults::FaultKind>>) -> Result<bool> 
     eprintln!("chaos {name}: store {store_short}, broker {broker_name}, {} relays, {} ev/s for {} s, faults {:?}, seed {seed}, out {}",
         args.relays, args.rate, args.duration_s, args.faults, out.display());
 
+    // Kafka with a broker fault: a private broker behind the fault proxy
+    // (kafka.rs says why); killed when this returns, whichever way.
+    let broker_fault = steps
+        .iter()
+        .flatten()
+        .any(|k| matches!(k, FaultKind::BrokerOutage | FaultKind::BrokerFlap));
+    let mut private_kafka = if args.broker == BrokerKind::Kafka && broker_fault {
+        Some(PrivateKafka::start(&out).await?)
+    } else {
+        None
+    };
+
     // The broker destination (created before any relay starts).
     let dest = match args.broker {
         BrokerKind::Nats => Destination::Nats {
@@ -320,7 +336,9 @@ async fn run(args: RunArgs, steps: Vec<Vec<faults::FaultKind>>) -> Result<bool> 
             queue: name.clone(),
         },
         BrokerKind::Kafka => Destination::Kafka {
-            brokers: args.kafka_brokers.clone(),
+            brokers: private_kafka
+                .as_ref()
+                .map_or_else(|| args.kafka_brokers.clone(), PrivateKafka::brokers),
             topic: name.clone(),
         },
     };
@@ -332,13 +350,20 @@ async fn run(args: RunArgs, steps: Vec<Vec<faults::FaultKind>>) -> Result<bool> 
         seed,
         &steps,
         &dest,
+        private_kafka.as_ref().map(PrivateKafka::proxy),
         &relay_bin,
         &out,
         &sqlite_path,
     )
     .await;
-    if !args.keep {
+    if let Some(broker) = &mut private_kafka {
+        // Its topic goes with it: no delete (under a consumer still running
+        // after a failure, a delete could crash it).
+        broker.stop().await;
+    } else if !args.keep {
         dest.delete().await;
+    }
+    if !args.keep {
         match args.store {
             StoreKind::Postgres => {
                 if let Ok(pool) = sqlx::PgPool::connect(&args.database_url).await {
@@ -363,19 +388,22 @@ async fn run_created(
     args: &RunArgs,
     name: &str,
     seed: u64,
-    steps: &[Vec<faults::FaultKind>],
+    steps: &[Vec<FaultKind>],
     dest: &Destination,
+    kafka_proxy: Option<Arc<TcpProxy>>,
     relay_bin: &Path,
     out: &Path,
     sqlite_path: &Path,
 ) -> Result<bool> {
-    // Proxies: the relays reach the broker (not Kafka: its clients reconnect
-    // to the address the broker advertises) and PostgreSQL through them.
+    // Proxies: the relays reach the broker and PostgreSQL through them.
+    // Kafka's clients connect to the address the broker advertises: only a
+    // private broker advertising its proxy (started when the plan has a
+    // broker fault, whose address `dest` already holds) can be cut.
     let broker_proxy = match dest {
         Destination::Nats { url, .. } | Destination::Amqp { url, .. } => {
             Some(Arc::new(TcpProxy::start(resolve(url).await?).await))
         }
-        Destination::Kafka { .. } => None,
+        Destination::Kafka { .. } => kafka_proxy,
     };
     let db_proxy = match args.store {
         StoreKind::Postgres => Some(Arc::new(
