@@ -14,7 +14,7 @@ use outbox_postgres::{
 use outbox_testkit::logs::LogCapture;
 use sqlx::{Connection, PgConnection, Row};
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 fn ev(n: usize) -> NewEvent {
     NewEvent::new("test.event", "pg", format!("p{n}").into_bytes())
@@ -92,6 +92,54 @@ async fn an_event_committed_after_a_later_one_is_still_claimed() {
         vec![early]
     );
     assert_eq!(deliver(&store, c.token, &[early]).await, 1);
+}
+
+/// Claims walk from a lower bound of the pending rows' `seq` that moves up
+/// while events are delivered. An event inserted early by a transaction
+/// that stays open across several bound refreshes is still claimed once it
+/// commits (within about two refreshes), and nothing else is held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_of_a_long_transaction_is_claimed_once_it_commits() {
+    let db = TestDb::new().await;
+    let store = db.store().await;
+    let mut long = db.pool.begin().await.unwrap();
+    let early = db
+        .outbox
+        .enqueue(&mut long, ev(0).with_key("k1"))
+        .await
+        .unwrap();
+    // Later events commit and are delivered over 3 s of claims.
+    for i in 1..=6 {
+        let mut tx = db.pool.begin().await.unwrap();
+        let id = db
+            .outbox
+            .enqueue(&mut tx, ev(i).with_key("k2"))
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        let c = store.claim(&req("r", 10)).await.unwrap();
+        assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
+        assert_eq!(deliver(&store, c.token, &[id]).await, 1);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    long.commit().await.unwrap();
+    let committed = Instant::now();
+    loop {
+        let c = store.claim(&req("r", 10)).await.unwrap();
+        if !c.events.is_empty() {
+            assert_eq!(
+                c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
+                vec![early]
+            );
+            assert_eq!(deliver(&store, c.token, &[early]).await, 1);
+            break;
+        }
+        assert!(
+            committed.elapsed() < Duration::from_secs(5),
+            "the long transaction's event was not claimed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,6 +80,11 @@ impl TcpProxy {
                 let upstream = guard.upstream;
                 let task = tokio::spawn(async move {
                     if let Ok(mut upstream) = TcpStream::connect(upstream).await {
+                        // Forward each write at once, as a direct connection
+                        // would: with Nagle's algorithm on, small request /
+                        // response protocols (Kafka) stall on delayed ACKs.
+                        let _ = downstream.set_nodelay(true);
+                        let _ = upstream.set_nodelay(true);
                         let _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await;
                     }
                 });
