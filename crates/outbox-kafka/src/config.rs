@@ -113,7 +113,9 @@ impl KafkaConfig {
             content_type: outbox_core::headers::DEFAULT_CONTENT_TYPE.to_owned(),
             queue_full_timeout: Duration::from_secs(30),
             max_in_flight: 10_000,
-            connect: ConnectPolicy::default(),
+            // librdkafka's reconnect backoff follows the cap (1 s).
+            connect: ConnectPolicy::default()
+                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
         }
     }
 
@@ -283,7 +285,7 @@ impl KafkaConfig {
         let mut cc = ClientConfig::new();
         cc.set("bootstrap.servers", &self.brokers);
         // librdkafka waits up to 10 s between reconnects by default; the
-        // connect policy's cap (2 s) brings a returning broker back in use
+        // connect policy's cap (1 s) brings a returning broker back in use
         // sooner. A property given explicitly wins.
         cc.set(
             "reconnect.backoff.max.ms",
