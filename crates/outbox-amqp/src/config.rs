@@ -49,7 +49,7 @@ impl fmt::Debug for AmqpTls {
 /// | `confirm_timeout` | 30 s (then `PUBLISH_TIMEOUT`: the sink is unavailable, maybe delivered) |
 /// | `connect_timeout` | 10 s per attempt |
 /// | `connect_attempts` | 3 for [`crate::AmqpPublisher::connect`], exponential backoff |
-/// | reconnect | one attempt per batch after the connection broke, spaced by the policy's backoff (100 ms doubling to 1 s: below the relay breaker's probe delay of 1-2 s, so every probe after a broker's return tries to reconnect) |
+/// | reconnect | one attempt per batch after the connection broke, spaced by the policy's backoff (100 ms doubling to 500 ms: at most the relay breaker's probe delay of 0.5-1 s, so every probe after a broker's return tries to reconnect) |
 /// | persistent (delivery mode 2) | on |
 #[derive(Clone)]
 pub struct AmqpConfig {
@@ -78,7 +78,7 @@ impl Default for AmqpConfig {
             connect: ConnectPolicy::default()
                 .with_attempts(3)
                 .with_timeout(Duration::from_secs(10))
-                .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
+                .with_delays(Duration::from_millis(100), Duration::from_millis(500)),
             persistent: true,
             connection_name: "outbox-relay".to_owned(),
         }
