@@ -517,6 +517,10 @@ fn target_dir() -> Result<PathBuf> {
 /// overruns its time.
 fn run_one(chaos: &Path, relay: &Path, s: &Scenario, out: &Path, keep: bool) -> Result<Value> {
     let mut cmd = Command::new(chaos);
+    if s.broker == "kafka" {
+        // A Kafka run with broker faults starts its own broker.
+        cmd.env("TANSU_BIN", crate::kafka::ensure_tansu_installed()?);
+    }
     cmd.arg("run")
         .args(["--store", s.store, "--broker", s.broker])
         .arg("--relay-bin")

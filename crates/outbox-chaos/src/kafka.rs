@@ -48,7 +48,7 @@ impl PrivateKafka {
     /// through the proxy and advertises it. The log is `tansu.log` in
     /// `log_dir`.
     pub(crate) async fn start(log_dir: &Path) -> Result<Self> {
-        let bin = tansu_bin()?;
+        let bin = tansu_bin();
         let log = log_dir.join("tansu.log");
         let mut last_error = None;
         let mut listen = free_port()?;
@@ -171,7 +171,12 @@ fn spawn(bin: &Path, listen: SocketAddr, advertised: SocketAddr, log: &Path) -> 
         .stderr(err)
         .kill_on_drop(true)
         .spawn()
-        .with_context(|| format!("starting {}", bin.display()))
+        .with_context(|| {
+            format!(
+                "starting {} (set TANSU_BIN, or run through `cargo xtask chaos`, which installs it)",
+                bin.display()
+            )
+        })
 }
 
 /// A loopback port nothing listens on now (the broker binds it a moment
@@ -181,27 +186,8 @@ fn free_port() -> Result<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
-/// `$TANSU_BIN`, else `$CARGO_HOME/bin/tansu` (`~/.cargo/bin/tansu`), else
-/// `tansu` on `PATH`.
-fn tansu_bin() -> Result<PathBuf> {
-    if let Some(p) = std::env::var_os("TANSU_BIN") {
-        return Ok(PathBuf::from(p));
-    }
-    let cargo_home = std::env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
-    if let Some(p) = cargo_home.map(|h| h.join("bin").join("tansu")) {
-        if p.is_file() {
-            return Ok(p);
-        }
-    }
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join("tansu"))
-                .find(|p| p.is_file())
-        })
-        .context(
-            "tansu not found (TANSU_BIN, ~/.cargo/bin, PATH): `cargo xtask services` installs it",
-        )
+/// `$TANSU_BIN` (set by `cargo xtask chaos`, which finds or installs the
+/// broker), else `tansu` on `PATH`.
+fn tansu_bin() -> PathBuf {
+    std::env::var_os("TANSU_BIN").map_or_else(|| PathBuf::from("tansu"), PathBuf::from)
 }

@@ -186,6 +186,20 @@ async fn open<B: Backend>(
     open_with::<B, _>(d, url, settings, B::connect).await
 }
 
+/// Configures sink backend `B` and opens it with [`Backend::connect_lazy`]:
+/// an unreachable broker does not fail this.
+#[cfg_attr(
+    not(any(feature = "nats", feature = "amqp", feature = "kafka")),
+    allow(dead_code)
+)]
+async fn open_lazy<B: Backend>(
+    d: &'static Descriptor,
+    url: &str,
+    settings: &Settings,
+) -> Result<B::Connected, ConnectError> {
+    open_with::<B, _>(d, url, settings, B::connect_lazy).await
+}
+
 /// Configures backend `B` and connects it with `connect` (its `connect` or
 /// `connect_lazy`).
 async fn open_with<B: Backend, F: Future<Output = Result<B::Connected, B::Error>>>(
@@ -367,32 +381,17 @@ impl AnySink {
         let settings = settings_for(d);
         match d.name() {
             #[cfg(feature = "nats")]
-            "nats" => open_with::<outbox_nats::descriptor::NatsBackend, _>(
-                d,
-                spec,
-                &settings,
-                outbox_nats::descriptor::NatsBackend::connect_lazy,
-            )
-            .await
-            .map(|p| AnySink::Nats(Box::new(p))),
+            "nats" => open_lazy::<outbox_nats::descriptor::NatsBackend>(d, spec, &settings)
+                .await
+                .map(|p| AnySink::Nats(Box::new(p))),
             #[cfg(feature = "amqp")]
-            "amqp" => open_with::<outbox_amqp::descriptor::AmqpBackend, _>(
-                d,
-                spec,
-                &settings,
-                outbox_amqp::descriptor::AmqpBackend::connect_lazy,
-            )
-            .await
-            .map(|p| AnySink::Amqp(Box::new(p))),
+            "amqp" => open_lazy::<outbox_amqp::descriptor::AmqpBackend>(d, spec, &settings)
+                .await
+                .map(|p| AnySink::Amqp(Box::new(p))),
             #[cfg(feature = "kafka")]
-            "kafka" => open_with::<outbox_kafka::descriptor::KafkaBackend, _>(
-                d,
-                spec,
-                &settings,
-                outbox_kafka::descriptor::KafkaBackend::connect_lazy,
-            )
-            .await
-            .map(|p| AnySink::Kafka(Box::new(p))),
+            "kafka" => open_lazy::<outbox_kafka::descriptor::KafkaBackend>(d, spec, &settings)
+                .await
+                .map(|p| AnySink::Kafka(Box::new(p))),
             _ => Err(ConnectError::NotCompiled {
                 role: Role::Sink,
                 feature: d.name(),
