@@ -2,9 +2,9 @@
 //! store: URL schemes `postgres://` and `postgresql://`, and the settings
 //! that do not belong in the URL. See [`outbox_core::backend`].
 //!
-//! One descriptor, two stores: setting `mode` picks the queue table
-//! ([`PgBackend`] opens a [`PgStore`], the default) or the opt-in event log
-//! ([`PgLogBackend`] opens a [`PgLogStore`](crate::PgLogStore)). A runner
+//! One descriptor, two stores: setting `mode` picks the event log
+//! ([`PgLogBackend`] opens a [`PgLogStore`](crate::PgLogStore), the default)
+//! or the queue table ([`PgBackend`] opens a [`PgStore`]). A runner
 //! reads [`PgMode::from_settings`] and opens the matching backend; each
 //! backend refuses the other's mode, so a runner that knows only
 //! [`PgBackend`] never opens the queue table when the log was asked for.
@@ -31,9 +31,9 @@ const SETTINGS: &[Setting] = &[
     .with_value_name("TABLE"),
     Setting::text(
         MODE,
-        "PostgreSQL: `queue` (the queue table) or `log` (the opt-in event log: append-only, snapshot-window claims, rotation by TRUNCATE).",
+        "PostgreSQL: `log` (the event log: append-only, snapshot-window batches, rotation by TRUNCATE; migrating it upgrades a queue-mode outbox in place) or `queue` (the queue table).",
     )
-    .with_default("queue")
+    .with_default("log")
     .with_value_name("MODE"),
 ];
 
@@ -42,9 +42,9 @@ const SETTINGS: &[Setting] = &[
 #[non_exhaustive]
 pub enum PgMode {
     /// The queue table: [`PgStore`], opened by [`PgBackend`].
-    #[default]
     Queue,
-    /// The event log: [`PgLogStore`], opened by [`PgLogBackend`].
+    /// The event log (the default): [`PgLogStore`], opened by [`PgLogBackend`].
+    #[default]
     Log,
 }
 
@@ -57,7 +57,7 @@ impl PgMode {
         }
     }
 
-    /// The mode `settings` ask for (`queue` when unset).
+    /// The mode `settings` ask for (`log` when unset).
     pub fn from_settings(settings: &Settings) -> Result<Self, InvalidSetting> {
         Ok(settings.parse::<PgMode>(MODE)?.unwrap_or_default())
     }
@@ -173,12 +173,12 @@ mod tests {
 
     #[test]
     fn settings_are_validated_identifiers() {
-        let ok = PgBackend::configure(
+        let ok = PgLogBackend::configure(
             "postgres://app@db/app",
             &Settings::new().with_text(SCHEMA, "billing"),
         );
         assert!(ok.is_ok());
-        let err = PgBackend::configure(
+        let err = PgLogBackend::configure(
             "postgres://app@db/app",
             &Settings::new().with_text(SCHEMA, "x\"; DROP TABLE y; --"),
         )
@@ -190,7 +190,7 @@ mod tests {
     #[test]
     fn mode_picks_the_backend() {
         let url = "postgres://app@db/app";
-        assert_eq!(PgMode::from_settings(&Settings::new()), Ok(PgMode::Queue));
+        assert_eq!(PgMode::from_settings(&Settings::new()), Ok(PgMode::Log));
         let log = Settings::new()
             .with_text(MODE, "log")
             .with_text(SCHEMA, "billing");
@@ -201,8 +201,9 @@ mod tests {
         assert_eq!(PgBackend::configure(url, &log).unwrap_err().setting(), MODE);
         let queue = Settings::new().with_text(MODE, "Queue");
         assert!(PgBackend::configure(url, &queue).is_ok());
+        assert!(PgLogBackend::configure(url, &Settings::new()).is_ok());
         assert_eq!(
-            PgLogBackend::configure(url, &Settings::new())
+            PgBackend::configure(url, &Settings::new())
                 .unwrap_err()
                 .setting(),
             MODE

@@ -1,5 +1,7 @@
 //! Enqueue inside the caller's transaction.
 
+use crate::descriptor::PgMode;
+use crate::log::names::LogNames;
 use crate::names::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
@@ -11,6 +13,12 @@ use uuid::Uuid;
 
 /// A cheap, cloneable handle to one outbox (schema + table): enqueues events
 /// in the caller's transaction and applies the migrations.
+///
+/// It targets the outbox's mode: the event log (the default, read by
+/// [`PgLogStore`](crate::PgLogStore)) or the queue table
+/// ([`PgOutbox::in_mode`] with [`PgMode::Queue`], read by
+/// [`PgStore`](crate::PgStore)). Either way an enqueue is ONE INSERT in the
+/// caller's transaction.
 ///
 /// ```no_run
 /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -29,6 +37,8 @@ use uuid::Uuid;
 #[derive(Clone)]
 pub struct PgOutbox {
     pub(crate) names: Arc<Names>,
+    /// The event log's names: `Some` in [`PgMode::Log`].
+    log: Option<Arc<LogNames>>,
     sql: Arc<EnqueueSql>,
     limits: EventLimits,
     notify: bool,
@@ -44,17 +54,18 @@ struct EnqueueSql {
 const COLUMNS: &str = "id, key, key_hash, event_type, topic, payload, headers";
 
 impl EnqueueSql {
-    fn new(names: &Names) -> Self {
-        let one = names.render(&format!(
-            "INSERT INTO {{{{events}}}} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)"
-        ));
-        let batch = names.render(&format!(
-            "INSERT INTO {{{{events}}}} ({COLUMNS}) \
+    /// The statements inserting into `target` (a quoted, qualified table:
+    /// the queue table or the event log; both take the same seven columns).
+    fn new(target: &str) -> Self {
+        let one =
+            format!("INSERT INTO {target} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)");
+        let batch = format!(
+            "INSERT INTO {target} ({COLUMNS}) \
              SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb \
              FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]) \
              WITH ORDINALITY AS t(id, key, key_hash, event_type, topic, payload, headers, n) \
              ORDER BY n"
-        ));
+        );
         Self {
             one_notify: format!("WITH ins AS ({one}) SELECT pg_notify($8, '')"),
             batch_notify: format!("WITH ins AS ({batch}) SELECT pg_notify($8, '')"),
@@ -69,6 +80,7 @@ impl fmt::Debug for PgOutbox {
         f.debug_struct("PgOutbox")
             .field("schema", &self.names.schema)
             .field("table", &self.names.table)
+            .field("mode", &self.mode())
             .field("notify", &self.notify)
             .field("limits", &self.limits)
             .finish()
@@ -76,7 +88,8 @@ impl fmt::Debug for PgOutbox {
 }
 
 impl Default for PgOutbox {
-    /// The outbox in `outbox.events`, with default limits and notify setting.
+    /// The outbox in `outbox.events` (event-log mode), with default limits
+    /// and notify setting.
     fn default() -> Self {
         default_outbox().clone()
     }
@@ -85,37 +98,71 @@ impl Default for PgOutbox {
 fn default_outbox() -> &'static PgOutbox {
     static DEFAULT: OnceLock<PgOutbox> = OnceLock::new();
     DEFAULT.get_or_init(|| {
-        let names = Names::new(
+        let outbox = PgOutbox::new(
             Ident::from_static(DEFAULT_SCHEMA),
             Ident::from_static(DEFAULT_TABLE),
         );
-        // The default names are constants that fit; fall back to the same
-        // constants without derived-name checks is impossible, so a failure
-        // here is a bug caught by the unit tests.
+        // The default names are constants that fit, so a failure here is a
+        // bug caught by the unit tests.
         #[allow(clippy::expect_used)]
-        let names = names.expect("default outbox names are valid");
-        PgOutbox::from_names(names)
+        outbox.expect("default outbox names are valid")
     })
 }
 
 impl PgOutbox {
-    /// The outbox in `schema`.`table` (with default limits and notify setting).
-    /// Fails when a derived name (`<table>_dead`, `<table>_migrations`, index
-    /// names) would exceed 63 bytes.
+    /// The event-log outbox `schema`.`table` (the default mode; with
+    /// default limits). Fails when a derived name (`<table>_log_dead_code_idx`
+    /// is the longest) would exceed 63 bytes: the table name may be at most
+    /// 45 bytes long.
     pub fn new(schema: Ident, table: Ident) -> Result<Self, InvalidIdentifier> {
-        Ok(Self::from_names(Names::new(schema, table)?))
+        Self::in_mode(schema, table, PgMode::Log)
     }
 
+    /// The outbox `schema`.`table` in `mode`: [`PgMode::Log`] (what
+    /// [`new`](Self::new) gives) or [`PgMode::Queue`], the queue table
+    /// (derived names `<table>_dead`, `<table>_migrations`, index names; the
+    /// table name may be at most 48 bytes long).
+    pub fn in_mode(schema: Ident, table: Ident, mode: PgMode) -> Result<Self, InvalidIdentifier> {
+        let names = Names::new(schema.clone(), table.clone())?;
+        match mode {
+            PgMode::Log => {
+                let log = LogNames::new(schema, table)?;
+                Ok(Self {
+                    sql: Arc::new(EnqueueSql::new(&log.render("{{log}}"))),
+                    names: Arc::new(names),
+                    log: Some(Arc::new(log)),
+                    limits: EventLimits::default(),
+                    notify: DEFAULT_NOTIFY,
+                })
+            }
+            _ => Ok(Self::from_names(names)),
+        }
+    }
+
+    /// A queue-mode outbox (the handle a [`PgStore`](crate::PgStore) hands out).
     pub(crate) fn from_names(names: Names) -> Self {
         Self {
-            sql: Arc::new(EnqueueSql::new(&names)),
+            sql: Arc::new(EnqueueSql::new(&names.render("{{events}}"))),
             names: Arc::new(names),
+            log: None,
             limits: EventLimits::default(),
             notify: DEFAULT_NOTIFY,
         }
     }
 
-    /// Whether enqueue also issues `pg_notify` (waking idle relays at once).
+    /// Which store reads what this handle enqueues.
+    pub fn mode(&self) -> PgMode {
+        if self.log.is_some() {
+            PgMode::Log
+        } else {
+            PgMode::Queue
+        }
+    }
+
+    /// Whether enqueue also issues `pg_notify` on [`channel`](Self::channel)
+    /// (waking idle queue-mode relays at once). Event-log relays do not
+    /// listen (they poll adaptively, a few ms after activity), so in
+    /// [`PgMode::Log`] this setting is kept but nothing is sent.
     pub fn with_notify(mut self, notify: bool) -> Self {
         self.notify = notify;
         self
@@ -143,9 +190,9 @@ impl PgOutbox {
         &self.names.channel
     }
 
-    /// Whether enqueue notifies.
+    /// Whether enqueue notifies (never in [`PgMode::Log`]).
     pub fn notifies(&self) -> bool {
-        self.notify
+        self.notify && self.log.is_none()
     }
 
     /// Adds one INSERT (plus `pg_notify` when enabled) to the caller's
@@ -156,13 +203,14 @@ impl PgOutbox {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
-        let sql = if self.notify {
+        let notify = self.notifies();
+        let sql = if notify {
             &self.sql.one_notify
         } else {
             &self.sql.one
         };
         let (id, mut q) = bind_event(sqlx::query(sql), event, &self.limits)?;
-        if self.notify {
+        if notify {
             q = q.bind(&self.names.channel);
         }
         q.execute(conn).await.map_err(EnqueueError::Database)?;
@@ -181,33 +229,53 @@ impl PgOutbox {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = if self.notify {
+        let notify = self.notifies();
+        let sql = if notify {
             &self.sql.batch_notify
         } else {
             &self.sql.batch
         };
         let (ids, mut q) = bind_batch(sqlx::query(sql), events);
-        if self.notify {
+        if notify {
             q = q.bind(&self.names.channel);
         }
         q.execute(conn).await.map_err(EnqueueError::Database)?;
         Ok(ids)
     }
 
-    /// Applies the missing migrations to this outbox's schema (creating the
-    /// schema if needed), serialized by an advisory lock. Returns the versions
-    /// applied by this call (empty when already up to date).
+    /// Applies this mode's missing migrations to the outbox's schema
+    /// (creating the schema if needed), serialized by an advisory lock.
+    /// Returns the versions applied by this call (empty when already up to
+    /// date).
+    ///
+    /// In [`PgMode::Log`] this also upgrades a queue-mode outbox of the same
+    /// name in place (its pending events and dead letters move into the log;
+    /// see [`PgLog::migrate`](crate::PgLog::migrate)). In [`PgMode::Queue`]
+    /// an outbox that was upgraded is refused with
+    /// [`MigrateError::ModeConflict`].
     pub async fn migrate(&self, conn: &mut PgConnection) -> Result<Vec<i32>, MigrateError> {
-        crate::migrate::run(conn, &self.names).await
+        match &self.log {
+            Some(log) => crate::log::migrate::run(conn, log).await,
+            None => crate::migrate::run(conn, &self.names).await,
+        }
     }
 
-    /// The migration SQL with this outbox's names substituted, for teams that
-    /// apply migrations with their own tool: `(version, name, sql)`.
+    /// This mode's migration SQL with the outbox's names substituted, for
+    /// teams that apply migrations with their own tool: `(version, name,
+    /// sql)`. (The event log's in-place upgrade of a queue-mode outbox and
+    /// its insertable `<table>` view are made by [`migrate`](Self::migrate)
+    /// only.)
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
-        crate::MIGRATIONS
-            .iter()
-            .map(|m| (m.version, m.name, m.render(&self.names)))
-            .collect()
+        match &self.log {
+            Some(log) => crate::log::LOG_MIGRATIONS
+                .iter()
+                .map(|m| (m.version, m.name, log.render(m.template)))
+                .collect(),
+            None => crate::MIGRATIONS
+                .iter()
+                .map(|m| (m.version, m.name, m.render(&self.names)))
+                .collect(),
+        }
     }
 }
 
@@ -291,14 +359,15 @@ fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> String 
     serde_json::to_string(headers).unwrap_or_else(|_| "{}".to_owned())
 }
 
-/// Enqueues one event into the default outbox (`outbox.events`) in the
+/// Enqueues one event into the default outbox (`outbox.events`, event-log
+/// mode) in the
 /// caller's transaction (`&mut *tx`). See [`PgOutbox::enqueue`].
 pub async fn enqueue(conn: &mut PgConnection, event: NewEvent) -> Result<EventId, EnqueueError> {
     default_outbox().enqueue(conn, event).await
 }
 
-/// Enqueues many events into the default outbox (`outbox.events`) with one
-/// INSERT. See [`PgOutbox::enqueue_batch`].
+/// Enqueues many events into the default outbox (`outbox.events`, event-log
+/// mode) with one INSERT. See [`PgOutbox::enqueue_batch`].
 pub async fn enqueue_batch(
     conn: &mut PgConnection,
     events: impl IntoIterator<Item = NewEvent>,
@@ -316,11 +385,44 @@ mod tests {
         assert_eq!(o.schema().as_str(), "outbox");
         assert_eq!(o.table().as_str(), "events");
         assert_eq!(o.channel(), "outbox.events");
+        assert_eq!(o.mode(), PgMode::Log);
         let sql = &o.migration_sql()[0].2;
         assert!(
-            sql.contains("CREATE TABLE \"outbox\".\"events\" ("),
+            sql.contains("CREATE TABLE \"outbox\".\"events_log\" ("),
             "{sql}"
         );
         assert!(!sql.contains("{{"), "{sql}");
+        assert!(
+            o.sql
+                .one
+                .starts_with("INSERT INTO \"outbox\".\"events_log\" ("),
+            "{}",
+            o.sql.one
+        );
+        // Event-log relays do not listen: nothing is sent.
+        assert!(!o.clone().with_notify(true).notifies());
+    }
+
+    #[test]
+    fn queue_mode_targets_the_queue_table() {
+        let o = PgOutbox::in_mode(
+            Ident::new("app").unwrap(),
+            Ident::new("events").unwrap(),
+            PgMode::Queue,
+        )
+        .unwrap();
+        assert_eq!(o.mode(), PgMode::Queue);
+        let sql = &o.migration_sql()[0].2;
+        assert!(sql.contains("CREATE TABLE \"app\".\"events\" ("), "{sql}");
+        assert!(o.sql.one.starts_with("INSERT INTO \"app\".\"events\" ("));
+        assert!(o.with_notify(true).notifies());
+    }
+
+    #[test]
+    fn log_mode_limits_the_table_name() {
+        let long = Ident::new("t".repeat(46)).unwrap();
+        let schema = Ident::new("s").unwrap();
+        assert!(PgOutbox::new(schema.clone(), long.clone()).is_err());
+        assert!(PgOutbox::in_mode(schema, long, PgMode::Queue).is_ok());
     }
 }

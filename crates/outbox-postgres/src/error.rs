@@ -67,6 +67,24 @@ pub enum MigrateError {
         /// Its name.
         name: &'static str,
     },
+    /// The outbox exists in the other mode: queue-mode migrations refuse an
+    /// outbox that was upgraded to the event log (its name is a view), and
+    /// the event log refuses a relation of the outbox's name that is not a
+    /// queue-mode outbox.
+    ModeConflict {
+        /// `schema.table`.
+        outbox: String,
+        /// What was found and what to do.
+        detail: &'static str,
+    },
+    /// Upgrading a queue-mode outbox to the event log failed (nothing was
+    /// changed: the upgrade is one transaction).
+    Upgrade {
+        /// `schema.table`.
+        outbox: String,
+        /// The database error (printed by `Display`; not returned by `source()`).
+        source: sqlx::Error,
+    },
 }
 
 impl fmt::Display for MigrateError {
@@ -91,6 +109,15 @@ impl fmt::Display for MigrateError {
                 f,
                 "outbox migration {version} ({name}) was applied from different SQL than this \
                  library embeds"
+            ),
+            MigrateError::ModeConflict { outbox, detail } => {
+                write!(f, "outbox {outbox}: {detail}")
+            }
+            MigrateError::Upgrade { outbox, source } => write!(
+                f,
+                "upgrading the queue-mode outbox {outbox} to the event log failed (nothing was \
+                 changed): {}",
+                Cause(source)
             ),
         }
     }

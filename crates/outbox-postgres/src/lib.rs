@@ -10,6 +10,7 @@ mod names;
 mod options;
 mod store;
 
+pub use descriptor::PgMode;
 pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
@@ -19,8 +20,8 @@ pub use options::{
 };
 pub use store::{PgStore, ShardStats};
 
-/// The event-log mode (opt-in): snapshot-window batches, fenced per-shard
-/// cursors, rotation by TRUNCATE. See the module docs for the design.
+/// The event-log mode (the default): snapshot-window batches, fenced
+/// per-shard cursors, rotation by TRUNCATE. See the module docs for the design.
 pub mod log;
 pub use log::{DeadHeadPolicy, PgLog, PgLogOptions, PgLogStore};
 

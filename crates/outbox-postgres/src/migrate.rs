@@ -81,6 +81,19 @@ impl MigrationNames for Names {
 /// serializes them, and the later ones find nothing left to do.
 /// Returns the versions this call applied.
 pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i32>, MigrateError> {
+    let kind: Option<String> =
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(names.render("{{events}}"))
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(MigrateError::Database)?;
+    if kind.as_deref() == Some("v") {
+        return Err(MigrateError::ModeConflict {
+            outbox: format!("{}.{}", names.schema, names.table),
+            detail: "it was upgraded to the event log (mode `log`, the default); queue-mode \
+                     migrations refuse it: open it in mode `log`",
+        });
+    }
     apply(conn, names, MIGRATIONS, LOCK_NAMESPACE, "outbox").await
 }
 

@@ -9,7 +9,7 @@ use outbox_core::{
     ClaimRequest, EventId, FencingToken, NewEvent, Resolution, Settlement, ShardSpec, Stats, Store,
 };
 use outbox_postgres::{
-    Ident, InvalidIdentifier, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
+    Ident, InvalidIdentifier, PgMode, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
 };
 use outbox_testkit::logs::LogCapture;
 use sqlx::{Connection, PgConnection, Row};
@@ -146,7 +146,8 @@ async fn an_event_of_a_long_transaction_is_claimed_once_it_commits() {
 async fn concurrent_migrations_apply_once() {
     let schema = fresh_schema();
     let _guard = SchemaGuard(schema.clone());
-    let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+    let outbox =
+        PgOutbox::in_mode(schema.clone(), Ident::new("events").unwrap(), PgMode::Queue).unwrap();
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let outbox = outbox.clone();
@@ -708,7 +709,8 @@ async fn upgrading_from_migration_1_keeps_pending_events_in_order() {
     let schema = fresh_schema();
     let _guard = SchemaGuard(schema.clone());
     let pool = pool(4).await;
-    let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+    let outbox =
+        PgOutbox::in_mode(schema.clone(), Ident::new("events").unwrap(), PgMode::Queue).unwrap();
     let sql = outbox.migration_sql();
     let (version, name, v1) = &sql[0];
     let history = format!("{}.\"events_migrations\"", schema.quoted());

@@ -182,8 +182,8 @@
 //!   WHERE grp = ... AND shard_total = ...`).
 
 mod enqueue;
-mod migrate;
-mod names;
+pub(crate) mod migrate;
+pub(crate) mod names;
 mod options;
 mod snapshot;
 mod sql;

@@ -7,8 +7,8 @@ use crate::ident::{Ident, InvalidIdentifier};
 pub(crate) const PARTITIONS: usize = 3;
 
 /// Validated names of everything one event-log outbox owns. Every object is
-/// named `<table>_log...`, so a queue-mode outbox of the same schema and
-/// table can live beside it (an in-place upgrade drains one into the other).
+/// named `<table>_log...`; `<table>` itself becomes a view whose INSERTs land
+/// in the log (an in-place upgrade drains a queue table of that name first).
 #[derive(Debug, Clone)]
 pub(crate) struct LogNames {
     pub(crate) schema: Ident,
@@ -30,6 +30,9 @@ const OBJECTS: &[(&str, &str, bool)] = &[
     ("{{lane_ord}}", "_log_lane_ord", true),
     ("{{dead}}", "_log_dead", true),
     ("{{history}}", "_log_migrations", true),
+    // The queue-mode objects an in-place upgrade drains and replaces.
+    ("{{queue_dead}}", "_dead", true),
+    ("{{queue_history}}", "_migrations", true),
     ("{{log_idx}}", "_log_idx", false),
     ("{{lane_key_idx}}", "_log_lane_key_idx", false),
     ("{{lane_id_idx}}", "_log_lane_id_idx", false),
@@ -64,6 +67,9 @@ impl LogNames {
                 format!("{s}.{}", table.with_suffix(suffix)?.quoted()),
             ));
         }
+        // The outbox's own name: a queue table before an upgrade, then a
+        // view whose INSERTs land in the log.
+        replacements.push(("{{outbox}}", format!("{s}.{}", table.quoted())));
         replacements.push(("{{schema}}", s));
         Ok(Self {
             schema,

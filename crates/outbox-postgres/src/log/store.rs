@@ -37,6 +37,7 @@ pub struct PgLogStore {
 struct Inner {
     pool: PgPool,
     log: PgLog,
+    outbox: crate::PgOutbox,
     sql: Arc<Sql>,
     group: String,
     dead_head: DeadHeadPolicy,
@@ -411,6 +412,8 @@ impl PgLogStore {
     /// ignored). Must be called inside a Tokio runtime.
     pub async fn from_pool(pool: PgPool, options: PgLogOptions) -> Result<Self, StoreError> {
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
+        let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
+            .with_limits(options.limits);
         let log = PgLog::from_names(names).with_limits(options.limits);
         if options.auto_migrate {
             let mut conn = pool.acquire().await?;
@@ -432,6 +435,7 @@ impl PgLogStore {
             inner: Arc::new(Inner {
                 pool,
                 log,
+                outbox,
                 sql,
                 group: options.group.clone(),
                 dead_head: options.dead_head,
@@ -455,6 +459,12 @@ impl PgLogStore {
     /// The enqueue handle of this outbox.
     pub fn log(&self) -> &PgLog {
         &self.inner.log
+    }
+
+    /// The same outbox as a [`PgOutbox`](crate::PgOutbox) (event-log mode),
+    /// the handle a producer uses with either store.
+    pub fn outbox(&self) -> &crate::PgOutbox {
+        &self.inner.outbox
     }
 
     /// The pool.

@@ -2,7 +2,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use outbox_core::{ClaimRequest, EventId, RelayId, ShardSpec, ValidationError};
-use outbox_postgres::{EnqueueError, Ident, PgOutbox, PgStore, PgStoreOptions, MIGRATIONS};
+use outbox_postgres::{EnqueueError, Ident, PgMode, PgOutbox, PgStore, PgStoreOptions, MIGRATIONS};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Connection, PgConnection, PgPool, Postgres, Transaction};
 use std::time::Duration;
@@ -77,7 +77,9 @@ impl TestDb {
         let pool = pool(6).await;
         let schema = fresh_schema();
         let guard = SchemaGuard(schema.clone());
-        let outbox = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+        let outbox =
+            PgOutbox::in_mode(schema.clone(), Ident::new("events").unwrap(), PgMode::Queue)
+                .unwrap();
         let mut conn = pool.acquire().await.unwrap();
         let all: Vec<i32> = MIGRATIONS.iter().map(|m| m.version).collect();
         assert_eq!(outbox.migrate(&mut conn).await.unwrap(), all);
