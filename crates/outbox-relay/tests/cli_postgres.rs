@@ -7,7 +7,7 @@
 mod support;
 
 use outbox_core::{EventId, NewEvent};
-use outbox_postgres::{sqlx, Ident, PgOutbox};
+use outbox_postgres::{sqlx, Ident, PgMode, PgOutbox};
 use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::Stdio;
@@ -69,15 +69,24 @@ async fn migrate_run_and_status_on_postgres() {
     let url = database_url();
     let (schema, pool) = schema_and_pool("outbox_cli", &url).await;
 
-    let out = relay(&["migrate", "--store", &url, "--pg-schema", &schema])
-        .output()
-        .unwrap();
+    let out = relay(&[
+        "migrate",
+        "--store",
+        &url,
+        "--pg-schema",
+        &schema,
+        "--pg-mode",
+        "queue",
+    ])
+    .output()
+    .unwrap();
     assert_success(&out, "migrate");
 
     // Commit 40 events in application transactions, roll one back.
-    let outbox = PgOutbox::new(
+    let outbox = PgOutbox::in_mode(
         Ident::new(schema.clone()).unwrap(),
         Ident::new("events").unwrap(),
+        PgMode::Queue,
     )
     .unwrap();
     let (committed, phantom) = commit_40_roll_back_1(&pool, "cli.test", async |conn, ev| {
@@ -94,6 +103,8 @@ async fn migrate_run_and_status_on_postgres() {
             &url,
             "--pg-schema",
             &schema,
+            "--pg-mode",
+            "queue",
             "--sink",
             &format!("jsonl:{}", file.display()),
             "--poll-interval-ms",
@@ -115,9 +126,17 @@ async fn migrate_run_and_status_on_postgres() {
     assert_eq!(delivered, committed, "every committed event, nothing else");
     assert!(!delivered.contains(&phantom));
 
-    let out = relay(&["status", "--store", &url, "--pg-schema", &schema])
-        .output()
-        .unwrap();
+    let out = relay(&[
+        "status",
+        "--store",
+        &url,
+        "--pg-schema",
+        &schema,
+        "--pg-mode",
+        "queue",
+    ])
+    .output()
+    .unwrap();
     let status = String::from_utf8_lossy(&out.stdout);
     assert_success(&out, "status");
     assert!(
@@ -131,6 +150,51 @@ async fn migrate_run_and_status_on_postgres() {
         .await
         .unwrap();
     assert_eq!(left, 0);
+
+    // The operator's upgrade: events still pending in the queue table, then
+    // `migrate` in the default mode moves them into the event log, where
+    // `status` counts them.
+    let mut tx = pool.begin().await.unwrap();
+    let events = (0..5)
+        .map(|i| NewEvent::new("cli.upgrade", "cli", format!("{i}").into_bytes()).with_key("k-up"));
+    outbox.enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let out = relay(&["migrate", "--store", &url, "--pg-schema", &schema])
+        .output()
+        .unwrap();
+    assert_success(&out, "migrate (upgrade to the event log)");
+    let out = relay(&["status", "--store", &url, "--pg-schema", &schema])
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&out.stdout);
+    assert_success(&out, "status after the upgrade");
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("mode:") && l.contains("log")),
+        "{status}"
+    );
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("pending:") && l.trim_end().ends_with(" 5")),
+        "{status}"
+    );
+    // The queue mode now refuses the upgraded outbox, saying why.
+    let out = relay(&[
+        "migrate",
+        "--store",
+        &url,
+        "--pg-schema",
+        &schema,
+        "--pg-mode",
+        "queue",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("upgraded to the event log"), "{err}");
 
     // A hostile schema name is refused by the CLI with a clear error.
     let out = relay(&[
@@ -148,15 +212,16 @@ async fn migrate_run_and_status_on_postgres() {
     drop_schema(&pool, &schema).await;
 }
 
-/// `--pg-mode log`: `migrate` creates the event log, `run` relays events
-/// committed through `PgLogStore`'s enqueue handle (one transaction rolled
-/// back) to a JSON-lines file, `status` and `dead list` read the log.
+/// The default mode (the event log): `migrate` creates the event log, `run`
+/// relays events committed through `PgLogStore`'s enqueue handle (one
+/// transaction rolled back) to a JSON-lines file, `status` and `dead list`
+/// read the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_mode_migrate_run_and_status() {
     use outbox_postgres::{PgLogOptions, PgLogStore};
     let url = database_url();
     let (schema, pool) = schema_and_pool("outbox_clilog", &url).await;
-    let log_args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "log"];
+    let log_args = ["--store", &url, "--pg-schema", &schema];
 
     let out = relay(&["migrate"]).args(log_args).output().unwrap();
     assert_success(&out, "migrate");
