@@ -8,7 +8,8 @@ mod log_support;
 
 use log_support::LogDb;
 use outbox_core::{
-    ClaimRequest, EventId, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
+    ClaimRequest, ErrorCode, EventId, LastError, NewEvent, RelayId, Resolution, Settlement,
+    ShardSpec, Store,
 };
 use outbox_postgres::log::Rotation;
 use outbox_postgres::PgLogStore;
@@ -317,4 +318,70 @@ async fn rotation_under_load_loses_nothing_and_duplicates_nothing() {
     }
     let tuples = db.partition_tuples().await;
     assert!(tuples.iter().all(|(_, dead)| *dead == 0), "{tuples:?}");
+}
+
+/// The log store's metrics: the background task counts rotations and
+/// publishes the retry lane's size and parked keys for its group.
+/// (Current-thread runtime: the thread-local recorder sees the spawned task.)
+#[tokio::test]
+async fn rotation_and_retry_lane_metrics_are_published() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+
+    let db = LogDb::new().await;
+    let store = db
+        .store_with(
+            db.options()
+                .with_background_rotation(true)
+                .with_rotation_interval(Duration::from_millis(200)),
+        )
+        .await;
+    let ids = db.enqueue(vec![ev("k", 1), ev("k", 2)]).await;
+    let c = store
+        .claim(&req("relay", ShardSpec::ALL, 10))
+        .await
+        .unwrap();
+    assert_eq!(c.events.len(), 2);
+    let retry = Resolution::Retry {
+        delay: Duration::from_secs(3600),
+        error: LastError {
+            code: ErrorCode::HANDLER_TEMPORARY_FAILURE,
+            message: "down".into(),
+        },
+    };
+    let s = Settlement::new()
+        .with(ids[0], retry.clone())
+        .with(ids[1], retry);
+    assert!(store.settle(c.token, &s).await.unwrap().all_applied());
+
+    // Gauges and counters as the recorder holds them now.
+    let read = || {
+        let mut seen: HashMap<String, f64> = HashMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let v = match value {
+                DebugValue::Gauge(g) => g.into_inner(),
+                DebugValue::Counter(c) => c as f64,
+                DebugValue::Histogram(_) => continue,
+            };
+            seen.insert(key.key().name().to_owned(), v);
+        }
+        seen
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut seen = HashMap::new();
+    while Instant::now() < deadline {
+        seen.extend(read());
+        if seen.get(outbox_postgres::log::LANE_EVENTS) == Some(&2.0)
+            && seen.get(outbox_postgres::log::PARKED_KEYS) == Some(&1.0)
+            && seen
+                .get(outbox_postgres::log::ROTATIONS)
+                .is_some_and(|n| *n >= 1.0)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("metrics not published: {seen:?}");
 }

@@ -36,6 +36,9 @@ pub const SINK_STATE_TRANSITIONS: &str = "outbox_sink_state_transitions_total";
 pub const EVENT_PROCESS_SECONDS: &str = "outbox_event_process_seconds";
 /// Gauge, seconds: age of the oldest event in the last batch (database clock).
 pub const LAG_SECONDS: &str = "outbox_lag_seconds";
+/// Gauge, seconds, label `shard` (`index/total`, `all` when unsharded): age
+/// of the oldest event in this relay's last batch of that shard.
+pub const SHARD_LAG_SECONDS: &str = "outbox_shard_lag_seconds";
 /// Gauge: 1 while [`LAG_SECONDS`] exceeds the configured lag alert, else 0.
 pub const LAG_ALERT: &str = "outbox_lag_alert";
 
@@ -82,6 +85,11 @@ pub fn describe_metrics() {
         LAG_SECONDS,
         Unit::Seconds,
         "Age of the oldest event in the last batch"
+    );
+    describe_gauge!(
+        SHARD_LAG_SECONDS,
+        Unit::Seconds,
+        "Age of the oldest event in the last batch of a shard"
     );
     describe_gauge!(LAG_ALERT, "1 while the lag exceeds the lag alert threshold");
 }

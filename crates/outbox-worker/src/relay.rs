@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use outbox_core::{
     Claim, ClaimRequest, DeliveryError, ErrorCode, Event, EventId, FencingToken, Jitter, LastError,
-    Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, Sink, Store,
+    Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, ShardSpec, Sink, Store,
 };
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
@@ -532,6 +532,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             let n = held.claim.events.len();
             if n == 0 {
                 metrics::gauge!(m::LAG_SECONDS).set(0.0);
+                metrics::gauge!(m::SHARD_LAG_SECONDS, "shard" => self.shard_label()).set(0.0);
                 metrics::gauge!(m::LAG_ALERT).set(0.0);
                 if mode == Mode::UntilIdle && self.is_drained().await {
                     break;
@@ -1013,6 +1014,16 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         }
     }
 
+    /// The `shard` label of per-shard metrics: `index/total`, or `all`.
+    fn shard_label(&self) -> String {
+        let shard = self.options.shard();
+        if shard == ShardSpec::ALL {
+            "all".to_owned()
+        } else {
+            shard.to_string()
+        }
+    }
+
     fn record_lag(&self, claim: &Claim) {
         // The database's clock at claim time: the lease ends at its now() + lease.
         let db_now = claim.lease_until
@@ -1022,6 +1033,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             .and_then(|o| (db_now - o).to_std().ok())
             .unwrap_or_default();
         metrics::gauge!(m::LAG_SECONDS).set(lag.as_secs_f64());
+        metrics::gauge!(m::SHARD_LAG_SECONDS, "shard" => self.shard_label()).set(lag.as_secs_f64());
         let alert = lag > self.options.lag_alert();
         metrics::gauge!(m::LAG_ALERT).set(if alert { 1.0 } else { 0.0 });
         if alert {

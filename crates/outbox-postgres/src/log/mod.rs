@@ -191,6 +191,17 @@ mod store;
 
 pub use enqueue::PgLog;
 pub use migrate::LOG_MIGRATIONS;
+
+/// Counter: rotations of the event log (a partition truncated and reused),
+/// counted by the process that rotated.
+pub const ROTATIONS: &str = "outbox_log_rotations_total";
+/// Gauge, label `group`: events in the retry lane (retrying, released, or
+/// parked behind an earlier event of their key). Updated by the background
+/// rotation task.
+pub const LANE_EVENTS: &str = "outbox_log_lane_events";
+/// Gauge, label `group`: keys held back behind an earlier event of theirs in
+/// the retry lane. Updated by the background rotation task.
+pub const PARKED_KEYS: &str = "outbox_log_parked_keys";
 pub use options::{DeadHeadPolicy, PgLogOptions, DEFAULT_GROUP, DEFAULT_ROTATION_INTERVAL};
 pub use store::{
     CursorInfo, InFlight, LogInfo, LogStatus, PartitionInfo, PgLogStore, Rotation, ShardStatus,

@@ -385,6 +385,14 @@ const OLDEST_WRITER: &str = "\
 SELECT (extract(epoch FROM (now() - min(xact_start))) * 1000000)::bigint
 FROM pg_stat_activity WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()";
 
+/// The retry lane's size and its parked keys (keys with an event waiting
+/// behind an earlier one of theirs), for one group.
+const LANE_GAUGES: &str = "\
+SELECT count(*),
+       count(DISTINCT l.key) FILTER (WHERE l.key IS NOT NULL AND EXISTS (
+           SELECT 1 FROM {{lane}} h WHERE h.grp = l.grp AND h.key = l.key AND h.ord < l.ord))
+FROM {{lane}} l WHERE l.grp = $1";
+
 /// Probe of the wake-up loop: the current snapshot.
 pub(crate) const PROBE: &str = "SELECT pg_current_snapshot()::text";
 
@@ -413,6 +421,7 @@ pub(crate) struct Sql {
     pub(crate) rotate_bump: String,
     pub(crate) partitions_info: String,
     pub(crate) status: String,
+    pub(crate) lane_gauges: String,
     pub(crate) oldest_writer: &'static str,
 }
 
@@ -468,6 +477,7 @@ impl Sql {
             rotate_bump: names.render(ROTATE_BUMP),
             partitions_info: names.render(PARTITIONS_INFO),
             status: names.render(STATUS),
+            lane_gauges: names.render(LANE_GAUGES),
             oldest_writer: OLDEST_WRITER,
         }
     }

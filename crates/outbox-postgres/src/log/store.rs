@@ -427,6 +427,7 @@ impl PgLogStore {
             tasks.push(tokio::spawn(rotate_forever(
                 pool.clone(),
                 Arc::clone(&sql),
+                options.group.clone(),
                 options.rotation_interval,
                 every,
             )));
@@ -1846,6 +1847,7 @@ async fn rotate_once(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Rot
         partition = target,
         "rotated the outbox event log"
     );
+    metrics::counter!(super::ROTATIONS).increment(1);
     Ok(Rotation::Rotated {
         generation,
         rotations,
@@ -1881,9 +1883,27 @@ fn lock_busy(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
-async fn rotate_forever(pool: PgPool, sql: Arc<Sql>, interval: Duration, every: Duration) {
+async fn rotate_forever(
+    pool: PgPool,
+    sql: Arc<Sql>,
+    group: String,
+    interval: Duration,
+    every: Duration,
+) {
     loop {
         tokio::time::sleep(every).await;
+        // The retry lane is small by design: counting it is cheap.
+        match sqlx::query_as::<_, (i64, i64)>(&sql.lane_gauges)
+            .bind(&group)
+            .fetch_one(&pool)
+            .await
+        {
+            Ok((lane, parked)) => {
+                metrics::gauge!(super::LANE_EVENTS, "group" => group.clone()).set(lane as f64);
+                metrics::gauge!(super::PARKED_KEYS, "group" => group.clone()).set(parked as f64);
+            }
+            Err(e) => tracing::debug!(error = %e, "counting the retry lane failed"),
+        }
         match rotate_once(&pool, &sql, interval).await {
             Ok(Rotation::Blocked(reason)) => {
                 tracing::debug!(%reason, "outbox event-log rotation postponed");
