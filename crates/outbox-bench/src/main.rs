@@ -42,7 +42,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ),
     (
         "latency",
-        "commit -> handler latency at 1k and 10k events/s offered (LISTEN/NOTIFY)",
+        "commit -> handler latency at 1k and 10k events/s offered: event log (NOTIFY off) and queue table (LISTEN/NOTIFY)",
     ),
     (
         "producer",

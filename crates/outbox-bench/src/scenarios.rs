@@ -450,8 +450,32 @@ impl Ctx {
 
     /// Scenario 4: offered load 1k and 10k events/s.
     async fn latency(&mut self) -> Result<()> {
-        for (rate, target_p50, target_p99) in [(1_000u64, Some(3.0), 10.0), (10_000, None, 25.0)] {
-            let l = self.latency_run(rate).await?;
+        // The event log (the default mode: NOTIFY off, adaptive polling),
+        // then the queue table (LISTEN/NOTIFY), on the same rates. Targets:
+        // issue 11's for the log, issue 9's for the queue table.
+        let runs: [(PgMode, u64, Option<f64>, f64); 4] = [
+            (PgMode::Log, 1_000, Some(3.0), 15.0),
+            (PgMode::Log, 10_000, None, 25.0),
+            (PgMode::Queue, 1_000, Some(3.0), 10.0),
+            (PgMode::Queue, 10_000, None, 25.0),
+        ];
+        for (mode, rate, target_p50, target_p99) in runs {
+            let l = match mode {
+                PgMode::Queue => {
+                    let store =
+                        pg_store(&self.services, &mut self.res, "latency", true, true, 6).await?;
+                    let outbox = store.outbox().clone();
+                    let pool = store.pool().clone();
+                    self.latency_run(store, outbox, pool, rate).await?
+                }
+                PgMode::Log => {
+                    let store =
+                        pg_log_store(&self.services, &mut self.res, "latency_log", 6).await?;
+                    let outbox = store.outbox().clone();
+                    let pool = store.pool().clone();
+                    self.latency_run(store, outbox, pool, rate).await?
+                }
+            };
             let mut target = format!("p99 <= {target_p99} ms");
             let mut met = l.p99 <= target_p99;
             if let Some(p50) = target_p50 {
@@ -460,10 +484,18 @@ impl Ctx {
             }
             let mut row = Row::new(
                 "latency",
-                format!("commit -> no-op handler, {rate} events/s offered"),
+                format!(
+                    "commit -> no-op handler, {rate} events/s offered, {}{}",
+                    mode.label(),
+                    match mode {
+                        PgMode::Log => ", NOTIFY off (default)",
+                        PgMode::Queue => ", LISTEN/NOTIFY",
+                    }
+                ),
                 l.p99,
                 "ms p99",
             )
+            .param("store", mode.name())
             .param("offered_events_per_s", rate)
             .param("events_per_tx", l.per_tx)
             .param("duration_s", self.sizes.latency.as_secs())
@@ -496,8 +528,16 @@ impl Ctx {
         Ok(())
     }
 
-    async fn latency_run(&mut self, rate: u64) -> Result<Latency> {
-        let store = pg_store(&self.services, &mut self.res, "latency", true, true, 6).await?;
+    /// Offers `rate` events/s through `outbox` for the latency duration
+    /// while a relay on `store` runs a no-op handler; closes `pool` (the
+    /// store's) at the end.
+    async fn latency_run<St: Store + Clone>(
+        &mut self,
+        store: St,
+        outbox: outbox_postgres::PgOutbox,
+        pool: sqlx::PgPool,
+        rate: u64,
+    ) -> Result<Latency> {
         let producers = PgPoolOptions::new()
             .max_connections(16)
             .connect(&self.services.database_url)
@@ -548,7 +588,7 @@ impl Ctx {
             i += per_tx;
             let (pool, outbox, committed, error) = (
                 producers.clone(),
-                store.outbox().clone(),
+                outbox.clone(),
                 Arc::clone(&committed),
                 Arc::clone(&error),
             );
@@ -591,7 +631,7 @@ impl Ctx {
         relay.await.context("relay task")?;
         let cpu_s = crate::probe::cpu_seconds() - cpu0;
         producers.close().await;
-        store.pool().close().await;
+        pool.close().await;
 
         let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
         let handled = handled.lock().map(|h| h.clone()).unwrap_or_default();

@@ -81,6 +81,10 @@ struct RunArgs {
     /// The store.
     #[arg(long, value_enum)]
     store: StoreKind,
+    /// PostgreSQL mode of the relays and of the application's enqueue
+    /// handle: `log` (the default) or `queue`.
+    #[arg(long, default_value = "log")]
+    pg_mode: outbox_postgres::PgMode,
     /// The broker.
     #[arg(long, value_enum)]
     broker: BrokerKind,
@@ -427,7 +431,12 @@ async fn run_created(
     };
     let mut store_args = vec!["--store".to_owned(), relay_store.clone()];
     if args.store == StoreKind::Postgres {
-        store_args.extend(["--pg-schema".to_owned(), name.to_owned()]);
+        store_args.extend([
+            "--pg-schema".to_owned(),
+            name.to_owned(),
+            "--pg-mode".to_owned(),
+            args.pg_mode.to_string(),
+        ]);
     }
     let (sink, topic, mut sink_args) = match dest {
         Destination::Nats { url, .. } => {
@@ -474,9 +483,10 @@ async fn run_created(
                 .connect(&args.database_url)
                 .await
                 .context("the application cannot connect to PostgreSQL")?;
-            let outbox = outbox_postgres::PgOutbox::new(
+            let outbox = outbox_postgres::PgOutbox::in_mode(
                 outbox_postgres::Ident::new(name)?,
                 outbox_postgres::Ident::new("events")?,
+                args.pg_mode,
             )?;
             AppDb::Postgres {
                 pool,

@@ -276,6 +276,21 @@ struct Processed {
     stop: bool,
     /// The sink reported itself unavailable (first such error).
     sink_down: Option<DeliveryError>,
+    /// With `sink_down`: the batch's settlement, left to the loop so that a
+    /// prefetched (later) batch is given back first. Settled newest first,
+    /// a store that reads in order (the PostgreSQL event log) rewinds its
+    /// cursor over both instead of copying the older one's events into its
+    /// retry lane (which would park those keys on its slower path).
+    deferred: Option<Deferred>,
+}
+
+/// A processed batch whose settlement waits for the loop.
+struct Deferred {
+    claim: Claim,
+    fates: Vec<Fate>,
+    started: Instant,
+    /// The lease end known at claim time (a renewal may have moved it).
+    until: Instant,
 }
 
 /// What ended a wait.
@@ -557,7 +572,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             summary.batches += 1;
             let full = n >= usize::try_from(self.options.batch_size()).unwrap_or(usize::MAX);
             let drain = self.options.drain() && full && !probing;
-            let processed = if drain {
+            let mut processed = if drain {
                 // The events of this batch are leased, so the overlapping claim
                 // cannot take them, nor (per-key order) later events of their keys.
                 let (processed, next) = tokio::join!(
@@ -578,6 +593,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     .await
             };
 
+            let deferred = processed.deferred.take();
             match &processed.sink_down {
                 Some(error) => {
                     let (delay, from) = self.breaker.open(error);
@@ -608,6 +624,10 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                         }
                     }
                 }
+            }
+            if let Some(deferred) = deferred {
+                // After the prefetched batch was given back: newest first.
+                self.settle_deferred(deferred, leases, &mut summary).await;
             }
             if processed.stop {
                 break;
@@ -770,6 +790,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             let mut processed = Processed {
                 stop,
                 sink_down: None,
+                deferred: None,
             };
             let fates: Vec<Fate> = match delivery {
                 Delivery::Outcomes(outcomes) => {
@@ -800,13 +821,42 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     vec![Fate::Released(ReleaseReason::Shutdown); claim.events.len()]
                 }
             };
-            let until = leases.remove(claim.token).unwrap_or(held.until);
-            self.settle_and_report(&claim, &fates, until, Some(started), summary)
-                .await;
+            if processed.sink_down.is_some() {
+                // A copy: the cancelled delivery future still borrows `claim`
+                // (only on this outage path).
+                processed.deferred = Some(Deferred {
+                    claim: claim.clone(),
+                    fates,
+                    started,
+                    until: held.until,
+                });
+            } else {
+                let until = leases.remove(claim.token).unwrap_or(held.until);
+                self.settle_and_report(&claim, &fates, until, Some(started), summary)
+                    .await;
+            }
             processed
         }
         .instrument(span)
         .await
+    }
+
+    /// Settles a batch whose settlement [`process`](Self::process) deferred.
+    async fn settle_deferred(
+        &self,
+        deferred: Deferred,
+        leases: &Leases,
+        summary: &mut RelaySummary,
+    ) {
+        let Deferred {
+            claim,
+            fates,
+            started,
+            until,
+        } = deferred;
+        let until = leases.remove(claim.token).unwrap_or(until);
+        self.settle_and_report(&claim, &fates, until, Some(started), summary)
+            .await;
     }
 
     /// Gives back a claim that was never handed to the sink.

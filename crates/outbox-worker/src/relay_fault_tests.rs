@@ -74,6 +74,8 @@ struct State {
     stolen: HashSet<FencingToken>,
     nonempty_claims: u32,
     tokens: Vec<FencingToken>,
+    /// Tokens in the order their settlements arrived.
+    settled: Vec<FencingToken>,
 }
 
 /// An in-memory store on tokio's clock (so a paused test clock drives it).
@@ -173,6 +175,7 @@ impl Store for MemStore {
             if let Some(err) = st.settle_faults.pop_front() {
                 return Err(err);
             }
+            st.settled.push(token);
             let now = Instant::now();
             let mut report = SettleReport::default();
             for (id, resolution) in settlement.items() {
@@ -628,6 +631,29 @@ impl Sink for DownFor {
         }
         vec![Outcome::Delivered; events.len()]
     }
+}
+
+/// When the sink goes down with a prefetched batch in hand, the prefetched
+/// (later) batch is given back before the failed one is settled: newest
+/// first, so a store that reads in order rewinds over both.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn on_a_sink_outage_the_prefetched_batch_is_settled_first() {
+    let store = MemStore::default();
+    store.add(8, 8);
+    let sink = DownFor {
+        down: Arc::new(AtomicU32::new(1)),
+    };
+    let opts = options().with_batch_size(4);
+    let summary = idle(Relay::new(store.clone(), sink, opts).unwrap()).await;
+    assert_eq!(summary.delivered, 8);
+    let (tokens, settled) = store.with(|st| (st.tokens.clone(), st.settled.clone()));
+    // Claim 1 (delivered to the down sink) and claim 2 (prefetched with it).
+    let (first, second) = (tokens[0], tokens[1]);
+    let at = |t| settled.iter().position(|s| *s == t).unwrap();
+    assert!(
+        at(second) < at(first),
+        "prefetched {second} settled after the failed {first}: {settled:?}"
+    );
 }
 
 #[test]
