@@ -21,6 +21,7 @@ pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
 pub use shard::{key_hash, shard_of, InvalidShardSpec, ShardSpec};
 pub use store::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, FencingToken, Rejected,
-    RelayId, Resolution, Retryable, SettleReport, Settlement, Sink, Stats, Store,
+    Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore,
+    FencingToken, Rejected, RelayId, Resolution, Retryable, SettleReport, Settlement, Sink, Stats,
+    Store, MAX_DEAD_LETTER_AGE,
 };

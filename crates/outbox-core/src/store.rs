@@ -284,21 +284,111 @@ impl DeadLetter {
     }
 }
 
-/// Which dead letters to list.
+/// Which dead letters a list, count, retry or purge selects. Every criterion
+/// that is set must hold (they are ANDed); the default selects every dead
+/// letter. Stores bind each criterion as a query parameter.
+///
+/// Ages are measured from the dead letter's `dead_at` (when it was
+/// dead-lettered) to the database's `now()`; stores cap them at 100 years.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadLetterFilter {
+    /// Only these ids (none match an empty list).
+    pub ids: Option<Vec<EventId>>,
+    /// Only this event type.
+    pub event_type: Option<String>,
+    /// Only this final error code.
+    pub code: Option<ErrorCode>,
+    /// Only this key (events without a key never match).
+    pub key: Option<String>,
+    /// Only dead letters dead for at least this long (`dead_at <= now() - d`).
+    pub older_than: Option<Duration>,
+    /// Only dead letters dead for less than this long (`dead_at > now() - d`).
+    pub newer_than: Option<Duration>,
+}
+
+impl DeadLetterFilter {
+    /// Every dead letter.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// The dead letters with these ids.
+    pub fn ids(ids: impl IntoIterator<Item = EventId>) -> Self {
+        Self::default().with_ids(ids)
+    }
+
+    /// Only these ids.
+    pub fn with_ids(mut self, ids: impl IntoIterator<Item = EventId>) -> Self {
+        self.ids = Some(ids.into_iter().collect());
+        self
+    }
+
+    /// Only this event type.
+    pub fn with_event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// Only this error code.
+    pub fn with_code(mut self, code: ErrorCode) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// Only this key.
+    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Only dead letters dead for at least `age`.
+    pub fn older_than(mut self, age: Duration) -> Self {
+        self.older_than = Some(age);
+        self
+    }
+
+    /// Only dead letters dead for less than `age`.
+    pub fn newer_than(mut self, age: Duration) -> Self {
+        self.newer_than = Some(age);
+        self
+    }
+
+    /// Whether no criterion is set (it selects every dead letter).
+    pub fn is_all(&self) -> bool {
+        self == &Self::default()
+    }
+}
+
+/// The longest age a [`DeadLetterFilter`] is applied with (100 years):
+/// longer ones are capped, so `now() - age` stays in every store's range.
+pub const MAX_DEAD_LETTER_AGE: Duration = Duration::from_secs(100 * 366 * 24 * 3600);
+
+/// Which dead letters to list, and which page.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadLetterQuery {
-    /// Only these error codes (all when `None`).
-    pub code: Option<ErrorCode>,
+    /// Which dead letters.
+    pub filter: DeadLetterFilter,
     /// Most rows to return.
     pub limit: u32,
     /// Keyset pagination: only ids after this one.
     pub after: Option<EventId>,
 }
 
+impl DeadLetterQuery {
+    /// The first page (100 rows) of the dead letters `filter` selects.
+    pub fn new(filter: DeadLetterFilter) -> Self {
+        Self {
+            filter,
+            ..Self::default()
+        }
+    }
+}
+
 impl Default for DeadLetterQuery {
     fn default() -> Self {
         Self {
-            code: None,
+            filter: DeadLetterFilter::default(),
             limit: 100,
             after: None,
         }
@@ -357,23 +447,31 @@ pub trait DeadLetterStore: Send + Sync + 'static {
     /// The store's error type.
     type Error: std::error::Error + Retryable + Send + Sync + 'static;
 
-    /// Lists dead letters, oldest id first.
+    /// Lists the dead letters `query.filter` selects, oldest id first.
     fn list_dead(
         &self,
         query: &DeadLetterQuery,
     ) -> impl Future<Output = Result<Vec<DeadLetter>, Self::Error>> + Send;
 
-    /// Moves dead letters back to pending (attempts reset to 0, eligible now).
-    /// `None` means all of them. Returns how many moved.
-    fn retry_dead(
+    /// How many dead letters `filter` selects (a dry run of retry or purge).
+    fn count_dead(
         &self,
-        ids: Option<&[EventId]>,
+        filter: &DeadLetterFilter,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 
-    /// Deletes dead letters for good. `None` means all of them. Returns how many.
+    /// Replays the dead letters `filter` selects: back to pending with
+    /// attempts reset to 0, eligible now, last error kept. Where a replayed
+    /// event goes in its key's order is the store's documented rule (it
+    /// never runs beside another event of its key). Returns how many moved.
+    fn retry_dead(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Deletes the dead letters `filter` selects, for good. Returns how many.
     fn purge_dead(
         &self,
-        ids: Option<&[EventId]>,
+        filter: &DeadLetterFilter,
     ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
 }
 

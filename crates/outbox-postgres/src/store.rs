@@ -5,11 +5,11 @@ use crate::options::{redact_url, scrub};
 use crate::{MigrateError, PgOutbox, PgStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, ErrorCode, Event, EventId,
-    FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement, ShardSpec, Stats,
-    Store,
+    Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
+    Event, EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement,
+    ShardSpec, Stats, Store, MAX_DEAD_LETTER_AGE,
 };
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, PgPool, Row};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
@@ -499,26 +499,70 @@ WHERE id IN (
     LIMIT $2
     FOR UPDATE SKIP LOCKED)";
 
+/// The dead-letter selection of a [`DeadLetterFilter`], as six parameters
+/// from `$first` on (bound by [`bind_dead_filter`], in this order): ids,
+/// event type, error code, key, older than (µs), newer than (µs).
+pub(crate) fn dead_filter_sql(first: usize) -> String {
+    let p = |i: usize| format!("${}", first + i);
+    format!(
+        "({ids}::uuid[] IS NULL OR id = ANY({ids})) \
+         AND ({ty}::text IS NULL OR event_type = {ty}) \
+         AND ({code}::text IS NULL OR last_error_code = {code}) \
+         AND ({key}::text IS NULL OR key = {key}) \
+         AND ({old}::bigint IS NULL OR dead_at <= now() - {old} * interval '1 microsecond') \
+         AND ({new}::bigint IS NULL OR dead_at > now() - {new} * interval '1 microsecond')",
+        ids = p(0),
+        ty = p(1),
+        code = p(2),
+        key = p(3),
+        old = p(4),
+        new = p(5),
+    )
+}
+
+/// Binds the six parameters of [`dead_filter_sql`].
+pub(crate) fn bind_dead_filter<'q>(
+    q: sqlx::query::Query<'q, sqlx::Postgres, PgArguments>,
+    f: &'q DeadLetterFilter,
+) -> sqlx::query::Query<'q, sqlx::Postgres, PgArguments> {
+    let age = |d: Duration| {
+        // Capped at 100 years: fits in i64 microseconds and in timestamptz.
+        i64::try_from(d.min(MAX_DEAD_LETTER_AGE).as_micros()).unwrap_or(i64::MAX)
+    };
+    q.bind(f.ids.as_deref().map(uuids))
+        .bind(f.event_type.as_deref())
+        .bind(f.code.as_ref().map(ErrorCode::as_str))
+        .bind(f.key.as_deref())
+        .bind(f.older_than.map(age))
+        .bind(f.newer_than.map(age))
+}
+
+/// `$1..$6` the filter, `$7` after this id, `$8` limit.
 const LIST_DEAD_SQL: &str = "\
 SELECT id, key, event_type, topic, payload, headers::text, created_at, attempts, dead_at,
        dead_at, last_error_code, last_error_message
 FROM {{dead}}
-WHERE ($1::text IS NULL OR last_error_code = $1)
-  AND ($2::uuid IS NULL OR id > $2)
+WHERE {{filter}}
+  AND ($7::uuid IS NULL OR id > $7)
 ORDER BY id
-LIMIT $3";
+LIMIT $8";
 
+const COUNT_DEAD_SQL: &str = "SELECT count(*) FROM {{dead}} WHERE {{filter}}";
+
+/// A replayed dead letter takes a new `seq`: it goes behind the events of
+/// its key still in the table (never beside one that is leased).
 const RETRY_DEAD_SQL: &str = "\
 WITH moved AS (
-    DELETE FROM {{dead}} WHERE ($1::uuid[] IS NULL OR id = ANY($1)) RETURNING *
+    DELETE FROM {{dead}} WHERE {{filter}} RETURNING *
 )
 INSERT INTO {{events}} (id, key, key_hash, event_type, topic, payload, headers, created_at,
                         attempts, next_attempt_at, last_error_code, last_error_message)
 SELECT id, key, key_hash, event_type, topic, payload, headers, created_at,
        0, now(), last_error_code, last_error_message
-FROM moved";
+FROM moved
+ORDER BY dead_at, id";
 
-const PURGE_DEAD_SQL: &str = "DELETE FROM {{dead}} WHERE ($1::uuid[] IS NULL OR id = ANY($1))";
+const PURGE_DEAD_SQL: &str = "DELETE FROM {{dead}} WHERE {{filter}}";
 
 struct StoreSql {
     /// Claim with the shard filter (`key_hash % $1 = $2`).
@@ -535,12 +579,14 @@ struct StoreSql {
     shard_dead: String,
     purge_delivered: String,
     list_dead: String,
+    count_dead: String,
     retry_dead: String,
     purge_dead: String,
 }
 
 impl StoreSql {
     fn new(names: &Names, retain: bool) -> Self {
+        let dead = |sql: &str| names.render(&sql.replace("{{filter}}", &dead_filter_sql(1)));
         let claim = |shard: &str, head_shard: &str| {
             names.render(
                 &CLAIM_SQL
@@ -576,9 +622,10 @@ impl StoreSql {
             shard_stats: names.render(SHARD_STATS_SQL),
             shard_dead: names.render(SHARD_DEAD_SQL),
             purge_delivered: names.render(PURGE_DELIVERED_SQL),
-            list_dead: names.render(LIST_DEAD_SQL),
-            retry_dead: names.render(RETRY_DEAD_SQL),
-            purge_dead: names.render(PURGE_DEAD_SQL),
+            list_dead: dead(LIST_DEAD_SQL),
+            count_dead: dead(COUNT_DEAD_SQL),
+            retry_dead: dead(RETRY_DEAD_SQL),
+            purge_dead: dead(PURGE_DEAD_SQL),
         }
     }
 }
@@ -1321,8 +1368,7 @@ impl DeadLetterStore for PgStore {
     type Error = StoreError;
 
     async fn list_dead(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetter>, StoreError> {
-        let rows = sqlx::query(&self.inner.sql.list_dead)
-            .bind(query.code.as_ref().map(|c| c.as_str().to_owned()))
+        let rows = bind_dead_filter(sqlx::query(&self.inner.sql.list_dead), &query.filter)
             .bind(query.after.map(|id| id.as_uuid()))
             .bind(i64::from(query.limit))
             .fetch_all(&self.inner.pool)
@@ -1339,9 +1385,16 @@ impl DeadLetterStore for PgStore {
             .collect()
     }
 
-    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
-        let moved = sqlx::query(&self.inner.sql.retry_dead)
-            .bind(ids.map(uuids))
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let n: i64 = bind_dead_filter(sqlx::query(&self.inner.sql.count_dead), filter)
+            .fetch_one(&self.inner.pool)
+            .await?
+            .try_get(0)?;
+        Ok(count(n))
+    }
+
+    async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let moved = bind_dead_filter(sqlx::query(&self.inner.sql.retry_dead), filter)
             .execute(&self.inner.pool)
             .await?
             .rows_affected();
@@ -1354,11 +1407,12 @@ impl DeadLetterStore for PgStore {
         Ok(moved)
     }
 
-    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
-        Ok(sqlx::query(&self.inner.sql.purge_dead)
-            .bind(ids.map(uuids))
-            .execute(&self.inner.pool)
-            .await?
-            .rows_affected())
+    async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        Ok(
+            bind_dead_filter(sqlx::query(&self.inner.sql.purge_dead), filter)
+                .execute(&self.inner.pool)
+                .await?
+                .rows_affected(),
+        )
     }
 }

@@ -125,6 +125,20 @@ impl StoreHarness for PgHarness {
         .unwrap();
         e.id()
     }
+
+    async fn backdate_dead(&self, id: EventId, by: std::time::Duration) {
+        let done = sqlx::query(&format!(
+            "UPDATE {}.\"events_dead\" SET dead_at = dead_at - $2 * interval '1 microsecond' \
+             WHERE id = $1",
+            self.db.schema.quoted()
+        ))
+        .bind(id.as_uuid())
+        .bind(i64::try_from(by.as_micros()).unwrap())
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(done.rows_affected(), 1, "{id} is not a dead letter");
+    }
 }
 
 outbox_testkit::store_conformance_tests!(PgHarness::new().await);

@@ -200,6 +200,21 @@ impl StoreHarness for LogHarness {
         .unwrap();
         id
     }
+
+    async fn backdate_dead(&self, id: EventId, by: std::time::Duration) {
+        let done = sqlx::query(&format!(
+            "UPDATE {} SET dead_at = dead_at - $3 * interval '1 microsecond' \
+             WHERE grp = $1 AND id = $2",
+            self.db.table("_dead")
+        ))
+        .bind(self.store.group())
+        .bind(id.as_uuid())
+        .bind(i64::try_from(by.as_micros()).unwrap())
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(done.rows_affected(), 1, "{id} is not a dead letter");
+    }
 }
 
 outbox_testkit::store_conformance_tests!(LogHarness::new().await, single_holder_per_shard);

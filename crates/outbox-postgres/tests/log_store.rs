@@ -7,8 +7,8 @@ mod log_support;
 
 use log_support::LogDb;
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, LastError, NewEvent,
-    RelayId, Resolution, Settlement, ShardSpec, Store,
+    Claim, ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
+    LastError, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
 };
 use outbox_postgres::{DeadHeadPolicy, PgLogStore};
 use std::time::Duration;
@@ -294,7 +294,13 @@ async fn dead_head_block_holds_the_key_until_retry_or_purge() {
     assert!(claim(&store, "relay", 10).await.events.is_empty());
 
     // Retry k's dead head: it goes first, then the parked events, in order.
-    assert_eq!(store.retry_dead(Some(&[k1])).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .retry_dead(&DeadLetterFilter::ids([k1]))
+            .await
+            .unwrap(),
+        1
+    );
     let mut order = Vec::new();
     for _ in 0..5 {
         let c = claim(&store, "relay", 10).await;
@@ -308,10 +314,69 @@ async fn dead_head_block_holds_the_key_until_retry_or_purge() {
 
     // Purge j's dead head: j2 flows.
     assert!(claim(&store, "relay", 10).await.events.is_empty());
-    assert_eq!(store.purge_dead(Some(&[j1])).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .purge_dead(&DeadLetterFilter::ids([j1]))
+            .await
+            .unwrap(),
+        1
+    );
     let c = claim(&store, "relay", 10).await;
     assert_eq!(ids(&c), vec![j2]);
     deliver(&store, &c).await;
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
+}
+
+/// Dead-head policy `continue`: a replayed dead letter goes behind the
+/// key's events waiting in the retry lane (a retry and a parked event),
+/// not back ahead of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_head_continue_replay_goes_behind_the_keys_lane() {
+    let db = LogDb::new().await;
+    let store = db.store().await;
+    let all = db
+        .enqueue(vec![ev("k", 1), ev("k", 2), ev("k", 3), loose(1)])
+        .await;
+    let (k1, k2, k3, l1) = (all[0], all[1], all[2], all[3]);
+    let c = claim(&store, "relay", 10).await;
+    assert_eq!(ids(&c), all);
+    let r = store
+        .settle(
+            c.token,
+            &Settlement::new()
+                .with(k1, Resolution::Dead { error: permanent() })
+                .with(
+                    k2,
+                    Resolution::Retry {
+                        delay: Duration::ZERO,
+                        error: temporary(),
+                    },
+                )
+                .with(k3, Resolution::Released)
+                .with(l1, Resolution::Delivered),
+        )
+        .await
+        .unwrap();
+    assert!(r.all_applied(), "{r:?}");
+    // k2 (retry) and k3 (released mid-batch) wait in the lane; replay k1.
+    assert_eq!(
+        store
+            .retry_dead(&DeadLetterFilter::ids([k1]))
+            .await
+            .unwrap(),
+        1
+    );
+    let mut order = Vec::new();
+    for _ in 0..6 {
+        let c = claim(&store, "relay", 10).await;
+        if c.events.is_empty() {
+            break;
+        }
+        order.extend(ids(&c));
+        deliver(&store, &c).await;
+    }
+    assert_eq!(order, vec![k2, k3, k1]);
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
 }

@@ -18,8 +18,9 @@ use crate::backends::{self, scheme_of};
 use crate::config::role_name;
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
-    redact_url, Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, Event, EventId,
-    FencingToken, Outcome, Retryable, SettleReport, Settlement, Sink, Stats, Store,
+    redact_url, Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery,
+    DeadLetterStore, Event, FencingToken, Outcome, Retryable, SettleReport, Settlement, Sink,
+    Stats, Store,
 };
 use outbox_worker::JsonLinesSink;
 use std::fmt;
@@ -309,12 +310,16 @@ impl DeadLetterStore for AnyStore {
         each_store!(self, s => s.list_dead(query).await.map_err(AnyStoreError::new))
     }
 
-    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, AnyStoreError> {
-        each_store!(self, s => s.retry_dead(ids).await.map_err(AnyStoreError::new))
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, AnyStoreError> {
+        each_store!(self, s => s.count_dead(filter).await.map_err(AnyStoreError::new))
     }
 
-    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, AnyStoreError> {
-        each_store!(self, s => s.purge_dead(ids).await.map_err(AnyStoreError::new))
+    async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, AnyStoreError> {
+        each_store!(self, s => s.retry_dead(filter).await.map_err(AnyStoreError::new))
+    }
+
+    async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, AnyStoreError> {
+        each_store!(self, s => s.purge_dead(filter).await.map_err(AnyStoreError::new))
     }
 }
 

@@ -1,6 +1,6 @@
 //! `outbox-relay`: runs the outbox relay, its demo, and store administration.
 //!
-//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|retry|purge`.
+//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|show|retry|purge`.
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
 //! Errors are printed as one line, each cause once, root cause last, with
 //! every password the user passed replaced by `***`.
@@ -10,6 +10,8 @@
 mod any;
 mod backends;
 mod config;
+mod dead;
+pub(crate) use dead::print_dead_letters;
 #[cfg(feature = "sqlite")]
 mod demo;
 mod http;
@@ -17,11 +19,11 @@ mod report;
 mod table;
 
 use any::{AnySink, AnyStore, ConnectError};
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use config::{Resolved, RunArgs, StoreArgs};
-use outbox_core::{redact_url, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Store};
-use outbox_worker::{JsonLinesSink, Relay};
+use outbox_core::{redact_url, Store};
+use outbox_worker::Relay;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use tracing::{info, warn};
@@ -49,7 +51,7 @@ enum Command {
     /// Inspect, replay or purge dead letters.
     Dead {
         #[command(subcommand)]
-        command: DeadCommand,
+        command: dead::DeadCommand,
     },
     /// Print the README's configuration table (generated from the settings
     /// and the backends' descriptors), or check or update a file's copy.
@@ -77,44 +79,6 @@ struct TableArgs {
     /// Rewrite the table between the markers of FILE.
     #[arg(long, value_name = "FILE")]
     write: Option<PathBuf>,
-}
-
-#[derive(Debug, Subcommand)]
-enum DeadCommand {
-    /// List dead letters, oldest first.
-    List(DeadListArgs),
-    /// Move dead letters back to pending (attempts reset).
-    Retry(DeadSelectArgs),
-    /// Delete dead letters for good.
-    Purge(DeadSelectArgs),
-}
-
-#[derive(Debug, Args)]
-struct DeadListArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// Only this error code, e.g. HANDLER_NOT_REGISTERED.
-    #[arg(long)]
-    code: Option<String>,
-    /// Most rows to show.
-    #[arg(long, default_value_t = 100)]
-    limit: u32,
-    /// One JSON object per line instead of text.
-    #[arg(long)]
-    json: bool,
-}
-
-#[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("which").required(true).args(["id", "all"])))]
-struct DeadSelectArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// Event ids (repeat or comma-separate).
-    #[arg(long, value_delimiter = ',')]
-    id: Vec<EventId>,
-    /// Every dead letter.
-    #[arg(long)]
-    all: bool,
 }
 
 fn init_logging(default: &str) {
@@ -211,7 +175,7 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
         }
         Command::Dead { command } => {
             init_logging("warn");
-            dead(command, secrets).await
+            dead::run(command, secrets).await
         }
         Command::ConfigTable(args) => match (args.check, args.write) {
             (Some(path), _) => table::check(&path),
@@ -401,85 +365,5 @@ async fn shutdown_signal() {
     tokio::select! {
         () = ctrl_c => info!("SIGINT received: finishing the in-flight batch, then stopping"),
         () = term => info!("SIGTERM received: finishing the in-flight batch, then stopping"),
-    }
-}
-
-async fn dead(command: DeadCommand, secrets: &mut Vec<String>) -> anyhow::Result<()> {
-    match command {
-        DeadCommand::List(args) => {
-            let (store, _) = open(&args.store, secrets).await?;
-            let query = DeadLetterQuery {
-                code: args.code.map(ErrorCode::new),
-                limit: args.limit,
-                after: None,
-            };
-            let dead = store
-                .list_dead(&query)
-                .await
-                .context("cannot list dead letters")?;
-            if args.json {
-                // The event as the json-lines sink writes it, plus why it died.
-                for d in &dead {
-                    let mut line: serde_json::Value =
-                        serde_json::from_slice(&JsonLinesSink::encode(&d.event))?;
-                    line["error_code"] = d.error.code.as_str().into();
-                    line["error_message"] = d.error.message.as_str().into();
-                    line["dead_at"] = d
-                        .dead_at
-                        .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
-                        .into();
-                    println!("{line}");
-                }
-            } else {
-                print_dead_letters(&dead);
-            }
-            Ok(())
-        }
-        DeadCommand::Retry(args) => {
-            let (store, _) = open(&args.store, secrets).await?;
-            let ids = selection(&args)?;
-            let n = store
-                .retry_dead(ids)
-                .await
-                .context("cannot retry dead letters")?;
-            println!("moved {n} dead letter(s) back to pending");
-            Ok(())
-        }
-        DeadCommand::Purge(args) => {
-            let (store, _) = open(&args.store, secrets).await?;
-            let ids = selection(&args)?;
-            let n = store
-                .purge_dead(ids)
-                .await
-                .context("cannot purge dead letters")?;
-            println!("purged {n} dead letter(s)");
-            Ok(())
-        }
-    }
-}
-
-fn selection(args: &DeadSelectArgs) -> anyhow::Result<Option<&[EventId]>> {
-    match (args.all, args.id.is_empty()) {
-        (true, true) => Ok(None),
-        (false, false) => Ok(Some(&args.id)),
-        _ => bail!("pass either --id ID[,ID...] or --all"),
-    }
-}
-
-/// Prints dead letters as aligned text lines.
-pub(crate) fn print_dead_letters(dead: &[outbox_core::DeadLetter]) {
-    if dead.is_empty() {
-        println!("(no dead letters)");
-    }
-    for d in dead {
-        println!(
-            "{}  {:<16} key={:<10} attempts={}  {}: {}",
-            d.event.id,
-            d.event.event_type,
-            d.event.key.as_deref().unwrap_or("-"),
-            d.event.attempts,
-            d.error.code,
-            d.error.message
-        );
     }
 }

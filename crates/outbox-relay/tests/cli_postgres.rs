@@ -1,16 +1,21 @@
 //! `outbox-relay` against PostgreSQL (feature `postgres`): `migrate` into a
 //! chosen schema, `run` delivering committed events to a JSON-lines file,
-//! `status` reading the drained table. Uses `DATABASE_URL` (default
+//! `status` reading the drained table, and the `dead` commands (show, list,
+//! purge and retry with filters) in both modes. Uses `DATABASE_URL` (default
 //! `postgres://postgres@127.0.0.1:5432/test`); each run in its own schema.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod support;
 
-use outbox_core::{EventId, NewEvent};
+use outbox_core::{
+    ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, LastError, NewEvent,
+    RelayId, Resolution, Settlement, ShardSpec, Store,
+};
 use outbox_postgres::{sqlx, Ident, PgMode, PgOutbox};
 use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::Stdio;
+use std::time::Duration;
 use support::{assert_success, relay, stop, wait_jsonl_ids};
 
 fn database_url() -> String {
@@ -291,5 +296,255 @@ async fn log_mode_migrate_run_and_status() {
     assert!(err.contains("--pg-mode") && err.contains("queue"), "{err}");
 
     drop(producer);
+    drop_schema(&pool, &schema).await;
+}
+
+/// Three events dead-lettered through `store`: `a` (order.created, key k1,
+/// JSON payload, a header, permanent failure), `b` (order.created, key k2,
+/// binary payload, no handler), `c` (invoice.sent, key k1, text payload).
+async fn three_dead_letters<S: Store + DeadLetterStore>(
+    store: &S,
+    pool: &sqlx::PgPool,
+    enqueue: impl AsyncFn(&mut sqlx::PgConnection, NewEvent) -> EventId,
+) -> [EventId; 3] {
+    let events = [
+        NewEvent::new("order.created", "cli", br#"{"n":1}"#.to_vec())
+            .with_key("k1")
+            .with_header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+        NewEvent::new("order.created", "cli", vec![0xff, 0x00, 0x41]).with_key("k2"),
+        NewEvent::new("invoice.sent", "cli", b"plain".to_vec()).with_key("k1"),
+    ];
+    let mut ids = Vec::new();
+    let mut tx = pool.begin().await.unwrap();
+    for e in events {
+        ids.push(enqueue(&mut *tx, e).await);
+    }
+    tx.commit().await.unwrap();
+    let claim = store
+        .claim(&ClaimRequest {
+            relay_id: RelayId::new("cli-test"),
+            batch_size: 10,
+            lease: Duration::from_secs(60),
+            shard: ShardSpec::ALL,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claim.events.len(), 3);
+    let dead = |code: ErrorCode, message: &str| Resolution::Dead {
+        error: LastError {
+            code,
+            message: message.to_owned(),
+        },
+    };
+    let report = store
+        .settle(
+            claim.token,
+            &Settlement::new()
+                .with(ids[0], dead(ErrorCode::HANDLER_PERMANENT_FAILURE, "bad a"))
+                .with(
+                    ids[1],
+                    dead(ErrorCode::HANDLER_NOT_REGISTERED, "no handler"),
+                )
+                .with(ids[2], dead(ErrorCode::HANDLER_PERMANENT_FAILURE, "bad c")),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.applied, 3);
+    [ids[0], ids[1], ids[2]]
+}
+
+async fn dead_ids<S: DeadLetterStore>(store: &S) -> Vec<EventId> {
+    store
+        .list_dead(&DeadLetterQuery::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.event.id)
+        .collect()
+}
+
+/// `dead show`, `dead list` with a filter, and a filtered `dead purge` /
+/// `dead retry`: the dry-run count, the refusal without a terminal, `--yes`.
+async fn dead_commands<S: Store + DeadLetterStore>(args: &[&str], store: &S, ids: [EventId; 3]) {
+    let [a, b, c] = ids;
+    let run = |extra: &[&str]| {
+        relay(&["dead"])
+            .args(extra)
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    };
+    let stdout = |o: &std::process::Output| String::from_utf8_lossy(&o.stdout).into_owned();
+    let stderr = |o: &std::process::Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    // show: the fields, the header, the payload pretty-printed as JSON.
+    let out = run(&["show", &a.to_string()]);
+    assert_success(&out, "dead show");
+    let text = stdout(&out);
+    for want in [
+        format!("id:         {a}"),
+        "key:        k1".to_owned(),
+        "type:       order.created".to_owned(),
+        "topic:      cli".to_owned(),
+        "attempts:   1".to_owned(),
+        "code:       HANDLER_PERMANENT_FAILURE".to_owned(),
+        "last error: bad a".to_owned(),
+        "  traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+        "payload (JSON, 7 bytes):\n{\n  \"n\": 1\n}".to_owned(),
+    ] {
+        assert!(text.contains(&want), "missing {want:?} in:\n{text}");
+    }
+    // A binary payload: hex.
+    let out = run(&["show", &b.to_string()]);
+    assert_success(&out, "dead show (binary)");
+    assert!(stdout(&out).contains("  ff 00 41\n"), "{}", stdout(&out));
+    // --json: one object.
+    let out = run(&["show", &c.to_string(), "--json"]);
+    assert_success(&out, "dead show --json");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["id"], c.to_string());
+    assert_eq!(v["event_type"], "invoice.sent");
+    assert_eq!(v["payload"], "plain");
+    assert_eq!(v["error_code"], "HANDLER_PERMANENT_FAILURE");
+    assert_eq!(v["error_message"], "bad c");
+    // An id that is not a dead letter.
+    let missing = EventId::new();
+    let out = run(&["show", &missing.to_string()]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!("no dead letter with id {missing}")),
+        "{}",
+        stderr(&out)
+    );
+
+    // list with filters.
+    let out = run(&["list", "--type", "order.created", "--json"]);
+    assert_success(&out, "dead list --type");
+    let listed: Vec<String> = stdout(&out)
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(listed, vec![a.to_string(), b.to_string()]);
+    let out = run(&[
+        "list",
+        "--key",
+        "k1",
+        "--code",
+        "HANDLER_PERMANENT_FAILURE",
+        "--older-than",
+        "1h",
+    ]);
+    assert_success(&out, "dead list --older-than");
+    assert!(
+        stdout(&out).contains("(no dead letters)"),
+        "{}",
+        stdout(&out)
+    );
+
+    // purge: a dry run counts and changes nothing.
+    let out = run(&["purge", "--type", "order.created", "--dry-run"]);
+    assert_success(&out, "dead purge --dry-run");
+    assert_eq!(stdout(&out).trim(), "would purge 2 dead letter(s)");
+    assert_eq!(dead_ids(store).await, vec![a, b, c]);
+    // Without --yes and without a terminal: refused, nothing changed.
+    let out = run(&["purge", "--type", "order.created"]);
+    assert!(
+        !out.status.success(),
+        "purge without --yes ran: {}",
+        stdout(&out)
+    );
+    assert!(stderr(&out).contains("not a terminal"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("--yes"), "{}", stderr(&out));
+    assert_eq!(dead_ids(store).await, vec![a, b, c]);
+    // No selection at all: refused by the argument parser.
+    let out = run(&["purge", "--yes"]);
+    assert!(!out.status.success());
+    assert_eq!(dead_ids(store).await, vec![a, b, c]);
+    // Filtered, confirmed: only b goes.
+    let out = run(&[
+        "purge",
+        "--type",
+        "order.created",
+        "--code",
+        "HANDLER_NOT_REGISTERED",
+        "--yes",
+    ]);
+    assert_success(&out, "dead purge --yes");
+    assert_eq!(
+        stdout(&out),
+        "would purge 1 dead letter(s)\npurged 1 dead letter(s)\n"
+    );
+    assert_eq!(dead_ids(store).await, vec![a, c]);
+
+    // retry: nothing older than an hour; the key's two letters are newer.
+    let out = run(&["retry", "--key", "k1", "--older-than", "1h", "--yes"]);
+    assert_success(&out, "dead retry --older-than");
+    assert_eq!(stdout(&out).trim(), "would retry 0 dead letter(s)");
+    let out = run(&["retry", "--key", "k1", "--newer-than", "1h", "-y"]);
+    assert_success(&out, "dead retry --newer-than");
+    assert!(
+        stdout(&out).contains("moved 2 dead letter(s) back to pending"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(dead_ids(store).await.is_empty());
+    let s = store.stats().await.unwrap();
+    assert_eq!((s.pending, s.dead), (2, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_show_list_purge_and_retry_with_filters() {
+    use outbox_postgres::{PgStore, PgStoreOptions};
+    let url = database_url();
+    let (schema, pool) = schema_and_pool("outbox_clidead", &url).await;
+    let args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "queue"];
+    let out = relay(&["migrate"]).args(args).output().unwrap();
+    assert_success(&out, "migrate");
+    let store = PgStore::connect(
+        PgStoreOptions::new(&url).with_schema(Ident::new(schema.clone()).unwrap()),
+    )
+    .await
+    .unwrap();
+    let outbox = store.outbox().clone();
+    let ids = three_dead_letters(&store, &pool, async |conn, ev| {
+        outbox.enqueue(conn, ev).await.unwrap()
+    })
+    .await;
+    dead_commands(&args, &store, ids).await;
+    drop(store);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn log_mode_dead_show_list_purge_and_retry_with_filters() {
+    use outbox_postgres::{PgLogOptions, PgLogStore};
+    let url = database_url();
+    let (schema, pool) = schema_and_pool("outbox_clideadlog", &url).await;
+    let args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "log"];
+    let out = relay(&["migrate"]).args(args).output().unwrap();
+    assert_success(&out, "migrate");
+    let store = PgLogStore::connect(
+        PgLogOptions::new(&url)
+            .with_schema(Ident::new(schema.clone()).unwrap())
+            .with_background_rotation(false),
+    )
+    .await
+    .unwrap();
+    let log = store.log().clone();
+    let ids = three_dead_letters(&store, &pool, async |conn, ev| {
+        log.enqueue(conn, ev).await.unwrap()
+    })
+    .await;
+    dead_commands(&args, &store, ids).await;
+    drop(store);
     drop_schema(&pool, &schema).await;
 }

@@ -10,11 +10,13 @@ use crate::sql::{
 use crate::{MigrateError, SqliteStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, ErrorCode, Event, EventId,
-    FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement, Stats, Store,
+    Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
+    Event, EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement, Stats,
+    Store, MAX_DEAD_LETTER_AGE,
 };
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
+    SqliteSynchronous,
 };
 use sqlx::{Row, Sqlite, Transaction};
 use std::collections::HashSet;
@@ -632,110 +634,208 @@ impl Store for SqliteStore {
     }
 }
 
+/// One statement's share of a dead-letter selection: the conditions of a
+/// [`DeadLetterFilter`] (with the database's `now` read once, so every
+/// statement of an operation selects the same rows) and at most
+/// [`ID_CHUNK`] of its ids.
+struct DeadPart<'f> {
+    filter: &'f DeadLetterFilter,
+    now: i64,
+    ids: Option<&'f [EventId]>,
+}
+
+impl<'f> DeadPart<'f> {
+    /// The parts `filter` splits into: one, or one per chunk of its ids
+    /// (none for an empty id list: it selects nothing).
+    fn split(filter: &'f DeadLetterFilter, now: i64) -> Vec<Self> {
+        match filter.ids.as_deref() {
+            None => vec![Self {
+                filter,
+                now,
+                ids: None,
+            }],
+            Some(ids) => ids
+                .chunks(ID_CHUNK)
+                .map(|chunk| Self {
+                    filter,
+                    now,
+                    ids: Some(chunk),
+                })
+                .collect(),
+        }
+    }
+
+    /// ` WHERE ...` over the dead letters' columns (unqualified), with a
+    /// `?` for every value, bound by [`DeadPart::bind`] in the same order.
+    fn where_sql(&self) -> String {
+        let f = self.filter;
+        let mut sql = String::from(" WHERE 1 = 1");
+        for (set, cond) in [
+            (f.event_type.is_some(), " AND event_type = ?"),
+            (f.code.is_some(), " AND last_error_code = ?"),
+            (f.key.is_some(), " AND key = ?"),
+            (f.older_than.is_some(), " AND dead_at <= ? - ?"),
+            (f.newer_than.is_some(), " AND dead_at > ? - ?"),
+        ] {
+            if set {
+                sql.push_str(cond);
+            }
+        }
+        if let Some(ids) = self.ids {
+            sql.push_str(&format!(" AND id IN ({})", placeholders(ids.len())));
+        }
+        sql
+    }
+
+    fn bind<'q>(
+        &self,
+        mut q: sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>,
+    ) -> sqlx::query::Query<'q, Sqlite, SqliteArguments<'q>>
+    where
+        'f: 'q,
+    {
+        let f = self.filter;
+        let age = |d: Duration| millis(d.min(MAX_DEAD_LETTER_AGE));
+        if let Some(t) = &f.event_type {
+            q = q.bind(t.as_str());
+        }
+        if let Some(c) = &f.code {
+            q = q.bind(c.as_str());
+        }
+        if let Some(k) = &f.key {
+            q = q.bind(k.as_str());
+        }
+        for d in [f.older_than, f.newer_than].into_iter().flatten() {
+            q = q.bind(self.now).bind(age(d));
+        }
+        for id in self.ids.unwrap_or_default() {
+            q = q.bind(id.as_uuid());
+        }
+        q
+    }
+}
+
+impl SqliteStore {
+    /// The database clock, in milliseconds.
+    async fn now_ms<'e, E: sqlx::SqliteExecutor<'e>>(e: E) -> Result<i64, StoreError> {
+        Ok(sqlx::query_scalar(concat!("SELECT ", now_ms!()))
+            .fetch_one(e)
+            .await?)
+    }
+}
+
 impl DeadLetterStore for SqliteStore {
     type Error = StoreError;
 
     async fn list_dead(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetter>, StoreError> {
-        let mut sql = self.names().render(&format!(
-            "SELECT {EVENT_COLUMNS}, dead_at FROM {{{{dead}}}} WHERE 1 = 1"
+        let now = Self::now_ms(&self.pool).await?;
+        let select = self.names().render(&format!(
+            "SELECT {EVENT_COLUMNS}, dead_at FROM {{{{dead}}}}"
         ));
-        if query.after.is_some() {
-            sql.push_str(" AND id > ?");
-        }
-        if query.code.is_some() {
-            sql.push_str(" AND last_error_code = ?");
-        }
-        sql.push_str(" ORDER BY id LIMIT ?");
-        let mut q = sqlx::query(&sql);
-        if let Some(after) = query.after {
-            q = q.bind(after.as_uuid());
-        }
-        if let Some(code) = &query.code {
-            q = q.bind(code.as_str().to_owned());
-        }
-        let rows = q.bind(i64::from(query.limit)).fetch_all(&self.pool).await?;
-        let mut out = Vec::with_capacity(rows.len());
-        for row in &rows {
-            // Dead letters stay listable even when a column is corrupt (an
-            // UNDECODABLE dead letter): only an id that is not a UUID hides one.
-            match decode_event(row, true) {
-                Ok(event) => {
-                    let dead_at = row
-                        .try_get::<i64, _>("dead_at")
-                        .ok()
-                        .and_then(DateTime::<Utc>::from_timestamp_millis)
-                        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
-                    out.push(DeadLetter::new(event, dead_at));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "skipping a dead letter whose id is not a UUID")
-                }
+        let mut out = Vec::new();
+        for part in DeadPart::split(&query.filter, now) {
+            let mut sql = format!("{select}{}", part.where_sql());
+            if query.after.is_some() {
+                sql.push_str(" AND id > ?");
             }
-        }
-        Ok(out)
-    }
-
-    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
-        // A dead letter goes back to its place in commit order (its `seq`;
-        // a new one for letters dead before migration 2).
-        let insert = self.names().render(concat!(
-            "INSERT INTO {{events}} (seq, id, key, key_hash, event_type, topic, payload, headers, \
-               created_at, attempts, next_attempt_at, last_error_code, last_error_message) \
-             SELECT seq, id, key, key_hash, event_type, topic, payload, headers, created_at, 0, ",
-            now_ms!(),
-            ", last_error_code, last_error_message FROM {{dead}}"
-        ));
-        let delete = self.names().render("DELETE FROM {{dead}}");
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut moved = 0;
-        match ids {
-            None => {
-                let sql = format!("{insert} ORDER BY seq");
-                moved += sqlx::query(&sql).execute(&mut *tx).await?.rows_affected();
-                sqlx::query(&delete).execute(&mut *tx).await?;
+            sql.push_str(" ORDER BY id LIMIT ?");
+            let mut q = part.bind(sqlx::query(&sql));
+            if let Some(after) = query.after {
+                q = q.bind(after.as_uuid());
             }
-            Some(ids) => {
-                for chunk in ids.chunks(ID_CHUNK) {
-                    let filter = format!(" WHERE id IN ({})", placeholders(chunk.len()));
-                    for (sql, count) in [(&insert, true), (&delete, false)] {
-                        let sql = format!("{sql}{filter}");
-                        let mut q = sqlx::query(&sql);
-                        for id in chunk {
-                            q = q.bind(id.as_uuid());
-                        }
-                        let n = q.execute(&mut *tx).await?.rows_affected();
-                        if count {
-                            moved += n;
-                        }
+            let rows = q.bind(i64::from(query.limit)).fetch_all(&self.pool).await?;
+            for row in &rows {
+                // Dead letters stay listable even when a column is corrupt (an
+                // UNDECODABLE dead letter): only an id that is not a UUID hides one.
+                match decode_event(row, true) {
+                    Ok(event) => {
+                        let dead_at = row
+                            .try_get::<i64, _>("dead_at")
+                            .ok()
+                            .and_then(DateTime::<Utc>::from_timestamp_millis)
+                            .unwrap_or(DateTime::<Utc>::UNIX_EPOCH);
+                        out.push(DeadLetter::new(event, dead_at));
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "skipping a dead letter whose id is not a UUID")
                     }
                 }
             }
+        }
+        // Several id chunks: merge their pages into one.
+        out.sort_by_key(|d| d.event.id);
+        out.truncate(usize::try_from(query.limit).unwrap_or(usize::MAX));
+        Ok(out)
+    }
+
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let now = Self::now_ms(&self.pool).await?;
+        let count = self.names().render("SELECT COUNT(*) FROM {{dead}}");
+        let mut n = 0;
+        for part in DeadPart::split(filter, now) {
+            let sql = format!("{count}{}", part.where_sql());
+            let c: i64 = part
+                .bind(sqlx::query(&sql))
+                .fetch_one(&self.pool)
+                .await?
+                .try_get(0)?;
+            n += u64::try_from(c).unwrap_or(0);
+        }
+        Ok(n)
+    }
+
+    async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        // A dead letter goes back to its place in commit order (its `seq`)
+        // unless its key has a later event still in the table: then it takes
+        // a new `seq` and goes behind the key's events (it never overtakes
+        // one, so it can never run beside one that is leased). Letters dead
+        // before migration 2 have no `seq` and get a new one.
+        let insert = self.names().render(concat!(
+            "INSERT INTO {{events}} (seq, id, key, key_hash, event_type, topic, payload, headers, \
+               created_at, attempts, next_attempt_at, last_error_code, last_error_message) \
+             SELECT CASE WHEN d.seq IS NULL OR EXISTS (\
+                      SELECT 1 FROM {{events}} AS p WHERE p.key = d.key AND p.seq > d.seq) \
+                    THEN NULL ELSE d.seq END, \
+                    d.id, d.key, d.key_hash, d.event_type, d.topic, d.payload, d.headers, \
+                    d.created_at, 0, ",
+            now_ms!(),
+            ", d.last_error_code, d.last_error_message FROM {{dead}} AS d"
+        ));
+        let delete = self.names().render("DELETE FROM {{dead}}");
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        // Read once: the INSERT and the DELETE select the same rows.
+        let now = Self::now_ms(&mut *tx).await?;
+        let mut moved = 0;
+        for part in DeadPart::split(filter, now) {
+            let filter_sql = part.where_sql();
+            let sql = format!("{insert}{filter_sql} ORDER BY d.seq IS NULL, d.seq, d.id");
+            moved += part
+                .bind(sqlx::query(&sql))
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            let sql = format!("{delete}{filter_sql}");
+            part.bind(sqlx::query(&sql)).execute(&mut *tx).await?;
         }
         tx.commit().await?;
         tracing::info!(moved, "retried dead letters");
         Ok(moved)
     }
 
-    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
+    async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let delete = self.names().render("DELETE FROM {{dead}}");
-        let purged = match ids {
-            None => sqlx::query(&delete)
-                .execute(&self.pool)
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let now = Self::now_ms(&mut *tx).await?;
+        let mut purged = 0;
+        for part in DeadPart::split(filter, now) {
+            let sql = format!("{delete}{}", part.where_sql());
+            purged += part
+                .bind(sqlx::query(&sql))
+                .execute(&mut *tx)
                 .await?
-                .rows_affected(),
-            Some(ids) => {
-                let mut n = 0;
-                for chunk in ids.chunks(ID_CHUNK) {
-                    let sql = format!("{delete} WHERE id IN ({})", placeholders(chunk.len()));
-                    let mut q = sqlx::query(&sql);
-                    for id in chunk {
-                        q = q.bind(id.as_uuid());
-                    }
-                    n += q.execute(&self.pool).await?.rows_affected();
-                }
-                n
-            }
-        };
+                .rows_affected();
+        }
+        tx.commit().await?;
         tracing::info!(purged, "purged dead letters");
         Ok(purged)
     }

@@ -123,6 +123,16 @@ impl StoreHarness for SqliteHarness {
             .unwrap();
         id
     }
+
+    async fn backdate_dead(&self, id: EventId, by: std::time::Duration) {
+        let done = sqlx::query("UPDATE outbox_dead_letters SET dead_at = dead_at - ? WHERE id = ?")
+            .bind(i64::try_from(by.as_millis()).unwrap())
+            .bind(id.as_uuid())
+            .execute(self.store.pool())
+            .await
+            .unwrap();
+        assert_eq!(done.rows_affected(), 1, "{id} is not a dead letter");
+    }
 }
 
 outbox_testkit::store_conformance_tests!(SqliteHarness::new().await);

@@ -3,8 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox_core::{
-    ClaimRequest, DeadLetterStore, ErrorCode, EventId, LastError, NewEvent, RelayId, Resolution,
-    Settlement, ShardSpec, Store,
+    ClaimRequest, DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, LastError, NewEvent,
+    RelayId, Resolution, Settlement, ShardSpec, Store,
 };
 use outbox_sqlite::{
     EnqueueError, Ident, InvalidIdentifier, SqliteOutbox, SqliteStore, SqliteStoreOptions,
@@ -254,9 +254,11 @@ async fn migration_2_upgrades_a_version_1_outbox_in_place() {
     assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), want);
 }
 
-/// A replayed dead letter returns to its place in its key's commit order.
+/// A replayed dead letter goes behind the events of its key still in the
+/// table (it never overtakes one, so it never runs beside one in flight);
+/// a key with none left gets it back at its old place.
 #[tokio::test]
-async fn a_retried_dead_letter_returns_to_its_place_in_commit_order() {
+async fn a_retried_dead_letter_goes_behind_its_keys_pending_events() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::connect(url(&dir, "o.db")).await.unwrap();
     store.migrate().await.unwrap();
@@ -292,13 +294,50 @@ async fn a_retried_dead_letter_returns_to_its_place_in_commit_order() {
         )
         .await
         .unwrap();
-    assert_eq!(store.retry_dead(Some(&[ids[0]])).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .retry_dead(&DeadLetterFilter::ids([ids[0]]))
+            .await
+            .unwrap(),
+        1
+    );
     let c = store.claim(&req("r")).await.unwrap();
     assert_eq!(
         c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
-        vec![ids[0], ids[2]],
-        "the replayed event comes before the later events of its key"
+        vec![ids[2], ids[0]],
+        "the replayed event goes behind the later event of its key still pending"
     );
+    // Dead again, with no event of its key left: it keeps its place (seq).
+    let seq_of = |id: EventId| {
+        let pool = store.pool().clone();
+        async move {
+            sqlx::query_scalar::<_, i64>("SELECT seq FROM outbox_events WHERE id = ?")
+                .bind(id.as_uuid())
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let replayed_seq = seq_of(ids[0]).await;
+    assert!(replayed_seq > seq_of(ids[2]).await);
+    let report = store
+        .settle(
+            c.token,
+            &Settlement::new().with(ids[2], Resolution::Delivered).with(
+                ids[0],
+                Resolution::Dead {
+                    error: LastError {
+                        code: ErrorCode::HANDLER_PERMANENT_FAILURE,
+                        message: "still bad".into(),
+                    },
+                },
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(report.applied, 2);
+    assert_eq!(store.retry_dead(&DeadLetterFilter::all()).await.unwrap(), 1);
+    assert_eq!(seq_of(ids[0]).await, replayed_seq);
 }
 
 #[tokio::test]

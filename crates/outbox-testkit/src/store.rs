@@ -26,11 +26,15 @@
 //!   [`ErrorCode::UNDECODABLE`] and left out of the claim; it stays listable.
 //! - Per-key order is commit order: an event committed later comes later,
 //!   whatever its id.
+//! - Dead-letter filters (ids, event type, code, key, age against the
+//!   database clock) are ANDed; list, count, retry and purge honour them.
+//! - A replayed dead letter is never claimed beside another event of its
+//!   key that is in flight; it goes behind the key's pending events.
 
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, FencingToken,
-    LastError, NewEvent, RelayId, Resolution, SettleReport, Settlement, ShardSpec, Stats, Store,
-    ValidationError,
+    Claim, ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
+    FencingToken, LastError, NewEvent, RelayId, Resolution, SettleReport, Settlement, ShardSpec,
+    Stats, Store, ValidationError,
 };
 use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
@@ -106,6 +110,10 @@ pub trait StoreHarness: Send + Sync + 'static {
     /// e.g. its headers are valid JSON but not an object of strings
     /// (`["not", "a", "map"]`). Returns its id (the id itself is valid).
     fn insert_undecodable(&self) -> impl Future<Output = EventId> + Send;
+
+    /// Moves the dead letter's `dead_at` back by `by`, as if it had been
+    /// dead-lettered that much earlier (database clock).
+    fn backdate_dead(&self, id: EventId, by: Duration) -> impl Future<Output = ()> + Send;
 }
 
 /// Expands to one `#[test]` per conformance case, in a module `conformance`,
@@ -133,6 +141,8 @@ macro_rules! store_conformance_tests {
             dead_letter_after_max_attempts,
             dead_letter_id_conflict_settles_the_rest_of_the_batch,
             dead_letters_can_be_listed_retried_and_purged,
+            dead_letters_are_selected_by_type_code_key_and_age,
+            retried_dead_letter_goes_behind_its_keys_pending_events,
             undecodable_row_is_dead_lettered_and_left_out_of_the_claim,
             rolled_back_enqueue_never_appears,
             shard_filter_gives_each_event_to_its_owner_only,
@@ -157,6 +167,8 @@ macro_rules! store_conformance_tests {
             dead_letter_after_max_attempts,
             dead_letter_id_conflict_settles_the_rest_of_the_batch,
             dead_letters_can_be_listed_retried_and_purged,
+            dead_letters_are_selected_by_type_code_key_and_age,
+            retried_dead_letter_goes_behind_its_keys_pending_events,
             undecodable_row_is_dead_lettered_and_left_out_of_the_claim,
             renew_extends_the_lease,
             renew_with_a_stale_token_returns_zero,
@@ -816,7 +828,14 @@ pub mod cases {
             let store = &store;
             async move {
                 store
-                    .list_dead(&DeadLetterQuery { code, limit, after })
+                    .list_dead(&DeadLetterQuery {
+                        filter: match code {
+                            Some(code) => DeadLetterFilter::all().with_code(code),
+                            None => DeadLetterFilter::all(),
+                        },
+                        limit,
+                        after,
+                    })
                     .await
                     .unwrap()
                     .into_iter()
@@ -840,12 +859,24 @@ pub mod cases {
         assert_eq!(full[1].event.payload, b"payload-1");
 
         // Retry one: back to pending, attempts 0, last error kept, claimable now.
-        assert_eq!(store.retry_dead(Some(&[all[0]])).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .retry_dead(&DeadLetterFilter::ids([all[0]]))
+                .await
+                .unwrap(),
+            1
+        );
         assert_eq!(
             h.snapshot(all[0]).await,
             pending(0, false, Some(ErrorCode::HANDLER_PERMANENT_FAILURE))
         );
-        assert_eq!(store.retry_dead(Some(&[EventId::new()])).await.unwrap(), 0);
+        assert_eq!(
+            store
+                .retry_dead(&DeadLetterFilter::ids([EventId::new()]))
+                .await
+                .unwrap(),
+            0
+        );
         let c = claim(&store, req("relay-a", 10)).await;
         assert_eq!(ids(&c), vec![all[0]]);
         assert_eq!(c.events[0].attempts, 1);
@@ -856,9 +887,15 @@ pub mod cases {
         settle(&store, c.token, delivered(&[all[0]])).await;
 
         // Purge one, then retry all the rest, then purge all.
-        assert_eq!(store.purge_dead(Some(&[all[1]])).await.unwrap(), 1);
+        assert_eq!(
+            store
+                .purge_dead(&DeadLetterFilter::ids([all[1]]))
+                .await
+                .unwrap(),
+            1
+        );
         assert_eq!(h.snapshot(all[1]).await, RowState::Missing);
-        assert_eq!(store.retry_dead(None).await.unwrap(), 1);
+        assert_eq!(store.retry_dead(&DeadLetterFilter::all()).await.unwrap(), 1);
         assert_eq!(
             h.snapshot(all[2]).await,
             pending(0, false, Some(ErrorCode::HANDLER_PERMANENT_FAILURE))
@@ -870,9 +907,208 @@ pub mod cases {
             Settlement::new().with(all[2], dead(permanent("again"))),
         )
         .await;
-        assert_eq!(store.purge_dead(None).await.unwrap(), 1);
+        assert_eq!(store.purge_dead(&DeadLetterFilter::all()).await.unwrap(), 1);
         assert_eq!(h.snapshot(all[2]).await, RowState::Missing);
         assert!(list(None, 100, None).await.is_empty());
+        let s = stats(&store).await;
+        assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
+    }
+
+    /// Filters select dead letters by event type, error code, key and age
+    /// (`dead_at` against the database's `now()`), ANDed together and with
+    /// ids; list, count, retry and purge all honour them.
+    pub async fn dead_letters_are_selected_by_type_code_key_and_age<H: StoreHarness>(h: &H) {
+        const HOUR: Duration = Duration::from_secs(3600);
+        const DAY: Duration = Duration::from_secs(24 * 3600);
+        let store = h.store().await;
+        let events = vec![
+            NewEvent::new("order.created", "t", b"a".to_vec()).with_key("k1"),
+            NewEvent::new("order.created", "t", b"b".to_vec()).with_key("k2"),
+            NewEvent::new("invoice.sent", "t", b"c".to_vec()).with_key("k1"),
+            NewEvent::new("invoice.sent", "t", b"d".to_vec()),
+        ];
+        let all = h.enqueue(events, true).await.unwrap();
+        let (a, b, c, d) = (all[0], all[1], all[2], all[3]);
+        let claimed = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&claimed), all);
+        let not_registered = error(ErrorCode::HANDLER_NOT_REGISTERED, "no handler");
+        let report = settle(
+            &store,
+            claimed.token,
+            Settlement::new()
+                .with(a, dead(permanent("bad a")))
+                .with(b, dead(not_registered))
+                .with(c, dead(permanent("bad c")))
+                .with(d, dead(permanent("bad d"))),
+        )
+        .await;
+        assert_eq!(report.applied, 4);
+        // a died 3 days ago, b 2 hours ago, c and d just now.
+        h.backdate_dead(a, 3 * DAY).await;
+        h.backdate_dead(b, 2 * HOUR).await;
+
+        let list = |filter: DeadLetterFilter| {
+            let store = &store;
+            async move {
+                store
+                    .list_dead(&DeadLetterQuery::new(filter))
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .map(|d| d.event.id)
+                    .collect::<Vec<_>>()
+            }
+        };
+        let count = |filter: DeadLetterFilter| {
+            let store = &store;
+            async move { store.count_dead(&filter).await.unwrap() }
+        };
+        let f = DeadLetterFilter::all;
+        assert_eq!(list(f()).await, all);
+        assert_eq!(list(f().with_event_type("order.created")).await, vec![a, b]);
+        assert_eq!(
+            list(f().with_code(ErrorCode::HANDLER_NOT_REGISTERED)).await,
+            vec![b]
+        );
+        assert_eq!(list(f().with_key("k1")).await, vec![a, c]);
+        assert_eq!(list(f().with_key("nope")).await, vec![]);
+        assert_eq!(list(f().older_than(HOUR)).await, vec![a, b]);
+        assert_eq!(list(f().older_than(DAY)).await, vec![a]);
+        assert_eq!(list(f().newer_than(HOUR)).await, vec![c, d]);
+        assert_eq!(list(f().newer_than(DAY)).await, vec![b, c, d]);
+        assert_eq!(list(f().older_than(HOUR).newer_than(DAY)).await, vec![b]);
+        assert_eq!(
+            list(f().with_event_type("invoice.sent").with_key("k1")).await,
+            vec![c]
+        );
+        assert_eq!(
+            list(
+                f().with_ids([a, b, c])
+                    .with_code(ErrorCode::HANDLER_PERMANENT_FAILURE)
+            )
+            .await,
+            vec![a, c]
+        );
+        assert_eq!(
+            list(f().with_ids([b]).with_event_type("invoice.sent")).await,
+            vec![]
+        );
+        assert_eq!(list(f().with_ids([])).await, vec![]);
+        // An age beyond any store's range is capped, not an error.
+        assert_eq!(list(f().older_than(Duration::MAX)).await, vec![]);
+        assert_eq!(list(f().newer_than(Duration::MAX)).await, all);
+        // Pagination within a filter.
+        let page = store
+            .list_dead(&DeadLetterQuery {
+                filter: f().with_event_type("order.created"),
+                limit: 1,
+                after: Some(a),
+            })
+            .await
+            .unwrap();
+        assert_eq!(page.iter().map(|d| d.event.id).collect::<Vec<_>>(), vec![b]);
+
+        assert_eq!(count(f()).await, 4);
+        assert_eq!(count(f().with_key("k1")).await, 2);
+        assert_eq!(count(f().older_than(HOUR)).await, 2);
+        assert_eq!(count(f().with_ids([d, EventId::new()])).await, 1);
+        assert_eq!(count(f().with_ids([])).await, 0);
+
+        // Retry and purge touch only what the filter selects.
+        let retried = store
+            .retry_dead(&f().with_event_type("invoice.sent").with_key("k1"))
+            .await
+            .unwrap();
+        assert_eq!(retried, 1);
+        assert_eq!(
+            h.snapshot(c).await,
+            pending(0, false, Some(ErrorCode::HANDLER_PERMANENT_FAILURE))
+        );
+        assert_eq!(
+            store.purge_dead(&f().older_than(DAY)).await.unwrap(),
+            1,
+            "only a is a day old"
+        );
+        assert_eq!(h.snapshot(a).await, RowState::Missing);
+        assert_eq!(
+            store
+                .purge_dead(
+                    &f().newer_than(HOUR)
+                        .with_code(ErrorCode::HANDLER_NOT_REGISTERED)
+                )
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            store
+                .retry_dead(
+                    &f().older_than(HOUR)
+                        .with_code(ErrorCode::HANDLER_NOT_REGISTERED)
+                )
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            h.snapshot(b).await,
+            pending(0, false, Some(ErrorCode::HANDLER_NOT_REGISTERED))
+        );
+        assert_eq!(
+            h.snapshot(d).await,
+            dead_row(ErrorCode::HANDLER_PERMANENT_FAILURE, 1)
+        );
+        assert_eq!(list(f()).await, vec![d]);
+        assert_eq!(stats(&store).await.dead, 1);
+    }
+
+    /// A replayed dead letter never runs beside another event of its key:
+    /// while a later event of its key is in flight it is not claimed, and
+    /// it is delivered after that event (it goes behind the key's events
+    /// still pending).
+    pub async fn retried_dead_letter_goes_behind_its_keys_pending_events<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let all = h
+            .enqueue(vec![keyed("k", 1), keyed("k", 2)], true)
+            .await
+            .unwrap();
+        let (first, second) = (all[0], all[1]);
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&c), all);
+        settle(
+            &store,
+            c.token,
+            Settlement::new()
+                .with(first, dead(permanent("poison")))
+                .with(second, retry(Duration::ZERO)),
+        )
+        .await;
+        // The key's later event is in flight when its dead head is replayed.
+        let held = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&held), vec![second]);
+        assert_eq!(
+            store
+                .retry_dead(&DeadLetterFilter::ids([first]))
+                .await
+                .unwrap(),
+            1
+        );
+        assert_eq!(
+            h.snapshot(first).await,
+            pending(0, false, Some(ErrorCode::HANDLER_PERMANENT_FAILURE))
+        );
+        let beside = claim(&store, req("relay-a", 10)).await;
+        assert!(
+            beside.events.is_empty(),
+            "a replayed dead letter was claimed beside its key's event in flight: {:?}",
+            ids(&beside)
+        );
+        settle(&store, held.token, delivered(&[second])).await;
+        let c = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&c), vec![first]);
+        assert_eq!(c.events[0].attempts, 1);
+        settle(&store, c.token, delivered(&[first])).await;
+        assert_eq!(h.snapshot(first).await, RowState::Missing);
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
     }
@@ -904,10 +1140,9 @@ pub mod cases {
 
         // It stays queryable, with the decoding error as the reason.
         let listed = store
-            .list_dead(&DeadLetterQuery {
-                code: Some(ErrorCode::UNDECODABLE),
-                ..DeadLetterQuery::default()
-            })
+            .list_dead(&DeadLetterQuery::new(
+                DeadLetterFilter::all().with_code(ErrorCode::UNDECODABLE),
+            ))
             .await
             .unwrap();
         assert_eq!(listed.len(), 1);
@@ -1164,7 +1399,7 @@ pub mod cases {
         settle(&store, c.token, delivered(&ids(&c))).await;
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (1, 0, 1));
-        store.purge_dead(None).await.unwrap();
+        store.purge_dead(&DeadLetterFilter::all()).await.unwrap();
         let s = stats(&store).await;
         assert_eq!((s.pending, s.in_flight, s.dead), (1, 0, 0));
         assert!(s.oldest_pending_age.is_some());

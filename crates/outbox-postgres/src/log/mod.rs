@@ -123,9 +123,10 @@
 //!
 //! **Dead letters** (`<table>_log_dead`, per group) keep the event, its
 //! error and its place in its key's order. [`DeadHeadPolicy::Continue`]
-//! (default) lets the key's next event go; [`DeadHeadPolicy::Block`] parks
-//! the key's later events until the dead letter is retried (it then goes
-//! first) or purged. A row whose headers cannot be decoded is dead-lettered
+//! (default) lets the key's next event go, and a dead letter retried later
+//! enters the lane behind the key's lane rows (a new `ord`);
+//! [`DeadHeadPolicy::Block`] parks the key's later events until the dead
+//! letter is retried (it keeps its `ord` and goes first) or purged. A row whose headers cannot be decoded is dead-lettered
 //! by the claim with `UNDECODABLE`, never retried in a loop.
 //!
 //! **Rotation** (background, or [`PgLogStore::rotate`]): when the current

@@ -276,32 +276,42 @@ SELECT shard_total, shard_index, epoch, owner, lease_until, lease_until > now(),
        lo::text, hi::text, pos_txid::text, pos_seq, updated_at
 FROM {{cursors}} WHERE grp = $1 ORDER BY shard_total, shard_index";
 
+/// `$1` group, `$2..$7` the dead-letter filter
+/// ([`dead_filter_sql`](crate::store::dead_filter_sql)), `$8` after this
+/// id, `$9` limit.
 const LIST_DEAD: &str = "\
 SELECT id, key, event_type, topic, payload, headers::text, created_at, attempts, dead_at,
        last_error_code, last_error_message
 FROM {{dead}}
-WHERE grp = $1 AND ($2::text IS NULL OR last_error_code = $2)
-  AND ($3::uuid IS NULL OR id > $3)
+WHERE grp = $1 AND {{filter}}
+  AND ($8::uuid IS NULL OR id > $8)
 ORDER BY id
-LIMIT $4";
+LIMIT $9";
 
-/// Replays dead letters into the retry lane at their old place in their
-/// key's order (`ord`), eligible now with attempts 0.
+const COUNT_DEAD: &str = "SELECT count(*) FROM {{dead}} WHERE grp = $1 AND {{filter}}";
+
+/// Replays dead letters into the retry lane, eligible now with attempts 0.
+/// A *blocking* dead letter (policy `block`) keeps its place in its key's
+/// order (`ord`): the key's later events are parked behind it, so it goes
+/// first. A non-blocking one (policy `continue`: the key went on) takes a
+/// new `ord`: it goes behind the key's events in the lane, and the key's
+/// events the cursor reads later park behind it.
 const RETRY_DEAD: &str = "\
 WITH moved AS (
     DELETE FROM {{dead}} d
-    WHERE d.grp = $1 AND ($2::uuid[] IS NULL OR d.id = ANY($2))
+    WHERE d.grp = $1 AND {{filter}}
       AND NOT EXISTS (SELECT 1 FROM {{lane}} l WHERE l.grp = d.grp AND l.id = d.id)
     RETURNING d.*
 )
 INSERT INTO {{lane}} (grp, ord, id, key, key_hash, event_type, topic, payload, headers, created_at,
                       attempts, next_attempt_at, last_error_code, last_error_message)
-SELECT grp, ord, id, key, key_hash, event_type, topic, payload, headers, created_at,
-       0, now(), last_error_code, last_error_message
-FROM moved";
+SELECT grp, CASE WHEN blocking THEN ord ELSE nextval('{{lane_ord_lit}}') END, id, key, key_hash,
+       event_type, topic, payload, headers, created_at, 0, now(), last_error_code,
+       last_error_message
+FROM moved
+ORDER BY ord";
 
-const PURGE_DEAD: &str =
-    "DELETE FROM {{dead}} WHERE grp = $1 AND ($2::uuid[] IS NULL OR id = ANY($2))";
+const PURGE_DEAD: &str = "DELETE FROM {{dead}} WHERE grp = $1 AND {{filter}}";
 
 /// Rotation, step 1 (in the rotation transaction): is a rotation due, and
 /// which generation is current. Locks the meta row (NOWAIT: another store
@@ -411,6 +421,7 @@ pub(crate) struct Sql {
     pub(crate) stats: String,
     pub(crate) cursors: String,
     pub(crate) list_dead: String,
+    pub(crate) count_dead: String,
     pub(crate) retry_dead: String,
     pub(crate) purge_dead: String,
     pub(crate) rotate_due: String,
@@ -427,6 +438,8 @@ pub(crate) struct Sql {
 
 impl Sql {
     pub(crate) fn new(names: &LogNames) -> Self {
+        let dead =
+            |sql: &str| names.render(&sql.replace("{{filter}}", &crate::store::dead_filter_sql(2)));
         let claim = |shard: &str, lane_shard: &str| {
             names.render(
                 &CLAIM
@@ -466,9 +479,10 @@ impl Sql {
             renew: names.render(RENEW),
             stats: names.render(STATS),
             cursors: names.render(CURSORS),
-            list_dead: names.render(LIST_DEAD),
-            retry_dead: names.render(RETRY_DEAD),
-            purge_dead: names.render(PURGE_DEAD),
+            list_dead: dead(LIST_DEAD),
+            count_dead: dead(COUNT_DEAD),
+            retry_dead: dead(RETRY_DEAD),
+            purge_dead: dead(PURGE_DEAD),
             rotate_due: names.render(ROTATE_DUE),
             rotate_check: per_partition(ROTATE_CHECK),
             rotate_lock: per_partition("LOCK TABLE {{part}} IN ACCESS EXCLUSIVE MODE NOWAIT"),

@@ -7,13 +7,13 @@ use super::snapshot::{Position, Snap};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
 use crate::options::scrub;
-use crate::store::{headers_lenient_under, headers_strict, last_error};
+use crate::store::{bind_dead_filter, headers_lenient_under, headers_strict, last_error};
 use crate::{redact_url, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetter, DeadLetterQuery, DeadLetterStore, ErrorCode, Event, EventId,
-    FencingToken, LastError, Rejected, RelayId, Resolution, SettleReport, Settlement, ShardSpec,
-    Stats, Store,
+    Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
+    Event, EventId, FencingToken, LastError, Rejected, RelayId, Resolution, SettleReport,
+    Settlement, ShardSpec, Stats, Store,
 };
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
 use sqlx::{Acquire, PgPool, Row};
@@ -1974,13 +1974,14 @@ impl DeadLetterStore for PgLogStore {
     type Error = StoreError;
 
     async fn list_dead(&self, query: &DeadLetterQuery) -> Result<Vec<DeadLetter>, StoreError> {
-        let rows = sqlx::query(&self.inner.sql.list_dead)
-            .bind(&self.inner.group)
-            .bind(query.code.as_ref().map(|c| c.as_str().to_owned()))
-            .bind(query.after.map(|id| id.as_uuid()))
-            .bind(i64::from(query.limit))
-            .fetch_all(&self.inner.pool)
-            .await?;
+        let rows = bind_dead_filter(
+            sqlx::query(&self.inner.sql.list_dead).bind(&self.inner.group),
+            &query.filter,
+        )
+        .bind(query.after.map(|id| id.as_uuid()))
+        .bind(i64::from(query.limit))
+        .fetch_all(&self.inner.pool)
+        .await?;
         rows.iter()
             .map(|r| {
                 let headers: String = r.try_get(5)?;
@@ -2010,23 +2011,34 @@ impl DeadLetterStore for PgLogStore {
             .collect()
     }
 
-    async fn retry_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
-        let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(EventId::as_uuid).collect());
-        let done = sqlx::query(&self.inner.sql.retry_dead)
-            .bind(&self.inner.group)
-            .bind(ids)
-            .execute(&self.inner.pool)
-            .await?;
+    async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let n: i64 = bind_dead_filter(
+            sqlx::query(&self.inner.sql.count_dead).bind(&self.inner.group),
+            filter,
+        )
+        .fetch_one(&self.inner.pool)
+        .await?
+        .try_get(0)?;
+        Ok(count(n))
+    }
+
+    async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let done = bind_dead_filter(
+            sqlx::query(&self.inner.sql.retry_dead).bind(&self.inner.group),
+            filter,
+        )
+        .execute(&self.inner.pool)
+        .await?;
         Ok(done.rows_affected())
     }
 
-    async fn purge_dead(&self, ids: Option<&[EventId]>) -> Result<u64, StoreError> {
-        let ids: Option<Vec<Uuid>> = ids.map(|ids| ids.iter().map(EventId::as_uuid).collect());
-        let done = sqlx::query(&self.inner.sql.purge_dead)
-            .bind(&self.inner.group)
-            .bind(ids)
-            .execute(&self.inner.pool)
-            .await?;
+    async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let done = bind_dead_filter(
+            sqlx::query(&self.inner.sql.purge_dead).bind(&self.inner.group),
+            filter,
+        )
+        .execute(&self.inner.pool)
+        .await?;
         Ok(done.rows_affected())
     }
 }
