@@ -646,6 +646,8 @@ groups:
         let dash: Value =
             serde_json::from_str(&std::fs::read_to_string(root.join(DASHBOARD)).unwrap()).unwrap();
         assert_eq!(check_dashboard(&dash, &known), Vec::<String>::new());
+        // The whole check, promtool included when it is on PATH.
+        assert_eq!(check(&root), Vec::<String>::new());
     }
 
     #[test]
