@@ -70,10 +70,14 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     println!("\n==> tidy: dependency direction");
     problems.extend(dependency_direction(&meta));
     problems.extend(core_sources(&crate::root()));
+    if !problems.is_empty() {
+        // The cheap checks first: no point compiling a misshaped workspace.
+        report(&problems)?;
+    }
+    println!("    ok");
     println!("\n==> tidy: deploy/ alert rules and dashboard");
     problems.extend(crate::deploy::check(&crate::root()));
     if !problems.is_empty() {
-        // The cheap checks first: no point compiling a misshaped workspace.
         report(&problems)?;
     }
     println!("    ok");
