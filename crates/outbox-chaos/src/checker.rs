@@ -575,7 +575,7 @@ fn sink_up_rates(
             } else if backlog == 0 {
                 "n/a: no backlog".to_owned()
             } else if to - from < MIN_MEASURE_US {
-                format!("n/a: measurable for {:.1} s only (< 2 s)", secs(to - from))
+                format!("n/a: measurable for {:.2} s only (< 2 s)", secs(to - from))
             } else {
                 let rate = w.delivered as f64 / secs(to - from);
                 w.rate = Some(rate);
@@ -626,9 +626,14 @@ pub(crate) fn sink_up_lines(r: &Report) -> Vec<String> {
     )];
     for w in &up.windows {
         out.push(format!(
-            "    back at {:>6.1} s (up {:>5.1} s): backlog {:>6}, {:>6} delivered in {:>4.1} s = {:>7}  {}",
+            "    back at {:>6.1} s (up {:>5.1} s){}: backlog {:>6}, {:>6} delivered in {:>4.1} s = {:>7}  {}",
             w.at_s,
             w.up_s,
+            if w.from_s > w.at_s {
+                format!(", measured from {:.1} s (another fault in effect)", w.from_s)
+            } else {
+                String::new()
+            },
             w.backlog,
             w.delivered,
             w.measured_s,
@@ -912,7 +917,8 @@ mod tests {
         assert_eq!(w[0], (6.0, 7.5, 0, "n/a: no backlog"));
         // 101 committed by 9 s, 11 of them sent at 9 s itself.
         assert_eq!((w[1].0, w[1].2), (9.0, 90));
-        assert!(w[1].3.starts_with("n/a: measurable for 0.1 s"), "{w:?}");
+        assert!(w[1].3.starts_with("n/a: measurable for 0."), "{w:?}");
+        assert!(up.windows[1].measured_s < 0.2, "{:?}", up.windows[1]);
         assert_eq!(up.worst_ratio, None);
 
         // The first fault 1 s in: no steady rate to compare with.
