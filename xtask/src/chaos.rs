@@ -615,8 +615,10 @@ fn markdown(summary: &Value) -> String {
     let (mut events, mut faults) = (0u64, 0u64);
     for (store, broker) in pairs {
         let _ = writeln!(md, "#### {store} + {broker}\n");
-        md.push_str("| faults | relays | events | faults injected | lost | duplicated (+copies / allowed) | unexpected | order violations | recovery per fault kind, worst | p50 / p99 latency | relay exits | result |\n");
-        md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        md.push_str("| faults | relays | events | faults injected | lost | duplicated (+copies / allowed) | unexpected | order violations | recovery per fault kind, worst | p50 / p99 latency | sink-up rate, worst | relay exits | result |\n");
+        md.push_str(
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        );
         for r in runs.iter().filter(|r| {
             r["scenario"]["store"] == store.as_str() && r["scenario"]["broker"] == broker.as_str()
         }) {
@@ -650,7 +652,7 @@ fn markdown(summary: &Value) -> String {
             }
             let _ = writeln!(
                 md,
-                "| `{}` | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} |",
+                "| `{}` | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} | {} |",
                 r["scenario"]["faults"].as_str().unwrap_or("?"),
                 r["scenario"]["relays"],
                 r["committed"],
@@ -664,6 +666,7 @@ fn markdown(summary: &Value) -> String {
                 kinds.join(", "),
                 f64_of(&r["latency_ms"]["p50"]),
                 f64_of(&r["latency_ms"]["p99"]),
+                sink_up_cell(&r["sink_up"]),
                 r["relay_exits"].as_array().map_or(0, Vec::len),
                 if r["passed"] == true { "pass" } else { "**FAIL**" }
             );
@@ -672,6 +675,22 @@ fn markdown(summary: &Value) -> String {
     }
     let _ = writeln!(md, "Total: {events} committed events, {faults} faults.");
     md
+}
+
+/// The worst delivered rate while the sink was up with a backlog, as a
+/// share of the warm-up's steady rate (the checker's `sink_up`): `-`
+/// without a broker fault, `n/a` when no span could be measured.
+fn sink_up_cell(up: &Value) -> String {
+    if up.is_null() {
+        return "-".to_owned();
+    }
+    let steady = up["steady_rate"]
+        .as_f64()
+        .map_or("no steady rate".to_owned(), |s| format!("{s:.0} ev/s"));
+    match up["worst_ratio"].as_f64() {
+        Some(w) => format!("{:.0}% of {steady}", w * 100.0),
+        None => format!("n/a ({steady})"),
+    }
 }
 
 /// Today's date (UTC), `YYYY-MM-DD`.
@@ -736,6 +755,15 @@ mod tests {
                 "no sqlite + kafka run with {kind}"
             );
         }
+    }
+
+    #[test]
+    fn sink_up_cells() {
+        assert_eq!(sink_up_cell(&Value::Null), "-");
+        let up = serde_json::json!({"steady_rate": 398.7, "worst_ratio": 1.5});
+        assert_eq!(sink_up_cell(&up), "150% of 399 ev/s");
+        let up = serde_json::json!({"steady_rate": null, "worst_ratio": null});
+        assert_eq!(sink_up_cell(&up), "n/a (no steady rate)");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //!   test against the real services (started or checked first), then the
 //!   quick chaos suite.
 //! - `cargo xtask tidy`: dependency direction, each backend feature alone,
-//!   generated docs current.
+//!   generated docs current, `deploy/` rules and dashboard valid.
 //! - `cargo xtask chaos [--quick|--medium|--full]`: the reliability suite
 //!   (RELIABILITY.md).
 //! - `cargo xtask services`: report (and start what the project starts itself).
@@ -13,9 +13,11 @@
 
 mod bench;
 mod chaos;
+mod deploy;
 mod kafka;
 mod services;
 mod tidy;
+mod yaml;
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
@@ -49,7 +51,8 @@ fn print_help() {
         "cargo xtask <command>\n\n\
          ci         tidy, fmt check, clippy -D warnings, all tests against the real services,\n\
          \x20          then the quick chaos suite (`--no-chaos` skips it)\n\
-         tidy       dependency direction, each backend feature alone, generated docs current\n\
+         tidy       dependency direction, each backend feature alone, generated docs current,\n\
+         \x20          deploy/ alert rules and dashboard (metric names, shape; promtool when on PATH)\n\
          chaos      [--quick|--medium|--full] [--only pg-nats,...] [--keep] [--allow-pg-restart] [--dry-run]:\n\
          \x20          producer, relays, consumers and faults; lost / duplicated / order (RELIABILITY.md)\n\
          services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\

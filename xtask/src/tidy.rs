@@ -16,6 +16,9 @@
 //!    `cargo check -p outbox-relay --no-default-features --features X`.
 //! 3. Generated docs are current:
 //!    `cargo run -q -p outbox-relay --all-features -- config-table --check README.md`.
+//! 4. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
+//!    rule has its fields, every metric they name is emitted by the code, and
+//!    promtool agrees when it is installed (see `deploy.rs`).
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -69,6 +72,12 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(core_sources(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
+        report(&problems)?;
+    }
+    println!("    ok");
+    println!("\n==> tidy: deploy/ alert rules and dashboard");
+    problems.extend(crate::deploy::check(&crate::root()));
+    if !problems.is_empty() {
         report(&problems)?;
     }
     println!("    ok");

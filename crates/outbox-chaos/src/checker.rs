@@ -2,6 +2,17 @@
 //! received and which faults were injected, reports lost, duplicated,
 //! unexpected, per-key order violations, commit->arrival latency and the
 //! recovery time after each fault, and whether the run meets its targets.
+//!
+//! With a broker fault in the plan it also measures the issue's "delivered
+//! rate while the sink is up >= 80% of the relay's steady rate" (see
+//! [`SinkUpRates`]): the steady rate is the delivered rate of the warm-up
+//! (from the first arrival to the first fault), when the relays keep up with
+//! the producer, so it is the offered rate the relays proved they sustain (a
+//! lower bound of their capacity; a drain rate would need a backlog, which
+//! only the faults make). Each span the sink is up between two faults, from
+//! the sink's return until the backlog it found is gone, must deliver at
+//! least 80% of it; a span shorter than 2 s, or without a backlog, is
+//! reported as n/a.
 
 use crate::record::{Arrival, FaultRecord, Produced, TxOutcome};
 use serde::{Deserialize, Serialize};
@@ -70,6 +81,53 @@ pub(crate) struct FaultResult {
     pub(crate) may_duplicate: bool,
 }
 
+/// Below this share of the steady rate a sink-up span fails.
+pub(crate) const MIN_SINK_UP_RATIO: f64 = 0.8;
+/// Spans (and warm-ups) shorter than this are not measured, microseconds.
+const MIN_MEASURE_US: i64 = 2_000_000;
+
+/// The delivered rate while the sink is up, against the steady rate.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SinkUpRates {
+    /// Events/s first received in the warm-up, from the first arrival to
+    /// the first fault; `None` when that is shorter than 2 s.
+    pub(crate) steady_rate: Option<f64>,
+    /// The warm-up measured, seconds.
+    pub(crate) steady_window_s: f64,
+    /// The share of the steady rate each measured span must reach.
+    pub(crate) min_ratio: f64,
+    /// Each span the sink was up after a sink fault.
+    pub(crate) windows: Vec<SinkUpWindow>,
+    /// The lowest measured share of the steady rate.
+    pub(crate) worst_ratio: Option<f64>,
+}
+
+/// One span the sink was up, after it came back.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SinkUpWindow {
+    /// When the sink came back, seconds after the run started.
+    pub(crate) at_s: f64,
+    /// Until the next fault (or the last arrival), seconds.
+    pub(crate) up_s: f64,
+    /// Where the measure starts, seconds after the run started: the sink's
+    /// return, or later when another fault was still in effect (a killed or
+    /// stopped relay: until its lease ran out).
+    pub(crate) from_s: f64,
+    /// Events committed before `from_s` and not received by then.
+    pub(crate) backlog: u64,
+    /// Seconds measured: from `from_s` until that backlog was received (or
+    /// the span ended).
+    pub(crate) measured_s: f64,
+    /// Events first received in the measured time.
+    pub(crate) delivered: u64,
+    /// `delivered / measured_s`, events/s.
+    pub(crate) rate: Option<f64>,
+    /// `rate / steady_rate`.
+    pub(crate) ratio: Option<f64>,
+    /// `ok`, `slow` (below the minimum ratio: fails the run), or `n/a: why`.
+    pub(crate) verdict: String,
+}
+
 /// The checker's verdict over one run.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub(crate) struct Report {
@@ -127,6 +185,10 @@ pub(crate) struct Report {
     /// as a supervisor would): reported, not failed on.
     #[serde(default)]
     pub(crate) relay_exits: Vec<String>,
+    /// With a broker fault in the plan: the delivered rate while the sink
+    /// was up against the steady rate.
+    #[serde(default)]
+    pub(crate) sink_up: Option<SinkUpRates>,
     /// Every target met.
     pub(crate) passed: bool,
     /// The targets missed, in words.
@@ -314,6 +376,21 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         Some(last) => Some(secs((last - input.produce_end_us).max(0))),
     };
 
+    let mut first_sorted: Vec<i64> = by_commit
+        .iter()
+        .map(|(_, arr)| *arr)
+        .filter(|arr| *arr != i64::MAX)
+        .collect();
+    first_sorted.sort_unstable();
+    let sink_up = sink_up_rates(
+        start,
+        &by_commit,
+        &prefix_max,
+        &first_sorted,
+        input.faults,
+        input.scenario.lease_ms,
+    );
+
     let recovery_misses = faults
         .iter()
         .filter(|f| match (f.recovery_s, f.recovery_target_s) {
@@ -345,6 +422,20 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     if committed == 0 {
         failures.push("no event was committed: the producer did not run".to_owned());
     }
+    if let Some(up) = &sink_up {
+        for w in up.windows.iter().filter(|w| w.verdict == "slow") {
+            failures.push(format!(
+                "sink up at {:.1} s with a backlog of {}: delivered {:.0} ev/s for {:.1} s, {:.0}% of the steady rate {:.0} ev/s (target >= {:.0}%)",
+                w.at_s,
+                w.backlog,
+                w.rate.unwrap_or(0.0),
+                w.measured_s,
+                w.ratio.unwrap_or(0.0) * 100.0,
+                up.steady_rate.unwrap_or(0.0),
+                up.min_ratio * 100.0
+            ));
+        }
+    }
     Report {
         scenario: input.scenario.clone(),
         committed,
@@ -369,6 +460,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         drain_s,
         recovery_misses,
         relay_exits: Vec::new(),
+        sink_up,
         passed: failures.is_empty(),
         failures,
     }
@@ -381,6 +473,178 @@ fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
         "broker-outage" | "broker-flap" => Some(5.0),
         _ => None,
     }
+}
+
+/// The delivered rate while the sink is up (see the module docs), or
+/// `None` when no fault made the sink unreachable.
+///
+/// `by_commit`: committed events as `(commit, first arrival or i64::MAX)`,
+/// sorted by commit, with `prefix_max` the running maximum of the arrivals;
+/// `first_sorted`: the first arrivals, sorted; `lease_ms`: how long a
+/// killed or stopped relay's claims keep their keys blocked; `run_start`:
+/// the origin of the reported times.
+fn sink_up_rates(
+    run_start: i64,
+    by_commit: &[(i64, i64)],
+    prefix_max: &[i64],
+    first_sorted: &[i64],
+    faults: &[FaultRecord],
+    lease_ms: u64,
+) -> Option<SinkUpRates> {
+    let mut down: Vec<(i64, i64)> = faults
+        .iter()
+        .flat_map(FaultRecord::sink_down_spans)
+        .collect();
+    if down.is_empty() {
+        return None;
+    }
+    down.sort_unstable();
+    let mut merged: Vec<(i64, i64)> = Vec::new();
+    for (a, b) in down {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    let arrived_in = |from: i64, to: i64| -> u64 {
+        (first_sorted.partition_point(|t| *t < to) - first_sorted.partition_point(|t| *t < from))
+            as u64
+    };
+    let last_arrival = first_sorted.last().copied().unwrap_or(i64::MIN);
+    let first_fault = faults.iter().map(|f| f.start_us).min().unwrap_or(i64::MAX);
+
+    // The steady rate: the warm-up, from the first arrival to the first fault.
+    let warm_from = first_sorted.first().copied().unwrap_or(first_fault);
+    let warm_us = first_fault.saturating_sub(warm_from).max(0);
+    let steady_rate = (warm_us >= MIN_MEASURE_US)
+        .then(|| arrived_in(warm_from, first_fault) as f64 / secs(warm_us));
+
+    // What else was in effect: relay faults block their keys until the
+    // lease runs out after them.
+    let lease_us = i64::try_from(lease_ms.saturating_mul(1000)).unwrap_or(i64::MAX);
+    let others: Vec<(i64, i64)> = faults
+        .iter()
+        .filter(|f| !f.is_sink_fault())
+        .map(|f| {
+            let end = if matches!(f.kind.as_str(), "kill" | "stop") {
+                f.end_us.saturating_add(lease_us)
+            } else {
+                f.end_us
+            };
+            (f.start_us, end)
+        })
+        .collect();
+    let windows: Vec<SinkUpWindow> = merged
+        .iter()
+        .map(|&(_, back)| {
+            let next_fault = faults
+                .iter()
+                .map(|f| f.start_us)
+                .chain(merged.iter().map(|(a, _)| *a))
+                .filter(|t| *t >= back)
+                .min();
+            let up_end = next_fault.unwrap_or(last_arrival.max(back));
+            let from = others
+                .iter()
+                .filter(|(a, b)| *a < back && *b > back)
+                .map(|(_, b)| *b)
+                .max()
+                .unwrap_or(back);
+            let n = by_commit.partition_point(|(c, _)| *c <= from);
+            let backlog = by_commit[..n].iter().filter(|(_, arr)| *arr > from).count() as u64;
+            let cleared = n
+                .checked_sub(1)
+                .map(|i| prefix_max[i])
+                .filter(|t| *t != i64::MAX);
+            let to = cleared.map_or(up_end, |c| c.min(up_end)).max(from);
+            let mut w = SinkUpWindow {
+                at_s: secs(back - run_start),
+                up_s: secs(up_end - back),
+                from_s: secs(from - run_start),
+                backlog,
+                measured_s: secs(to - from),
+                delivered: arrived_in(from, to),
+                rate: None,
+                ratio: None,
+                verdict: String::new(),
+            };
+            w.verdict = if up_end <= back {
+                "n/a: the next fault started as the sink came back".to_owned()
+            } else if from >= up_end {
+                "n/a: another fault in effect until the next one".to_owned()
+            } else if backlog == 0 {
+                "n/a: no backlog".to_owned()
+            } else if to - from < MIN_MEASURE_US {
+                format!("n/a: measurable for {:.2} s only (< 2 s)", secs(to - from))
+            } else {
+                let rate = w.delivered as f64 / secs(to - from);
+                w.rate = Some(rate);
+                match steady_rate {
+                    None => "n/a: no steady rate (warm-up < 2 s)".to_owned(),
+                    Some(steady) => {
+                        let ratio = if steady > 0.0 {
+                            rate / steady
+                        } else {
+                            f64::INFINITY
+                        };
+                        w.ratio = Some(ratio);
+                        if ratio >= MIN_SINK_UP_RATIO {
+                            "ok".to_owned()
+                        } else {
+                            "slow".to_owned()
+                        }
+                    }
+                }
+            };
+            w
+        })
+        .collect();
+    let worst_ratio = windows
+        .iter()
+        .filter_map(|w| w.ratio)
+        .fold(None, |m: Option<f64>, r| Some(m.map_or(r, |m| m.min(r))));
+    Some(SinkUpRates {
+        steady_rate,
+        steady_window_s: secs(warm_us),
+        min_ratio: MIN_SINK_UP_RATIO,
+        windows,
+        worst_ratio,
+    })
+}
+
+/// The sink-up lines of the summary: the steady rate, then one per span.
+pub(crate) fn sink_up_lines(r: &Report) -> Vec<String> {
+    let Some(up) = &r.sink_up else {
+        return Vec::new();
+    };
+    let mut out = vec![format!(
+        "  sink up: steady rate {} (warm-up {:.1} s), each span with a backlog >= {:.0}% of it",
+        up.steady_rate
+            .map_or("n/a".to_owned(), |s| format!("{s:.0} ev/s")),
+        up.steady_window_s,
+        up.min_ratio * 100.0
+    )];
+    for w in &up.windows {
+        out.push(format!(
+            "    back at {:>6.1} s (up {:>5.1} s){}: backlog {:>6}, {:>6} delivered in {:>4.1} s = {:>7}  {}",
+            w.at_s,
+            w.up_s,
+            if w.from_s > w.at_s {
+                format!(", measured from {:.1} s (another fault in effect)", w.from_s)
+            } else {
+                String::new()
+            },
+            w.backlog,
+            w.delivered,
+            w.measured_s,
+            w.rate.map_or("-".to_owned(), |r| format!("{r:.0} ev/s")),
+            match w.ratio {
+                Some(x) => format!("{:.0}% {}", x * 100.0, w.verdict),
+                None => w.verdict.clone(),
+            }
+        ));
+    }
+    out
 }
 
 /// One line per fault kind: how many, worst recovery, extra copies.
@@ -470,6 +734,7 @@ mod tests {
             recovery_from_us: None,
             may_duplicate: true,
             broker_cuts: 0,
+            sink_down: Vec::new(),
         }];
         let r = check(&Inputs {
             scenario: scenario(),
@@ -490,6 +755,7 @@ mod tests {
         assert_eq!(r.duplicate_allowance, 2);
         assert!(!r.passed);
         assert_eq!(r.failures.len(), 3, "{:?}", r.failures);
+        assert!(r.sink_up.is_none(), "no sink fault, no sink-up figures");
     }
 
     #[test]
@@ -507,6 +773,7 @@ mod tests {
             recovery_from_us: None,
             may_duplicate: true,
             broker_cuts: 0,
+            sink_down: Vec::new(),
         }];
         let r = check(&Inputs {
             scenario: scenario(),
@@ -520,6 +787,150 @@ mod tests {
         assert_eq!(r.faults[0].recovery_s, Some(4.0));
         assert_eq!(r.latency_ms.max, 4_500.0);
         assert_eq!(r.drain_s, Some(0.002));
+    }
+
+    const S: i64 = 1_000_000;
+
+    /// A synthetic run: one event committed every 10 ms for 20 s (100/s,
+    /// 10 keys), a relay delivering in commit order at `cap(t)` events/s
+    /// while the sink is up (outside `down`), until everything arrived.
+    fn timeline(cap: impl Fn(i64) -> f64, down: &[(i64, i64)]) -> (Vec<Produced>, Vec<Arrival>) {
+        let tick = 10_000;
+        let mut produced = Vec::new();
+        let mut arrivals = Vec::new();
+        let mut queue = std::collections::VecDeque::new();
+        let mut budget = 0.0;
+        let mut t = 0;
+        while t < 20 * S || !queue.is_empty() {
+            if t < 20 * S {
+                let n = produced.len() as u64;
+                let e = p(&format!("k{}", n % 10), n / 10, TxOutcome::Committed, t);
+                queue.push_back(e.clone());
+                produced.push(e);
+            }
+            if down.iter().all(|(a, b)| t < *a || t >= *b) {
+                budget += cap(t) * 0.01;
+                while budget >= 1.0 {
+                    let Some(e) = queue.pop_front() else { break };
+                    arrivals.push(a(&e, t));
+                    budget -= 1.0;
+                }
+                if queue.is_empty() {
+                    budget = budget.min(1.0);
+                }
+            }
+            t += tick;
+        }
+        (produced, arrivals)
+    }
+
+    fn fault(kind: &str, from: i64, to: i64, sink_down: Vec<(i64, i64)>) -> FaultRecord {
+        FaultRecord {
+            kind: kind.into(),
+            target: "t".into(),
+            start_us: from,
+            end_us: to,
+            recovery_from_us: None,
+            may_duplicate: false,
+            broker_cuts: u32::try_from(sink_down.len()).unwrap(),
+            sink_down,
+        }
+    }
+
+    fn run(produced: &[Produced], arrivals: &[Arrival], faults: &[FaultRecord]) -> Report {
+        check(&Inputs {
+            scenario: scenario(),
+            produced,
+            arrivals,
+            faults,
+            produce_end_us: 20 * S,
+            resolved_committed: &HashSet::new(),
+        })
+    }
+
+    #[test]
+    fn a_relay_draining_its_backlog_at_full_speed_meets_the_sink_up_rate() {
+        let down = [(5 * S, 9 * S)];
+        let (produced, arrivals) = timeline(|_| 150.0, &down);
+        let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
+        let r = run(&produced, &arrivals, &faults);
+        assert!(r.passed, "{:?}", r.failures);
+        let up = r.sink_up.unwrap();
+        let steady = up.steady_rate.unwrap();
+        assert!((steady - 100.0).abs() < 1.0, "{steady}");
+        assert_eq!(up.steady_window_s, 5.0);
+        assert_eq!(up.windows.len(), 1);
+        let w = &up.windows[0];
+        assert_eq!((w.at_s, w.from_s), (9.0, 9.0));
+        // 401 events committed by 9 s waited, 2 of them sent at 9 s
+        // itself; 150/s against 100/s of new ones: 2.67 s to drain.
+        assert_eq!(w.backlog, 399);
+        assert!((w.measured_s - 2.67).abs() < 0.02, "{w:?}");
+        assert!((w.rate.unwrap() - 150.0).abs() < 2.0, "{w:?}");
+        assert!((w.ratio.unwrap() - 1.5).abs() < 0.03, "{w:?}");
+        assert_eq!(w.verdict, "ok");
+        assert_eq!(up.worst_ratio, w.ratio);
+    }
+
+    #[test]
+    fn a_relay_slower_after_the_sink_returns_fails_the_run() {
+        let down = [(5 * S, 9 * S)];
+        // 150/s before the outage, 70/s after it: below 80% of the 100/s
+        // it sustained in the warm-up.
+        let (produced, arrivals) = timeline(|t| if t < 9 * S { 150.0 } else { 70.0 }, &down);
+        let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
+        let r = run(&produced, &arrivals, &faults);
+        assert_eq!(r.lost, 0);
+        assert!(!r.passed);
+        let w = &r.sink_up.as_ref().unwrap().windows[0];
+        assert_eq!(w.verdict, "slow");
+        assert!((w.ratio.unwrap() - 0.7).abs() < 0.03, "{w:?}");
+        assert!((w.measured_s - 400.0 / 70.0).abs() < 0.05, "{w:?}");
+        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(
+            r.failures[0].contains("of the steady rate 100 ev/s"),
+            "{:?}",
+            r.failures
+        );
+    }
+
+    #[test]
+    fn short_spans_spans_without_backlog_and_a_short_warm_up_are_not_measured() {
+        // A flap (down 5-6 s and 8-9 s) and a relay stopped 4-6.5 s (its
+        // keys blocked for the 1 s lease after): the first span is measured
+        // from 7.5 s, when nothing waits any more; the second drains its
+        // backlog in 0.1 s.
+        let down = [(5 * S, 6 * S), (8 * S, 9 * S)];
+        let (produced, arrivals) = timeline(|_| 1000.0, &down);
+        let faults = [
+            fault("stop", 4 * S, 6 * S + S / 2, Vec::new()),
+            fault("broker-flap", 5 * S, 9 * S, down.to_vec()),
+        ];
+        let r = run(&produced, &arrivals, &faults);
+        assert!(r.passed, "{:?}", r.failures);
+        let up = r.sink_up.unwrap();
+        let w: Vec<(f64, f64, u64, &str)> = up
+            .windows
+            .iter()
+            .map(|w| (w.at_s, w.from_s, w.backlog, w.verdict.as_str()))
+            .collect();
+        assert_eq!(w[0], (6.0, 7.5, 0, "n/a: no backlog"));
+        // 101 committed by 9 s, 11 of them sent at 9 s itself.
+        assert_eq!((w[1].0, w[1].2), (9.0, 90));
+        assert!(w[1].3.starts_with("n/a: measurable for 0."), "{w:?}");
+        assert!(up.windows[1].measured_s < 0.2, "{:?}", up.windows[1]);
+        assert_eq!(up.worst_ratio, None);
+
+        // The first fault 1 s in: no steady rate to compare with.
+        let down = [(S, 5 * S)];
+        let (produced, arrivals) = timeline(|_| 150.0, &down);
+        let faults = [fault("broker-outage", S, 5 * S, Vec::new())];
+        let r = run(&produced, &arrivals, &faults);
+        assert!(r.passed, "{:?}", r.failures);
+        let up = r.sink_up.unwrap();
+        assert_eq!(up.steady_rate, None);
+        assert!(up.windows[0].rate.is_some());
+        assert_eq!(up.windows[0].verdict, "n/a: no steady rate (warm-up < 2 s)");
     }
 
     #[test]
@@ -537,6 +948,7 @@ mod tests {
                 recovery_from_us: None,
                 may_duplicate: false,
                 broker_cuts: 2,
+                sink_down: Vec::new(),
             }];
             check(&Inputs {
                 scenario: scenario(),

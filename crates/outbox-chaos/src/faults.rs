@@ -201,6 +201,7 @@ async fn inject(
     let mut may_duplicate = false;
     let mut recovery_from_us = None;
     let mut broker_cuts = 0;
+    let mut sink_down = Vec::new();
     match kind {
         FaultKind::Kill => {
             t.relays.lock().await.kill_and_restart(relay).await?;
@@ -233,12 +234,14 @@ async fn inject(
         }
         FaultKind::BrokerOutage | FaultKind::DbOutage => {
             let (proxy, what) = proxy_of(kind, t)?;
+            let down = now_us();
             proxy.refuse();
             tokio::time::sleep(times.outage).await;
             proxy.restore();
             target = what.to_owned();
             if kind == FaultKind::BrokerOutage {
                 broker_cuts = 1;
+                sink_down.push((down, now_us()));
             }
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
@@ -247,9 +250,13 @@ async fn inject(
                 if c > 0 {
                     tokio::time::sleep(times.flap_up).await;
                 }
+                let down = now_us();
                 proxy.refuse();
                 tokio::time::sleep(times.flap_down).await;
                 proxy.restore();
+                if kind == FaultKind::BrokerFlap {
+                    sink_down.push((down, now_us()));
+                }
             }
             target = what.to_owned();
             if kind == FaultKind::BrokerFlap {
@@ -265,6 +272,7 @@ async fn inject(
         recovery_from_us,
         may_duplicate,
         broker_cuts,
+        sink_down,
     })
 }
 

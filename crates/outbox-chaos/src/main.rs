@@ -797,6 +797,9 @@ fn print_summary(r: &checker::Report) {
             worst.map_or("NEVER".to_owned(), |w| format!("{w:.2} s"))
         );
     }
+    for line in checker::sink_up_lines(r) {
+        println!("{line}");
+    }
     for e in &r.relay_exits {
         println!("  NOTE: {e}");
     }

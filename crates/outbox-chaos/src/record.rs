@@ -110,6 +110,28 @@ pub(crate) struct FaultRecord {
     /// with the connection are sent again: at most one batch per cut.
     #[serde(default)]
     pub(crate) broker_cuts: u32,
+    /// The spans the broker was unreachable, `(from_us, to_us)`: one for an
+    /// outage, one per cycle of a flap, none for other kinds. Records
+    /// written before this field have none: the checker then takes a broker
+    /// fault's whole span as one outage.
+    #[serde(default)]
+    pub(crate) sink_down: Vec<(i64, i64)>,
+}
+
+impl FaultRecord {
+    /// Whether the fault made the sink (the broker) unreachable.
+    pub(crate) fn is_sink_fault(&self) -> bool {
+        matches!(self.kind.as_str(), "broker-outage" | "broker-flap")
+    }
+
+    /// The spans the sink was unreachable (see [`FaultRecord::sink_down`]).
+    pub(crate) fn sink_down_spans(&self) -> Vec<(i64, i64)> {
+        match (self.is_sink_fault(), self.sink_down.is_empty()) {
+            (false, _) => Vec::new(),
+            (true, true) => vec![(self.start_us, self.end_us)],
+            (true, false) => self.sink_down.clone(),
+        }
+    }
 }
 
 const COMMITTED: u8 = 1;
