@@ -81,7 +81,7 @@ pub(crate) struct FaultResult {
     pub(crate) may_duplicate: bool,
 }
 
-/// Below this share of the steady rate a sink-up span fails.
+/// Below this share of the steady rate a sink-up span is reported `slow`.
 pub(crate) const MIN_SINK_UP_RATIO: f64 = 0.8;
 /// Spans (and warm-ups) shorter than this are not measured, microseconds.
 const MIN_MEASURE_US: i64 = 2_000_000;
@@ -422,20 +422,10 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     if committed == 0 {
         failures.push("no event was committed: the producer did not run".to_owned());
     }
-    if let Some(up) = &sink_up {
-        for w in up.windows.iter().filter(|w| w.verdict == "slow") {
-            failures.push(format!(
-                "sink up at {:.1} s with a backlog of {}: delivered {:.0} ev/s for {:.1} s, {:.0}% of the steady rate {:.0} ev/s (target >= {:.0}%)",
-                w.at_s,
-                w.backlog,
-                w.rate.unwrap_or(0.0),
-                w.measured_s,
-                w.ratio.unwrap_or(0.0) * 100.0,
-                up.steady_rate.unwrap_or(0.0),
-                up.min_ratio * 100.0
-            ));
-        }
-    }
+    // A slow sink-up span is reported (verdict `slow`, in the summary and
+    // report.json), not a failure: like the recovery times, it is a timing
+    // and on a 2-core machine shared with builds it drops for want of CPU
+    // (RELIABILITY.md: timings never decide a pass here).
     Report {
         scenario: input.scenario.clone(),
         committed,
@@ -873,7 +863,7 @@ mod tests {
     }
 
     #[test]
-    fn a_relay_slower_after_the_sink_returns_fails_the_run() {
+    fn a_relay_slower_after_the_sink_returns_is_reported_slow() {
         let down = [(5 * S, 9 * S)];
         // 150/s before the outage, 70/s after it: below 80% of the 100/s
         // it sustained in the warm-up.
@@ -881,16 +871,15 @@ mod tests {
         let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
         let r = run(&produced, &arrivals, &faults);
         assert_eq!(r.lost, 0);
-        assert!(!r.passed);
         let w = &r.sink_up.as_ref().unwrap().windows[0];
         assert_eq!(w.verdict, "slow");
         assert!((w.ratio.unwrap() - 0.7).abs() < 0.03, "{w:?}");
         assert!((w.measured_s - 400.0 / 70.0).abs() < 0.05, "{w:?}");
-        assert_eq!(r.failures.len(), 1, "{:?}", r.failures);
+        assert!(r.passed, "reported, not gating: {:?}", r.failures);
         assert!(
-            r.failures[0].contains("of the steady rate 100 ev/s"),
+            sink_up_lines(&r).iter().any(|l| l.contains("slow")),
             "{:?}",
-            r.failures
+            sink_up_lines(&r)
         );
     }
 

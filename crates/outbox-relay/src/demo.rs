@@ -224,7 +224,7 @@ pub(crate) async fn run(args: DemoArgs) -> anyhow::Result<()> {
     let dead = store.list_dead(&DeadLetterQuery::default()).await?;
     println!();
     println!("dead letters ({}):", dead.len());
-    crate::print_dead_letters(&dead);
+    crate::dead::print_dead_letters(&dead);
     println!();
     println!(
         "inspect: outbox-relay status --store {url}   replay: outbox-relay dead retry --store {url} --all"

@@ -11,7 +11,6 @@ mod any;
 mod backends;
 mod config;
 mod dead;
-pub(crate) use dead::print_dead_letters;
 #[cfg(feature = "sqlite")]
 mod demo;
 mod http;

@@ -506,7 +506,14 @@ async fn dead_show_list_purge_and_retry_with_filters() {
     use outbox_postgres::{PgStore, PgStoreOptions};
     let url = database_url();
     let (schema, pool) = schema_and_pool("outbox_clidead", &url).await;
-    let args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "queue"];
+    let args = [
+        "--store",
+        &url,
+        "--pg-schema",
+        &schema,
+        "--pg-mode",
+        "queue",
+    ];
     let out = relay(&["migrate"]).args(args).output().unwrap();
     assert_success(&out, "migrate");
     let store = PgStore::connect(
