@@ -741,7 +741,7 @@ fn server_name(o: &PgConnectOptions) -> String {
 /// Opens (and closes) one connection, trying again while the server
 /// refuses connections or is starting up, until `timeout`. Returns the last
 /// attempt's error: the pool would only say it timed out.
-async fn first_connection(
+pub(crate) async fn first_connection(
     options: &PgConnectOptions,
     timeout: Duration,
     url: &str,

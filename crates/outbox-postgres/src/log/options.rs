@@ -43,6 +43,7 @@ pub struct PgLogOptions {
     pub(crate) probe_min: Duration,
     pub(crate) probe_max: Duration,
     pub(crate) durable_progress: bool,
+    pub(crate) connect_timeout: Duration,
 }
 
 impl Default for PgLogOptions {
@@ -63,6 +64,7 @@ impl Default for PgLogOptions {
             probe_min: Duration::from_millis(2),
             probe_max: Duration::from_millis(250),
             durable_progress: false,
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -115,6 +117,14 @@ impl PgLogOptions {
     /// of stores may do it at once. Off: call [`PgLogStore::rotate`](super::PgLogStore::rotate).
     pub fn with_background_rotation(mut self, yes: bool) -> Self {
         self.rotate_in_background = yes;
+        self
+    }
+
+    /// How long [`PgLogStore::connect`](super::PgLogStore::connect) keeps
+    /// trying to open its first connection (a refused connection, a server
+    /// starting) before it returns the last attempt's error. Default 10 s.
+    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
         self
     }
 
@@ -203,6 +213,7 @@ impl fmt::Debug for PgLogOptions {
             .field("probe_min", &self.probe_min)
             .field("probe_max", &self.probe_max)
             .field("durable_progress", &self.durable_progress)
+            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }

@@ -400,11 +400,13 @@ impl PgLogStore {
             .parse()
             .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), &url)))?;
         let connect = connect.options([("jit", "off")]);
+        // As the queue store: retry a refused first connection until the
+        // connect timeout, then report its root cause (not a pool timeout).
+        crate::store::first_connection(&connect, options.connect_timeout, &url).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .acquire_timeout(options.acquire_timeout)
-            .connect_with(connect)
-            .await?;
+            .connect_lazy_with(connect);
         Self::from_pool(pool, options).await
     }
 
