@@ -81,12 +81,9 @@ impl MigrationNames for Names {
 /// serializes them, and the later ones find nothing left to do.
 /// Returns the versions this call applied.
 pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i32>, MigrateError> {
-    let kind: Option<String> =
-        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
-            .bind(names.render("{{events}}"))
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(MigrateError::Database)?;
+    let kind = relkind(conn, &names.render("{{events}}"))
+        .await
+        .map_err(MigrateError::Database)?;
     if kind.as_deref() == Some("v") {
         return Err(MigrateError::ModeConflict {
             outbox: format!("{}.{}", names.schema, names.table),
@@ -95,6 +92,18 @@ pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i3
         });
     }
     apply(conn, names, MIGRATIONS, LOCK_NAMESPACE, "outbox").await
+}
+
+/// The `pg_class.relkind` of the relation `qualified` (a quoted, qualified
+/// name) names, if it exists: `r` table, `v` view, ...
+pub(crate) async fn relkind(
+    conn: &mut PgConnection,
+    qualified: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+        .bind(qualified)
+        .fetch_optional(conn)
+        .await
 }
 
 /// The migration runner shared by both modes: `migrations` applied in one

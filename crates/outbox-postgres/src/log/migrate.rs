@@ -178,15 +178,12 @@ const FRONT_VIEW: &str = "\
 
 /// The kind of the relation `qualified` names, if any.
 async fn relkind(conn: &mut PgConnection, qualified: &str) -> Result<Found, sqlx::Error> {
-    let kind: Option<String> =
-        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
-            .bind(qualified)
-            .fetch_optional(conn)
-            .await?;
-    Ok(match kind.as_deref() {
-        None => Found::Nothing,
-        Some("r") => Found::Table,
-        Some("v") => Found::View,
-        Some(other) => Found::Other(other.to_owned()),
-    })
+    Ok(
+        match crate::migrate::relkind(conn, qualified).await?.as_deref() {
+            None => Found::Nothing,
+            Some("r") => Found::Table,
+            Some("v") => Found::View,
+            Some(other) => Found::Other(other.to_owned()),
+        },
+    )
 }
