@@ -440,6 +440,15 @@ pub trait Store: Send + Sync + 'static {
     fn wakeup(&self) -> impl Future<Output = ()> + Send {
         std::future::pending()
     }
+
+    /// Relay `relay` stops for good (a graceful shutdown, after its last
+    /// settlement): a store that shares the work among relays gives its
+    /// share to the others now rather than when its leases run out. The
+    /// default does nothing.
+    fn leave(&self, relay: &RelayId) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        let _ = relay;
+        std::future::ready(Ok(()))
+    }
 }
 
 /// Dead-letter administration.

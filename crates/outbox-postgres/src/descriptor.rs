@@ -152,7 +152,9 @@ impl Backend for PgLogBackend {
     fn configure(url: &str, settings: &Settings) -> Result<PgLogOptions, InvalidSetting> {
         require_mode(settings, PgMode::Log)?;
         let (schema, table) = names(settings)?;
-        let mut options = PgLogOptions::new(url);
+        // A runner's relays started without a static shard share the work
+        // as a relay group.
+        let mut options = PgLogOptions::new(url).with_dynamic_shards(true);
         if let Some(schema) = schema {
             options = options.with_schema(schema);
         }

@@ -19,8 +19,8 @@ use crate::config::role_name;
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
     redact_url, Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery,
-    DeadLetterStore, Event, FencingToken, Outcome, Retryable, SettleReport, Settlement, Sink,
-    Stats, Store,
+    DeadLetterStore, Event, FencingToken, Outcome, RelayId, Retryable, SettleReport, Settlement,
+    Sink, Stats, Store,
 };
 use outbox_worker::JsonLinesSink;
 use std::fmt;
@@ -300,6 +300,10 @@ impl Store for AnyStore {
 
     async fn wakeup(&self) {
         each_store!(self, s => s.wakeup().await)
+    }
+
+    async fn leave(&self, relay: &RelayId) -> Result<(), AnyStoreError> {
+        each_store!(self, s => s.leave(relay).await.map_err(AnyStoreError::new))
     }
 }
 

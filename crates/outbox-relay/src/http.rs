@@ -14,7 +14,9 @@
 //! binary's own code and is all a scraper or a kubelet probe needs.
 
 use crate::report::scrub;
-use outbox_core::{Claim, ClaimRequest, FencingToken, SettleReport, Settlement, Stats, Store};
+use outbox_core::{
+    Claim, ClaimRequest, FencingToken, RelayId, SettleReport, Settlement, Stats, Store,
+};
 use outbox_worker::{SinkHealth, SinkState, SinkStatus};
 use serde_json::json;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -169,6 +171,10 @@ impl<S: Store> Store for Watched<S> {
 
     async fn wakeup(&self) {
         self.inner.wakeup().await;
+    }
+
+    async fn leave(&self, relay: &RelayId) -> Result<(), S::Error> {
+        self.inner.leave(relay).await
     }
 }
 

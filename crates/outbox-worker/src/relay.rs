@@ -646,6 +646,11 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             self.give_back(held, leases, ReleaseReason::Shutdown, &mut summary)
                 .await;
         }
+        // Hand the relay's share to the others now (a store that shares the
+        // work among relays), not when its leases run out.
+        if let Err(e) = self.store.leave(&req.relay_id).await {
+            warn!(error = %e, "could not leave the relay group; its shards move once their leases run out");
+        }
         info!(
             relay_id = %req.relay_id,
             delivered = summary.delivered,

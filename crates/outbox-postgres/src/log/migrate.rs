@@ -7,11 +7,18 @@ use crate::{MigrateError, Migration};
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Every migration of the event-log mode, in order.
-pub const LOG_MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "0001_event_log",
-    template: include_str!("../../../../migrations/postgres-log/0001_event_log.sql"),
-}];
+pub const LOG_MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "0001_event_log",
+        template: include_str!("../../../../migrations/postgres-log/0001_event_log.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "0002_relay_group",
+        template: include_str!("../../../../migrations/postgres-log/0002_relay_group.sql"),
+    },
+];
 
 /// First key of the advisory lock: ASCII "olog" (the queue mode uses "obox").
 const LOCK_NAMESPACE: i32 = 0x6f6c_6f67;

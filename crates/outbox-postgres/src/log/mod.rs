@@ -203,7 +203,20 @@ pub const LANE_EVENTS: &str = "outbox_log_lane_events";
 /// Gauge, label `group`: keys held back behind an earlier event of theirs in
 /// the retry lane. Updated by the background rotation task.
 pub const PARKED_KEYS: &str = "outbox_log_parked_keys";
-pub use options::{DeadHeadPolicy, PgLogOptions, DEFAULT_GROUP, DEFAULT_ROTATION_INTERVAL};
+/// Gauge, label `group`: virtual shards whose cursor lease this process's
+/// relay holds (relay groups, see [`PgLogOptions::with_dynamic_shards`]).
+pub const SHARDS_HELD: &str = "outbox_relay_shards_held";
+/// Gauge, labels `group`, `shard` (`i/S`): age of the oldest event of that
+/// virtual shard in the last batch claimed of it (0 once its set read
+/// everything committed). Set by the relay holding the shard.
+pub const SHARD_LAG: &str = "outbox_virtual_shard_lag_seconds";
+/// Gauge, label `group`: the relay's fair share of the virtual shards.
+pub const SHARDS_QUOTA: &str = "outbox_relay_shards_fair_share";
+pub use options::{
+    DeadHeadPolicy, PgLogOptions, DEFAULT_GROUP, DEFAULT_REBALANCE_INTERVAL,
+    DEFAULT_ROTATION_INTERVAL,
+};
 pub use store::{
-    CursorInfo, InFlight, LogInfo, LogStatus, PartitionInfo, PgLogStore, Rotation, ShardStatus,
+    CursorInfo, InFlight, LogInfo, LogStatus, PartitionInfo, PgLogStore, RelayInfo, Rotation,
+    ShardStatus,
 };

@@ -26,6 +26,7 @@ const OBJECTS: &[(&str, &str, bool)] = &[
     ("{{seq}}", "_log_seq", true),
     ("{{meta}}", "_log_meta", true),
     ("{{cursors}}", "_log_cursors", true),
+    ("{{relays}}", "_log_relays", true),
     ("{{lane}}", "_log_lane", true),
     ("{{lane_ord}}", "_log_lane_ord", true),
     ("{{dead}}", "_log_dead", true),

@@ -11,6 +11,9 @@ pub const DEFAULT_GROUP: &str = "default";
 /// Default [`PgLogOptions::with_rotation_interval`].
 pub const DEFAULT_ROTATION_INTERVAL: Duration = Duration::from_secs(60);
 
+/// Default [`PgLogOptions::with_rebalance_interval`].
+pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_millis(500);
+
 /// What happens to the later events of a key once its head event was
 /// dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,6 +47,8 @@ pub struct PgLogOptions {
     pub(crate) probe_max: Duration,
     pub(crate) durable_progress: bool,
     pub(crate) connect_timeout: Duration,
+    pub(crate) dynamic_shards: bool,
+    pub(crate) rebalance_every: Duration,
 }
 
 impl Default for PgLogOptions {
@@ -65,6 +70,8 @@ impl Default for PgLogOptions {
             probe_max: Duration::from_millis(250),
             durable_progress: false,
             connect_timeout: Duration::from_secs(10),
+            dynamic_shards: false,
+            rebalance_every: DEFAULT_REBALANCE_INTERVAL,
         }
     }
 }
@@ -95,6 +102,30 @@ impl PgLogOptions {
     /// per shard); each group gets every event. Default `"default"`.
     pub fn with_group(mut self, group: impl Into<String>) -> Self {
         self.group = group.into();
+        self
+    }
+
+    /// Relay groups: a relay that claims [`ShardSpec::ALL`](outbox_core::ShardSpec::ALL)
+    /// joins its consumer group's relay group instead of reading one cursor
+    /// for every key. The group's keys are split into the outbox's virtual
+    /// shards (64 unless changed, see ARCHITECTURE.md); each relay holds the
+    /// leases of a fair share of them, takes over the shards of a relay that
+    /// died once their leases ran out, gives shards back when a relay joins
+    /// (after the batch in flight) and all of its shards when it leaves
+    /// ([`Store::leave`](outbox_core::Store::leave)). A relay that claims a
+    /// static shard (`i/N`) is not affected. Default off for the library
+    /// (one cursor: one relay reads, the others stand by); the
+    /// `outbox-relay` binary turns it on unless `--shard` is given.
+    pub fn with_dynamic_shards(mut self, yes: bool) -> Self {
+        self.dynamic_shards = yes;
+        self
+    }
+
+    /// How often a relay of a relay group renews its membership and checks
+    /// its fair share (joins, deaths, departures are acted on within this,
+    /// plus the lease timeout for a death). Default 500 ms.
+    pub fn with_rebalance_interval(mut self, every: Duration) -> Self {
+        self.rebalance_every = every.max(Duration::from_millis(10));
         self
     }
 

@@ -53,20 +53,24 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// were running at the lower snapshot are read one by one (`LATERAL`), so
 /// a huge transaction is read in slices too.
 ///
-/// `$1` group, `$2`/`$3` shard total/index, `$4`/`$5` where the range of
+/// `$1` group, `$2`/`$3` shard total and indexes (a cursor reads the keys of
+/// one shard, or of a set of virtual shards that share one position), `$4`/`$5` where the range of
 /// (lo, hi) resumes (max of (xmax(lo), 0) and the read position), `$6`
 /// xip(lo) finished by hi, `$7` hi, `$8`/`$9` (txid, seq) read so far in
 /// (lo, hi), `$10` xip(hi), `$11` limit, `$12` lane ords held by
 /// outstanding batches, `$13` keys held by outstanding batches, `$14`/`$15`
 /// (txid, seq) of rows to skip (settled before a change of holder), `$16`
 /// our epoch (`lease_ok` is false when the lease ran out or moved: the rows
-/// are then ignored and the lease taken again), `$17` xmax(hi).
+/// are then ignored and the lease taken again), `$17` xmax(hi), `$18` the
+/// snapshot that ends the new window (NULL: the current one; a relay that
+/// reads several cursors passes the one its first claim of a round took, so
+/// cursors that catch up end at the same position and can be merged).
 const CLAIM: &str = "\
 WITH snap AS MATERIALIZED (
-    SELECT pg_current_snapshot() AS cur, now() AS now,
-           EXISTS (SELECT 1 FROM {{cursors}}
-                   WHERE grp = $1 AND shard_total = $2 AND shard_index = $3
-                     AND epoch = $16 AND lease_until > now()) AS lease_ok
+    SELECT COALESCE($18::pg_snapshot, pg_current_snapshot()) AS cur, now() AS now,
+           (SELECT count(*) FROM {{cursors}}
+             WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[])
+               AND epoch = $16 AND lease_until > now()) = cardinality($3::int[]) AS lease_ok
 ),
 lane_keys AS MATERIALIZED (
     SELECT key FROM {{lane}} WHERE grp = $1 AND key IS NOT NULL
@@ -236,14 +240,102 @@ SET lo = COALESCE($5::pg_snapshot, lo),
     skip_txid = COALESCE($9::xid8[], skip_txid),
     skip_seq = COALESCE($10::bigint[], skip_seq),
     updated_at = now()
-WHERE grp = $1 AND shard_total = $2 AND shard_index = $3 AND epoch = $4
+WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4
   AND ($11::text IS NULL OR set_config('synchronous_commit', $11::text, true) IS NOT NULL)
 RETURNING epoch";
 
 const RENEW: &str = "\
 UPDATE {{cursors}} SET lease_until = now() + $5 * interval '1 microsecond'
-WHERE grp = $1 AND shard_total = $2 AND shard_index = $3 AND epoch = $4
+WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4
 RETURNING lease_until";
+
+/// Renews the lease of a set of virtual-shard cursors a relay holds, while
+/// it has not run out. `$1` group, `$2` total, `$3` indexes, `$4` epoch,
+/// `$5` lease µs, `$6` relay. One row per cursor still held.
+const RENEW_SET: &str = "\
+UPDATE {{cursors}} SET lease_until = now() + $5 * interval '1 microsecond'
+WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4
+  AND owner = $6 AND lease_until > now()
+RETURNING lease_until, now()";
+
+/// A relay of a group says it is alive (until `now() + $3` µs) and reads
+/// the other live relays and how many of the `$4` virtual-shard cursors
+/// exist. Relays silent for an hour are forgotten.
+const HEARTBEAT: &str = "\
+WITH hb AS (
+    INSERT INTO {{relays}} (grp, relay, seen_until)
+    VALUES ($1, $2, now() + $3 * interval '1 microsecond')
+    ON CONFLICT (grp, relay) DO UPDATE SET seen_until = excluded.seen_until
+    RETURNING 1
+),
+gc AS (
+    DELETE FROM {{relays}} WHERE grp = $1 AND relay <> $2 AND seen_until < now() - interval '1 hour'
+    RETURNING 1
+)
+SELECT ARRAY(SELECT relay FROM {{relays}}
+             WHERE grp = $1 AND relay <> $2 AND seen_until > now() ORDER BY relay),
+       (SELECT count(*) FROM {{cursors}} WHERE grp = $1 AND shard_total = $4),
+       (SELECT count(*) FROM hb) + (SELECT count(*) FROM gc)";
+
+/// Virtual-shard cursors nobody holds (or this relay held and lost track
+/// of), with their position as one comparable text. `$1` group, `$2`
+/// total, `$3` relay, `$4` indexes the relay holds already.
+const FREE_SHARDS: &str = "\
+SELECT shard_index,
+       concat_ws('|', lo::text, hi::text, pos_txid::text, pos_seq::text,
+                 skip_txid::text, skip_seq::text)
+FROM {{cursors}}
+WHERE grp = $1 AND shard_total = $2 AND NOT (shard_index = ANY($4::int[]))
+  AND (lease_until IS NULL OR lease_until <= now() OR owner = $3)
+ORDER BY shard_index";
+
+/// Takes the leases of free virtual-shard cursors under one new epoch
+/// (greater than every epoch of the group, so it differs from each
+/// cursor's previous one). `$1` group, `$2` total, `$3` indexes, `$4`
+/// relay, `$5` lease µs. One row per cursor taken (another relay may have
+/// been faster for some).
+const ACQUIRE_SET: &str = "\
+UPDATE {{cursors}} c
+SET epoch = n.e, owner = $4, lease_until = now() + $5 * interval '1 microsecond'
+FROM (SELECT coalesce(max(epoch), 0) + 1 AS e FROM {{cursors}} WHERE grp = $1) n
+WHERE c.grp = $1 AND c.shard_total = $2 AND c.shard_index = ANY($3::int[])
+  AND (c.lease_until IS NULL OR c.lease_until <= now() OR c.owner = $4)
+RETURNING c.shard_index, c.epoch, c.lease_until, c.lo::text, c.hi::text, c.pos_txid::text,
+          c.pos_seq, c.skip_txid::text[], c.skip_seq, now()";
+
+/// Gives cursors back (a relay above its fair share, or leaving): their
+/// position stays, the next holder continues from it. `$1` group, `$2`
+/// total, `$3` indexes, `$4` epoch, `$5` relay.
+const RELEASE_SET: &str = "\
+UPDATE {{cursors}} SET owner = NULL, lease_until = NULL
+WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4 AND owner = $5";
+
+/// Merges cursors a relay holds at the same settled position into one set:
+/// one new epoch, the position written to all. `$1` group, `$2` total,
+/// `$3`/`$4` (index, epoch) pairs, `$5` relay, `$6`/`$7` lo/hi, `$8`/`$9`
+/// (txid, seq), `$10` lease µs. One row per cursor merged.
+const MERGE_SET: &str = "\
+UPDATE {{cursors}} c
+SET epoch = n.e, lo = $6::pg_snapshot, hi = $7::pg_snapshot, pos_txid = $8::xid8,
+    pos_seq = $9::bigint, skip_txid = '{}', skip_seq = '{}', updated_at = now(),
+    lease_until = now() + $10 * interval '1 microsecond'
+FROM (SELECT coalesce(max(epoch), 0) + 1 AS e FROM {{cursors}} WHERE grp = $1) n
+WHERE c.grp = $1 AND c.shard_total = $2 AND c.owner = $5 AND c.lease_until > now()
+  AND (c.shard_index, c.epoch) IN (SELECT * FROM UNNEST($3::int[], $4::bigint[]))
+RETURNING c.epoch, c.lease_until";
+
+/// Creates the missing virtual-shard cursors of a group, each at its own
+/// start. `$1` group, `$2` total, `$3` indexes, `$4` start snapshots.
+const CREATE_SET: &str = "\
+INSERT INTO {{cursors}} (grp, shard_total, shard_index, lo, hi)
+SELECT $1, $2, t.i, t.s::pg_snapshot, t.s::pg_snapshot
+FROM UNNEST($3::int[], $4::text[]) AS t(i, s)
+ON CONFLICT DO NOTHING";
+
+const VIRTUAL_SHARDS: &str = "SELECT virtual_shards FROM {{meta}}";
+
+/// Leaving a group gracefully.
+const LEAVE: &str = "DELETE FROM {{relays}} WHERE grp = $1 AND relay = $2";
 
 /// Counts what is not yet delivered, per cursor of the group (or from the
 /// origin when the group has no cursor yet), plus the lane.
@@ -418,6 +510,15 @@ pub(crate) struct Sql {
     pub(crate) lane_settle: String,
     pub(crate) advance: String,
     pub(crate) renew: String,
+    pub(crate) renew_set: String,
+    pub(crate) heartbeat: String,
+    pub(crate) free_shards: String,
+    pub(crate) acquire_set: String,
+    pub(crate) release_set: String,
+    pub(crate) merge_set: String,
+    pub(crate) create_set: String,
+    pub(crate) virtual_shards: String,
+    pub(crate) leave: String,
     pub(crate) stats: String,
     pub(crate) cursors: String,
     pub(crate) list_dead: String,
@@ -463,20 +564,29 @@ impl Sql {
             group_starts: names.render(GROUP_STARTS),
             origin: names.render(ORIGIN),
             claim: claim(
-                "AND e.key_hash % $2::bigint = $3::bigint",
-                "AND l.key_hash % $2::bigint = $3::bigint",
+                "AND e.key_hash % $2::bigint = ANY($3::int[])",
+                "AND l.key_hash % $2::bigint = ANY($3::int[])",
             ),
             // ShardSpec::ALL: no modulo (its generic selectivity estimate
             // would skew the plan), the parameters still typed.
             claim_all: claim(
-                "AND $2::bigint IS NOT NULL AND $3::bigint IS NOT NULL",
-                "AND $2::bigint IS NOT NULL AND $3::bigint IS NOT NULL",
+                "AND $2::bigint IS NOT NULL AND $3::int[] IS NOT NULL",
+                "AND $2::bigint IS NOT NULL AND $3::int[] IS NOT NULL",
             ),
             log_to_lane: names.render(LOG_TO_LANE),
             log_to_dead: names.render(LOG_TO_DEAD),
             lane_settle: names.render(LANE_SETTLE),
             advance: names.render(ADVANCE),
             renew: names.render(RENEW),
+            renew_set: names.render(RENEW_SET),
+            heartbeat: names.render(HEARTBEAT),
+            free_shards: names.render(FREE_SHARDS),
+            acquire_set: names.render(ACQUIRE_SET),
+            release_set: names.render(RELEASE_SET),
+            merge_set: names.render(MERGE_SET),
+            create_set: names.render(CREATE_SET),
+            virtual_shards: names.render(VIRTUAL_SHARDS),
+            leave: names.render(LEAVE),
             stats: names.render(STATS),
             cursors: names.render(CURSORS),
             list_dead: dead(LIST_DEAD),

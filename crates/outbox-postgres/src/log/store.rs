@@ -25,6 +25,10 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use uuid::Uuid;
 
+mod relays;
+
+pub use relays::RelayInfo;
+
 /// The event-log store on PostgreSQL (see the [module docs](super)). Cheap to
 /// clone; clones share the claims in flight, so one process should use one
 /// store (and its clones) per outbox. The background rotation stops when
@@ -53,6 +57,13 @@ struct Inner {
     seen: Mutex<String>,
     /// Current probe delay in µs (reset to the minimum by a non-empty claim).
     probe_delay_us: AtomicU64,
+    /// Relays claiming `ShardSpec::ALL` join the group's relay group.
+    dynamic: bool,
+    rebalance_every: Duration,
+    /// Per relay of this process: its place in the relay group.
+    members: Mutex<HashMap<RelayId, Arc<tokio::sync::Mutex<relays::Membership>>>>,
+    /// The outbox's virtual shard count, read once.
+    virtual_shards: tokio::sync::OnceCell<u32>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -78,17 +89,41 @@ impl fmt::Debug for PgLogStore {
     }
 }
 
-/// One cursor as this process uses it: a shard, read by one relay.
+/// One cursor as this process uses it, read by one relay: a static shard
+/// (`shards` = its index), or a set of a relay group's virtual shards held
+/// under one epoch at one position (see [`relays`]).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct CursorKey {
     total: u32,
-    index: u32,
+    /// Sorted, never empty.
+    shards: Vec<u32>,
     relay: RelayId,
+    /// A relay group's set: leases are taken and given back by the group's
+    /// balancing, never by a claim.
+    dynamic: bool,
 }
 
 impl CursorKey {
+    fn single(shard: ShardSpec, relay: RelayId) -> Self {
+        Self {
+            total: shard.total(),
+            shards: vec![shard.index()],
+            relay,
+            dynamic: false,
+        }
+    }
+
+    /// The shard (of a set: its first virtual shard).
     fn shard(&self) -> ShardSpec {
-        ShardSpec::new(self.index, self.total).unwrap_or(ShardSpec::ALL)
+        ShardSpec::new(self.shards.first().copied().unwrap_or(0), self.total)
+            .unwrap_or(ShardSpec::ALL)
+    }
+
+    fn indexes(&self) -> Vec<i32> {
+        self.shards
+            .iter()
+            .map(|i| i32::try_from(*i).unwrap_or(i32::MAX))
+            .collect()
     }
 }
 
@@ -111,6 +146,9 @@ struct CursorState {
     inherited: Vec<(u64, i64)>,
     /// The skip list as stored.
     persisted_skip: Vec<(u64, i64)>,
+    /// The snapshot the last claim read up to (shared with the next
+    /// cursors of a relay group's round).
+    last_cur: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -295,6 +333,14 @@ pub enum Rotation {
     Blocked(String),
 }
 
+fn empty_claim(lease_until: DateTime<Utc>) -> Claim {
+    Claim {
+        token: FencingToken::new(),
+        lease_until,
+        events: Vec::new(),
+    }
+}
+
 fn micros(d: Duration) -> Result<i64, StoreError> {
     i64::try_from(d.as_micros()).map_err(|_| StoreError::DurationTooLarge(d))
 }
@@ -454,6 +500,10 @@ impl PgLogStore {
                 probe_delay_us: AtomicU64::new(
                     u64::try_from(options.probe_min.as_micros()).unwrap_or(u64::MAX),
                 ),
+                dynamic: options.dynamic_shards,
+                rebalance_every: options.rebalance_every,
+                members: Mutex::new(HashMap::new()),
+                virtual_shards: tokio::sync::OnceCell::new(),
                 tasks,
             }),
         })
@@ -504,6 +554,7 @@ impl PgLogStore {
                 last_persist: Instant::now(),
                 inherited: Vec::new(),
                 persisted_skip: Vec::new(),
+                last_cur: None,
             }))
         }))
     }
@@ -529,11 +580,11 @@ impl PgLogStore {
         st.epoch = None;
     }
 
-    fn cursor_binds(&self, key: &CursorKey) -> (String, i32, i32) {
+    fn cursor_binds(&self, key: &CursorKey) -> (String, i32, Vec<i32>) {
         (
             self.inner.group.clone(),
             i32::try_from(key.total).unwrap_or(i32::MAX),
-            i32::try_from(key.index).unwrap_or(i32::MAX),
+            key.indexes(),
         )
     }
 
@@ -570,7 +621,8 @@ impl PgLogStore {
         st: &mut CursorState,
         lease: Duration,
     ) -> Result<(DateTime<Utc>, bool), StoreError> {
-        let (grp, total, index) = self.cursor_binds(key);
+        let (grp, total, indexes) = self.cursor_binds(key);
+        let index = indexes.first().copied().unwrap_or(0);
         for _ in 0..2 {
             let row = sqlx::query(&self.inner.sql.acquire)
                 .bind(&grp)
@@ -622,7 +674,7 @@ impl PgLogStore {
                     return Ok((now, false));
                 }
                 None => {
-                    let start = self.start_position(key.total, key.index).await?;
+                    let start = self.start_position(key.total, key.shard().index()).await?;
                     sqlx::query(&self.inner.sql.create_cursor)
                         .bind(&grp)
                         .bind(total)
@@ -639,49 +691,62 @@ impl PgLogStore {
     }
 
     async fn claim_inner(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
-        let key = CursorKey {
-            total: req.shard.total(),
-            index: req.shard.index(),
-            relay: req.relay_id.clone(),
-        };
+        if self.inner.dynamic && req.shard == ShardSpec::ALL {
+            return self.claim_dynamic(req).await;
+        }
+        let key = CursorKey::single(req.shard, req.relay_id.clone());
         let cell = self.cell_or_new(&key);
         let mut st = cell.lock().await;
+        Ok(self
+            .claim_key(&key, &mut st, req, None)
+            .await?
+            .unwrap_or_else(|| empty_claim(Utc::now())))
+    }
+
+    /// Takes or keeps the lease of `key`'s cursor(s): a static shard's by
+    /// [`acquire`](Self::acquire), a relay group's set by renewing it.
+    async fn hold(
+        &self,
+        key: &CursorKey,
+        st: &mut CursorState,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        if key.dynamic {
+            self.renew_set(key, st, lease).await
+        } else {
+            Ok(self.acquire(key, st, lease).await?.1)
+        }
+    }
+
+    /// Claims from one cursor (or set). `None` when its lease is not ours;
+    /// `upto`: the snapshot that ends a new window (see the CLAIM SQL).
+    async fn claim_key(
+        &self,
+        key: &CursorKey,
+        st: &mut CursorState,
+        req: &ClaimRequest,
+        upto: Option<&str>,
+    ) -> Result<Option<Claim>, StoreError> {
         let renew_due = st.epoch.is_none()
             || st.lease_len != req.lease
             || st.renewed_at.elapsed() >= req.lease / 2;
-        if renew_due {
-            let (now, held) = self.acquire(&key, &mut st, req.lease).await?;
-            if !held {
-                return Ok(Claim {
-                    token: FencingToken::new(),
-                    lease_until: now,
-                    events: Vec::new(),
-                });
-            }
+        if renew_due && !self.hold(key, st, req.lease).await? {
+            return Ok(None);
         }
         let limit = req.batch_size.max(1);
         for _ in 0..8 {
-            match self.claim_once(&key, &mut st, limit).await? {
-                Step::Events(claim) => return Ok(claim),
+            match self.claim_once(key, st, limit, upto).await? {
+                Step::Events(claim) => return Ok(Some(claim)),
                 Step::Again => continue,
                 Step::Nothing => break,
                 Step::Relapse => {
-                    let (now, held) = self.acquire(&key, &mut st, req.lease).await?;
-                    if !held {
-                        return Ok(Claim {
-                            token: FencingToken::new(),
-                            lease_until: now,
-                            events: Vec::new(),
-                        });
+                    if !self.hold(key, st, req.lease).await? {
+                        return Ok(None);
                     }
                 }
             }
         }
-        Ok(Claim {
-            token: FencingToken::new(),
-            lease_until: st.lease_until,
-            events: Vec::new(),
-        })
+        Ok(Some(empty_claim(st.lease_until)))
     }
 
     async fn claim_once(
@@ -689,6 +754,7 @@ impl PgLogStore {
         key: &CursorKey,
         st: &mut CursorState,
         limit: u32,
+        upto: Option<&str>,
     ) -> Result<Step, StoreError> {
         let Some(epoch) = st.epoch else {
             return Ok(Step::Nothing);
@@ -710,6 +776,10 @@ impl PgLogStore {
             .flat_map(|b| b.held())
             .filter_map(|i| i.key.clone())
             .collect();
+        // A shared snapshot that is not clearly later than where this cursor
+        // read to could move it back: ignore it then (a later snapshot never
+        // has a lower xmax; with an equal one, only the same snapshot is safe).
+        let upto = upto.filter(|u| snap(u).is_ok_and(|u| u.xmax > read.hi.xmax || u == read.hi));
         let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
         // Where the range part of (lo, hi) resumes.
         let (start_txid, start_seq) = read.after.unwrap_or((0, 0)).max((read.lo.xmax, 0));
@@ -721,7 +791,7 @@ impl PgLogStore {
         let rows = sqlx::query(sql)
             .bind(grp)
             .bind(i64::from(key.total))
-            .bind(i64::from(key.index))
+            .bind(key.indexes())
             .bind(start_txid.to_string())
             .bind(start_seq)
             .bind(
@@ -747,6 +817,7 @@ impl PgLogStore {
             .bind(st.inherited.iter().map(|(_, s)| *s).collect::<Vec<_>>())
             .bind(epoch)
             .bind(read.hi.xmax.to_string())
+            .bind(upto)
             .fetch_all(&self.inner.pool)
             .await?;
         let Some(first) = rows.first() else {
@@ -755,6 +826,7 @@ impl PgLogStore {
         let cur_text: String = first.try_get(0)?;
         let cur = snap(&cur_text)?;
         self.saw(&cur_text);
+        st.last_cur = Some(cur_text);
         if !first.try_get::<bool, _>(1)? {
             return Ok(Step::Relapse);
         }
@@ -951,6 +1023,14 @@ impl PgLogStore {
             u64::try_from(self.inner.probe_min.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
+        if key.dynamic {
+            relays::record_shard_lag(
+                &self.inner.group,
+                key,
+                &events,
+                st.lease_until - st.lease_len,
+            );
+        }
         Ok(Step::Events(Claim {
             token,
             lease_until: st.lease_until,
@@ -1031,7 +1111,7 @@ impl PgLogStore {
         to: Option<&Position>,
         skip: Option<&[(u64, i64)]>,
     ) -> Result<bool, StoreError> {
-        let (grp, total, index) = self.cursor_binds(key);
+        let (grp, total, indexes) = self.cursor_binds(key);
         let (lo, hi, txid, seq) = match to {
             Some(p) => (
                 Some(p.lo.to_string()),
@@ -1044,7 +1124,7 @@ impl PgLogStore {
         let row = sqlx::query(&self.inner.sql.advance)
             .bind(&grp)
             .bind(total)
-            .bind(index)
+            .bind(indexes)
             .bind(epoch)
             .bind(lo)
             .bind(hi)
@@ -1053,9 +1133,9 @@ impl PgLogStore {
             .bind(skip.map(|s| s.iter().map(|(t, _)| t.to_string()).collect::<Vec<_>>()))
             .bind(skip.map(|s| s.iter().map(|(_, q)| *q).collect::<Vec<_>>()))
             .bind((!self.inner.durable_progress).then_some("off"))
-            .fetch_optional(&mut *conn)
+            .fetch_all(&mut *conn)
             .await?;
-        Ok(row.is_some())
+        Ok(row.len() == key.shards.len())
     }
 
     async fn log_to_lane(
@@ -1302,15 +1382,18 @@ impl PgLogStore {
         if held == 0 || st.epoch != Some(epoch) {
             return Ok(0);
         }
-        let (grp, total, index) = self.cursor_binds(&key);
-        let until: Option<DateTime<Utc>> = sqlx::query_scalar(&self.inner.sql.renew)
+        let (grp, total, indexes) = self.cursor_binds(&key);
+        let renewed: Vec<DateTime<Utc>> = sqlx::query_scalar(&self.inner.sql.renew)
             .bind(&grp)
             .bind(total)
-            .bind(index)
+            .bind(indexes)
             .bind(epoch)
             .bind(micros(lease)?)
-            .fetch_optional(&self.inner.pool)
+            .fetch_all(&self.inner.pool)
             .await?;
+        let until = (renewed.len() == key.shards.len())
+            .then(|| renewed.into_iter().min())
+            .flatten();
         match until {
             Some(until) => {
                 st.lease_until = until;
@@ -1406,16 +1489,15 @@ impl PgLogStore {
         for (key, cell) in cells {
             let st = cell.lock().await;
             let Some(epoch) = st.epoch else { continue };
-            let Some((_, db_epoch, leased)) = cursors
+            let rows: Vec<(i64, bool)> = cursors
                 .iter()
-                .find(|(k, _, _)| k.0 == key.total && k.1 == key.index)
-                .map(|(k, e, l)| (k, *e, *l))
-            else {
-                continue;
-            };
-            if db_epoch != epoch {
+                .filter(|(k, _, _)| k.0 == key.total && key.shards.contains(&k.1))
+                .map(|(_, e, l)| (*e, *l))
+                .collect();
+            if rows.len() != key.shards.len() || rows.iter().any(|(e, _)| *e != epoch) {
                 continue;
             }
+            let leased = rows.iter().all(|(_, l)| *l);
             for b in &st.batches {
                 for item in &b.items {
                     let consumed = item.resolved || item.kind != Kind::Deliver;
@@ -1944,6 +2026,13 @@ impl Store for PgLogStore {
 
     fn stats(&self) -> impl std::future::Future<Output = Result<Stats, StoreError>> + Send {
         self.stats_inner()
+    }
+
+    fn leave(
+        &self,
+        relay: &RelayId,
+    ) -> impl std::future::Future<Output = Result<(), StoreError>> + Send {
+        self.leave_inner(relay)
     }
 
     /// Polls adaptively: a few milliseconds after activity, doubling up to

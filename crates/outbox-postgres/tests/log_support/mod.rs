@@ -34,7 +34,7 @@ impl LogDb {
         let guard = SchemaGuard(schema.clone());
         let log = PgLog::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
         let mut conn = pool.acquire().await.unwrap();
-        assert_eq!(log.migrate(&mut conn).await.unwrap(), vec![1]);
+        assert_eq!(log.migrate(&mut conn).await.unwrap(), all_log_versions());
         assert!(log.migrate(&mut conn).await.unwrap().is_empty());
         drop(conn);
         Self {
@@ -126,6 +126,14 @@ impl LogDb {
         .await
         .unwrap();
     }
+}
+
+/// Every event-log migration version, in order.
+pub fn all_log_versions() -> Vec<i32> {
+    outbox_postgres::log::LOG_MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect()
 }
 
 /// Waits until `f` returns true, polling every 20 ms, up to `limit`.
