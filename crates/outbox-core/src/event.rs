@@ -269,7 +269,6 @@ impl From<chrono::TimeDelta> for DeliveryDelay {
 /// When a delayed event becomes deliverable, as a store reads it from
 /// [`NewEvent::delivery`] (validated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
 pub enum Delivery {
     /// At this time, compared with the database clock.
     At(DateTime<Utc>),
