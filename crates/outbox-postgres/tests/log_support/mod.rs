@@ -34,7 +34,11 @@ impl LogDb {
         let guard = SchemaGuard(schema.clone());
         let log = PgLog::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
         let mut conn = pool.acquire().await.unwrap();
-        assert_eq!(log.migrate(&mut conn).await.unwrap(), vec![1]);
+        let every: Vec<i32> = outbox_postgres::log::LOG_MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(log.migrate(&mut conn).await.unwrap(), every);
         assert!(log.migrate(&mut conn).await.unwrap().is_empty());
         drop(conn);
         Self {
