@@ -162,7 +162,9 @@ pub enum ValidationError {
     },
     /// The delay given to [`NewEvent::deliver_after`] was above
     /// [`MAX_DELIVERY_DELAY`].
-    #[error("deliver_after: the delay of {secs} s is above the maximum of {max_secs} s (100 years)")]
+    #[error(
+        "deliver_after: the delay of {secs} s is above the maximum of {max_secs} s (100 years)"
+    )]
     DelayTooLong {
         /// The requested delay in whole seconds (saturating).
         secs: i128,
@@ -783,10 +785,7 @@ mod tests {
             ok().deliver_after(chrono::TimeDelta::seconds(2)).delivery(),
             Ok(Some(Delivery::After(Duration::from_secs(2))))
         );
-        assert_eq!(
-            ok().deliver_after(MAX_DELIVERY_DELAY).validate(&l),
-            Ok(())
-        );
+        assert_eq!(ok().deliver_after(MAX_DELIVERY_DELAY).validate(&l), Ok(()));
         let negative = ok()
             .deliver_after(chrono::TimeDelta::seconds(-5))
             .validate(&l)
@@ -809,10 +808,7 @@ mod tests {
             assert!(e.to_string().contains("above the maximum"), "{e}");
         }
         let at = DateTime::<Utc>::from_timestamp(1_700_000_000, 0).unwrap();
-        assert_eq!(
-            ok().deliver_at(at).delivery(),
-            Ok(Some(Delivery::At(at)))
-        );
+        assert_eq!(ok().deliver_at(at).delivery(), Ok(Some(Delivery::At(at))));
         for far in [DateTime::<Utc>::MAX_UTC, DateTime::<Utc>::MIN_UTC] {
             assert_eq!(
                 ok().deliver_at(far).validate(&l),
@@ -821,7 +817,9 @@ mod tests {
         }
         // The last call wins.
         assert_eq!(
-            ok().deliver_at(at).deliver_after(Duration::from_secs(1)).delivery(),
+            ok().deliver_at(at)
+                .deliver_after(Duration::from_secs(1))
+                .delivery(),
             Ok(Some(Delivery::After(Duration::from_secs(1))))
         );
     }

@@ -74,9 +74,8 @@ impl Inserts {
     /// for an undelayed event of a batch that has delayed ones.
     pub(crate) fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
         let due = "coalesce($8::timestamptz, now() + $9::bigint * interval '1 microsecond')";
-        let due_row = format!(
-            "coalesce(at, now() + after_us * interval '1 microsecond', {undelayed})"
-        );
+        let due_row =
+            format!("coalesce(at, now() + after_us * interval '1 microsecond', {undelayed})");
         let batch = |extra_col: &str, extra_val: &str, extra_arrays: &str, extra_names: &str| {
             format!(
                 "INSERT INTO {target} ({COLUMNS}{extra_col}) \
@@ -134,7 +133,8 @@ impl EnqueueSql {
     /// The queue table's or the event log's statements (see [`Inserts::new`]).
     fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
         let plain = Inserts::new(target, due_column, undelayed);
-        let notify = |sql: &str, param: u32| format!("WITH ins AS ({sql}) SELECT pg_notify(${param}, '')");
+        let notify =
+            |sql: &str, param: u32| format!("WITH ins AS ({sql}) SELECT pg_notify(${param}, '')");
         Self {
             one_notify: notify(&plain.one, 8),
             batch_notify: notify(&plain.batch, 8),
@@ -198,7 +198,11 @@ impl PgOutbox {
             PgMode::Log => {
                 let log = LogNames::new(schema, table)?;
                 Ok(Self {
-                    sql: Arc::new(EnqueueSql::new(&log.render("{{log}}"), "deliver_at", "NULL")),
+                    sql: Arc::new(EnqueueSql::new(
+                        &log.render("{{log}}"),
+                        "deliver_at",
+                        "NULL",
+                    )),
                     names: Arc::new(names),
                     log: Some(Arc::new(log)),
                     limits: EventLimits::default(),
@@ -400,7 +404,9 @@ fn due_params(event: &NewEvent) -> Result<Option<DueParams>, EnqueueError> {
         None => None,
         Some(Delivery::At(at)) => Some((Some(at), None)),
         // Validated: at most MAX_DELIVERY_DELAY (100 years), far inside an i64 of µs.
-        Some(Delivery::After(d)) => Some((None, Some(i64::try_from(d.as_micros()).unwrap_or(i64::MAX)))),
+        Some(Delivery::After(d)) => {
+            Some((None, Some(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))))
+        }
     })
 }
 

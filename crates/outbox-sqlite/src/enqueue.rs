@@ -4,8 +4,8 @@ use crate::migrate::{self, AppliedMigration};
 use crate::names::Names;
 use crate::options::DEFAULT_TABLE;
 use crate::sql::{delay_ms, encode_headers, now_ms};
-use chrono::{DateTime, Utc};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
+use chrono::{DateTime, Utc};
 use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
 use sqlx::SqliteConnection;
 use std::fmt;
@@ -168,7 +168,13 @@ impl SqliteOutbox {
         // A delayed event's row: due at an absolute time, or after a delay
         // from the database clock (milliseconds, rounded up: never early).
         let row_at = concat!("(?, ?, ?, ?, ?, ?, ?, ", now_ms!(), ", 0, ?)");
-        let row_after = concat!("(?, ?, ?, ?, ?, ?, ?, ", now_ms!(), ", 0, ", now_ms!(), " + ?)");
+        let row_after = concat!(
+            "(?, ?, ?, ?, ?, ?, ?, ",
+            now_ms!(),
+            ", 0, ",
+            now_ms!(),
+            " + ?)"
+        );
         while events.peek().is_some() {
             let chunk: Vec<(NewEvent, Option<Delivery>)> = events
                 .by_ref()

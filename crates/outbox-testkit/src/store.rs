@@ -1524,7 +1524,10 @@ pub mod cases {
             assert!(at(id).is_some(), "{id} not delivered within 20 s: {got:?}");
         }
         // Undelayed (and zero-delay) events are not held back by the delayed ones.
-        assert!(at(a0) < at(b2) && at(e) < at(b2) && at(e) < at(n2), "{got:?}");
+        assert!(
+            at(a0) < at(b2) && at(e) < at(b2) && at(e) < at(n2),
+            "{got:?}"
+        );
         assert!(
             when(e).unwrap() < Duration::from_millis(1500),
             "the undelayed event of another key waited: {got:?}"
@@ -1586,6 +1589,9 @@ pub mod cases {
             let report = settle(&store, c.token, delivered(&ids(&c))).await;
             assert!(report.fenced.is_empty(), "{report:?}");
         }
-        assert_eq!(got, ids_in, "per-key order: retried first, then the delayed one");
+        assert_eq!(
+            got, ids_in,
+            "per-key order: retried first, then the delayed one"
+        );
     }
 }

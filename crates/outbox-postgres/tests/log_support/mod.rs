@@ -35,10 +35,10 @@ impl LogDb {
         let log = PgLog::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
         let mut conn = pool.acquire().await.unwrap();
         let every: Vec<i32> = outbox_postgres::log::LOG_MIGRATIONS
-        .iter()
-        .map(|m| m.version)
-        .collect();
-    assert_eq!(log.migrate(&mut conn).await.unwrap(), every);
+            .iter()
+            .map(|m| m.version)
+            .collect();
+        assert_eq!(log.migrate(&mut conn).await.unwrap(), every);
         assert!(log.migrate(&mut conn).await.unwrap().is_empty());
         drop(conn);
         Self {
