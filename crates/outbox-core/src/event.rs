@@ -2,9 +2,10 @@
 //! claims ([`Event`]).
 
 use crate::ErrorCode;
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use std::collections::BTreeMap;
 use std::fmt;
+use std::time::Duration;
 use thiserror::Error;
 use uuid::Uuid;
 
@@ -153,6 +154,27 @@ pub enum ValidationError {
         /// Its byte offset in that field.
         at: usize,
     },
+    /// The delay given to [`NewEvent::deliver_after`] was negative.
+    #[error("deliver_after: the delay is negative ({micros} us); use zero or more (zero delivers at once)")]
+    NegativeDelay {
+        /// The requested delay in microseconds.
+        micros: i128,
+    },
+    /// The delay given to [`NewEvent::deliver_after`] was above
+    /// [`MAX_DELIVERY_DELAY`].
+    #[error(
+        "deliver_after: the delay of {secs} s is above the maximum of {max_secs} s (100 years)"
+    )]
+    DelayTooLong {
+        /// The requested delay in whole seconds (saturating).
+        secs: i128,
+        /// [`MAX_DELIVERY_DELAY`] in seconds.
+        max_secs: u64,
+    },
+    /// The time given to [`NewEvent::deliver_at`] was outside the years
+    /// 1970-9999 (UTC), the range every store represents.
+    #[error("deliver_at: {0} is outside the supported range 1970-01-01 to 9999-12-31 (UTC)")]
+    DeliverAtOutOfRange(DateTime<Utc>),
     /// A header above [`EventLimits::max_header_bytes`].
     #[error("header {name:?} is {size} bytes, above the maximum of {max}")]
     HeaderTooLarge {
@@ -205,6 +227,58 @@ fn refuse_control(field: impl FnOnce() -> EventField, text: &str) -> Result<(), 
     }
 }
 
+/// The longest delay [`NewEvent::deliver_after`] accepts: 100 years (36 600
+/// days). It keeps `now() + delay` inside every store's time range.
+pub const MAX_DELIVERY_DELAY: Duration = Duration::from_secs(36_600 * 24 * 3600);
+
+/// A delay for [`NewEvent::deliver_after`]: built from a
+/// [`std::time::Duration`] or a [`chrono::TimeDelta`] (which may be
+/// negative; a negative delay is refused at enqueue with
+/// [`ValidationError::NegativeDelay`]). Kept in whole microseconds, rounded
+/// up, so an event is never delivered before the delay is over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DeliveryDelay {
+    micros: i128,
+}
+
+impl DeliveryDelay {
+    /// The delay in microseconds (negative if it was built from a negative
+    /// [`chrono::TimeDelta`]).
+    pub fn as_micros(&self) -> i128 {
+        self.micros
+    }
+}
+
+impl From<Duration> for DeliveryDelay {
+    fn from(d: Duration) -> Self {
+        Self {
+            // u128 nanoseconds of a Duration / 1000 always fit an i128.
+            micros: i128::try_from(d.as_nanos().div_ceil(1000)).unwrap_or(i128::MAX),
+        }
+    }
+}
+
+impl From<chrono::TimeDelta> for DeliveryDelay {
+    fn from(d: chrono::TimeDelta) -> Self {
+        let nanos = i128::from(d.num_seconds()) * 1_000_000_000 + i128::from(d.subsec_nanos());
+        Self {
+            // Rounded up (towards +infinity): never early.
+            micros: -(-nanos).div_euclid(1000),
+        }
+    }
+}
+
+/// When a delayed event becomes deliverable, as a store reads it from
+/// [`NewEvent::delivery`] (validated).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Delivery {
+    /// At this time, compared with the database clock.
+    At(DateTime<Utc>),
+    /// This long after the database's `now()` when the event is inserted
+    /// (whole microseconds, at most [`MAX_DELIVERY_DELAY`]).
+    After(Duration),
+}
+
 /// An event to enqueue inside the caller's transaction.
 ///
 /// Its [`id`](Self::id) is a UUIDv7 created when the value is built.
@@ -216,6 +290,15 @@ pub struct NewEvent {
     topic: String,
     payload: Vec<u8>,
     headers: BTreeMap<String, String>,
+    schedule: Option<Schedule>,
+}
+
+/// What [`NewEvent::deliver_at`] / [`NewEvent::deliver_after`] asked for,
+/// unvalidated (validated by [`NewEvent::delivery`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Schedule {
+    At(DateTime<Utc>),
+    After(DeliveryDelay),
 }
 
 impl fmt::Debug for NewEvent {
@@ -227,6 +310,7 @@ impl fmt::Debug for NewEvent {
             .field("topic", &self.topic)
             .field("payload_len", &self.payload.len())
             .field("headers", &self.headers.keys().collect::<Vec<_>>())
+            .field("schedule", &self.schedule)
             .finish()
     }
 }
@@ -245,6 +329,7 @@ impl NewEvent {
             topic: topic.into(),
             payload: payload.into(),
             headers: BTreeMap::new(),
+            schedule: None,
         }
     }
 
@@ -269,6 +354,82 @@ impl NewEvent {
         self.headers
             .extend(headers.into_iter().map(|(k, v)| (k.into(), v.into())));
         self
+    }
+
+    /// Delays the event: it is not delivered before `at`, compared with the
+    /// DATABASE clock (the store's `now()`), never the application's. A time
+    /// in the past delivers at once. Replaces an earlier `deliver_at` /
+    /// `deliver_after`.
+    ///
+    /// Per-key order holds: a later event of the same key is not delivered
+    /// before this one, so it waits too; events of other keys are not
+    /// delayed. A time outside the years 1970-9999 (UTC) is refused at
+    /// enqueue with [`ValidationError::DeliverAtOutOfRange`].
+    ///
+    /// ```
+    /// use outbox_core::NewEvent;
+    /// let at = chrono::Utc::now() + chrono::TimeDelta::hours(1);
+    /// let e = NewEvent::new("invoice.due", "billing", b"{}".to_vec()).deliver_at(at);
+    /// # let _ = e;
+    /// ```
+    pub fn deliver_at(mut self, at: DateTime<Utc>) -> Self {
+        self.schedule = Some(Schedule::At(at));
+        self
+    }
+
+    /// Delays the event by `delay` from the database's `now()` when it is
+    /// inserted (the inserting transaction's start on PostgreSQL): the
+    /// application's clock plays no part. Takes a [`std::time::Duration`] or
+    /// a [`chrono::TimeDelta`]; zero delivers at once. Replaces an earlier
+    /// `deliver_at` / `deliver_after`.
+    ///
+    /// Per-key order holds: a later event of the same key waits behind this
+    /// one; events of other keys are not delayed. A negative delay is
+    /// refused at enqueue with [`ValidationError::NegativeDelay`], one above
+    /// [`MAX_DELIVERY_DELAY`] (100 years) with
+    /// [`ValidationError::DelayTooLong`]; neither panics.
+    ///
+    /// ```
+    /// use outbox_core::NewEvent;
+    /// use std::time::Duration;
+    /// let e = NewEvent::new("cart.reminder", "carts", b"{}".to_vec())
+    ///     .with_key("cart-7")
+    ///     .deliver_after(Duration::from_secs(30 * 60));
+    /// # let _ = e;
+    /// ```
+    pub fn deliver_after(mut self, delay: impl Into<DeliveryDelay>) -> Self {
+        self.schedule = Some(Schedule::After(delay.into()));
+        self
+    }
+
+    /// When the event may be delivered, validated: `None` for an event that
+    /// is not delayed (deliverable as soon as it commits). Store crates read
+    /// this at enqueue.
+    pub fn delivery(&self) -> Result<Option<Delivery>, ValidationError> {
+        match self.schedule {
+            None => Ok(None),
+            Some(Schedule::At(at)) => {
+                if (1970..=9999).contains(&at.year()) {
+                    Ok(Some(Delivery::At(at)))
+                } else {
+                    Err(ValidationError::DeliverAtOutOfRange(at))
+                }
+            }
+            Some(Schedule::After(delay)) => {
+                let micros = delay.as_micros();
+                if micros < 0 {
+                    return Err(ValidationError::NegativeDelay { micros });
+                }
+                let max = i128::try_from(MAX_DELIVERY_DELAY.as_micros()).unwrap_or(i128::MAX);
+                match u64::try_from(micros) {
+                    Ok(us) if micros <= max => Ok(Some(Delivery::After(Duration::from_micros(us)))),
+                    _ => Err(ValidationError::DelayTooLong {
+                        secs: micros / 1_000_000,
+                        max_secs: MAX_DELIVERY_DELAY.as_secs(),
+                    }),
+                }
+            }
+        }
     }
 
     /// Overrides the generated id (e.g. to make a retried request idempotent).
@@ -386,10 +547,12 @@ impl NewEvent {
                 });
             }
         }
+        self.delivery()?;
         Ok(())
     }
 
-    /// Splits the event into its parts (for store crates).
+    /// Splits the event into its parts (for store crates; read
+    /// [`delivery`](Self::delivery) first).
     #[allow(clippy::type_complexity)]
     pub fn into_parts(
         self,
@@ -603,6 +766,62 @@ mod tests {
         let s = format!("{e:?}");
         assert!(!s.contains("secret-token"));
         assert!(s.contains("payload_len"));
+    }
+
+    #[test]
+    fn delays_are_validated_without_panicking() {
+        let l = EventLimits::default();
+        assert_eq!(ok().delivery(), Ok(None));
+        assert_eq!(
+            ok().deliver_after(Duration::ZERO).delivery(),
+            Ok(Some(Delivery::After(Duration::ZERO)))
+        );
+        // Rounded up to whole microseconds: never early.
+        assert_eq!(
+            ok().deliver_after(Duration::from_nanos(1_500)).delivery(),
+            Ok(Some(Delivery::After(Duration::from_micros(2))))
+        );
+        assert_eq!(
+            ok().deliver_after(chrono::TimeDelta::seconds(2)).delivery(),
+            Ok(Some(Delivery::After(Duration::from_secs(2))))
+        );
+        assert_eq!(ok().deliver_after(MAX_DELIVERY_DELAY).validate(&l), Ok(()));
+        let negative = ok()
+            .deliver_after(chrono::TimeDelta::seconds(-5))
+            .validate(&l)
+            .unwrap_err();
+        assert_eq!(
+            negative,
+            ValidationError::NegativeDelay { micros: -5_000_000 }
+        );
+        assert!(negative.to_string().contains("negative"), "{negative}");
+        for huge in [
+            ok().deliver_after(Duration::MAX),
+            ok().deliver_after(MAX_DELIVERY_DELAY + Duration::from_micros(1)),
+            ok().deliver_after(chrono::TimeDelta::MAX),
+        ] {
+            let e = huge.validate(&l).unwrap_err();
+            assert!(
+                matches!(e, ValidationError::DelayTooLong { max_secs, .. } if max_secs == MAX_DELIVERY_DELAY.as_secs()),
+                "{e:?}"
+            );
+            assert!(e.to_string().contains("above the maximum"), "{e}");
+        }
+        let at = DateTime::<Utc>::from_timestamp(1_700_000_000, 0).unwrap();
+        assert_eq!(ok().deliver_at(at).delivery(), Ok(Some(Delivery::At(at))));
+        for far in [DateTime::<Utc>::MAX_UTC, DateTime::<Utc>::MIN_UTC] {
+            assert_eq!(
+                ok().deliver_at(far).validate(&l),
+                Err(ValidationError::DeliverAtOutOfRange(far))
+            );
+        }
+        // The last call wins.
+        assert_eq!(
+            ok().deliver_at(at)
+                .deliver_after(Duration::from_secs(1))
+                .delivery(),
+            Ok(Some(Delivery::After(Duration::from_secs(1))))
+        );
     }
 
     #[test]

@@ -15,7 +15,10 @@ mod store;
 
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
-pub use event::{Event, EventField, EventId, EventLimits, LastError, NewEvent, ValidationError};
+pub use event::{
+    Delivery, DeliveryDelay, Event, EventField, EventId, EventLimits, LastError, NewEvent,
+    ValidationError, MAX_DELIVERY_DELAY,
+};
 pub use message::BrokerMessage;
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};

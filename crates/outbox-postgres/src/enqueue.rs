@@ -5,7 +5,8 @@ use crate::log::names::LogNames;
 use crate::names::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
-use outbox_core::{EventId, EventLimits, NewEvent};
+use chrono::{DateTime, Utc};
+use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -45,32 +46,101 @@ pub struct PgOutbox {
 }
 
 struct EnqueueSql {
-    one: String,
+    plain: Inserts,
     one_notify: String,
-    batch: String,
     batch_notify: String,
+    delayed_one_notify: String,
+    delayed_batch_notify: String,
 }
 
 const COLUMNS: &str = "id, key, key_hash, event_type, topic, payload, headers";
 
-impl EnqueueSql {
+/// One target's INSERT statements: for undelayed events (the seven columns,
+/// unchanged by the delayed-events feature: an undelayed event pays nothing
+/// for it) and for delayed ones (an eighth column, the target's due time,
+/// `$8` absolute time / `$9` delay in µs from the database's `now()`).
+pub(crate) struct Inserts {
+    pub(crate) one: String,
+    pub(crate) batch: String,
+    pub(crate) delayed_one: String,
+    pub(crate) delayed_batch: String,
+}
+
+impl Inserts {
     /// The statements inserting into `target` (a quoted, qualified table:
     /// the queue table or the event log; both take the same seven columns).
-    fn new(target: &str) -> Self {
-        let one =
-            format!("INSERT INTO {target} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)");
-        let batch = format!(
-            "INSERT INTO {target} ({COLUMNS}) \
-             SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb \
-             FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]) \
-             WITH ORDINALITY AS t(id, key, key_hash, event_type, topic, payload, headers, n) \
-             ORDER BY n"
-        );
+    /// A delayed event also sets `due_column` (`next_attempt_at` of the
+    /// queue, `deliver_at` of the log); `undelayed` is that column's value
+    /// for an undelayed event of a batch that has delayed ones.
+    pub(crate) fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
+        let due = "coalesce($8::timestamptz, now() + $9::bigint * interval '1 microsecond')";
+        let due_row =
+            format!("coalesce(at, now() + after_us * interval '1 microsecond', {undelayed})");
+        let batch = |extra_col: &str, extra_val: &str, extra_arrays: &str, extra_names: &str| {
+            format!(
+                "INSERT INTO {target} ({COLUMNS}{extra_col}) \
+                 SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb{extra_val} \
+                 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]{extra_arrays}) \
+                 WITH ORDINALITY AS t(id, key, key_hash, event_type, topic, payload, headers{extra_names}, n) \
+                 ORDER BY n"
+            )
+        };
         Self {
-            one_notify: format!("WITH ins AS ({one}) SELECT pg_notify($8, '')"),
-            batch_notify: format!("WITH ins AS ({batch}) SELECT pg_notify($8, '')"),
-            one,
-            batch,
+            one: format!(
+                "INSERT INTO {target} ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)"
+            ),
+            batch: batch("", "", "", ""),
+            delayed_one: format!(
+                "INSERT INTO {target} ({COLUMNS}, {due_column}) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, {due})"
+            ),
+            delayed_batch: batch(
+                &format!(", {due_column}"),
+                &format!(", {due_row}"),
+                ", $8::timestamptz[], $9::bigint[]",
+                ", at, after_us",
+            ),
+        }
+    }
+
+    /// The single-event statement for `event`.
+    pub(crate) fn one_for(&self, event: &NewEvent) -> &str {
+        if is_delayed(event) {
+            &self.delayed_one
+        } else {
+            &self.one
+        }
+    }
+
+    /// The batch statement for `events` (validated).
+    pub(crate) fn batch_for(&self, events: &[NewEvent]) -> &str {
+        if events.iter().any(is_delayed) {
+            &self.delayed_batch
+        } else {
+            &self.batch
+        }
+    }
+}
+
+/// Whether `event` asked for a delay (even a zero or invalid one: the
+/// statement then has the delay's parameters, and validation refuses an
+/// invalid one before anything is bound).
+fn is_delayed(event: &NewEvent) -> bool {
+    !matches!(event.delivery(), Ok(None))
+}
+
+impl EnqueueSql {
+    /// The queue table's or the event log's statements (see [`Inserts::new`]).
+    fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
+        let plain = Inserts::new(target, due_column, undelayed);
+        let notify =
+            |sql: &str, param: u32| format!("WITH ins AS ({sql}) SELECT pg_notify(${param}, '')");
+        Self {
+            one_notify: notify(&plain.one, 8),
+            batch_notify: notify(&plain.batch, 8),
+            delayed_one_notify: notify(&plain.delayed_one, 10),
+            delayed_batch_notify: notify(&plain.delayed_batch, 10),
+            plain,
         }
     }
 }
@@ -128,7 +198,11 @@ impl PgOutbox {
             PgMode::Log => {
                 let log = LogNames::new(schema, table)?;
                 Ok(Self {
-                    sql: Arc::new(EnqueueSql::new(&log.render("{{log}}"))),
+                    sql: Arc::new(EnqueueSql::new(
+                        &log.render("{{log}}"),
+                        "deliver_at",
+                        "NULL",
+                    )),
                     names: Arc::new(names),
                     log: Some(Arc::new(log)),
                     limits: EventLimits::default(),
@@ -142,7 +216,11 @@ impl PgOutbox {
     /// A queue-mode outbox (the handle a [`PgStore`](crate::PgStore) hands out).
     pub(crate) fn from_names(names: Names) -> Self {
         Self {
-            sql: Arc::new(EnqueueSql::new(&names.render("{{events}}"))),
+            sql: Arc::new(EnqueueSql::new(
+                &names.render("{{events}}"),
+                "next_attempt_at",
+                "now()",
+            )),
             names: Arc::new(names),
             log: None,
             limits: EventLimits::default(),
@@ -204,10 +282,10 @@ impl PgOutbox {
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
         let notify = self.notifies();
-        let sql = if notify {
-            &self.sql.one_notify
-        } else {
-            &self.sql.one
+        let sql = match (notify, is_delayed(&event)) {
+            (false, _) => self.sql.plain.one_for(&event),
+            (true, false) => &self.sql.one_notify,
+            (true, true) => &self.sql.delayed_one_notify,
         };
         let (id, mut q) = bind_event(sqlx::query(sql), event, &self.limits)?;
         if notify {
@@ -230,12 +308,13 @@ impl PgOutbox {
             return Ok(Vec::new());
         }
         let notify = self.notifies();
-        let sql = if notify {
-            &self.sql.batch_notify
-        } else {
-            &self.sql.batch
+        let delayed = events.iter().any(is_delayed);
+        let sql = match (notify, delayed) {
+            (false, _) => self.sql.plain.batch_for(&events),
+            (true, false) => &self.sql.batch_notify,
+            (true, true) => &self.sql.delayed_batch_notify,
         };
-        let (ids, mut q) = bind_batch(sqlx::query(sql), events);
+        let (ids, mut q) = bind_batch(sqlx::query(sql), events)?;
         if notify {
             q = q.bind(&self.names.channel);
         }
@@ -284,7 +363,9 @@ pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postg
 
 /// Validates `event` and binds its seven columns (id, key, key hash, type,
 /// topic, payload, headers as JSON) to `q`, in the order both modes' INSERT
-/// statements expect. Returns the event's id with the bound query.
+/// statements expect, and for a delayed event (the statement of
+/// [`Inserts::one_for`]) its due time as `$8`/`$9`. Returns the event's id
+/// with the bound query.
 pub(crate) fn bind_event<'q>(
     q: PgQuery<'q>,
     event: NewEvent,
@@ -294,6 +375,7 @@ pub(crate) fn bind_event<'q>(
     event
         .validate(limits)
         .map_err(|source| EnqueueError::Invalid { id, source })?;
+    let due = due_params(&event)?;
     let key_hash = i64::from(event.key_hash());
     let (id, key, event_type, topic, payload, headers) = event.into_parts();
     let q = q
@@ -304,8 +386,32 @@ pub(crate) fn bind_event<'q>(
         .bind(topic)
         .bind(payload)
         .bind(headers_json(&headers));
+    let q = match due {
+        Some((at, after_us)) => q.bind(at).bind(after_us),
+        None => q,
+    };
     Ok((id, q))
 }
+
+/// A delayed event's `(absolute time, delay in µs)` parameters (one of them
+/// set), `None` for an undelayed event.
+fn due_params(event: &NewEvent) -> Result<Option<DueParams>, EnqueueError> {
+    let delivery = event.delivery().map_err(|source| EnqueueError::Invalid {
+        id: event.id(),
+        source,
+    })?;
+    Ok(match delivery {
+        None => None,
+        Some(Delivery::At(at)) => Some((Some(at), None)),
+        // Validated: at most MAX_DELIVERY_DELAY (100 years), far inside an i64 of µs.
+        Some(Delivery::After(d)) => {
+            Some((None, Some(i64::try_from(d.as_micros()).unwrap_or(i64::MAX))))
+        }
+    })
+}
+
+/// `$8` (absolute due time) and `$9` (delay in µs) of a delayed INSERT.
+type DueParams = (Option<DateTime<Utc>>, Option<i64>);
 
 /// Collects and validates a batch (nothing is bound if one is refused).
 pub(crate) fn validate_batch(
@@ -321,9 +427,17 @@ pub(crate) fn validate_batch(
 }
 
 /// Binds a validated batch to `q` as seven arrays (the columns of
-/// [`bind_event`], for an `UNNEST` INSERT). Returns the ids in the given order.
-pub(crate) fn bind_batch(q: PgQuery<'_>, events: Vec<NewEvent>) -> (Vec<EventId>, PgQuery<'_>) {
+/// [`bind_event`], for an `UNNEST` INSERT), plus the due-time arrays `$8`/`$9`
+/// when one of the events is delayed (the statement of
+/// [`Inserts::batch_for`]). Returns the ids in the given order.
+pub(crate) fn bind_batch(
+    q: PgQuery<'_>,
+    events: Vec<NewEvent>,
+) -> Result<(Vec<EventId>, PgQuery<'_>), EnqueueError> {
     let n = events.len();
+    let delayed = events.iter().any(is_delayed);
+    let mut ats: Vec<Option<DateTime<Utc>>> = Vec::new();
+    let mut afters: Vec<Option<i64>> = Vec::new();
     let mut ids = Vec::with_capacity(n);
     let mut uuids: Vec<Uuid> = Vec::with_capacity(n);
     let mut keys: Vec<Option<String>> = Vec::with_capacity(n);
@@ -333,6 +447,11 @@ pub(crate) fn bind_batch(q: PgQuery<'_>, events: Vec<NewEvent>) -> (Vec<EventId>
     let mut payloads: Vec<Vec<u8>> = Vec::with_capacity(n);
     let mut headers: Vec<String> = Vec::with_capacity(n);
     for e in events {
+        if delayed {
+            let (at, after) = due_params(&e)?.unwrap_or((None, None));
+            ats.push(at);
+            afters.push(after);
+        }
         hashes.push(i64::from(e.key_hash()));
         let (id, key, event_type, topic, payload, h) = e.into_parts();
         ids.push(id);
@@ -351,7 +470,8 @@ pub(crate) fn bind_batch(q: PgQuery<'_>, events: Vec<NewEvent>) -> (Vec<EventId>
         .bind(topics)
         .bind(payloads)
         .bind(headers);
-    (ids, q)
+    let q = if delayed { q.bind(ats).bind(afters) } else { q };
+    Ok((ids, q))
 }
 
 fn headers_json(headers: &std::collections::BTreeMap<String, String>) -> String {
@@ -394,11 +514,18 @@ mod tests {
         assert!(!sql.contains("{{"), "{sql}");
         assert!(
             o.sql
+                .plain
                 .one
                 .starts_with("INSERT INTO \"outbox\".\"events_log\" ("),
             "{}",
-            o.sql.one
+            o.sql.plain.one
         );
+        // An undelayed event's INSERT does not name the delay column; a
+        // delayed one sets the log's deliver_at.
+        assert!(!o.sql.plain.one.contains("deliver_at"));
+        assert!(!o.sql.plain.batch.contains("deliver_at"));
+        assert!(o.sql.plain.delayed_one.contains("deliver_at)"));
+        assert!(o.sql.plain.delayed_batch.contains("deliver_at)"));
         // Event-log relays do not listen: nothing is sent.
         assert!(!o.clone().with_notify(true).notifies());
     }
@@ -414,7 +541,11 @@ mod tests {
         assert_eq!(o.mode(), PgMode::Queue);
         let sql = &o.migration_sql()[0].2;
         assert!(sql.contains("CREATE TABLE \"app\".\"events\" ("), "{sql}");
-        assert!(o.sql.one.starts_with("INSERT INTO \"app\".\"events\" ("));
+        assert!(o
+            .sql
+            .plain
+            .one
+            .starts_with("INSERT INTO \"app\".\"events\" ("));
         assert!(o.with_notify(true).notifies());
     }
 

@@ -138,13 +138,11 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     let log = PgOutbox::new(schema.clone(), table.clone()).unwrap();
     assert_eq!(log.mode(), PgMode::Log);
     let mut conn = pool.acquire().await.unwrap();
-    assert_eq!(
-        log.migrate(&mut conn).await.unwrap(),
-        outbox_postgres::log::LOG_MIGRATIONS
-            .iter()
-            .map(|m| m.version)
-            .collect::<Vec<_>>()
-    );
+    let every: Vec<i32> = outbox_postgres::log::LOG_MIGRATIONS
+        .iter()
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(log.migrate(&mut conn).await.unwrap(), every);
     assert!(log.migrate(&mut conn).await.unwrap().is_empty());
     assert_eq!(
         relkind(&pool, &schema, "events").await.as_deref(),

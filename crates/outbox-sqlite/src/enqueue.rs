@@ -3,12 +3,30 @@
 use crate::migrate::{self, AppliedMigration};
 use crate::names::Names;
 use crate::options::DEFAULT_TABLE;
-use crate::sql::{encode_headers, now_ms};
+use crate::sql::{delay_ms, encode_headers, now_ms};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
-use outbox_core::{EventId, EventLimits, NewEvent};
+use chrono::{DateTime, Utc};
+use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
 use sqlx::SqliteConnection;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+/// `at` in milliseconds since the epoch, rounded up (never early).
+fn ceil_millis(at: DateTime<Utc>) -> i64 {
+    let ms = at.timestamp_millis();
+    if at.timestamp_subsec_nanos() % 1_000_000 == 0 {
+        ms
+    } else {
+        ms.saturating_add(1)
+    }
+}
+
+/// `d` rounded up to whole milliseconds.
+fn ceil_ms(d: Duration) -> Duration {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
 
 /// Rows per multi-row `INSERT` (7 bound values each, far below SQLite's
 /// 32766-variable limit).
@@ -147,18 +165,41 @@ impl SqliteOutbox {
         let mut ids = Vec::with_capacity(events.len());
         let mut events = events.into_iter().peekable();
         let row = concat!("(?, ?, ?, ?, ?, ?, ?, ", now_ms!(), ", 0, ", now_ms!(), ")");
+        // A delayed event's row: due at an absolute time, or after a delay
+        // from the database clock (milliseconds, rounded up: never early).
+        let row_at = concat!("(?, ?, ?, ?, ?, ?, ?, ", now_ms!(), ", 0, ?)");
+        let row_after = concat!(
+            "(?, ?, ?, ?, ?, ?, ?, ",
+            now_ms!(),
+            ", 0, ",
+            now_ms!(),
+            " + ?)"
+        );
         while events.peek().is_some() {
-            let chunk: Vec<NewEvent> = events.by_ref().take(INSERT_CHUNK).collect();
+            let chunk: Vec<(NewEvent, Option<Delivery>)> = events
+                .by_ref()
+                .take(INSERT_CHUNK)
+                .map(|e| {
+                    let due = e
+                        .delivery()
+                        .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
+                    Ok((e, due))
+                })
+                .collect::<Result<_, EnqueueError>>()?;
             let mut sql = String::with_capacity(self.insert_head.len() + chunk.len() * 120);
             sql.push_str(&self.insert_head);
-            for i in 0..chunk.len() {
+            for (i, (_, due)) in chunk.iter().enumerate() {
                 if i > 0 {
                     sql.push_str(", ");
                 }
-                sql.push_str(row);
+                sql.push_str(match due {
+                    None => row,
+                    Some(Delivery::At(_)) => row_at,
+                    Some(Delivery::After(_)) => row_after,
+                });
             }
             let mut query = sqlx::query(&sql);
-            for event in chunk {
+            for (event, due) in chunk {
                 let key_hash = i64::from(event.key_hash());
                 let (id, key, event_type, topic, payload, headers) = event.into_parts();
                 ids.push(id);
@@ -170,6 +211,11 @@ impl SqliteOutbox {
                     .bind(topic)
                     .bind(payload)
                     .bind(encode_headers(&headers));
+                query = match due {
+                    None => query,
+                    Some(Delivery::At(at)) => query.bind(ceil_millis(at)),
+                    Some(Delivery::After(d)) => query.bind(delay_ms(ceil_ms(d))),
+                };
             }
             query
                 .execute(&mut *conn)

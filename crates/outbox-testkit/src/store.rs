@@ -12,7 +12,9 @@
 //! (a new SQLite file, a new PostgreSQL schema). Every case asserts what the
 //! tables hold (through [`StoreHarness::snapshot`] and `stats`), not only
 //! that calls returned `Ok`. No case depends on wall-clock timing: leases are
-//! long and expire only through [`StoreHarness::expire_lease`].
+//! long and expire only through [`StoreHarness::expire_lease`]. (One case,
+//! delayed events, waits out a 2 s delay: it asserts on the database
+//! clock's columns and gives the delivery 20 s.)
 //!
 //! The contract the cases pin, beyond the [`Store`] docs:
 //! - `settle` records a mixed batch (delivered, retry, dead, released) at
@@ -30,6 +32,9 @@
 //!   database clock) are ANDed; list, count, retry and purge honour them.
 //! - A replayed dead letter is never claimed beside another event of its
 //!   key that is in flight; it goes behind the key's pending events.
+//! - A delayed event (`deliver_at` / `deliver_after`) is not claimed before
+//!   its time (database clock); it delays no other key, and its key's later
+//!   events wait behind it.
 
 use outbox_core::{
     Claim, ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
@@ -149,6 +154,8 @@ macro_rules! store_conformance_tests {
             stats_count_pending_in_flight_and_dead,
             enqueue_rejects_invalid_events_and_writes_nothing,
             batch_enqueue_writes_all,
+            delayed_events_wait_without_delaying_other_keys,
+            delayed_event_stays_behind_a_retried_event_of_its_key,
         );
     };
     ($harness:expr) => {
@@ -179,6 +186,8 @@ macro_rules! store_conformance_tests {
             stats_count_pending_in_flight_and_dead,
             enqueue_rejects_invalid_events_and_writes_nothing,
             batch_enqueue_writes_all,
+            delayed_events_wait_without_delaying_other_keys,
+            delayed_event_stays_behind_a_retried_event_of_its_key,
         );
     };
 }
@@ -1451,5 +1460,138 @@ pub mod cases {
             format!("payload-{}", N - 1).into_bytes()
         );
         assert_eq!(h.snapshot(all[N / 2]).await, leased(1, c.token, "relay-a"));
+    }
+
+    /// Delays of 0 s, 2 s and 1 h: the 0 s event and an undelayed event of
+    /// another key enqueued after the delayed ones come at once; the 2 s
+    /// event (and a keyless one, delayed 2 s too) not before 2 s on the
+    /// database clock, then is delivered; its key's later event never
+    /// before it; the 1 h event (an absolute time) and its key's later
+    /// event not within the test (dropped with the test's database). A
+    /// negative delay is refused at enqueue.
+    pub async fn delayed_events_wait_without_delaying_other_keys<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let refused = h
+            .enqueue(
+                vec![keyed("x", 99).deliver_after(chrono::TimeDelta::seconds(-1))],
+                true,
+            )
+            .await;
+        assert_eq!(
+            refused,
+            Err(ValidationError::NegativeDelay { micros: -1_000_000 })
+        );
+
+        let start = std::time::Instant::now();
+        let now0 = keyed("a", 0).deliver_after(Duration::ZERO);
+        let two = keyed("b", 1).deliver_after(Duration::from_secs(2));
+        let keyless_two = ev(2).deliver_after(chrono::TimeDelta::seconds(2));
+        let hour = keyed("c", 3).deliver_at(chrono::Utc::now() + chrono::TimeDelta::hours(1));
+        let delayed = h
+            .enqueue(vec![now0, two, keyless_two, hour], true)
+            .await
+            .unwrap();
+        let (a0, b2, n2, c1h) = (delayed[0], delayed[1], delayed[2], delayed[3]);
+        let later = h
+            .enqueue(vec![keyed("e", 4), keyed("b", 5), keyed("c", 6)], true)
+            .await
+            .unwrap();
+        let (e, b_next, c_next) = (later[0], later[1], later[2]);
+
+        // Claim and deliver everything that comes, recording when (test
+        // clock) and in which order.
+        let mut got: Vec<(EventId, std::time::Duration)> = Vec::new();
+        let mut b2_event = None;
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while !got.iter().any(|(id, _)| *id == b_next) && std::time::Instant::now() < deadline {
+            let c = claim(&store, req("relay-a", 100)).await;
+            if c.events.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            for ev in &c.events {
+                got.push((ev.id, start.elapsed()));
+                if ev.id == b2 {
+                    b2_event = Some(ev.clone());
+                }
+            }
+            let report = settle(&store, c.token, delivered(&ids(&c))).await;
+            assert!(report.fenced.is_empty(), "{report:?}");
+        }
+        let at = |id: EventId| got.iter().position(|(g, _)| *g == id);
+        let when = |id: EventId| got.iter().find(|(g, _)| *g == id).map(|(_, t)| *t);
+        for id in [a0, e, b2, n2, b_next] {
+            assert!(at(id).is_some(), "{id} not delivered within 20 s: {got:?}");
+        }
+        // Undelayed (and zero-delay) events are not held back by the delayed ones.
+        assert!(
+            at(a0) < at(b2) && at(e) < at(b2) && at(e) < at(n2),
+            "{got:?}"
+        );
+        assert!(
+            when(e).unwrap() < Duration::from_millis(1500),
+            "the undelayed event of another key waited: {got:?}"
+        );
+        // Not before 2 s: the database's own columns (insert time -> due
+        // time), and the claim itself (the test started its clock before
+        // the inserting transaction began, on the same host).
+        let b2_event = b2_event.unwrap();
+        assert!(
+            b2_event.next_attempt_at - b2_event.created_at >= chrono::TimeDelta::seconds(2),
+            "{b2_event:?}"
+        );
+        for id in [b2, n2] {
+            assert!(
+                when(id).unwrap() >= Duration::from_millis(1990),
+                "{id} delivered before its 2 s delay: {got:?}"
+            );
+        }
+        // Per-key order: the key's later event waited behind the delayed one.
+        assert!(at(b2) < at(b_next), "{got:?}");
+        // The 1 h event and the later event of its key: not within the test.
+        for id in [c1h, c_next] {
+            assert_eq!(at(id), None, "{got:?}");
+        }
+        let c = claim(&store, req("relay-a", 100)).await;
+        assert!(c.events.is_empty(), "{:?}", ids(&c));
+    }
+
+    /// A delayed event behind an event of its key that is retried for
+    /// longer than the delay still waits for it: order k1 (retried), k2
+    /// (delayed 1 s), k3.
+    pub async fn delayed_event_stays_behind_a_retried_event_of_its_key<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let ids_in = h
+            .enqueue(
+                vec![
+                    keyed("k", 0),
+                    keyed("k", 1).deliver_after(Duration::from_secs(1)),
+                    keyed("k", 2),
+                ],
+                true,
+            )
+            .await
+            .unwrap();
+        let c = claim(&store, req("relay-a", 100)).await;
+        assert_eq!(ids(&c), vec![ids_in[0]], "only the key's first event");
+        let s = Settlement::new().with(ids_in[0], retry(Duration::from_millis(1500)));
+        assert!(settle(&store, c.token, s).await.fenced.is_empty());
+
+        let mut got = Vec::new();
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while got.len() < 3 && std::time::Instant::now() < deadline {
+            let c = claim(&store, req("relay-a", 100)).await;
+            if c.events.is_empty() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            got.extend(ids(&c));
+            let report = settle(&store, c.token, delivered(&ids(&c))).await;
+            assert!(report.fenced.is_empty(), "{report:?}");
+        }
+        assert_eq!(
+            got, ids_in,
+            "per-key order: retried first, then the delayed one"
+        );
     }
 }

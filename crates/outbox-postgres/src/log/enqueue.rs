@@ -1,7 +1,7 @@
 //! Enqueue into the event log inside the caller's transaction.
 
 use super::names::LogNames;
-use crate::enqueue::{bind_batch, bind_event, validate_batch};
+use crate::enqueue::{bind_batch, bind_event, validate_batch, Inserts};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
 use outbox_core::{EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
@@ -28,34 +28,8 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct PgLog {
     pub(crate) names: Arc<LogNames>,
-    sql: Arc<EnqueueSql>,
+    sql: Arc<Inserts>,
     limits: EventLimits,
-}
-
-struct EnqueueSql {
-    one: String,
-    batch: String,
-}
-
-impl EnqueueSql {
-    fn new(names: &LogNames) -> Self {
-        // txid, seq, slot and created_at come from column defaults: the
-        // transaction id, the insertion order and the current partition
-        // are all decided inside this one statement.
-        Self {
-            one: names.render(
-                "INSERT INTO {{log}} (id, key, key_hash, event_type, topic, payload, headers) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb)",
-            ),
-            batch: names.render(
-                "INSERT INTO {{log}} (id, key, key_hash, event_type, topic, payload, headers) \
-                 SELECT id, key, key_hash, event_type, topic, payload, headers::jsonb \
-                 FROM UNNEST($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bytea[], $7::text[]) \
-                 WITH ORDINALITY AS t(id, key, key_hash, event_type, topic, payload, headers, n) \
-                 ORDER BY n",
-            ),
-        }
-    }
 }
 
 impl fmt::Debug for PgLog {
@@ -76,7 +50,11 @@ impl PgLog {
 
     pub(crate) fn from_names(names: LogNames) -> Self {
         Self {
-            sql: Arc::new(EnqueueSql::new(&names)),
+            // txid, seq, slot and created_at come from column defaults: the
+            // transaction id, the insertion order and the current partition
+            // are all decided inside this one statement. `deliver_at` is
+            // set for a delayed event only (NULL otherwise: migration 3).
+            sql: Arc::new(Inserts::new(&names.render("{{log}}"), "deliver_at", "NULL")),
             names: Arc::new(names),
             limits: EventLimits::default(),
         }
@@ -105,7 +83,7 @@ impl PgLog {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
-        let (id, q) = bind_event(sqlx::query(&self.sql.one), event, &self.limits)?;
+        let (id, q) = bind_event(sqlx::query(self.sql.one_for(&event)), event, &self.limits)?;
         q.execute(conn).await.map_err(EnqueueError::Database)?;
         Ok(id)
     }
@@ -122,7 +100,7 @@ impl PgLog {
         if events.is_empty() {
             return Ok(Vec::new());
         }
-        let (ids, q) = bind_batch(sqlx::query(&self.sql.batch), events);
+        let (ids, q) = bind_batch(sqlx::query(self.sql.batch_for(&events)), events)?;
         q.execute(conn).await.map_err(EnqueueError::Database)?;
         Ok(ids)
     }

@@ -18,6 +18,11 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
         name: "0002_relay_group",
         template: include_str!("../../../../migrations/postgres-log/0002_relay_group.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_delayed_events",
+        template: include_str!("../../../../migrations/postgres-log/0003_delayed_events.sql"),
+    },
 ];
 
 /// First key of the advisory lock: ASCII "olog" (the queue mode uses "obox").
@@ -74,7 +79,8 @@ enum Found {
 ///   an exclusive lock, its pending rows (`delivered_at IS NULL`, delivered
 ///   rows kept for retention are dropped) are copied into the log in their
 ///   queue order (`seq`), with their ids, keys, headers and `created_at`
-///   (attempt counts and backoff restart), its dead letters into the log's
+///   (attempt counts and backoff restart; a delayed event, never attempted
+///   and due later, keeps its due time as `deliver_at`), its dead letters into the log's
 ///   dead letters of the default group, and the queue objects
 ///   (`<table>`, `<table>_dead`, `<table>_migrations`) are dropped;
 /// - then `<table>` is created as a view over the log that PostgreSQL makes
@@ -121,8 +127,11 @@ async fn attach(conn: &mut PgConnection, names: &LogNames) -> Result<(), Migrate
             );
             let copy_pending = names.render(
                 "LOCK TABLE {{outbox}} IN ACCESS EXCLUSIVE MODE;
-                 INSERT INTO {{log}} (id, key, key_hash, event_type, topic, payload, headers, created_at)
-                 SELECT id, key, key_hash, event_type, topic, payload, headers, created_at
+                 INSERT INTO {{log}} (id, key, key_hash, event_type, topic, payload, headers, created_at,
+                                      deliver_at)
+                 SELECT id, key, key_hash, event_type, topic, payload, headers, created_at,
+                        CASE WHEN attempts = 0 AND locked_until IS NULL AND next_attempt_at > now()
+                             THEN next_attempt_at END
                  FROM {{outbox}} WHERE delivered_at IS NULL ORDER BY seq",
             );
             let pending = tx

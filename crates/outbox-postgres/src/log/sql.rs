@@ -137,6 +137,8 @@ rows AS (
            g.topic, g.payload, g.headers::text, g.created_at, 0,
            g.created_at, NULL::text, NULL::text,
            (g.key IS NOT NULL AND g.key IN (SELECT key FROM lane_keys))
+             -- A delayed event not due yet parks (into the lane, due at deliver_at).
+             OR coalesce(g.deliver_at > now(), false)
     FROM logged g
 )
 SELECT s.cur::text, s.lease_ok, r.w, r.txid::text, r.seq, r.ord, r.id, r.key, r.event_type, r.topic,
@@ -146,15 +148,17 @@ FROM snap s LEFT JOIN rows r ON true";
 
 /// Copies log rows into the retry lane, in the order given (the `ord`
 /// default is evaluated row by row in that order). `$1` group, `$2`/`$3`
-/// (txid, seq), `$4` attempts, `$5` delay in µs, `$6`/`$7` last error.
+/// (txid, seq), `$4` attempts, `$5` delay in µs, `$6`/`$7` last error. A
+/// delayed event is not due before its `deliver_at` (`greatest` ignores NULL).
 const LOG_TO_LANE: &str = "\
 INSERT INTO {{lane}} (grp, id, key, key_hash, event_type, topic, payload, headers, created_at,
                       attempts, next_attempt_at, last_error_code, last_error_message)
 SELECT $1, x.id, x.key, x.key_hash, x.event_type, x.topic, x.payload, x.headers, x.created_at,
-       x.attempts, now() + x.delay_us * interval '1 microsecond', x.code, x.message
+       x.attempts, greatest(now() + x.delay_us * interval '1 microsecond', x.deliver_at),
+       x.code, x.message
 FROM (
     SELECT e.id, e.key, e.key_hash, e.event_type, e.topic, e.payload, e.headers, e.created_at,
-           t.attempts, t.delay_us, t.code, t.message
+           e.deliver_at, t.attempts, t.delay_us, t.code, t.message
     FROM UNNEST($2::text[], $3::bigint[], $4::int[], $5::bigint[], $6::text[], $7::text[])
          WITH ORDINALITY AS t(txid, seq, attempts, delay_us, code, message, n)
     JOIN {{log}} e ON e.txid = t.txid::xid8 AND e.seq = t.seq

@@ -856,6 +856,8 @@ impl PgLogStore {
         let mut last: Option<(i32, u64, i64)> = None;
         let mut log_rows = 0usize;
         let mut cut = false;
+        let mut parked_now: HashSet<String> = HashSet::new();
+        let mut delivering: HashSet<String> = HashSet::new();
         for &(w, _, txid, seq, i) in &order {
             let row = &rows[i];
             let id = EventId::from_uuid(row.try_get::<Uuid, _>(6)?);
@@ -906,10 +908,21 @@ impl PgLogStore {
                 cut = true;
                 continue;
             }
+            // Parked: its key is in the lane, or it is a delayed event not
+            // due yet, or an earlier row of its key parked in this claim.
+            let parked = row.try_get::<bool, _>(17)?
+                || key_text.as_ref().is_some_and(|k| parked_now.contains(k));
+            if parked && key_text.as_ref().is_some_and(|k| delivering.contains(k)) {
+                // A delayed event behind an event of its key in this batch:
+                // parked now, it would overtake that event's retry in the
+                // lane. The batch ends before it (as for a held key).
+                cut = true;
+                continue;
+            }
             last = Some((w, txid, seq));
-            let parked: bool = row.try_get(17)?;
             let headers: String = row.try_get(11)?;
             let (kind, event) = if parked {
+                parked_now.extend(key_text.clone());
                 writes.park.push((txid, seq));
                 (Kind::Parked, None)
             } else {
@@ -937,6 +950,7 @@ impl PgLogStore {
                 }
             };
             if let Some(e) = event {
+                delivering.extend(e.key.clone());
                 events.push(e);
             }
             items.push(Item {
