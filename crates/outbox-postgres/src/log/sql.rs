@@ -37,7 +37,10 @@ const GROUP_STARTS: &str =
 
 const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 
-/// The claim: due lane rows (head of their key) first, then the log from
+/// The claim: due lane rows first (of each key, its rows in lane order up
+/// to the first one not due yet: after an outage a key's released head and
+/// the events parked behind it go out in one batch, in order, instead of
+/// one per key per round trip), then the log from
 /// the read position: the rest of window (lo, hi), then, if that has fewer
 /// than `$11` rows, the new window (hi, now). See the module docs. Rows
 /// come unsorted: each branch is ordered and limited, and the store sorts
@@ -114,6 +117,11 @@ new AS (
 logged AS (
     SELECT * FROM old UNION ALL SELECT * FROM new
 ),
+blocked AS MATERIALIZED (
+    SELECT key, min(ord) AS ord FROM {{lane}}
+    WHERE grp = $1 AND key IS NOT NULL AND next_attempt_at > now()
+    GROUP BY key
+),
 due AS (
     SELECT l.* FROM {{lane}} l
     WHERE l.grp = $1 AND l.next_attempt_at <= now()
@@ -121,8 +129,7 @@ due AS (
       AND NOT (l.ord = ANY($12::bigint[]))
       AND (l.key IS NULL OR (
             NOT (l.key = ANY($13::text[]))
-            AND NOT EXISTS (SELECT 1 FROM {{lane}} p
-                            WHERE p.grp = l.grp AND p.key = l.key AND p.ord < l.ord)
+            AND NOT EXISTS (SELECT 1 FROM blocked b WHERE b.key = l.key AND b.ord < l.ord)
             AND NOT EXISTS (SELECT 1 FROM {{dead}} d
                             WHERE d.grp = l.grp AND d.key = l.key AND d.blocking)))
     ORDER BY l.ord LIMIT $11
