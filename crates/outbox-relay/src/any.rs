@@ -479,7 +479,9 @@ mod tests {
     async fn connect_errors_name_the_fix() {
         let none = |_: &Descriptor| Settings::new();
         let all = GroupScope::default();
-        let e = AnyStore::connect("outbox.db", none, &all).await.unwrap_err();
+        let e = AnyStore::connect("outbox.db", none, &all)
+            .await
+            .unwrap_err();
         assert!(matches!(e, ConnectError::NoScheme { .. }), "{e}");
         let e = AnyStore::connect("mysql://u:pw@h/db", none, &all)
             .await

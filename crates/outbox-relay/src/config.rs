@@ -564,9 +564,7 @@ pub(crate) struct GroupScope {
 impl GroupScope {
     /// The group named, unless it is the default group.
     pub(crate) fn named(&self) -> Option<&str> {
-        self.group
-            .as_deref()
-            .filter(|g| *g != DEFAULT_GROUP)
+        self.group.as_deref().filter(|g| *g != DEFAULT_GROUP)
     }
 }
 
@@ -766,12 +764,22 @@ mod tests {
         assert!(err.contains("' ' at position 1"), "{err}");
         let r = resolved("start_from = \"yesterday\"").unwrap();
         let err = r.scope().unwrap_err().to_string();
-        assert!(err.contains("`start_from`") && err.contains("`now`"), "{err}");
+        assert!(
+            err.contains("`start_from`") && err.contains("`now`"),
+            "{err}"
+        );
         let r = resolved("group = \"exports\"\nstart_from = \"now\"").unwrap();
         let scope = r.scope().unwrap();
         assert_eq!(scope.named(), Some("exports"));
         assert!(scope.start_now);
-        assert_eq!(resolved("group = \"default\"").unwrap().scope().unwrap().named(), None);
+        assert_eq!(
+            resolved("group = \"default\"")
+                .unwrap()
+                .scope()
+                .unwrap()
+                .named(),
+            None
+        );
     }
 
     #[test]

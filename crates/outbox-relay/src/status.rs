@@ -81,7 +81,9 @@ fn print(doc: &Value, as_json: bool) {
 }
 
 fn secs(d: Option<Duration>) -> Value {
-    d.map_or(Value::Null, |d| json!((d.as_secs_f64() * 1000.0).round() / 1000.0))
+    d.map_or(Value::Null, |d| {
+        json!((d.as_secs_f64() * 1000.0).round() / 1000.0)
+    })
 }
 
 /// The status document (the JSON form; the text form is rendered from it).

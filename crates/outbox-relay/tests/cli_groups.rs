@@ -45,7 +45,7 @@ async fn commit(
         let mut tx = producer.pool().begin().await.unwrap();
         let ev = NewEvent::new("grp.test", topic, format!("{{\"n\":{n}}}").into_bytes())
             .with_key(format!("k{}", n % 4));
-        ids.insert(producer.log().enqueue(&mut *tx, ev).await.unwrap());
+        ids.insert(producer.log().enqueue(&mut tx, ev).await.unwrap());
         tx.commit().await.unwrap();
     }
     ids
@@ -132,7 +132,11 @@ fn json_of(args: &[&str], store: &[&str]) -> serde_json::Value {
 
 /// The group named `name` in a `group list --json` / `status --json` array.
 fn group<'a>(groups: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
-    groups.as_array().unwrap().iter().find(|g| g["name"] == name)
+    groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == name)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -179,7 +183,12 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
         )
     };
     let nats_url = nats.url().to_owned();
-    let to_nats = ["--sink", nats_url.as_str(), "--nats-subject-prefix", &prefix];
+    let to_nats = [
+        "--sink",
+        nats_url.as_str(),
+        "--nats-subject-prefix",
+        &prefix,
+    ];
     let b_sink = format!("jsonl:{}", file_b.display());
 
     // Batch 1: 40 routable events, and 3 for a subject no stream captures
@@ -229,7 +238,11 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
         .args(store_args)
         .output()
         .unwrap();
-    assert!(stdout(&out).contains("(no dead letters)"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("(no dead letters)"),
+        "{}",
+        stdout(&out)
+    );
 
     // Group a's sink goes away (its relay now points at a dead port): group
     // b still delivers batch 2 at once; group a's events wait, not dead.
@@ -255,7 +268,11 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
     let a = group(&status["groups"], "a").unwrap();
     assert!(a["pending"].as_u64().unwrap() >= 1, "{status}");
     assert_eq!(a["dead"], 3, "outage costs nothing: {status}");
-    assert_eq!(group(&status["groups"], "b").unwrap()["pending"], 0, "{status}");
+    assert_eq!(
+        group(&status["groups"], "b").unwrap()["pending"],
+        0,
+        "{status}"
+    );
     // status --json names the groups, their shards and the relays.
     assert_eq!(status["mode"], "log");
     assert_eq!(a["shards"][0]["shard"], "0/1", "{status}");
@@ -271,8 +288,15 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
             )
         })
         .collect();
-    assert_eq!(relays.get("relay-b").map(String::as_str), Some("b"), "{status}");
-    assert!(status["horizon"]["replication_slots"].is_array(), "{status}");
+    assert_eq!(
+        relays.get("relay-b").map(String::as_str),
+        Some("b"),
+        "{status}"
+    );
+    assert!(
+        status["horizon"]["replication_slots"].is_array(),
+        "{status}"
+    );
     assert!(status["log"]["generation"].is_i64(), "{status}");
 
     // The sink is back: group a catches up, nothing lost, order kept.
@@ -301,13 +325,21 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
     let file_c = dir.path().join("c.jsonl");
     let c_sink = format!("jsonl:{}", file_c.display());
     let mut relay_c = ChildGuard::new(
-        relay(&["run", "--group", "c", "--start-from", "now", "--relay-id", "relay-c"])
-            .args(store_args)
-            .args(["--sink", &c_sink, "--poll-interval-ms", "100"])
-            .args(["--lock-timeout-ms", "1000"])
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap(),
+        relay(&[
+            "run",
+            "--group",
+            "c",
+            "--start-from",
+            "now",
+            "--relay-id",
+            "relay-c",
+        ])
+        .args(store_args)
+        .args(["--sink", &c_sink, "--poll-interval-ms", "100"])
+        .args(["--lock-timeout-ms", "1000"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap(),
     );
     let deadline = Instant::now() + Duration::from_secs(30);
     while group(&json_of(&["group", "list"], &store_args), "c")
@@ -320,7 +352,10 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
     all.extend(batch3.iter().copied());
     let seen_c = wait_file(&file_c, &batch3, &mut relay_c).await;
     let ids_c: HashSet<EventId> = seen_c.iter().map(|s| s.2).collect();
-    assert_eq!(ids_c, batch3, "group c: only events committed after it started");
+    assert_eq!(
+        ids_c, batch3,
+        "group c: only events committed after it started"
+    );
     assert_per_key_order(&seen_c, "group c");
     wait_file(&file_b, &all, &mut relay_b).await;
 
@@ -389,7 +424,11 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
         .output()
         .unwrap();
     assert_success(&out, "group drop c --yes");
-    assert!(stdout(&out).contains("dropped group \"c\""), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("dropped group \"c\""),
+        "{}",
+        stdout(&out)
+    );
     let groups = json_of(&["group", "list"], &store_args);
     assert!(group(&groups, "c").is_none(), "{groups}");
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -409,7 +448,11 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(stderr(&out).contains("no consumer group \"c\""), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no consumer group \"c\""),
+        "{}",
+        stderr(&out)
+    );
 
     stop(&mut relay_a);
     stop(&mut relay_b);

@@ -522,9 +522,8 @@ impl PgLogStore {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let (prepared, oldest_prepared): (i64, Option<i64>) = sqlx::query_as(PREPARED)
-            .fetch_one(self.pool())
-            .await?;
+        let (prepared, oldest_prepared): (i64, Option<i64>) =
+            sqlx::query_as(PREPARED).fetch_one(self.pool()).await?;
         Ok(Horizon {
             oldest_transaction: oldest,
             slots,
@@ -564,7 +563,9 @@ mod tests {
         ));
         assert!(matches!(
             GroupName::new("é"),
-            Err(InvalidGroupName::Character { ch: 'é', at: 0, .. })
+            Err(InvalidGroupName::Character {
+                ch: 'é', at: 0, ..
+            })
         ));
         assert!(GroupName::new("g".repeat(63)).is_ok());
         assert_eq!(
