@@ -85,7 +85,7 @@ async fn start(db: &LogDb, name: &str, log: &Log) -> Running {
 /// The live relays' shard counts, by relay.
 async fn shares(store: &PgLogStore) -> HashMap<String, usize> {
     store
-        .relays()
+        .relay_group()
         .await
         .unwrap()
         .into_iter()

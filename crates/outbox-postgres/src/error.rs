@@ -135,6 +135,8 @@ impl std::error::Error for MigrateError {}
 pub enum StoreError {
     /// A schema or table name was refused.
     InvalidName(InvalidIdentifier),
+    /// A consumer group name was refused (event-log mode).
+    InvalidGroup(crate::log::InvalidGroupName),
     /// The connection URL could not be parsed (the message never contains the password).
     InvalidUrl(String),
     /// No connection could be opened when the store connected. A refused
@@ -170,6 +172,12 @@ impl From<InvalidIdentifier> for StoreError {
     }
 }
 
+impl From<crate::log::InvalidGroupName> for StoreError {
+    fn from(e: crate::log::InvalidGroupName) -> Self {
+        StoreError::InvalidGroup(e)
+    }
+}
+
 impl From<MigrateError> for StoreError {
     fn from(e: MigrateError) -> Self {
         StoreError::Migrate(e)
@@ -186,6 +194,7 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreError::InvalidName(e) => write!(f, "invalid outbox schema or table name: {e}"),
+            StoreError::InvalidGroup(e) => fmt::Display::fmt(e, f),
             StoreError::InvalidUrl(e) => write!(f, "invalid PostgreSQL connection URL: {e}"),
             StoreError::Connect {
                 server,

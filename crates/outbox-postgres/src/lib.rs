@@ -23,7 +23,7 @@ pub use store::{PgStore, ShardStats};
 /// The event-log mode (the default): snapshot-window batches, fenced
 /// per-shard cursors, rotation by TRUNCATE. See the module docs for the design.
 pub mod log;
-pub use log::{DeadHeadPolicy, PgLog, PgLogOptions, PgLogStore};
+pub use log::{DeadHeadPolicy, GroupName, GroupStart, PgLog, PgLogOptions, PgLogStore};
 
 /// Re-exported so users name the same sqlx types as this crate.
 pub use sqlx;

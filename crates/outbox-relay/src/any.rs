@@ -15,7 +15,7 @@
 )]
 
 use crate::backends::{self, scheme_of};
-use crate::config::role_name;
+use crate::config::{role_name, GroupScope};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
     redact_url, Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery,
@@ -129,6 +129,13 @@ pub(crate) enum ConnectError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+    /// A consumer group was named for a store that has none.
+    #[error("{origin} names consumer group {group:?}, but consumer groups need the PostgreSQL event log (`postgres://` with `--pg-mode log`, the default); the {store} store has a single consumer")]
+    NoGroups {
+        origin: String,
+        group: String,
+        store: &'static str,
+    },
     /// A local sink's file could not be opened.
     #[error("cannot open sink file {path}")]
     File {
@@ -221,34 +228,65 @@ async fn open_with<B: Backend, F: Future<Output = Result<B::Connected, B::Error>
 
 impl AnyStore {
     /// Opens the store named by `url` with the settings `settings_for`
-    /// gives its backend. Does not migrate: call [`AnyStore::migrate`].
+    /// gives its backend, reading as consumer group `scope` (the event log;
+    /// the other stores refuse a group other than the default). Does not
+    /// migrate: call [`AnyStore::migrate`].
     pub(crate) async fn connect(
         url: &str,
         settings_for: impl Fn(&Descriptor) -> Settings,
+        scope: &GroupScope,
     ) -> Result<Self, ConnectError> {
         let d = descriptor_for(Role::Store, url)?;
         let settings = settings_for(d);
+        let single = |store: &'static str| match scope.named() {
+            Some(group) => Err(ConnectError::NoGroups {
+                origin: scope.group_origin.clone(),
+                group: group.to_owned(),
+                store,
+            }),
+            None => Ok(()),
+        };
         match d.name() {
             #[cfg(feature = "sqlite")]
-            "sqlite" => open::<outbox_sqlite::descriptor::SqliteBackend>(d, url, &settings)
-                .await
-                .map(AnyStore::Sqlite),
+            "sqlite" => {
+                single("SQLite")?;
+                open::<outbox_sqlite::descriptor::SqliteBackend>(d, url, &settings)
+                    .await
+                    .map(AnyStore::Sqlite)
+            }
             #[cfg(feature = "postgres")]
             "postgres" => {
                 use outbox_postgres::descriptor::{PgBackend, PgLogBackend, PgMode};
+                use outbox_postgres::GroupStart;
                 let mode =
                     PgMode::from_settings(&settings).map_err(|error| ConnectError::Invalid {
                         descriptor: d,
                         error,
                     })?;
                 match mode {
-                    PgMode::Log => open::<PgLogBackend>(d, url, &settings)
+                    PgMode::Log => {
+                        let start = if scope.start_now {
+                            GroupStart::Now
+                        } else {
+                            GroupStart::Oldest
+                        };
+                        open_with::<PgLogBackend, _>(d, url, &settings, |options| {
+                            let options = match &scope.group {
+                                Some(group) => options.with_group(group.as_str()),
+                                None => options,
+                            };
+                            PgLogBackend::connect(options.with_new_group_start(start))
+                        })
                         .await
-                        .map(AnyStore::PgLog),
+                        .map(AnyStore::PgLog)
+                    }
                     // The queue table; `PgBackend` refuses a mode it does not open.
-                    _ => open::<PgBackend>(d, url, &settings)
-                        .await
-                        .map(AnyStore::Postgres),
+                    _ => {
+                        single("PostgreSQL queue-table")?;
+                        open::<PgBackend>(d, url, &settings)
+                            .await
+                            .map(AnyStore::Postgres)
+                    }
                 }
             }
             _ => Err(ConnectError::NotCompiled {
@@ -444,9 +482,12 @@ mod tests {
     #[tokio::test]
     async fn connect_errors_name_the_fix() {
         let none = |_: &Descriptor| Settings::new();
-        let e = AnyStore::connect("outbox.db", none).await.unwrap_err();
+        let all = GroupScope::default();
+        let e = AnyStore::connect("outbox.db", none, &all)
+            .await
+            .unwrap_err();
         assert!(matches!(e, ConnectError::NoScheme { .. }), "{e}");
-        let e = AnyStore::connect("mysql://u:pw@h/db", none)
+        let e = AnyStore::connect("mysql://u:pw@h/db", none, &all)
             .await
             .unwrap_err();
         assert!(matches!(e, ConnectError::Unknown { .. }), "{e}");

@@ -29,6 +29,11 @@ pub(crate) const DEFAULT_CONFIG: &str = "outbox.toml";
 const STORE_KEY: &str = "store";
 const CONFIG_KEY: &str = "config";
 const SINK_KEY: &str = "sink";
+const GROUP_KEY: &str = "group";
+const START_FROM_KEY: &str = "start_from";
+/// The group of relays that name none (`outbox_postgres::DEFAULT_GROUP`;
+/// the `default_group_is_the_stores` test keeps them equal).
+pub(crate) const DEFAULT_GROUP: &str = "default";
 
 /// Where the store is: every command that talks to one.
 const STORE: &[Setting] = &[
@@ -38,6 +43,12 @@ const STORE: &[Setting] = &[
         "TOML file of settings keyed by name (`batch_size = 50`); ./outbox.toml is read when it exists.",
     )
     .with_value_name("PATH"),
+    Setting::text(
+        GROUP_KEY,
+        "Consumer group (PostgreSQL event log): every group receives every event, with its own cursors, retry lane and dead letters; the relays of one group share its shards. `status`, `dead` and `group` commands read this group. 1-63 ASCII letters, digits, `_`, `-`, `.`.",
+    )
+    .with_default(DEFAULT_GROUP)
+    .with_value_name("NAME"),
 ];
 
 /// Where events go: `run`.
@@ -65,6 +76,12 @@ const RELAY: &[Setting] = &[
     .with_default("0/1")
     .with_value_name("INDEX/TOTAL"),
     Setting::integer("lag_alert_secs", "Lag alert threshold, in seconds.").with_default("300"),
+    Setting::text(
+        START_FROM_KEY,
+        "Where a consumer group that has no cursors yet starts (PostgreSQL event log): `oldest` (the oldest retained event) or `now` (only events committed from now on). Ignored once the group has cursors.",
+    )
+    .with_default("oldest")
+    .with_value_name("START"),
     Setting::text("relay_id", "Lease owner id.")
         .with_default("relay-<pid>-<random>")
         .with_value_name("ID"),
@@ -443,6 +460,32 @@ impl Resolved {
         }
     }
 
+    /// The consumer group and, for `run`, where a new group starts.
+    pub(crate) fn scope(&self) -> anyhow::Result<GroupScope> {
+        let group = match self.text(GROUP_KEY).map(str::trim) {
+            None => None,
+            Some(name) => {
+                #[cfg(feature = "postgres")]
+                outbox_postgres::GroupName::new(name)
+                    .map_err(|e| anyhow!("invalid {} {name:?}: {e}", self.origin(GROUP_KEY)))?;
+                Some(name.to_owned())
+            }
+        };
+        let start_now = match self.layer.text(START_FROM_KEY).map(str::trim) {
+            None | Some("oldest") => false,
+            Some("now") => true,
+            Some(other) => bail!(
+                "invalid {} {other:?}: use `oldest` or `now`",
+                self.origin(START_FROM_KEY)
+            ),
+        };
+        Ok(GroupScope {
+            group,
+            group_origin: self.origin(GROUP_KEY),
+            start_now,
+        })
+    }
+
     /// The sink.
     pub(crate) fn sink(&self) -> anyhow::Result<String> {
         match self.text(SINK_KEY) {
@@ -502,6 +545,26 @@ impl Resolved {
             }
         }
         secrets
+    }
+}
+
+/// Which consumer group a command works on (PostgreSQL event log).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct GroupScope {
+    /// The group, when one was given (`None`: the store's default group).
+    pub(crate) group: Option<String>,
+    /// Where it was given (flag, variable or file key), for errors.
+    pub(crate) group_origin: String,
+    /// A group without cursors starts now (`--start-from now`), not at the
+    /// oldest retained event.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) start_now: bool,
+}
+
+impl GroupScope {
+    /// The group named, unless it is the default group.
+    pub(crate) fn named(&self) -> Option<&str> {
+        self.group.as_deref().filter(|g| *g != DEFAULT_GROUP)
     }
 }
 
@@ -684,6 +747,39 @@ mod tests {
         let r = resolved("sink = \"stdout\"\nbatch_size = \"lots\"").unwrap();
         let err = run_config(&r).unwrap_err().to_string();
         assert!(err.contains("`batch_size` in outbox.toml"), "{err}");
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn default_group_is_the_stores() {
+        assert_eq!(DEFAULT_GROUP, outbox_postgres::log::DEFAULT_GROUP);
+    }
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn group_names_and_starts_are_checked_naming_their_source() {
+        let r = resolved("group = \"a b\"").unwrap();
+        let err = r.scope().unwrap_err().to_string();
+        assert!(err.contains("`group` in outbox.toml"), "{err}");
+        assert!(err.contains("' ' at position 1"), "{err}");
+        let r = resolved("start_from = \"yesterday\"").unwrap();
+        let err = r.scope().unwrap_err().to_string();
+        assert!(
+            err.contains("`start_from`") && err.contains("`now`"),
+            "{err}"
+        );
+        let r = resolved("group = \"exports\"\nstart_from = \"now\"").unwrap();
+        let scope = r.scope().unwrap();
+        assert_eq!(scope.named(), Some("exports"));
+        assert!(scope.start_now);
+        assert_eq!(
+            resolved("group = \"default\"")
+                .unwrap()
+                .scope()
+                .unwrap()
+                .named(),
+            None
+        );
     }
 
     #[test]

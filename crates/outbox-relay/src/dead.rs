@@ -246,7 +246,7 @@ async fn act(what: Act, args: ActArgs, secrets: &mut Vec<String>) -> anyhow::Res
 
 /// Asks `question` on stderr and reads one line from stdin: true for `y`
 /// or `yes` (any case).
-async fn ask(question: &str) -> anyhow::Result<bool> {
+pub(crate) async fn ask(question: &str) -> anyhow::Result<bool> {
     eprint!("{question}");
     let answer = tokio::task::spawn_blocking(|| {
         let mut line = String::new();

@@ -1,6 +1,7 @@
 //! `outbox-relay`: runs the outbox relay, its demo, and store administration.
 //!
-//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|show|retry|purge`.
+//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|show|retry|purge`,
+//! `group list|drop`.
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
 //! Errors are printed as one line, each cause once, root cause last, with
 //! every password the user passed replaced by `***`.
@@ -13,15 +14,17 @@ mod config;
 mod dead;
 #[cfg(feature = "sqlite")]
 mod demo;
+mod groups;
 mod http;
 mod report;
+mod status;
 mod table;
 
 use any::{AnySink, AnyStore, ConnectError};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use config::{Resolved, RunArgs, StoreArgs};
-use outbox_core::{redact_url, Store};
+use outbox_core::redact_url;
 use outbox_worker::Relay;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -44,29 +47,26 @@ enum Command {
     Run(Box<RunArgs>),
     /// Create or upgrade the outbox tables.
     Migrate(StoreArgs),
-    /// Show pending, in-flight and dead counts, and the sink state of
-    /// running relays (`--relay ADDR`, their `--metrics-addr`).
-    Status(StatusArgs),
-    /// Inspect, replay or purge dead letters.
+    /// Show pending, in-flight and dead counts; for the PostgreSQL event
+    /// log every consumer group per shard (pending, lag, retry lane, parked
+    /// keys, owner), dead letters by code, what holds rotation and the
+    /// database horizon back; and the sink state of running relays
+    /// (`--relay ADDR`, their `--metrics-addr`).
+    Status(status::StatusArgs),
+    /// Inspect, replay or purge dead letters (of `--group`).
     Dead {
         #[command(subcommand)]
         command: dead::DeadCommand,
+    },
+    /// List or drop consumer groups (PostgreSQL event log).
+    Group {
+        #[command(subcommand)]
+        command: groups::GroupCommand,
     },
     /// Print the README's configuration table (generated from the settings
     /// and the backends' descriptors), or check or update a file's copy.
     #[command(hide = true)]
     ConfigTable(TableArgs),
-}
-
-/// `status`: the store's counts, and what running relays report.
-#[derive(Debug, Args)]
-struct StatusArgs {
-    #[command(flatten)]
-    store: StoreArgs,
-    /// A running relay's `--metrics-addr` (host:port) whose sink and store
-    /// state to show, read from its `/readyz`. Repeatable.
-    #[arg(long = "relay", value_name = "ADDR")]
-    relays: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -144,37 +144,17 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
             println!("migrated {}", redact_url(&url));
             Ok(())
         }
-        Command::Status(StatusArgs {
-            store: args,
-            relays,
-        }) => {
+        Command::Status(args) => {
             init_logging("warn");
-            let (store, url) = open(&args, secrets).await?;
-            let stats = store.stats().await.context("cannot read stats")?;
-            println!("store:      {}", redact_url(&url));
-            println!("pending:    {}", stats.pending);
-            println!("in flight:  {}", stats.in_flight);
-            println!("dead:       {}", stats.dead);
-            match stats.oldest_pending_age {
-                Some(age) => println!("oldest:     {:.1}s", age.as_secs_f64()),
-                None => println!("oldest:     -"),
-            }
-            #[cfg(feature = "postgres")]
-            if let AnyStore::PgLog(log) = &store {
-                print_log_status(log).await?;
-            }
-            // The breaker lives in each relay process: ask them.
-            if relays.is_empty() {
-                println!("sink:       add --relay ADDR (a relay's --metrics-addr) to show its sink state");
-            }
-            for addr in &relays {
-                println!("{}", http::relay_status(addr).await);
-            }
-            Ok(())
+            status::run(args, secrets).await
         }
         Command::Dead { command } => {
             init_logging("warn");
             dead::run(command, secrets).await
+        }
+        Command::Group { command } => {
+            init_logging("warn");
+            groups::run(command, secrets).await
         }
         Command::ConfigTable(args) => match (args.check, args.write) {
             (Some(path), _) => table::check(&path),
@@ -197,7 +177,8 @@ fn connect_error(resolved: &Resolved, e: ConnectError) -> anyhow::Error {
 
 async fn open_store(resolved: &Resolved) -> anyhow::Result<(AnyStore, String)> {
     let url = resolved.store_url()?;
-    let store = AnyStore::connect(&url, |d| resolved.backend_settings(d))
+    let scope = resolved.scope()?;
+    let store = AnyStore::connect(&url, |d| resolved.backend_settings(d), &scope)
         .await
         .map_err(|e| connect_error(resolved, e))?;
     Ok((store, url))
@@ -238,6 +219,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         sink = %redact_url(&cfg.sink),
         relay_id = %cfg.options.relay_id(),
         shard = %cfg.options.shard(),
+        group = %scope_name(&store),
         batch_size = cfg.options.batch_size(),
         poll_interval = ?cfg.options.poll_interval(),
         lock_timeout = ?cfg.options.lock_timeout(),
@@ -269,6 +251,15 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The consumer group the relay reads (`-` for a store without groups).
+fn scope_name(store: &AnyStore) -> String {
+    match store {
+        #[cfg(feature = "postgres")]
+        AnyStore::PgLog(log) => log.group().to_owned(),
+        _ => "-".to_owned(),
+    }
+}
+
 /// Installs the Prometheus recorder; `/metrics` renders its text.
 #[cfg(feature = "prometheus")]
 fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
@@ -296,47 +287,6 @@ fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
         "built without the `prometheus` feature: --metrics-addr serves /healthz and /readyz only"
     );
     Ok(None)
-}
-
-/// The event log's own progress: one line per shard cursor, then the
-/// partitions' rotation.
-#[cfg(feature = "postgres")]
-async fn print_log_status(store: &outbox_postgres::PgLogStore) -> anyhow::Result<()> {
-    let status = store
-        .status()
-        .await
-        .context("cannot read the event log's status")?;
-    println!("mode:       log (consumer group {:?})", store.group());
-    for shard in &status.shards {
-        let c = &shard.cursor;
-        let lease = match (&c.owner, c.leased) {
-            (Some(owner), true) => format!("held by {owner}"),
-            (Some(owner), false) => format!("lapsed (was {owner})"),
-            (None, _) => "none".to_owned(),
-        };
-        println!(
-            "shard {}:  pending {}, lag {}, retry lane {}, parked keys {}, lease {lease}",
-            c.shard,
-            shard.pending,
-            shard
-                .lag
-                .map_or_else(|| "-".to_owned(), |l| format!("{:.1}s", l.as_secs_f64())),
-            shard.lane,
-            shard.parked_keys,
-        );
-    }
-    if status.shards.is_empty() {
-        println!("shards:     no cursor yet (no relay has claimed)");
-    }
-    println!(
-        "log:        generation {}, {} rotation(s), oldest writer {}",
-        status.log.generation,
-        status.log.rotations,
-        status
-            .oldest_writer
-            .map_or_else(|| "-".to_owned(), |w| format!("{:.1}s", w.as_secs_f64())),
-    );
-    Ok(())
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM.

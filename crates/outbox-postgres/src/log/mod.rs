@@ -154,10 +154,16 @@
 //! passed, the lag, the retry lane and the parked keys, plus the dead
 //! letters, the oldest open writing transaction and the partitions.
 //!
-//! **Consumer groups**: each group reads every event with its own cursors,
-//! lane and dead letters. A new cursor starts at what every cursor of its
-//! group has passed (reconfiguring shards from 2 to 4 redelivers a little,
-//! never loses), or at the log's origin for a new group.
+//! **Consumer groups**: each group ([`GroupName`]) reads every event with
+//! its own cursors, lane and dead letters. A new cursor starts at what every
+//! cursor of its group has passed (reconfiguring shards from 2 to 4
+//! redelivers a little, never loses), or, for a new group, at the log's
+//! origin (the oldest retained event, [`GroupStart::Oldest`], the default)
+//! or at the current snapshot ([`GroupStart::Now`]: every shard of the
+//! first relay's layout is created at once, at that snapshot). Rotation
+//! waits for the slowest group; [`PgLogStore::groups`] says which group
+//! holds it back, and [`PgLogStore::drop_group`] deletes a group's
+//! cursors, lane and dead letters (it then holds nothing back).
 //!
 //! # What this mode does not do (differences from the queue mode)
 //! - No per-event lease: a shard is read by one relay at a time, the others
@@ -180,9 +186,12 @@
 //!   it is truncated.
 //! - Old shard layouts: a group's cursors of a shard layout no relay uses
 //!   any more hold rotation back; drop them (`DELETE FROM <table>_log_cursors
-//!   WHERE grp = ... AND shard_total = ...`).
+//!   WHERE grp = ... AND shard_total = ...`). A group no relay reads any
+//!   more holds rotation back too: drop it ([`PgLogStore::drop_group`],
+//!   `outbox-relay group drop NAME`).
 
 mod enqueue;
+mod groups;
 pub(crate) mod migrate;
 pub(crate) mod names;
 mod options;
@@ -212,8 +221,12 @@ pub const SHARDS_HELD: &str = "outbox_relay_shards_held";
 pub const SHARD_LAG: &str = "outbox_virtual_shard_lag_seconds";
 /// Gauge, label `group`: the relay's fair share of the virtual shards.
 pub const SHARDS_QUOTA: &str = "outbox_relay_shards_fair_share";
+pub use groups::{
+    GroupContents, GroupName, GroupStatus, Horizon, InvalidGroupName, OldTransaction, RelayLease,
+    SlotHold, MAX_GROUP_NAME_BYTES,
+};
 pub use options::{
-    DeadHeadPolicy, PgLogOptions, DEFAULT_GROUP, DEFAULT_REBALANCE_INTERVAL,
+    DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_GROUP, DEFAULT_REBALANCE_INTERVAL,
     DEFAULT_ROTATION_INTERVAL,
 };
 pub use store::{

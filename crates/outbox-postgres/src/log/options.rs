@@ -28,6 +28,50 @@ pub enum DeadHeadPolicy {
     Block,
 }
 
+/// Where the cursors of a consumer group that has none yet start (see
+/// [`PgLogOptions::with_new_group_start`]). A group that already has
+/// cursors keeps its position whatever this says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum GroupStart {
+    /// At the oldest retained event (the log's origin, or what rotation has
+    /// kept): a new group reads the whole retained history. The default.
+    #[default]
+    Oldest,
+    /// At the current snapshot: a new group reads only events committed
+    /// after its first cursor was created. All the shards of the layout the
+    /// first relay claims with are created at once, at the same snapshot.
+    Now,
+}
+
+impl GroupStart {
+    /// The setting's spelling: `oldest` or `now`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GroupStart::Oldest => "oldest",
+            GroupStart::Now => "now",
+        }
+    }
+}
+
+impl fmt::Display for GroupStart {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for GroupStart {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "oldest" => Ok(GroupStart::Oldest),
+            "now" => Ok(GroupStart::Now),
+            other => Err(format!("unknown start {other:?}: use `oldest` or `now`")),
+        }
+    }
+}
+
 /// Options of [`PgLogStore`](super::PgLogStore). `Debug` never shows the password.
 #[derive(Clone)]
 pub struct PgLogOptions {
@@ -36,6 +80,7 @@ pub struct PgLogOptions {
     pub(crate) table: Ident,
     pub(crate) group: String,
     pub(crate) dead_head: DeadHeadPolicy,
+    pub(crate) new_group_start: GroupStart,
     pub(crate) rotation_interval: Duration,
     pub(crate) rotate_in_background: bool,
     pub(crate) max_connections: u32,
@@ -59,6 +104,7 @@ impl Default for PgLogOptions {
             table: Ident::from_static(DEFAULT_TABLE),
             group: DEFAULT_GROUP.to_owned(),
             dead_head: DeadHeadPolicy::Continue,
+            new_group_start: GroupStart::Oldest,
             rotation_interval: DEFAULT_ROTATION_INTERVAL,
             rotate_in_background: true,
             max_connections: 10,
@@ -99,7 +145,9 @@ impl PgLogOptions {
     }
 
     /// The consumer group: relays of one group share the work (one cursor
-    /// per shard); each group gets every event. Default `"default"`.
+    /// per shard); each group gets every event. Default `"default"`. The
+    /// name must be a valid [`GroupName`](super::GroupName) (checked when
+    /// the store connects: [`StoreError::InvalidGroup`](crate::StoreError::InvalidGroup)).
     pub fn with_group(mut self, group: impl Into<String>) -> Self {
         self.group = group.into();
         self
@@ -126,6 +174,14 @@ impl PgLogOptions {
     /// plus the lease timeout for a death). Default 500 ms.
     pub fn with_rebalance_interval(mut self, every: Duration) -> Self {
         self.rebalance_every = every.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Where the group's cursors start when the group has none yet (a group
+    /// created later, or dropped and created again): [`GroupStart::Oldest`]
+    /// (default) or [`GroupStart::Now`]. Ignored once the group has cursors.
+    pub fn with_new_group_start(mut self, start: GroupStart) -> Self {
+        self.new_group_start = start;
         self
     }
 
@@ -224,6 +280,11 @@ impl PgLogOptions {
     pub fn group(&self) -> &str {
         &self.group
     }
+
+    /// Where a new group's cursors start.
+    pub fn new_group_start(&self) -> GroupStart {
+        self.new_group_start
+    }
 }
 
 impl fmt::Debug for PgLogOptions {
@@ -234,6 +295,7 @@ impl fmt::Debug for PgLogOptions {
             .field("table", &self.table)
             .field("group", &self.group)
             .field("dead_head", &self.dead_head)
+            .field("new_group_start", &self.new_group_start)
             .field("rotation_interval", &self.rotation_interval)
             .field("rotate_in_background", &self.rotate_in_background)
             .field("max_connections", &self.max_connections)

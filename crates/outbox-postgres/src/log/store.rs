@@ -2,7 +2,7 @@
 //! settlements, the retry lane, dead letters, rotation.
 
 use super::names::{LogNames, PARTITIONS};
-use super::options::{DeadHeadPolicy, PgLogOptions};
+use super::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
 use super::snapshot::{Position, Snap};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
@@ -45,6 +45,7 @@ struct Inner {
     sql: Arc<Sql>,
     group: String,
     dead_head: DeadHeadPolicy,
+    new_group_start: GroupStart,
     rotation_interval: Duration,
     idle_progress_every: Duration,
     probe_min: Duration,
@@ -459,6 +460,7 @@ impl PgLogStore {
     /// A store on an existing pool (the options' URL and pool size are
     /// ignored). Must be called inside a Tokio runtime.
     pub async fn from_pool(pool: PgPool, options: PgLogOptions) -> Result<Self, StoreError> {
+        super::GroupName::new(options.group.as_str())?;
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
         let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
             .with_limits(options.limits);
@@ -488,6 +490,7 @@ impl PgLogStore {
                 sql,
                 group: options.group.clone(),
                 dead_head: options.dead_head,
+                new_group_start: options.new_group_start,
                 rotation_interval: options.rotation_interval,
                 idle_progress_every: options.idle_progress_every,
                 probe_min: options.probe_min,
@@ -590,7 +593,8 @@ impl PgLogStore {
 
     /// Where a new cursor of shard `index`/`total` starts: what the
     /// group's cursors covering all of its keys have passed (e.g. the
-    /// cursors of another shard layout), or else the log's origin.
+    /// cursors of another shard layout), or else the log's origin; for a
+    /// group without cursors that starts [`GroupStart::Now`], now.
     async fn start_position(&self, total: u32, index: u32) -> Result<Snap, StoreError> {
         let rows: Vec<(i32, i32, String)> = sqlx::query_as(&self.inner.sql.group_starts)
             .bind(&self.inner.group)
@@ -606,6 +610,9 @@ impl PgLogStore {
         }
         if let Some(common) = covering_start(total, index, &existing) {
             return Ok(common);
+        }
+        if existing.is_empty() && self.inner.new_group_start == GroupStart::Now {
+            return self.create_group_at_now(total).await;
         }
         let origin: String = sqlx::query_scalar(&self.inner.sql.origin)
             .fetch_one(&self.inner.pool)

@@ -296,6 +296,10 @@ impl PgLogStore {
                 snap(&lo)?,
             ));
         }
+        if existing.is_empty() && self.inner.new_group_start == super::GroupStart::Now {
+            self.create_group_at_now(total).await?;
+            return Ok(());
+        }
         let origin: String = sqlx::query_scalar(&self.inner.sql.origin)
             .fetch_one(&self.inner.pool)
             .await?;
@@ -619,7 +623,7 @@ impl PgLogStore {
 
     /// The relays of this store's consumer group and the virtual shards
     /// each holds (see [`PgLogOptions::with_dynamic_shards`](crate::log::PgLogOptions::with_dynamic_shards)).
-    pub async fn relays(&self) -> Result<Vec<RelayInfo>, StoreError> {
+    pub async fn relay_group(&self) -> Result<Vec<RelayInfo>, StoreError> {
         let total = self.virtual_shards().await?;
         let rows: Vec<(String, bool, Vec<i32>)> = sqlx::query_as(&format!(
             "SELECT r.relay, r.seen_until > now(),

@@ -1,0 +1,576 @@
+//! Consumer groups as an operator sees them: their names, what each holds
+//! (cursors, retry lane, dead letters), which of them holds rotation back,
+//! dropping one, and what holds the database's horizon back.
+//!
+//! Everything here reads or deletes rows of one outbox through the store's
+//! pool and names; nothing here is on the claim or settle path.
+
+use super::names::PARTITIONS;
+use super::snapshot::Snap;
+use super::{LogStatus, PgLogOptions, PgLogStore};
+use crate::StoreError;
+use sqlx::Row;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Longest group name, in bytes.
+pub const MAX_GROUP_NAME_BYTES: usize = 63;
+
+/// A consumer group's name: 1 to 63 ASCII letters, digits, `_`, `-` or `.`,
+/// starting with a letter or a digit (`kafka-export`, `projections.v2`).
+/// Names are bound as query parameters, never interpolated; the rule keeps
+/// them readable in logs, metric labels and command lines.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct GroupName(String);
+
+/// Why a group name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidGroupName {
+    /// The name is empty.
+    #[error("a consumer group name cannot be empty")]
+    Empty,
+    /// The name is longer than [`MAX_GROUP_NAME_BYTES`].
+    #[error("consumer group name is {len} bytes long; at most {MAX_GROUP_NAME_BYTES} are allowed")]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name holds a character outside the allowed set.
+    #[error(
+        "consumer group name {name:?} holds {ch:?} at position {at}: use ASCII letters, digits, `_`, `-` and `.`"
+    )]
+    Character {
+        /// The name.
+        name: String,
+        /// The refused character.
+        ch: char,
+        /// Its position (in characters, from 0).
+        at: usize,
+    },
+    /// The name does not start with a letter or a digit.
+    #[error("consumer group name {name:?} must start with an ASCII letter or digit")]
+    Start {
+        /// The name.
+        name: String,
+    },
+}
+
+impl GroupName {
+    /// Checks `name` (see [`GroupName`]).
+    pub fn new(name: impl Into<String>) -> Result<Self, InvalidGroupName> {
+        let name = name.into();
+        if name.is_empty() {
+            return Err(InvalidGroupName::Empty);
+        }
+        if let Some((at, ch)) = name
+            .chars()
+            .enumerate()
+            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
+        {
+            return Err(InvalidGroupName::Character { name, ch, at });
+        }
+        if name.len() > MAX_GROUP_NAME_BYTES {
+            return Err(InvalidGroupName::TooLong { len: name.len() });
+        }
+        if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
+            return Err(InvalidGroupName::Start { name });
+        }
+        Ok(Self(name))
+    }
+
+    /// The name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for GroupName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for GroupName {
+    type Err = InvalidGroupName;
+
+    fn from_str(s: &str) -> Result<Self, InvalidGroupName> {
+        Self::new(s)
+    }
+}
+
+impl AsRef<str> for GroupName {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// One consumer group's progress (see [`PgLogStore::groups`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GroupStatus {
+    /// The group.
+    pub name: String,
+    /// Its cursors, retry lane and lag per shard, and the log's partitions
+    /// (`status.dead` counts the group's dead letters).
+    pub status: LogStatus,
+    /// Its dead letters by error code.
+    pub dead_by_code: BTreeMap<String, u64>,
+    /// Why this group holds the next rotation back (its cursors have not
+    /// passed every event of the partition rotation truncates next, or it
+    /// has cursors for only some shards of a layout); `None` when it does not.
+    pub holds_rotation: Option<String>,
+}
+
+impl GroupStatus {
+    /// Events its cursors have not passed, over all shards.
+    pub fn pending(&self) -> u64 {
+        self.status.shards.iter().map(|s| s.pending).sum()
+    }
+
+    /// The largest lag of its shards.
+    pub fn lag(&self) -> Option<Duration> {
+        self.status.shards.iter().filter_map(|s| s.lag).max()
+    }
+
+    /// Rows of its retry lane.
+    pub fn lane(&self) -> u64 {
+        self.status.shards.iter().map(|s| s.lane).sum()
+    }
+
+    /// Keys with events parked behind an earlier one.
+    pub fn parked_keys(&self) -> u64 {
+        self.status.shards.iter().map(|s| s.parked_keys).sum()
+    }
+}
+
+/// What a group holds in the database (see [`PgLogStore::group_contents`]
+/// and [`PgLogStore::drop_group`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct GroupContents {
+    /// Its cursors (one per shard of each layout).
+    pub cursors: u64,
+    /// Rows of its retry lane.
+    pub lane: u64,
+    /// Its dead letters.
+    pub dead: u64,
+    /// Relays holding a current lease on one of its cursors.
+    pub leased_by: Vec<String>,
+}
+
+impl GroupContents {
+    /// Whether the group holds nothing (it does not exist).
+    pub fn is_empty(&self) -> bool {
+        self.cursors == 0 && self.lane == 0 && self.dead == 0
+    }
+}
+
+/// A relay, as the cursor rows show it (see [`PgLogStore::relays`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayLease {
+    /// The relay id (lease owner).
+    pub relay: String,
+    /// The group of its cursors.
+    pub group: String,
+    /// The shards it holds a current lease on (`INDEX/TOTAL`).
+    pub shards: Vec<String>,
+}
+
+/// The oldest open transaction that holds the horizon back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OldTransaction {
+    /// Its age (database clock).
+    pub age: Duration,
+    /// The backend's process id.
+    pub pid: i32,
+    /// Its `application_name`.
+    pub application_name: String,
+    /// Its `state` (`active`, `idle in transaction`, ...).
+    pub state: Option<String>,
+    /// Whether it has a transaction id (it wrote): its events, if any, are
+    /// not readable before it commits, and rotation cannot truncate a
+    /// partition it wrote to.
+    pub writer: bool,
+}
+
+/// A replication slot (its `xmin` / `catalog_xmin` hold the vacuum horizon).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SlotHold {
+    /// The slot's name.
+    pub name: String,
+    /// `physical` or `logical`.
+    pub slot_type: String,
+    /// Whether a client is attached.
+    pub active: bool,
+    /// Age of its `xmin`, in transactions (`age(xmin)`).
+    pub xmin_age: Option<i64>,
+    /// Age of its `catalog_xmin`, in transactions.
+    pub catalog_xmin_age: Option<i64>,
+}
+
+/// What holds the database horizon back (see [`PgLogStore::horizon`]): the
+/// oldest open transaction and the replication slots. Old snapshots do not
+/// slow the event log down (it never updates rows), but they hold back
+/// vacuum of the retry lane and cursors, and a writer holds rotation back.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct Horizon {
+    /// The oldest open transaction with a snapshot or a transaction id
+    /// (other than this session's).
+    pub oldest_transaction: Option<OldTransaction>,
+    /// Replication slots.
+    pub slots: Vec<SlotHold>,
+    /// Prepared (two-phase) transactions, and the oldest one's age.
+    pub prepared: u64,
+    /// Age of the oldest prepared transaction.
+    pub oldest_prepared: Option<Duration>,
+}
+
+/// Every group that has cursors, a retry lane or dead letters.
+const GROUP_NAMES: &str = "\
+SELECT grp FROM {{cursors}} UNION SELECT grp FROM {{lane}} UNION SELECT grp FROM {{dead}}
+ORDER BY 1";
+
+const DEAD_BY_CODE: &str = "\
+SELECT last_error_code, count(*) FROM {{dead}} WHERE grp = $1 GROUP BY 1 ORDER BY 1";
+
+const CONTENTS: &str = "\
+SELECT (SELECT count(*) FROM {{cursors}} WHERE grp = $1),
+       (SELECT count(*) FROM {{lane}} WHERE grp = $1),
+       (SELECT count(*) FROM {{dead}} WHERE grp = $1),
+       ARRAY(SELECT DISTINCT owner FROM {{cursors}}
+             WHERE grp = $1 AND owner IS NOT NULL AND lease_until > now() ORDER BY 1)";
+
+/// The cursors of `$1` that have not passed every row of partition
+/// `{{part}}` (the predicate of the rotation's own check, per cursor).
+const BEHIND: &str = "\
+SELECT c.shard_total, c.shard_index FROM {{cursors}} c WHERE c.grp = $1 AND (
+           EXISTS (SELECT 1 FROM {{part}} e WHERE e.txid >= pg_snapshot_xmax(c.hi))
+        OR EXISTS (SELECT 1 FROM {{part}} e
+                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.hi))))
+        OR EXISTS (SELECT 1 FROM {{part}} e
+                   WHERE e.txid >= pg_snapshot_xmax(c.lo)
+                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))
+                     AND pg_visible_in_snapshot(e.txid, c.hi))
+        OR EXISTS (SELECT 1 FROM {{part}} e
+                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.lo)))
+                     AND pg_visible_in_snapshot(e.txid, c.hi)
+                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))))
+ORDER BY 1, 2";
+
+/// Shard layouts of `$1` with cursors for only some of their shards.
+const INCOMPLETE: &str = "\
+SELECT shard_total, count(*) FROM {{cursors}} WHERE grp = $1
+GROUP BY shard_total HAVING count(*) < shard_total ORDER BY 1";
+
+/// Creates every cursor of layout `$2` for group `$1` at the current
+/// snapshot (those that exist are kept) and returns that snapshot.
+const CREATE_AT_NOW: &str = "\
+WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS snap),
+ins AS (
+    INSERT INTO {{cursors}} (grp, shard_total, shard_index, lo, hi)
+    SELECT $1, $2, i, s.snap, s.snap FROM s, generate_series(0, $2 - 1) AS i
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT s.snap::text, (SELECT count(*) FROM ins) FROM s";
+
+const RELAYS: &str = "\
+SELECT owner, grp, shard_total, shard_index FROM {{cursors}}
+WHERE owner IS NOT NULL AND lease_until > now()
+ORDER BY owner, grp, shard_total, shard_index";
+
+/// The oldest open transaction with a snapshot or an id, other than ours.
+const OLDEST_TRANSACTION: &str = "\
+SELECT (extract(epoch FROM (now() - xact_start)) * 1000000)::bigint, pid,
+       coalesce(application_name, ''), state, backend_xid IS NOT NULL
+FROM pg_stat_activity
+WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
+  AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
+ORDER BY xact_start LIMIT 1";
+
+const SLOTS: &str = "\
+SELECT slot_name::text, slot_type, active,
+       CASE WHEN xmin IS NULL THEN NULL ELSE age(xmin)::bigint END,
+       CASE WHEN catalog_xmin IS NULL THEN NULL ELSE age(catalog_xmin)::bigint END
+FROM pg_replication_slots ORDER BY slot_name";
+
+const PREPARED: &str = "\
+SELECT count(*), (extract(epoch FROM (now() - min(prepared))) * 1000000)::bigint
+FROM pg_prepared_xacts";
+
+fn count(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn micros(us: Option<i64>) -> Option<Duration> {
+    us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)))
+}
+
+impl PgLogStore {
+    fn render(&self, sql: &str) -> String {
+        self.log().names.render(sql)
+    }
+
+    /// Creates every cursor of a new group's shard layout (`total` shards)
+    /// at the current snapshot ([`GroupStart::Now`](super::GroupStart::Now)),
+    /// keeping those another relay created meanwhile; returns the snapshot.
+    /// All shards at once: a relay of another shard that starts a moment
+    /// later finds its cursor instead of starting from the log's origin.
+    pub(super) async fn create_group_at_now(&self, total: u32) -> Result<Snap, StoreError> {
+        let (text, created): (String, i64) = sqlx::query_as(&self.render(CREATE_AT_NOW))
+            .bind(self.group())
+            .bind(i32::try_from(total).unwrap_or(i32::MAX))
+            .fetch_one(self.pool())
+            .await?;
+        tracing::info!(group = %self.group(), shards = total, created, "new consumer group starts now");
+        Snap::parse(&text).map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))
+    }
+
+    /// The same outbox as seen by consumer group `group`, on this store's
+    /// pool, without background rotation: for reading another group's
+    /// status or dead letters.
+    pub async fn for_group(&self, group: &GroupName) -> Result<PgLogStore, StoreError> {
+        let options = PgLogOptions::default()
+            .with_schema(self.log().schema().clone())
+            .with_table(self.log().table().clone())
+            .with_group(group.as_str())
+            .with_background_rotation(false);
+        PgLogStore::from_pool(self.pool().clone(), options).await
+    }
+
+    /// Every group that has cursors, retry-lane rows or dead letters, by name.
+    pub async fn group_names(&self) -> Result<Vec<String>, StoreError> {
+        Ok(sqlx::query_scalar(&self.render(GROUP_NAMES))
+            .fetch_all(self.pool())
+            .await?)
+    }
+
+    /// The status of every group (see [`group_names`](Self::group_names)),
+    /// by name. A stored name that is not a valid [`GroupName`] (written by
+    /// hand) is skipped with a warning.
+    pub async fn groups(&self) -> Result<Vec<GroupStatus>, StoreError> {
+        let mut out = Vec::new();
+        for name in self.group_names().await? {
+            match GroupName::new(name.clone()) {
+                Ok(group) => out.push(self.group_status(&group).await?),
+                Err(e) => tracing::warn!(group = %name, error = %e, "skipping a stored group"),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One group's status (no shards and no dead letters when the group
+    /// has nothing yet).
+    pub async fn group_status(&self, group: &GroupName) -> Result<GroupStatus, StoreError> {
+        let status = self.for_group(group).await?.status().await?;
+        let dead_by_code = sqlx::query_as::<_, (String, i64)>(&self.render(DEAD_BY_CODE))
+            .bind(group.as_str())
+            .fetch_all(self.pool())
+            .await?
+            .into_iter()
+            .map(|(code, n)| (code, count(n)))
+            .collect();
+        let holds_rotation = self
+            .holds_rotation(group.as_str(), status.log.generation)
+            .await?;
+        Ok(GroupStatus {
+            name: group.to_string(),
+            status,
+            dead_by_code,
+            holds_rotation,
+        })
+    }
+
+    /// Why `group` holds back the rotation that follows generation
+    /// `generation` (it truncates partition `(generation + 1) % 3`).
+    async fn holds_rotation(
+        &self,
+        group: &str,
+        generation: i64,
+    ) -> Result<Option<String>, StoreError> {
+        let incomplete: Vec<(i32, i64)> = sqlx::query_as(&self.render(INCOMPLETE))
+            .bind(group)
+            .fetch_all(self.pool())
+            .await?;
+        if let Some((total, have)) = incomplete.first() {
+            return Ok(Some(format!(
+                "it has cursors for {have} of its {total} shards"
+            )));
+        }
+        let target = usize::try_from((generation + 1).rem_euclid(PARTITIONS as i64)).unwrap_or(0);
+        let sql = self.render(&BEHIND.replace("{{part}}", &self.log().names.partition(target)));
+        let behind: Vec<(i32, i32)> = sqlx::query_as(&sql)
+            .bind(group)
+            .fetch_all(self.pool())
+            .await?;
+        if behind.is_empty() {
+            return Ok(None);
+        }
+        let shards: Vec<String> = behind.iter().map(|(t, i)| format!("{i}/{t}")).collect();
+        Ok(Some(format!(
+            "shard(s) {} have not passed every event of partition {target} (rotated out next)",
+            shards.join(", ")
+        )))
+    }
+
+    /// What `group` holds: cursors, retry-lane rows, dead letters, and the
+    /// relays leasing its cursors now.
+    pub async fn group_contents(&self, group: &str) -> Result<GroupContents, StoreError> {
+        let row = sqlx::query(&self.render(CONTENTS))
+            .bind(group)
+            .fetch_one(self.pool())
+            .await?;
+        Ok(GroupContents {
+            cursors: count(row.try_get(0)?),
+            lane: count(row.try_get(1)?),
+            dead: count(row.try_get(2)?),
+            leased_by: row.try_get(3)?,
+        })
+    }
+
+    /// Deletes `group`'s cursors, retry lane and dead letters in one
+    /// transaction, and returns what was deleted. The group no longer holds
+    /// rotation back; a relay of the group still running loses its lease
+    /// (its settles are fenced) and starts the group again as new (see
+    /// [`PgLogOptions::with_new_group_start`]): stop its relays first.
+    pub async fn drop_group(&self, group: &str) -> Result<GroupContents, StoreError> {
+        let mut tx = self.pool().begin().await?;
+        let leased_by: Vec<String> = sqlx::query_scalar(&self.render(
+            "SELECT DISTINCT owner FROM {{cursors}}
+             WHERE grp = $1 AND owner IS NOT NULL AND lease_until > now() ORDER BY 1",
+        ))
+        .bind(group)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut deleted = [0u64; 3];
+        for (i, table) in ["{{cursors}}", "{{lane}}", "{{dead}}"].iter().enumerate() {
+            deleted[i] = sqlx::query(&self.render(&format!("DELETE FROM {table} WHERE grp = $1")))
+                .bind(group)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        tracing::info!(%group, cursors = deleted[0], lane = deleted[1], dead = deleted[2], "dropped consumer group");
+        Ok(GroupContents {
+            cursors: deleted[0],
+            lane: deleted[1],
+            dead: deleted[2],
+            leased_by,
+        })
+    }
+
+    /// The relays holding a current lease on a cursor, from the cursor rows
+    /// (every group), with their shards.
+    pub async fn relays(&self) -> Result<Vec<RelayLease>, StoreError> {
+        let rows: Vec<(String, String, i32, i32)> = sqlx::query_as(&self.render(RELAYS))
+            .fetch_all(self.pool())
+            .await?;
+        let mut out: Vec<RelayLease> = Vec::new();
+        for (relay, group, total, index) in rows {
+            let shard = format!("{index}/{total}");
+            match out.last_mut() {
+                Some(last) if last.relay == relay && last.group == group => last.shards.push(shard),
+                _ => out.push(RelayLease {
+                    relay,
+                    group,
+                    shards: vec![shard],
+                }),
+            }
+        }
+        Ok(out)
+    }
+
+    /// What holds the database horizon back: the oldest open transaction
+    /// (age, pid, application name), the replication slots (age of their
+    /// `xmin` / `catalog_xmin`) and prepared transactions. Reads
+    /// `pg_stat_activity` (other users' sessions show only to a superuser or
+    /// a member of `pg_read_all_stats`), `pg_replication_slots` and
+    /// `pg_prepared_xacts`.
+    pub async fn horizon(&self) -> Result<Horizon, StoreError> {
+        let oldest = sqlx::query(OLDEST_TRANSACTION)
+            .fetch_optional(self.pool())
+            .await?
+            .map(|r| -> Result<OldTransaction, sqlx::Error> {
+                Ok(OldTransaction {
+                    age: micros(r.try_get(0)?).unwrap_or_default(),
+                    pid: r.try_get(1)?,
+                    application_name: r.try_get(2)?,
+                    state: r.try_get(3)?,
+                    writer: r.try_get(4)?,
+                })
+            })
+            .transpose()?;
+        let slots = sqlx::query(SLOTS)
+            .fetch_all(self.pool())
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(SlotHold {
+                    name: r.try_get(0)?,
+                    slot_type: r.try_get(1)?,
+                    active: r.try_get(2)?,
+                    xmin_age: r.try_get(3)?,
+                    catalog_xmin_age: r.try_get(4)?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        let (prepared, oldest_prepared): (i64, Option<i64>) =
+            sqlx::query_as(PREPARED).fetch_one(self.pool()).await?;
+        Ok(Horizon {
+            oldest_transaction: oldest,
+            slots,
+            prepared: count(prepared),
+            oldest_prepared: micros(oldest_prepared),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn group_names_are_checked() {
+        for ok in ["default", "kafka-export", "projections.v2", "A_1", "9"] {
+            assert_eq!(GroupName::new(ok).unwrap().as_str(), ok);
+        }
+        assert_eq!(GroupName::new(""), Err(InvalidGroupName::Empty));
+        let e = GroupName::new("a b").unwrap_err();
+        assert_eq!(
+            e,
+            InvalidGroupName::Character {
+                name: "a b".into(),
+                ch: ' ',
+                at: 1
+            }
+        );
+        assert!(e.to_string().contains("' ' at position 1"), "{e}");
+        assert!(matches!(
+            GroupName::new("x\"; DROP TABLE y; --"),
+            Err(InvalidGroupName::Character { ch: '"', .. })
+        ));
+        assert!(matches!(
+            GroupName::new("-x"),
+            Err(InvalidGroupName::Start { .. })
+        ));
+        assert!(matches!(
+            GroupName::new("é"),
+            Err(InvalidGroupName::Character {
+                ch: 'é', at: 0, ..
+            })
+        ));
+        assert!(GroupName::new("g".repeat(63)).is_ok());
+        assert_eq!(
+            GroupName::new("g".repeat(64)),
+            Err(InvalidGroupName::TooLong { len: 64 })
+        );
+    }
+}

@@ -1,0 +1,390 @@
+//! `outbox-relay status [--json] [--watch [SECS]]`: the store's counts for
+//! the selected group, and for the PostgreSQL event log every consumer
+//! group per shard (pending, lag, retry lane, parked keys, owner), dead
+//! letters by code, which group holds rotation back, the relays holding
+//! leases, and what holds the database horizon back.
+//!
+//! `--json` prints one JSON document (its fields are documented in the
+//! crate README, "`status --json`"); with `--watch` one document per line
+//! every SECS seconds. A field that does not apply to the store (e.g.
+//! `groups` of a SQLite store) is `null`, never missing.
+
+use crate::any::AnyStore;
+use crate::config::StoreArgs;
+use anyhow::Context as _;
+use clap::Args;
+use outbox_core::{redact_url, Store};
+use serde_json::{json, Value};
+use std::io::IsTerminal as _;
+use std::time::Duration;
+
+/// `status`.
+#[derive(Debug, Args)]
+pub(crate) struct StatusArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// A running relay's `--metrics-addr` (host:port) whose sink and store
+    /// state to show, read from its `/readyz`. Repeatable.
+    #[arg(long = "relay", value_name = "ADDR")]
+    relays: Vec<String>,
+    /// One JSON document instead of text (fields: see the README).
+    #[arg(long)]
+    json: bool,
+    /// Show it again every SECS seconds (default 2) until Ctrl-C.
+    #[arg(long, value_name = "SECS", num_args = 0..=1, default_missing_value = "2",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    watch: Option<u64>,
+}
+
+/// Runs `status`.
+pub(crate) async fn run(args: StatusArgs, secrets: &mut Vec<String>) -> anyhow::Result<()> {
+    let (store, url) = crate::open(&args.store, secrets).await?;
+    let Some(every) = args.watch else {
+        let doc = collect(&store, &url, &args.relays).await?;
+        print(&doc, args.json);
+        return Ok(());
+    };
+    let clear = !args.json && std::io::stdout().is_terminal();
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let shown = collect(&store, &url, &args.relays).await;
+        if clear {
+            // Clear the screen, cursor home.
+            print!("\x1b[2J\x1b[H");
+        }
+        match shown {
+            Ok(doc) => print(&doc, args.json),
+            // A database restart must not end the watch: say so, go on.
+            Err(e) => {
+                let text = crate::report::render(&e, secrets);
+                if args.json {
+                    println!("{}", json!({ "error": text }));
+                } else {
+                    println!("error: {text}");
+                }
+            }
+        }
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs(every)) => {}
+        }
+    }
+}
+
+fn print(doc: &Value, as_json: bool) {
+    if as_json {
+        println!("{doc}");
+    } else {
+        print!("{}", text(doc));
+    }
+}
+
+fn secs(d: Option<Duration>) -> Value {
+    d.map_or(Value::Null, |d| {
+        json!((d.as_secs_f64() * 1000.0).round() / 1000.0)
+    })
+}
+
+/// The status document (the JSON form; the text form is rendered from it).
+async fn collect(store: &AnyStore, url: &str, relays: &[String]) -> anyhow::Result<Value> {
+    let stats = store.stats().await.context("cannot read stats")?;
+    let mut doc = json!({
+        "store": redact_url(url),
+        "mode": mode(store),
+        "group": Value::Null,
+        "pending": stats.pending,
+        "in_flight": stats.in_flight,
+        "dead": stats.dead,
+        "oldest_secs": secs(stats.oldest_pending_age),
+        "groups": Value::Null,
+        "relays": Value::Null,
+        "horizon": Value::Null,
+        "log": Value::Null,
+        "sinks": Value::Null,
+    });
+    #[cfg(feature = "postgres")]
+    if let AnyStore::PgLog(log) = store {
+        log_status(log, &mut doc).await?;
+    }
+    if !relays.is_empty() {
+        let mut sinks = Vec::new();
+        for addr in relays {
+            sinks.push(json!({ "addr": addr, "state": crate::http::relay_status(addr).await }));
+        }
+        doc["sinks"] = Value::Array(sinks);
+    }
+    Ok(doc)
+}
+
+fn mode(store: &AnyStore) -> &'static str {
+    match *store {
+        #[cfg(feature = "sqlite")]
+        AnyStore::Sqlite(_) => "sqlite",
+        #[cfg(feature = "postgres")]
+        AnyStore::Postgres(_) => "queue",
+        #[cfg(feature = "postgres")]
+        AnyStore::PgLog(_) => "log",
+    }
+}
+
+/// The event log's groups, relays, horizon and partitions.
+#[cfg(feature = "postgres")]
+async fn log_status(log: &outbox_postgres::PgLogStore, doc: &mut Value) -> anyhow::Result<()> {
+    let context = "cannot read the event log's status";
+    doc["group"] = json!(log.group());
+    let mut groups = log.groups().await.context(context)?;
+    // The selected group is shown even before it has any row.
+    if !groups.iter().any(|g| g.name == log.group()) {
+        let name = outbox_postgres::GroupName::new(log.group()).context(context)?;
+        groups.push(log.group_status(&name).await.context(context)?);
+        groups.sort_by(|a, b| a.name.cmp(&b.name));
+    }
+    let generation = groups.first().map(|g| g.status.log.clone());
+    let held_by: Vec<&str> = groups
+        .iter()
+        .filter(|g| g.holds_rotation.is_some())
+        .map(|g| g.name.as_str())
+        .collect();
+    doc["groups"] = groups.iter().map(group_json).collect();
+    let info = match generation {
+        Some(info) => info,
+        None => log.log_info().await.context(context)?,
+    };
+    doc["log"] = json!({
+        "generation": info.generation,
+        "rotations": info.rotations,
+        "switched_at": info.switched_at.to_rfc3339(),
+        "rotation_held_by": held_by,
+        "partitions": info.partitions.iter().map(|p| json!({
+            "slot": p.slot,
+            "current": p.current,
+            "live_tuples": p.live_tuples,
+            "dead_tuples": p.dead_tuples,
+            "bytes": p.bytes,
+        })).collect::<Vec<_>>(),
+    });
+    doc["relays"] = log
+        .relays()
+        .await
+        .context(context)?
+        .iter()
+        .map(|r| json!({ "relay": r.relay, "group": r.group, "shards": r.shards }))
+        .collect();
+    let h = log.horizon().await.context(context)?;
+    doc["horizon"] = json!({
+        "oldest_transaction": h.oldest_transaction.as_ref().map(|t| json!({
+            "age_secs": secs(Some(t.age)),
+            "pid": t.pid,
+            "application_name": t.application_name,
+            "state": t.state,
+            "writer": t.writer,
+        })),
+        "replication_slots": h.slots.iter().map(|s| json!({
+            "name": s.name,
+            "type": s.slot_type,
+            "active": s.active,
+            "xmin_age": s.xmin_age,
+            "catalog_xmin_age": s.catalog_xmin_age,
+        })).collect::<Vec<_>>(),
+        "prepared_transactions": h.prepared,
+        "oldest_prepared_secs": secs(h.oldest_prepared),
+    });
+    Ok(())
+}
+
+/// One group as JSON (also `group list --json`).
+#[cfg(feature = "postgres")]
+pub(crate) fn group_json(g: &outbox_postgres::log::GroupStatus) -> Value {
+    json!({
+        "name": g.name,
+        "pending": g.pending(),
+        "lag_secs": secs(g.lag()),
+        "retry_lane": g.lane(),
+        "parked_keys": g.parked_keys(),
+        "dead": g.status.dead,
+        "dead_by_code": g.dead_by_code,
+        "holds_rotation": g.holds_rotation.is_some(),
+        "rotation_held_because": g.holds_rotation,
+        "shards": g.status.shards.iter().map(|s| json!({
+            "shard": s.cursor.shard.to_string(),
+            "pending": s.pending,
+            "lag_secs": secs(s.lag),
+            "retry_lane": s.lane,
+            "parked_keys": s.parked_keys,
+            "owner": s.cursor.owner,
+            "leased": s.cursor.leased,
+            "epoch": s.cursor.epoch,
+            "updated_at": s.cursor.updated_at.to_rfc3339(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn num(v: &Value) -> String {
+    match v {
+        Value::Null => "-".to_owned(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn lag(v: &Value) -> String {
+    v.as_f64()
+        .map_or_else(|| "-".to_owned(), |s| format!("{s:.1}s"))
+}
+
+/// The text form of the document.
+fn text(doc: &Value) -> String {
+    let mut out = String::new();
+    let mut line = |s: String| {
+        out.push_str(&s);
+        out.push('\n');
+    };
+    line(format!("store:      {}", num(&doc["store"])));
+    line(format!("pending:    {}", num(&doc["pending"])));
+    line(format!("in flight:  {}", num(&doc["in_flight"])));
+    line(format!("dead:       {}", num(&doc["dead"])));
+    line(format!("oldest:     {}", lag(&doc["oldest_secs"])));
+    if doc["mode"] == "log" {
+        line(format!(
+            "mode:       log (consumer group {:?}: the counts above)",
+            num(&doc["group"])
+        ));
+        for g in doc["groups"].as_array().into_iter().flatten() {
+            let codes: Vec<String> = g["dead_by_code"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(code, n)| format!("{code} {n}"))
+                .collect();
+            line(format!(
+                "group {:?}: pending {}, lag {}, retry lane {}, parked keys {}, dead {}{}{}",
+                num(&g["name"]),
+                num(&g["pending"]),
+                lag(&g["lag_secs"]),
+                num(&g["retry_lane"]),
+                num(&g["parked_keys"]),
+                num(&g["dead"]),
+                if codes.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", codes.join(", "))
+                },
+                match g["rotation_held_because"].as_str() {
+                    Some(why) => format!("; holds rotation back: {why}"),
+                    None => String::new(),
+                },
+            ));
+            let shards = g["shards"].as_array().map_or(&[][..], Vec::as_slice);
+            if shards.is_empty() {
+                line("  no cursor yet (no relay of this group has claimed)".to_owned());
+            }
+            for s in shards {
+                let lease = match (s["owner"].as_str(), s["leased"].as_bool()) {
+                    (Some(owner), Some(true)) => format!("held by {owner}"),
+                    (Some(owner), _) => format!("lapsed (was {owner})"),
+                    (None, _) => "none".to_owned(),
+                };
+                line(format!(
+                    "  shard {}:  pending {}, lag {}, retry lane {}, parked keys {}, lease {lease}",
+                    num(&s["shard"]),
+                    num(&s["pending"]),
+                    lag(&s["lag_secs"]),
+                    num(&s["retry_lane"]),
+                    num(&s["parked_keys"]),
+                ));
+            }
+        }
+        let relays: Vec<String> = doc["relays"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                let shards: Vec<String> = r["shards"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(num)
+                    .collect();
+                format!(
+                    "{} (group {:?}: {})",
+                    num(&r["relay"]),
+                    num(&r["group"]),
+                    shards.join(" ")
+                )
+            })
+            .collect();
+        line(format!(
+            "relays:     {}",
+            if relays.is_empty() {
+                "none holds a lease".to_owned()
+            } else {
+                relays.join(", ")
+            }
+        ));
+        let h = &doc["horizon"];
+        let oldest = match h["oldest_transaction"].as_object() {
+            None => "none".to_owned(),
+            Some(t) => format!(
+                "{} (pid {}, application {:?}, {}{})",
+                lag(&t["age_secs"]),
+                num(&t["pid"]),
+                num(&t["application_name"]),
+                num(&t["state"]),
+                if t["writer"] == true { ", writer" } else { "" },
+            ),
+        };
+        line(format!("horizon:    oldest transaction {oldest}"));
+        for s in h["replication_slots"].as_array().into_iter().flatten() {
+            line(format!(
+                "  slot {:?} ({}, {}): xmin age {}, catalog_xmin age {}",
+                num(&s["name"]),
+                num(&s["type"]),
+                if s["active"] == true {
+                    "active"
+                } else {
+                    "inactive"
+                },
+                num(&s["xmin_age"]),
+                num(&s["catalog_xmin_age"]),
+            ));
+        }
+        if h["prepared_transactions"].as_u64().unwrap_or(0) > 0 {
+            line(format!(
+                "  prepared transactions: {}, oldest {}",
+                num(&h["prepared_transactions"]),
+                lag(&h["oldest_prepared_secs"])
+            ));
+        }
+        let log = &doc["log"];
+        let held: Vec<String> = log["rotation_held_by"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| format!("{:?}", num(g)))
+            .collect();
+        line(format!(
+            "log:        generation {}, {} rotation(s), next rotation {}",
+            num(&log["generation"]),
+            num(&log["rotations"]),
+            if held.is_empty() {
+                "not held back by any group".to_owned()
+            } else {
+                format!("held back by group {}", held.join(", "))
+            }
+        ));
+    }
+    match doc["sinks"].as_array() {
+        None => line(
+            "sink:       add --relay ADDR (a relay's --metrics-addr) to show its sink state"
+                .to_owned(),
+        ),
+        Some(sinks) => {
+            for s in sinks {
+                line(num(&s["state"]));
+            }
+        }
+    }
+    out
+}
