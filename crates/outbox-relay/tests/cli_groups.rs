@@ -275,7 +275,10 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
     );
     // status --json names the groups, their shards and the relays.
     assert_eq!(status["mode"], "log");
-    assert_eq!(a["shards"][0]["shard"], "0/1", "{status}");
+    // A relay without --shard joins its group's relay group: it holds all
+    // 64 virtual shards when alone.
+    assert_eq!(a["shards"].as_array().unwrap().len(), 64, "{status}");
+    assert_eq!(a["shards"][0]["shard"], "0/64", "{status}");
     assert_eq!(a["shards"][0]["owner"], "relay-a", "{status}");
     let relays: HashMap<String, String> = status["relays"]
         .as_array()
@@ -413,7 +416,7 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
         .unwrap();
     assert!(!out.status.success(), "drop without --yes ran");
     assert!(
-        stdout(&out).contains("would drop group \"c\": 1 cursor(s)"),
+        stdout(&out).contains("would drop group \"c\": 64 cursor(s)"),
         "{}",
         stdout(&out)
     );

@@ -280,7 +280,7 @@ async fn log_mode_migrate_run_and_status() {
     );
     assert!(
         text.lines()
-            .any(|l| l.trim_start().starts_with("shard 0/1:") && l.contains("pending 0")),
+            .any(|l| l.trim_start().starts_with("shard 0/64:") && l.contains("pending 0")),
         "{text}"
     );
     let out = relay(&["dead", "list"]).args(log_args).output().unwrap();
