@@ -1,0 +1,631 @@
+//! Relay groups: relays of one consumer group share its virtual shards
+//! through cursor leases, without configuration.
+//!
+//! The outbox has `S` virtual shards (`<table>_log_meta.virtual_shards`, 64
+//! unless changed); a key belongs to virtual shard `key_hash % S`, and each
+//! consumer group has one cursor per virtual shard. A relay of the group:
+//!
+//! - announces itself in `<table>_log_relays` (alive until `now() + lease`,
+//!   renewed every rebalance interval) and reads who else is alive;
+//! - computes its fair share: `S / n`, plus one for the first `S % n`
+//!   relays in id order, so the shares add up to `S` exactly;
+//! - below its share, takes the leases of free cursors (never leased, given
+//!   back, or run out: a dead relay's) under one new epoch, preferring
+//!   cursors at the same position (those of one former holder);
+//! - above its share, gives cursors back once the batches claimed from them
+//!   are settled (claims from them pause meanwhile, never mid-batch): the
+//!   next holder continues exactly where the last settled batch ended;
+//! - on a graceful stop ([`Store::leave`](outbox_core::Store::leave)) gives
+//!   every cursor back and leaves the group at once.
+//!
+//! Reading 64 cursors one by one would scan the log 64 times, so a relay
+//! keeps the cursors it holds at one position as ONE set: one claim reads
+//! `key_hash % S = ANY(set)` from the shared position, one settle advances
+//! every cursor of the set (fenced by their common epoch; one that moved
+//! away fences the set). Cursors taken from different holders start as
+//! separate sets; a round of claims over the sets shares one snapshot, so
+//! sets that catch up end at the same position and are merged when idle.
+
+use super::{empty_claim, micros, position, snap, xid, CursorKey, CursorState, PgLogStore};
+use crate::StoreError;
+use chrono::{DateTime, Utc};
+use outbox_core::{Claim, ClaimRequest, RelayId};
+use sqlx::Row;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a relay's announcement lasts without renewal, at least.
+const MIN_ALIVE: Duration = Duration::from_secs(2);
+
+/// One relay's place in its relay group (in this process).
+#[derive(Default)]
+pub(crate) struct Membership {
+    /// The sets it holds (keys of the store's cursor map).
+    sets: Vec<CursorKey>,
+    /// Round-robin start of the next claim.
+    next: usize,
+    checked: Option<Instant>,
+    /// Above its share: the set whose shards go back once its batches are
+    /// settled (not claimed from meanwhile).
+    shrinking: Option<CursorKey>,
+}
+
+/// A relay of a relay group as `outbox-relay status` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RelayInfo {
+    /// Its id.
+    pub relay: String,
+    /// Whether its announcement is current.
+    pub alive: bool,
+    /// The virtual shards whose lease it holds.
+    pub shards: Vec<u32>,
+    /// Of how many.
+    pub virtual_shards: u32,
+}
+
+impl PgLogStore {
+    fn membership(&self, relay: &RelayId) -> Arc<tokio::sync::Mutex<Membership>> {
+        let mut map = self
+            .inner
+            .members
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        Arc::clone(map.entry(relay.clone()).or_default())
+    }
+
+    /// The outbox's virtual shard count.
+    pub(super) async fn virtual_shards(&self) -> Result<u32, StoreError> {
+        self.inner
+            .virtual_shards
+            .get_or_try_init(|| async {
+                let n: i32 = sqlx::query_scalar(&self.inner.sql.virtual_shards)
+                    .fetch_one(&self.inner.pool)
+                    .await?;
+                Ok::<u32, StoreError>(u32::try_from(n).unwrap_or(1).max(1))
+            })
+            .await
+            .copied()
+    }
+
+    /// A claim of a relay-group member: over the sets it holds, round-robin,
+    /// the first that has events.
+    pub(super) async fn claim_dynamic(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+        let cell = self.membership(&req.relay_id);
+        let mut m = cell.lock().await;
+        let due = m.shrinking.is_some()
+            || m.checked
+                .is_none_or(|t| t.elapsed() >= self.inner.rebalance_every);
+        if due {
+            self.rebalance(&mut m, req).await?;
+        }
+        let n = m.sets.len();
+        let mut upto: Option<String> = None;
+        let mut lost = Vec::new();
+        let mut found = None;
+        for k in 0..n {
+            let idx = (m.next + k) % n;
+            let key = m.sets[idx].clone();
+            if m.shrinking.as_ref() == Some(&key) {
+                continue;
+            }
+            let Some(st_cell) = self.cell(&key) else {
+                lost.push(key);
+                continue;
+            };
+            let mut st = st_cell.lock().await;
+            // Only a snapshot taken by this round's claims is shared.
+            st.last_cur = None;
+            match self.claim_key(&key, &mut st, req, upto.as_deref()).await? {
+                None => lost.push(key),
+                Some(claim) if !claim.events.is_empty() => {
+                    m.next = (idx + 1) % n;
+                    found = Some(claim);
+                    break;
+                }
+                Some(_) => {
+                    if upto.is_none() {
+                        upto.clone_from(&st.last_cur);
+                    }
+                }
+            }
+        }
+        for key in lost {
+            self.drop_set(&mut m, &key).await;
+        }
+        Ok(found.unwrap_or_else(|| empty_claim(Utc::now())))
+    }
+
+    /// Renews a set's leases (the set's claim path). False: the set is lost.
+    pub(super) async fn renew_set(
+        &self,
+        key: &CursorKey,
+        st: &mut CursorState,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let Some(epoch) = st.epoch else {
+            return Ok(false);
+        };
+        let (grp, total, indexes) = self.cursor_binds(key);
+        let rows = sqlx::query(&self.inner.sql.renew_set)
+            .bind(&grp)
+            .bind(total)
+            .bind(indexes)
+            .bind(epoch)
+            .bind(micros(lease)?)
+            .bind(key.relay.as_str())
+            .fetch_all(&self.inner.pool)
+            .await?;
+        if rows.len() != key.shards.len() {
+            tracing::warn!(group = %grp, relay = %key.relay, shards = ?key.shards, "relay-group cursor leases lost");
+            self.lose(st);
+            return Ok(false);
+        }
+        let mut until: Option<DateTime<Utc>> = None;
+        for r in &rows {
+            let u: DateTime<Utc> = r.try_get(0)?;
+            until = Some(until.map_or(u, |x| x.min(u)));
+        }
+        st.lease_until = until.unwrap_or(st.lease_until);
+        st.lease_len = lease;
+        st.renewed_at = Instant::now();
+        Ok(true)
+    }
+
+    /// Forgets a set this relay no longer holds (its batches are void), and
+    /// frees what it may still hold of it so the group can take it again.
+    async fn drop_set(&self, m: &mut Membership, key: &CursorKey) {
+        m.sets.retain(|k| k != key);
+        if m.shrinking.as_ref() == Some(key) {
+            m.shrinking = None;
+        }
+        m.checked = None;
+        let cell = {
+            let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            map.remove(key)
+        };
+        if let Some(cell) = cell {
+            let mut st = cell.lock().await;
+            if let Some(epoch) = st.epoch {
+                if let Err(e) = self.release(key, &key.shards, epoch).await {
+                    tracing::debug!(error = %e, "giving back a lost cursor set failed");
+                }
+            }
+            self.lose(&mut st);
+        }
+    }
+
+    async fn release(&self, key: &CursorKey, shards: &[u32], epoch: i64) -> Result<(), StoreError> {
+        let indexes: Vec<i32> = shards
+            .iter()
+            .map(|i| i32::try_from(*i).unwrap_or(i32::MAX))
+            .collect();
+        sqlx::query(&self.inner.sql.release_set)
+            .bind(&self.inner.group)
+            .bind(i32::try_from(key.total).unwrap_or(i32::MAX))
+            .bind(indexes)
+            .bind(epoch)
+            .bind(key.relay.as_str())
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Announces the relay, creates the group's cursors if needed, and moves
+    /// toward its fair share: gives back above it, takes free cursors below
+    /// it, merges idle sets at one position, renews idle sets' leases.
+    async fn rebalance(&self, m: &mut Membership, req: &ClaimRequest) -> Result<(), StoreError> {
+        let total = self.virtual_shards().await?;
+        let total_i = i32::try_from(total).unwrap_or(i32::MAX);
+        let alive = req.lease.max(MIN_ALIVE).max(self.inner.rebalance_every * 4);
+        let row = sqlx::query(&self.inner.sql.heartbeat)
+            .bind(&self.inner.group)
+            .bind(req.relay_id.as_str())
+            .bind(micros(alive)?)
+            .bind(total_i)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let others: Vec<String> = row.try_get(0)?;
+        let present: i64 = row.try_get(1)?;
+        if present < i64::from(total) {
+            self.create_virtual_cursors(total).await?;
+        }
+        let me = req.relay_id.as_str();
+        let n = others.len() + 1;
+        let rank = others.iter().filter(|o| o.as_str() < me).count();
+        let quota = total as usize / n + usize::from(rank < total as usize % n);
+        metrics::gauge!(crate::log::SHARDS_QUOTA, "group" => self.inner.group.clone())
+            .set(quota as f64);
+
+        self.renew_idle_sets(m, req.lease).await?;
+        let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
+        if held > quota {
+            self.shrink(m, held - quota).await?;
+        } else {
+            m.shrinking = None;
+            if held < quota {
+                self.grow(m, req, total, quota - held).await?;
+            }
+        }
+        self.merge_idle_sets(m, req.lease).await?;
+        let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
+        metrics::gauge!(crate::log::SHARDS_HELD, "group" => self.inner.group.clone())
+            .set(held as f64);
+        m.checked = Some(Instant::now());
+        Ok(())
+    }
+
+    async fn create_virtual_cursors(&self, total: u32) -> Result<(), StoreError> {
+        let rows: Vec<(i32, i32, String)> = sqlx::query_as(&self.inner.sql.group_starts)
+            .bind(&self.inner.group)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let mut existing = Vec::with_capacity(rows.len());
+        for (t, i, lo) in rows {
+            existing.push((
+                u32::try_from(t).unwrap_or(1),
+                u32::try_from(i).unwrap_or(0),
+                snap(&lo)?,
+            ));
+        }
+        let origin: String = sqlx::query_scalar(&self.inner.sql.origin)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let mut indexes = Vec::new();
+        let mut starts = Vec::new();
+        for i in 0..total {
+            if existing.iter().any(|(t, j, _)| *t == total && *j == i) {
+                continue;
+            }
+            let start = super::covering_start(total, i, &existing)
+                .map_or_else(|| origin.clone(), |s| s.to_string());
+            indexes.push(i32::try_from(i).unwrap_or(i32::MAX));
+            starts.push(start);
+        }
+        sqlx::query(&self.inner.sql.create_set)
+            .bind(&self.inner.group)
+            .bind(i32::try_from(total).unwrap_or(i32::MAX))
+            .bind(indexes)
+            .bind(starts)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Keeps the leases of sets no claim visited lately.
+    async fn renew_idle_sets(&self, m: &mut Membership, lease: Duration) -> Result<(), StoreError> {
+        let mut lost = Vec::new();
+        for key in m.sets.clone() {
+            let Some(cell) = self.cell(&key) else {
+                lost.push(key);
+                continue;
+            };
+            let mut st = cell.lock().await;
+            if st.renewed_at.elapsed() >= lease / 3 && !self.renew_set(&key, &mut st, lease).await?
+            {
+                lost.push(key);
+            }
+        }
+        for key in lost {
+            self.drop_set(m, &key).await;
+        }
+        Ok(())
+    }
+
+    /// Gives back `excess` shards, from the smallest sets first, only from
+    /// sets without a batch in flight.
+    async fn shrink(&self, m: &mut Membership, mut excess: usize) -> Result<(), StoreError> {
+        let mut order = m.sets.clone();
+        order.sort_by_key(|k| (k.shards.len(), k.shards.clone()));
+        m.shrinking = None;
+        for key in order {
+            if excess == 0 {
+                break;
+            }
+            let Some(cell) = self.cell(&key) else {
+                continue;
+            };
+            let mut st = cell.lock().await;
+            if !st.batches.is_empty() {
+                // After the batches in flight: no claim from it meanwhile.
+                m.shrinking = Some(key);
+                return Ok(());
+            }
+            let Some(epoch) = st.epoch else {
+                continue;
+            };
+            let give = excess.min(key.shards.len());
+            let keep_n = key.shards.len() - give;
+            let (kept, gone) = key.shards.split_at(keep_n);
+            self.release(&key, gone, epoch).await?;
+            tracing::info!(group = %self.inner.group, relay = %key.relay, shards = ?gone, "gave shards back to the relay group");
+            excess -= give;
+            let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            let cell = map.remove(&key);
+            m.sets.retain(|k| k != &key);
+            if !kept.is_empty() {
+                let new_key = CursorKey {
+                    shards: kept.to_vec(),
+                    ..key.clone()
+                };
+                if let Some(cell) = cell {
+                    map.insert(new_key.clone(), cell);
+                    m.sets.push(new_key);
+                }
+            } else {
+                drop(map);
+                self.lose(&mut st);
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes up to `want` free cursors, whole positions first.
+    async fn grow(
+        &self,
+        m: &mut Membership,
+        req: &ClaimRequest,
+        total: u32,
+        want: usize,
+    ) -> Result<(), StoreError> {
+        let mine: Vec<i32> = m
+            .sets
+            .iter()
+            .flat_map(|k| k.indexes())
+            .collect::<Vec<_>>();
+        let rows: Vec<(i32, String)> = sqlx::query_as(&self.inner.sql.free_shards)
+            .bind(&self.inner.group)
+            .bind(i32::try_from(total).unwrap_or(i32::MAX))
+            .bind(req.relay_id.as_str())
+            .bind(mine)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut by_position: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+        for (i, sig) in rows {
+            by_position.entry(sig).or_default().push(i);
+        }
+        let mut groups: Vec<Vec<i32>> = by_position.into_values().collect();
+        groups.sort_by_key(|g| (std::cmp::Reverse(g.len()), g.first().copied()));
+        let picked: Vec<i32> = groups.into_iter().flatten().take(want).collect();
+        let rows = sqlx::query(&self.inner.sql.acquire_set)
+            .bind(&self.inner.group)
+            .bind(i32::try_from(total).unwrap_or(i32::MAX))
+            .bind(&picked)
+            .bind(req.relay_id.as_str())
+            .bind(micros(req.lease)?)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        // One set per position taken.
+        let mut sets: HashMap<String, (Vec<u32>, sqlx::postgres::PgRow)> = HashMap::new();
+        for r in rows {
+            let index: i32 = r.try_get(0)?;
+            let lo: String = r.try_get(3)?;
+            let hi: String = r.try_get(4)?;
+            let pos_txid: Option<String> = r.try_get(5)?;
+            let pos_seq: Option<i64> = r.try_get(6)?;
+            let skip_txid: Vec<String> = r.try_get(7)?;
+            let skip_seq: Vec<i64> = r.try_get(8)?;
+            let sig = format!("{lo}|{hi}|{pos_txid:?}|{pos_seq:?}|{skip_txid:?}|{skip_seq:?}");
+            let entry = sets.entry(sig).or_insert_with(|| (Vec::new(), r));
+            entry.0.push(u32::try_from(index).unwrap_or(0));
+        }
+        for (_, (mut shards, r)) in sets {
+            shards.sort_unstable();
+            let epoch: i64 = r.try_get(1)?;
+            let lease_until: DateTime<Utc> = r.try_get(2)?;
+            let done = position(
+                &r.try_get::<String, _>(3)?,
+                &r.try_get::<String, _>(4)?,
+                r.try_get(5)?,
+                r.try_get(6)?,
+            )?;
+            let skip_txid: Vec<String> = r.try_get(7)?;
+            let skip_seq: Vec<i64> = r.try_get(8)?;
+            let skip = skip_txid
+                .iter()
+                .map(|t| xid(t))
+                .zip(skip_seq)
+                .map(|(t, s)| t.map(|t| (t, s)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let key = CursorKey {
+                total,
+                shards,
+                relay: req.relay_id.clone(),
+                dynamic: true,
+            };
+            tracing::info!(group = %self.inner.group, relay = %key.relay, shards = ?key.shards, epoch, "took shards of the relay group");
+            let cell = self.cell_or_new(&key);
+            let mut st = cell.lock().await;
+            self.lose(&mut st);
+            st.epoch = Some(epoch);
+            st.lease_until = lease_until;
+            st.lease_len = req.lease;
+            st.renewed_at = Instant::now();
+            st.read = done.clone();
+            st.done = done;
+            st.inherited.clone_from(&skip);
+            st.persisted_skip = skip;
+            st.last_persist = Instant::now();
+            st.last_cur = None;
+            m.sets.push(key);
+        }
+        Ok(())
+    }
+
+    /// Merges sets that are idle (no batch in flight, nothing read past the
+    /// settled position, no skip list) at the same position.
+    async fn merge_idle_sets(&self, m: &mut Membership, lease: Duration) -> Result<(), StoreError> {
+        if m.sets.len() < 2 {
+            return Ok(());
+        }
+        // (position text, key, epoch) of each idle set.
+        let mut idle: Vec<(String, CursorKey, i64)> = Vec::new();
+        for key in &m.sets {
+            let Some(cell) = self.cell(key) else { continue };
+            let st = cell.lock().await;
+            let Some(epoch) = st.epoch else { continue };
+            if !st.batches.is_empty() || !st.inherited.is_empty() || !st.persisted_skip.is_empty()
+            {
+                continue;
+            }
+            idle.push((format!("{:?}", st.read), key.clone(), epoch));
+        }
+        idle.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut i = 0;
+        while i < idle.len() {
+            let j = idle[i..]
+                .iter()
+                .position(|x| x.0 != idle[i].0)
+                .map_or(idle.len(), |p| i + p);
+            if j - i >= 2 {
+                self.merge(m, &idle[i..j], lease).await?;
+            }
+            i = j;
+        }
+        Ok(())
+    }
+
+    async fn merge(
+        &self,
+        m: &mut Membership,
+        parts: &[(String, CursorKey, i64)],
+        lease: Duration,
+    ) -> Result<(), StoreError> {
+        let Some(first) = parts.first() else {
+            return Ok(());
+        };
+        let Some(cell) = self.cell(&first.1) else {
+            return Ok(());
+        };
+        let read = cell.lock().await.read.clone();
+        let mut indexes = Vec::new();
+        let mut epochs = Vec::new();
+        let mut shards = Vec::new();
+        for (_, key, epoch) in parts {
+            for i in &key.shards {
+                indexes.push(i32::try_from(*i).unwrap_or(i32::MAX));
+                epochs.push(*epoch);
+                shards.push(*i);
+            }
+        }
+        shards.sort_unstable();
+        let rows = sqlx::query(&self.inner.sql.merge_set)
+            .bind(&self.inner.group)
+            .bind(i32::try_from(first.1.total).unwrap_or(i32::MAX))
+            .bind(&indexes)
+            .bind(&epochs)
+            .bind(first.1.relay.as_str())
+            .bind(read.lo.to_string())
+            .bind(read.hi.to_string())
+            .bind(read.after.map(|a| a.0.to_string()))
+            .bind(read.after.map(|a| a.1))
+            .bind(micros(lease)?)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        if rows.len() != indexes.len() {
+            // Some moved away meanwhile: start over from the database.
+            for (_, key, _) in parts {
+                self.drop_set(m, key).await;
+            }
+            return Ok(());
+        }
+        let epoch: i64 = rows[0].try_get(0)?;
+        let lease_until: DateTime<Utc> = rows[0].try_get(1)?;
+        let mut old_cells = Vec::new();
+        {
+            let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            for (_, key, _) in parts {
+                if let Some(c) = map.remove(key) {
+                    old_cells.push(c);
+                }
+                m.sets.retain(|k| k != key);
+            }
+        }
+        for c in old_cells {
+            let mut st = c.lock().await;
+            self.lose(&mut st);
+        }
+        let key = CursorKey {
+            shards,
+            ..first.1.clone()
+        };
+        let cell = self.cell_or_new(&key);
+        let mut st = cell.lock().await;
+        self.lose(&mut st);
+        st.epoch = Some(epoch);
+        st.lease_until = lease_until;
+        st.lease_len = lease;
+        st.renewed_at = Instant::now();
+        st.read = read.clone();
+        st.done = read;
+        st.inherited.clear();
+        st.persisted_skip.clear();
+        st.last_persist = Instant::now();
+        tracing::debug!(group = %self.inner.group, relay = %key.relay, shards = ?key.shards, "merged cursor sets at one position");
+        m.sets.push(key);
+        Ok(())
+    }
+
+    /// Gives every cursor of `relay` back and leaves the relay group.
+    pub(super) async fn leave_inner(&self, relay: &RelayId) -> Result<(), StoreError> {
+        if !self.inner.dynamic {
+            return Ok(());
+        }
+        let cell = {
+            let map = self
+                .inner
+                .members
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            map.get(relay).cloned()
+        };
+        let Some(cell) = cell else {
+            return Ok(());
+        };
+        let mut m = cell.lock().await;
+        for key in m.sets.clone() {
+            self.drop_set(&mut m, &key).await;
+        }
+        sqlx::query(&self.inner.sql.leave)
+            .bind(&self.inner.group)
+            .bind(relay.as_str())
+            .execute(&self.inner.pool)
+            .await?;
+        tracing::info!(group = %self.inner.group, %relay, "left the relay group");
+        Ok(())
+    }
+
+    /// The relays of this store's consumer group and the virtual shards
+    /// each holds (see [`PgLogOptions::with_dynamic_shards`](crate::log::PgLogOptions::with_dynamic_shards)).
+    pub async fn relays(&self) -> Result<Vec<RelayInfo>, StoreError> {
+        let total = self.virtual_shards().await?;
+        let rows: Vec<(String, bool, Vec<i32>)> = sqlx::query_as(&format!(
+            "SELECT r.relay, r.seen_until > now(),
+                    ARRAY(SELECT c.shard_index FROM {cursors} c
+                          WHERE c.grp = r.grp AND c.owner = r.relay AND c.shard_total = $2
+                            AND c.lease_until > now() ORDER BY c.shard_index)
+             FROM {relays} r WHERE r.grp = $1 ORDER BY r.relay",
+            cursors = self.inner.log.names.render("{{cursors}}"),
+            relays = self.inner.log.names.render("{{relays}}"),
+        ))
+        .bind(&self.inner.group)
+        .bind(i32::try_from(total).unwrap_or(i32::MAX))
+        .fetch_all(&self.inner.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(relay, alive, shards)| RelayInfo {
+                relay,
+                alive,
+                shards: shards
+                    .into_iter()
+                    .map(|i| u32::try_from(i).unwrap_or(0))
+                    .collect(),
+                virtual_shards: total,
+            })
+            .collect())
+    }
+}
