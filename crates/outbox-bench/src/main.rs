@@ -1,6 +1,7 @@
 //! `outbox-bench`: the benchmark behind `cargo xtask bench`.
 //!
-//! Runs the scenarios of issue 6 (and the event-log comparison) against the real services (PostgreSQL,
+//! Runs the scenarios of issue 6 (and the event-log comparison, and issue
+//! 12's relay groups and consumer groups) against the real services (PostgreSQL,
 //! NATS JetStream, RabbitMQ, a Kafka-protocol broker), prints a markdown
 //! table and writes `target/bench/results.json` (and `results.md`). Every
 //! throughput is reported as a ratio to ceilings measured in the same run,
@@ -57,6 +58,18 @@ const SCENARIOS: &[(&str, &str)] = &[
     (
         "event-log",
         "event log (PgLogStore) vs queue table (PgStore): claim+settle and relay drains, clean and with a REPEATABLE READ snapshot held",
+    ),
+    (
+        "log-scale-out",
+        "event log: 1, 2, 4 relays with static shards i/n vs a relay group (dynamic shards), and the group's time to settle",
+    ),
+    (
+        "rebalance",
+        "event log relay group under a 2k events/s producer: join a 3rd relay, kill one, stop one gracefully (ms until the shards are shared)",
+    ),
+    (
+        "fan-out",
+        "event log: one backlog drained by 1 consumer group vs 2 groups at once, and the producer's cost with 1 vs 2 groups",
     ),
 ];
 

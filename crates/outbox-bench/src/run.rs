@@ -8,13 +8,15 @@ use outbox_core::{
     ClaimRequest, Event, EventId, Outcome, RelayId, Resolution, Settlement, ShardSpec, Sink, Store,
 };
 use outbox_postgres::PgStore;
-use outbox_worker::{Progress, Relay, RelayOptions};
+use outbox_worker::{Progress, Relay, RelayOptions, RelaySummary};
 use sqlx::Row;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
 
 /// What one measured drain did.
 #[derive(Debug, Clone)]
@@ -59,11 +61,26 @@ impl Drained {
 /// batch size given and a short poll interval (drains never wait; latency
 /// runs are woken by LISTEN/NOTIFY).
 pub(crate) fn relay_options(batch: u32, shard: ShardSpec, name: &str) -> RelayOptions {
+    relay_options_id(batch, shard, &format!("bench-{name}-{}", shard.index()))
+}
+
+/// [`relay_options`] with the relay id given (relays of a relay group all
+/// claim [`ShardSpec::ALL`], so the shard cannot tell them apart).
+pub(crate) fn relay_options_id(batch: u32, shard: ShardSpec, id: &str) -> RelayOptions {
     RelayOptions::default()
         .with_batch_size(batch)
         .with_shard(shard)
         .with_poll_interval(Duration::from_millis(500))
-        .with_relay_id(RelayId::new(format!("bench-{name}-{}", shard.index())))
+        .with_relay_id(RelayId::new(id))
+}
+
+/// One relay of a [`group_drain`]: its store (a clone of a shared one, or
+/// its own instance on its own pool as a separate process would have), the
+/// shard it claims, and its id.
+pub(crate) struct Member<St> {
+    pub(crate) store: St,
+    pub(crate) shard: ShardSpec,
+    pub(crate) id: String,
 }
 
 /// Runs `relays` real relays (shard `i` of `relays` each) over `store` and
@@ -81,6 +98,37 @@ where
     St: Store + Clone,
     Si: Sink,
 {
+    let mut members = Vec::new();
+    for i in 0..relays {
+        let shard = ShardSpec::new(i, relays).context("shard spec")?;
+        members.push(Member {
+            store: store.clone(),
+            shard,
+            id: format!("bench-drain-{}", shard.index()),
+        });
+    }
+    let (d, ()) = group_drain(members, sink, batch, expected, cap, async {}).await?;
+    Ok(d)
+}
+
+/// Runs one real relay per member over `sink` until `expected` events were
+/// delivered (by all of them together) or `cap` passed; the clock stops at
+/// the last delivery. Then `linger` is awaited with the relays still
+/// running (e.g. until a relay group has settled), then the relays are shut
+/// down gracefully.
+pub(crate) async fn group_drain<St, Si, L>(
+    members: Vec<Member<St>>,
+    sink: Arc<Si>,
+    batch: u32,
+    expected: u64,
+    cap: Duration,
+    linger: L,
+) -> Result<(Drained, L::Output)>
+where
+    St: Store,
+    Si: Sink,
+    L: Future,
+{
     let delivered = Arc::new(AtomicU64::new(0));
     let failures = Arc::new(std::sync::Mutex::new(None::<String>));
     let done = Arc::new(Notify::new());
@@ -90,8 +138,7 @@ where
     let (stop_tx, stop_rx) = watch::channel(false);
     let meter = Meter::start();
     let mut handles = Vec::new();
-    for i in 0..relays {
-        let shard = ShardSpec::new(i, relays).context("shard spec")?;
+    for m in members {
         let (count, done, failures, stopping) = (
             Arc::clone(&delivered),
             Arc::clone(&done),
@@ -104,9 +151,9 @@ where
             }
         };
         let relay = Relay::new(
-            store.clone(),
+            m.store,
             Arc::clone(&sink),
-            relay_options(batch, shard, "drain"),
+            relay_options_id(batch, m.shard, &m.id),
         )?
         .with_listener(move |p| match p {
             Progress::Delivered { .. } if count.fetch_add(1, Ordering::Relaxed) + 1 == expected => {
@@ -140,18 +187,76 @@ where
         tokio::time::timeout(cap, done.notified()).await.is_err()
     };
     let usage = meter.stop();
+    let lingered = linger.await;
     stopping.store(true, Ordering::Relaxed);
     let _ = stop_tx.send(true);
     for h in handles {
         h.await.context("relay task")?;
     }
     let error = failures.lock().ok().and_then(|f| f.clone());
-    Ok(Drained {
-        delivered: delivered.load(Ordering::Relaxed).min(expected),
-        usage,
-        capped,
-        error,
-    })
+    Ok((
+        Drained {
+            delivered: delivered.load(Ordering::Relaxed).min(expected),
+            usage,
+            capped,
+            error,
+        },
+        lingered,
+    ))
+}
+
+/// A relay running in a task until it is stopped (gracefully: it settles
+/// its batch and leaves its relay group) or killed (its task aborted, as a
+/// `kill -9` would: no settlement, no leave, its leases run out).
+pub(crate) struct Running {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<RelaySummary>,
+}
+
+impl Running {
+    /// Starts a relay over `store` and `sink`; every delivery adds one to
+    /// `delivered`.
+    pub(crate) fn start<St: Store, Si: Sink>(
+        store: St,
+        sink: Arc<Si>,
+        options: RelayOptions,
+        delivered: Arc<AtomicU64>,
+    ) -> Result<Self> {
+        let relay = Relay::new(store, sink, options)?.with_listener(move |p| {
+            if let Progress::Delivered { .. } = p {
+                delivered.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        let (stop, mut rx) = watch::channel(false);
+        let task = tokio::spawn(relay.run(async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }));
+        Ok(Self { stop, task })
+    }
+
+    /// Asks the relay to stop gracefully; [`Running::join`] waits for it.
+    pub(crate) fn signal_stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits until the relay has stopped (after [`Running::signal_stop`]).
+    pub(crate) async fn join(self) -> Result<()> {
+        self.task.await.context("relay task")?;
+        Ok(())
+    }
+
+    /// Stops the relay gracefully and waits for it.
+    pub(crate) async fn stop(self) -> Result<()> {
+        self.signal_stop();
+        self.join().await
+    }
+
+    /// Aborts the relay's task and waits until it is gone (its store
+    /// dropped with it).
+    pub(crate) async fn kill(self) {
+        self.task.abort();
+        let _ = self.task.await;
+    }
 }
 
 /// The store's raw rate: claim a batch, settle it at once as all delivered

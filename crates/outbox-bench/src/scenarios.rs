@@ -1,4 +1,7 @@
-//! The eight scenarios of issue 6, and the event-log comparison.
+//! The eight scenarios of issue 6, the event-log comparison, and the relay
+//! and consumer groups of issue 12 (in [`groups`]).
+
+mod groups;
 
 use crate::probe::Machine;
 use crate::report::Row;
@@ -36,12 +39,18 @@ pub(crate) struct Sizes {
     /// Duration of each producer-overhead variant, and rounds of the three.
     pub(crate) producer: Duration,
     pub(crate) producer_rounds: u32,
-    /// Backlog of the REPEATABLE READ and scale-out scenarios.
+    /// Backlog of the REPEATABLE READ, scale-out (both) and fan-out scenarios.
     pub(crate) side_backlog: u64,
     /// Rounds of the event-log comparison (the median is reported).
     pub(crate) log_rounds: u32,
     /// Time cap of any single drain.
     pub(crate) cap: Duration,
+    /// Rounds of the event-log scale-out comparison (the median is
+    /// reported), and repetitions of each rebalancing measurement.
+    pub(crate) group_rounds: u32,
+    pub(crate) rebalance_reps: u32,
+    /// Events each producer-cost measurement of the fan-out enqueues.
+    pub(crate) fanout_producer_events: u64,
 }
 
 impl Sizes {
@@ -59,6 +68,9 @@ impl Sizes {
                 side_backlog: 3_000,
                 log_rounds: 1,
                 cap: Duration::from_secs(60),
+                group_rounds: 1,
+                rebalance_reps: 1,
+                fanout_producer_events: 500,
             }
         } else if quick {
             Self {
@@ -73,6 +85,9 @@ impl Sizes {
                 side_backlog: 50_000,
                 log_rounds: 3,
                 cap: Duration::from_secs(90),
+                group_rounds: 1,
+                rebalance_reps: 3,
+                fanout_producer_events: 4_000,
             }
         } else {
             Self {
@@ -87,6 +102,9 @@ impl Sizes {
                 side_backlog: 200_000,
                 log_rounds: 3,
                 cap: Duration::from_secs(600),
+                group_rounds: 3,
+                rebalance_reps: 5,
+                fanout_producer_events: 20_000,
             }
         }
     }
@@ -189,6 +207,9 @@ impl Ctx {
             "repeatable-read" => self.repeatable_read().await,
             "scale-out" => self.scale_out().await,
             "event-log" => self.event_log().await,
+            "log-scale-out" => self.log_scale_out().await,
+            "rebalance" => self.rebalance().await,
+            "fan-out" => self.fan_out().await,
             other => bail!("unknown scenario {other}"),
         }
     }

@@ -197,8 +197,10 @@ pub(crate) async fn pg_store(
         .with_context(|| cannot_open("store", services))
 }
 
-/// A fresh schema name `obench_<name>_<suffix>`, recorded in `res` for cleanup.
-fn fresh_schema(res: &mut Resources, name: &str) -> Result<Ident> {
+/// A fresh schema name `obench_<name>_<suffix>`, recorded in `res` for
+/// cleanup (e.g. for an event log that several stores, one per relay as
+/// separate processes would have, open with [`open_pg_log`]).
+pub(crate) fn fresh_schema(res: &mut Resources, name: &str) -> Result<Ident> {
     let schema = format!("obench_{name}_{}", suffix());
     res.schemas.push(schema.clone());
     Ok(Ident::new(schema)?)
@@ -275,11 +277,24 @@ pub(crate) async fn pg_log_store(
     name: &str,
     max_connections: u32,
 ) -> Result<PgLogStore> {
+    let schema = fresh_schema(res, name)?;
+    open_pg_log(services, &schema, max_connections, |o| o).await
+}
+
+/// An event-log store on `schema` (migrated if needed) with its own pool of
+/// `max_connections`, the product defaults changed by `configure` (relay
+/// groups, consumer group, rebalance interval).
+pub(crate) async fn open_pg_log(
+    services: &Services,
+    schema: &Ident,
+    max_connections: u32,
+    configure: impl FnOnce(PgLogOptions) -> PgLogOptions,
+) -> Result<PgLogStore> {
     let options = PgLogOptions::new(services.database_url.clone())
-        .with_schema(fresh_schema(res, name)?)
+        .with_schema(schema.clone())
         .with_auto_migrate(true)
         .with_max_connections(max_connections);
-    PgLogStore::connect(options)
+    PgLogStore::connect(configure(options))
         .await
         .with_context(|| cannot_open("event-log store", services))
 }
