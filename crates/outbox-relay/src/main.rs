@@ -1,6 +1,7 @@
 //! `outbox-relay`: runs the outbox relay, its demo, and store administration.
 //!
-//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|show|retry|purge`.
+//! Commands: `demo`, `run`, `migrate`, `status`, `pause`, `resume`,
+//! `dead list|show|retry|purge`.
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
 //! Errors are printed as one line, each cause once, root cause last, with
 //! every password the user passed replaced by `***`.
@@ -10,6 +11,7 @@
 mod any;
 mod backends;
 mod config;
+mod control;
 mod dead;
 #[cfg(feature = "sqlite")]
 mod demo;
@@ -47,6 +49,12 @@ enum Command {
     /// Show pending, in-flight and dead counts, and the sink state of
     /// running relays (`--relay ADDR`, their `--metrics-addr`).
     Status(StatusArgs),
+    /// Pause a consumer group: its running relays stop claiming within
+    /// about a second (what they claimed is delivered and settled).
+    Pause(control::PauseArgs),
+    /// Resume a paused consumer group: its relays claim again within about
+    /// a second.
+    Resume(control::PauseArgs),
     /// Inspect, replay or purge dead letters.
     Dead {
         #[command(subcommand)]
@@ -159,6 +167,7 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
                 Some(age) => println!("oldest:     {:.1}s", age.as_secs_f64()),
                 None => println!("oldest:     -"),
             }
+            println!("{}", control::status_line(&store).await);
             #[cfg(feature = "postgres")]
             if let AnyStore::PgLog(log) = &store {
                 print_log_status(log).await?;
@@ -171,6 +180,14 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
                 println!("{}", http::relay_status(addr).await);
             }
             Ok(())
+        }
+        Command::Pause(args) => {
+            init_logging("warn");
+            control::run(args, true, secrets).await
+        }
+        Command::Resume(args) => {
+            init_logging("warn");
+            control::run(args, false, secrets).await
         }
         Command::Dead { command } => {
             init_logging("warn");
@@ -203,7 +220,7 @@ async fn open_store(resolved: &Resolved) -> anyhow::Result<(AnyStore, String)> {
     Ok((store, url))
 }
 
-async fn open(args: &StoreArgs, secrets: &mut Vec<String>) -> anyhow::Result<(AnyStore, String)> {
+pub(crate) async fn open(args: &StoreArgs, secrets: &mut Vec<String>) -> anyhow::Result<(AnyStore, String)> {
     let resolved = args.resolve()?;
     secrets.extend(resolved.secrets());
     open_store(&resolved).await
@@ -242,10 +259,18 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         poll_interval = ?cfg.options.poll_interval(),
         lock_timeout = ?cfg.options.lock_timeout(),
         delivery_timeout = ?cfg.options.delivery_timeout(),
+        max_rate = ?cfg.options.max_rate(),
+        group = store.group(),
         "starting relay"
     );
+    let group = store.group().to_owned();
+    // The relay reads its group's control row (pause/resume) through its
+    // own clone of the store, outside the readiness probe's claim tracking.
+    let control = store.clone();
     let (store, store_probe) = http::Watched::new(store);
-    let relay = Relay::new(store, sink, cfg.options).context("invalid relay settings")?;
+    let relay = Relay::new(store, sink, cfg.options)
+        .context("invalid relay settings")?
+        .with_control(control, group);
     if let Some((addr, listener)) = listener {
         http::spawn(
             listener,
@@ -253,6 +278,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
                 metrics,
                 sink: relay.sink_health(),
                 store: store_probe,
+                pause: relay.pause_handle(),
                 secrets: secrets.to_vec(),
             },
         );

@@ -182,6 +182,7 @@
 //!   any more hold rotation back; drop them (`DELETE FROM <table>_log_cursors
 //!   WHERE grp = ... AND shard_total = ...`).
 
+mod control;
 mod enqueue;
 pub(crate) mod migrate;
 pub(crate) mod names;

@@ -34,7 +34,7 @@ impl LogDb {
         let guard = SchemaGuard(schema.clone());
         let log = PgLog::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
         let mut conn = pool.acquire().await.unwrap();
-        assert_eq!(log.migrate(&mut conn).await.unwrap(), vec![1]);
+        assert_eq!(log.migrate(&mut conn).await.unwrap(), vec![1, 4]);
         assert!(log.migrate(&mut conn).await.unwrap().is_empty());
         drop(conn);
         Self {
