@@ -157,7 +157,10 @@
 //! **Consumer groups**: each group reads every event with its own cursors,
 //! lane and dead letters. A new cursor starts at what every cursor of its
 //! group has passed (reconfiguring shards from 2 to 4 redelivers a little,
-//! never loses), or at the log's origin for a new group.
+//! never loses), or at the log's origin for a new group. A group can be
+//! paused and resumed on its own ([`ControlStore`](outbox_core::ControlStore):
+//! one row per group in `<table>_log_control`, which its relays re-read
+//! about once a second; `outbox-relay pause --group G`).
 //!
 //! # What this mode does not do (differences from the queue mode)
 //! - No per-event lease: a shard is read by one relay at a time, the others
