@@ -3,14 +3,12 @@
 //! pauses each consumer group on its own. Uses `DATABASE_URL`.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
-mod common;
 #[path = "log_support/mod.rs"]
 mod log_support;
 
-use common::TestDb;
-use log_support::LogDb;
+use log_support::{database_url, pool, LogDb, SchemaGuard};
 use outbox_core::{ControlStore, PauseNote, DEFAULT_GROUP};
-use outbox_postgres::StoreError;
+use outbox_postgres::{Ident, PgMode, PgOutbox, PgStore, PgStoreOptions, StoreError};
 
 /// The behaviour both modes share, on `group`.
 async fn pause_and_resume(store: &impl ControlStore, group: &str) {
@@ -27,9 +25,15 @@ async fn pause_and_resume(store: &impl ControlStore, group: &str) {
     assert!(!store.set_paused(group, true, &other).await.unwrap());
     assert_eq!(store.paused(group).await.unwrap(), Some(first));
 
-    assert!(store.set_paused(group, false, &PauseNote::new()).await.unwrap());
+    assert!(store
+        .set_paused(group, false, &PauseNote::new())
+        .await
+        .unwrap());
     assert_eq!(store.paused(group).await.unwrap(), None);
-    assert!(!store.set_paused(group, false, &PauseNote::new()).await.unwrap());
+    assert!(!store
+        .set_paused(group, false, &PauseNote::new())
+        .await
+        .unwrap());
 
     // Paused again: a new pause, with the new note.
     assert!(store.set_paused(group, true, &other).await.unwrap());
@@ -39,14 +43,33 @@ async fn pause_and_resume(store: &impl ControlStore, group: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queue_mode_pauses_its_one_group() {
-    let db = TestDb::new().await;
-    let store = db.store().await;
+    let pool = pool(4).await;
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    let schema = Ident::new(format!("outbox_ctl_{}", &suffix[..12])).unwrap();
+    let _guard = SchemaGuard(schema.clone());
+    let table = Ident::new("events").unwrap();
+    let outbox = PgOutbox::in_mode(schema.clone(), table.clone(), PgMode::Queue).unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    outbox.migrate(&mut conn).await.unwrap();
+    drop(conn);
+    let store = PgStore::from_pool(
+        pool,
+        PgStoreOptions::new(database_url())
+            .with_schema(schema)
+            .with_table(table)
+            .with_listen(false),
+    )
+    .await
+    .unwrap();
     pause_and_resume(&store, DEFAULT_GROUP).await;
     let err = store
         .set_paused("payments", true, &PauseNote::new())
         .await
         .unwrap_err();
-    assert!(matches!(err, StoreError::UnknownGroup(ref g) if g == "payments"), "{err}");
+    assert!(
+        matches!(err, StoreError::UnknownGroup(ref g) if g == "payments"),
+        "{err}"
+    );
     assert!(err.to_string().contains("mode `log`"), "{err}");
     assert!(store.paused("payments").await.is_err());
 }

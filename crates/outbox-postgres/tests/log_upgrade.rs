@@ -126,7 +126,10 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     .unwrap();
     // The queue-mode relays were paused for the upgrade.
     let note = PauseNote::new().with_by("ops").with_reason("upgrade");
-    assert!(queue_store.set_paused(DEFAULT_GROUP, true, &note).await.unwrap());
+    assert!(queue_store
+        .set_paused(DEFAULT_GROUP, true, &note)
+        .await
+        .unwrap());
     drop(queue_store);
 
     // A producer of the old version keeps a connection with its INSERT
@@ -182,7 +185,11 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     .await
     .unwrap();
     // The pause carried over to the log's default group; resume it.
-    let paused = store.paused(DEFAULT_GROUP).await.unwrap().expect("still paused");
+    let paused = store
+        .paused(DEFAULT_GROUP)
+        .await
+        .unwrap()
+        .expect("still paused");
     assert_eq!(
         (paused.by.as_deref(), paused.reason.as_deref()),
         (Some("ops"), Some("upgrade"))

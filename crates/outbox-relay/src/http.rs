@@ -597,7 +597,12 @@ mod tests {
                 .with_reason("deploy, see postgres://u:hunter2@db"),
         ));
         // No claim answered yet (it started paused): still ready.
-        let r = readiness(&closed, &StoreState::Starting, Some(&paused), &["hunter2".into()]);
+        let r = readiness(
+            &closed,
+            &StoreState::Starting,
+            Some(&paused),
+            &["hunter2".into()],
+        );
         assert_eq!(r.status, 200, "{}", r.body);
         let v = body(&r);
         assert_eq!(v["ready"], true);

@@ -220,7 +220,10 @@ async fn open_store(resolved: &Resolved) -> anyhow::Result<(AnyStore, String)> {
     Ok((store, url))
 }
 
-pub(crate) async fn open(args: &StoreArgs, secrets: &mut Vec<String>) -> anyhow::Result<(AnyStore, String)> {
+pub(crate) async fn open(
+    args: &StoreArgs,
+    secrets: &mut Vec<String>,
+) -> anyhow::Result<(AnyStore, String)> {
     let resolved = args.resolve()?;
     secrets.extend(resolved.secrets());
     open_store(&resolved).await

@@ -17,7 +17,9 @@
 mod support;
 
 use outbox_core::{EventId, NewEvent, Store};
-use outbox_postgres::{sqlx, Ident, PgLogOptions, PgLogStore, PgMode, PgOutbox, PgStore, PgStoreOptions};
+use outbox_postgres::{
+    sqlx, Ident, PgLogOptions, PgLogStore, PgMode, PgOutbox, PgStore, PgStoreOptions,
+};
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
@@ -334,7 +336,10 @@ async fn a_relay_started_paused_waits_for_resume() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("payments") && err.contains("mode `log`"), "{err}");
+    assert!(
+        err.contains("payments") && err.contains("mode `log`"),
+        "{err}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
@@ -380,11 +385,7 @@ async fn max_rate_limits_delivered_events_per_second() {
         if ids.len() >= committed.len() {
             break ids;
         }
-        assert!(
-            Instant::now() < deadline,
-            "{} of 600 delivered",
-            ids.len()
-        );
+        assert!(Instant::now() < deadline, "{} of 600 delivered", ids.len());
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let took = first.elapsed();

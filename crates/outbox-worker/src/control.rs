@@ -148,7 +148,10 @@ impl PauseWatch {
     /// the last read is [`CONTROL_REFRESH`] old or more.
     pub(crate) async fn is_paused(&self) -> bool {
         let due = {
-            let last = self.last_read.lock().unwrap_or_else(PoisonError::into_inner);
+            let last = self
+                .last_read
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
             last.is_none_or(|t| t.elapsed() >= CONTROL_REFRESH)
         };
         if due {
@@ -159,16 +162,27 @@ impl PauseWatch {
 
     /// How long until the next read is due (zero when it is).
     pub(crate) fn next_read_in(&self) -> Duration {
-        let last = self.last_read.lock().unwrap_or_else(PoisonError::into_inner);
-        last.map_or(Duration::ZERO, |t| CONTROL_REFRESH.saturating_sub(t.elapsed()))
+        let last = self
+            .last_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        last.map_or(Duration::ZERO, |t| {
+            CONTROL_REFRESH.saturating_sub(t.elapsed())
+        })
     }
 
     async fn refresh(&self) {
         let result = (self.read)().await;
-        *self.last_read.lock().unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        *self
+            .last_read
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         match result {
             Ok(paused) => {
-                *self.error_logged.lock().unwrap_or_else(PoisonError::into_inner) = false;
+                *self
+                    .error_logged
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = false;
                 let was = {
                     let mut state = self.handle.lock();
                     state.checked_at = Some(SystemTime::now());
@@ -183,7 +197,9 @@ impl PauseWatch {
                         since = %p.since,
                         "consumer group paused: claiming stops (what is claimed is delivered and settled)"
                     ),
-                    (Some(_), None) => info!(group = %self.group, "consumer group resumed: claiming again"),
+                    (Some(_), None) => {
+                        info!(group = %self.group, "consumer group resumed: claiming again")
+                    }
                     _ => {}
                 }
                 let value = if paused.is_some() { 1.0 } else { 0.0 };
@@ -196,7 +212,10 @@ impl PauseWatch {
                     state.last_error = Some(error.clone());
                     state.paused.is_some()
                 };
-                let mut logged = self.error_logged.lock().unwrap_or_else(PoisonError::into_inner);
+                let mut logged = self
+                    .error_logged
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 if !*logged {
                     *logged = true;
                     warn!(

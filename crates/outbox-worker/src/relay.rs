@@ -9,8 +9,9 @@ use crate::{InvalidOptions, KeyOrder, RelayOptions};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use outbox_core::{
-    Claim, ClaimRequest, ControlStore, DeliveryError, ErrorCode, Event, EventId, FencingToken, Jitter, LastError,
-    Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, ShardSpec, Sink, Store,
+    Claim, ClaimRequest, ControlStore, DeliveryError, ErrorCode, Event, EventId, FencingToken,
+    Jitter, LastError, Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement,
+    ShardSpec, Sink, Store,
 };
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
