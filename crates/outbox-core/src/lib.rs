@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod backend;
+mod control;
 mod envelope;
 mod error;
 mod event;
@@ -13,6 +14,7 @@ mod retry;
 mod shard;
 mod store;
 
+pub use control::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
 pub use event::{

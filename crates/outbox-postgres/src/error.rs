@@ -164,6 +164,9 @@ pub enum StoreError {
     Migrate(MigrateError),
     /// A query failed.
     Database(sqlx::Error),
+    /// A consumer group other than [`outbox_core::DEFAULT_GROUP`] was named
+    /// to a queue-mode store, which has only that one.
+    UnknownGroup(String),
 }
 
 impl From<InvalidIdentifier> for StoreError {
@@ -215,6 +218,11 @@ impl fmt::Display for StoreError {
             StoreError::Corrupt { id, detail } => write!(f, "outbox row {id} is corrupt: {detail}"),
             StoreError::Migrate(e) => fmt::Display::fmt(e, f),
             StoreError::Database(e) => write!(f, "outbox store query failed: {}", Cause(e)),
+            StoreError::UnknownGroup(g) => write!(
+                f,
+                "no consumer group {g:?}: a queue-mode outbox has one group, {:?} (consumer groups need mode `log`)",
+                outbox_core::DEFAULT_GROUP
+            ),
         }
     }
 }

@@ -28,6 +28,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "0002_order_and_parking",
         template: include_str!("../../../migrations/postgres/0002_order_and_parking.sql"),
     },
+    Migration {
+        version: 3,
+        name: "0003_control",
+        template: include_str!("../../../migrations/postgres/0003_control.sql"),
+    },
 ];
 
 /// First key of the two-key advisory lock taken while migrating: ASCII "obox".

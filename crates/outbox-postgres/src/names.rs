@@ -29,6 +29,7 @@ impl Names {
             ("{{events}}", format!("{s}.{}", table.quoted())),
             ("{{dead}}", qualified("_dead")?),
             ("{{history}}", qualified("_migrations")?),
+            ("{{control}}", qualified("_control")?),
             ("{{seq}}", qualified("_seq")?),
             ("{{claim_idx}}", local("_claim_idx")?),
             ("{{key_idx}}", local("_key_idx")?),

@@ -9,8 +9,8 @@ mod log_support;
 
 use log_support::{database_url, pool, SchemaGuard};
 use outbox_core::{
-    ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, LastError, NewEvent,
-    RelayId, Resolution, Settlement, ShardSpec, Store,
+    ClaimRequest, ControlStore, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, LastError,
+    NewEvent, PauseNote, RelayId, Resolution, Settlement, ShardSpec, Store, DEFAULT_GROUP,
 };
 use outbox_postgres::{
     Ident, MigrateError, PgLogOptions, PgLogStore, PgMode, PgOutbox, PgStore, PgStoreOptions,
@@ -72,7 +72,7 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     // two keys, one delivered event kept for retention, one dead letter.
     let queue = PgOutbox::in_mode(schema.clone(), table.clone(), PgMode::Queue).unwrap();
     let mut conn = pool.acquire().await.unwrap();
-    assert_eq!(queue.migrate(&mut conn).await.unwrap(), vec![1, 2]);
+    assert_eq!(queue.migrate(&mut conn).await.unwrap(), vec![1, 2, 3]);
     drop(conn);
     let queue_store = PgStore::from_pool(
         pool.clone(),
@@ -124,6 +124,12 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     .execute(&pool)
     .await
     .unwrap();
+    // The queue-mode relays were paused for the upgrade.
+    let note = PauseNote::new().with_by("ops").with_reason("upgrade");
+    assert!(queue_store
+        .set_paused(DEFAULT_GROUP, true, &note)
+        .await
+        .unwrap());
     drop(queue_store);
 
     // A producer of the old version keeps a connection with its INSERT
@@ -150,6 +156,7 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     );
     assert_eq!(relkind(&pool, &schema, "events_dead").await, None);
     assert_eq!(relkind(&pool, &schema, "events_migrations").await, None);
+    assert_eq!(relkind(&pool, &schema, "events_control").await, None);
 
     // The queue mode now refuses the outbox with a clear error.
     let err = queue.migrate(&mut conn).await.unwrap_err();
@@ -181,6 +188,21 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     )
     .await
     .unwrap();
+    // The pause carried over to the log's default group; resume it.
+    let paused = store
+        .paused(DEFAULT_GROUP)
+        .await
+        .unwrap()
+        .expect("still paused");
+    assert_eq!(
+        (paused.by.as_deref(), paused.reason.as_deref()),
+        (Some("ops"), Some("upgrade"))
+    );
+    assert!(store
+        .set_paused(DEFAULT_GROUP, false, &PauseNote::new())
+        .await
+        .unwrap());
+    assert_eq!(store.paused(DEFAULT_GROUP).await.unwrap(), None);
     let got = drain(&store, 10).await;
     let ids: Vec<EventId> = got.iter().map(|(id, _, _)| *id).collect();
     for id in &pending {

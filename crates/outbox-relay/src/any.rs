@@ -18,9 +18,9 @@ use crate::backends::{self, scheme_of};
 use crate::config::{role_name, GroupScope};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
-    redact_url, Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery,
-    DeadLetterStore, Event, FencingToken, Outcome, RelayId, Retryable, SettleReport, Settlement,
-    Sink, Stats, Store,
+    redact_url, Claim, ClaimRequest, ControlStore, DeadLetter, DeadLetterFilter, DeadLetterQuery,
+    DeadLetterStore, Event, FencingToken, Outcome, PauseNote, Paused, RelayId, Retryable,
+    SettleReport, Settlement, Sink, Stats, Store,
 };
 use outbox_worker::JsonLinesSink;
 use std::fmt;
@@ -342,6 +342,36 @@ impl Store for AnyStore {
 
     async fn leave(&self, relay: &RelayId) -> Result<(), AnyStoreError> {
         each_store!(self, s => s.leave(relay).await.map_err(AnyStoreError::new))
+    }
+}
+
+impl AnyStore {
+    /// The consumer group this store's relay claims for: the event log's
+    /// configured group, [`outbox_core::DEFAULT_GROUP`] for the stores with
+    /// one implicit group.
+    pub(crate) fn group(&self) -> &str {
+        match *self {
+            #[cfg(feature = "postgres")]
+            AnyStore::PgLog(ref s) => s.group(),
+            _ => outbox_core::DEFAULT_GROUP,
+        }
+    }
+}
+
+impl ControlStore for AnyStore {
+    type Error = AnyStoreError;
+
+    async fn paused(&self, group: &str) -> Result<Option<Paused>, AnyStoreError> {
+        each_store!(self, s => s.paused(group).await.map_err(AnyStoreError::new))
+    }
+
+    async fn set_paused(
+        &self,
+        group: &str,
+        paused: bool,
+        note: &PauseNote,
+    ) -> Result<bool, AnyStoreError> {
+        each_store!(self, s => s.set_paused(group, paused, note).await.map_err(AnyStoreError::new))
     }
 }
 

@@ -96,6 +96,11 @@ const RELAY: &[Setting] = &[
         "Longest a sink may take for one batch, in ms; then the delivery is cancelled and its events released without an attempt.",
     )
     .with_default("300000"),
+    Setting::integer(
+        "max_rate",
+        "Most events handed to the sink per second (a token bucket of one batch: a batch waits for its tokens, bursts up to one batch); unset: no limit.",
+    )
+    .with_value_name("EVENTS_PER_SEC"),
     Setting::bool("migrate", "Create or upgrade the outbox tables before starting.")
         .with_default("false"),
     Setting::text(
@@ -696,7 +701,8 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
         )
         .with_drain(r.bool("drain")?.unwrap_or(defaults.drain()))
         .with_shutdown_grace(ms("shutdown_grace_ms", defaults.shutdown_grace())?)
-        .with_delivery_timeout(ms("delivery_timeout_ms", defaults.delivery_timeout())?);
+        .with_delivery_timeout(ms("delivery_timeout_ms", defaults.delivery_timeout())?)
+        .with_max_rate(r.parse::<u32>("max_rate")?);
     if let Some(id) = r.text("relay_id") {
         options = options.with_relay_id(RelayId::new(id));
     }

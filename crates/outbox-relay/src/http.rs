@@ -4,7 +4,7 @@
 //! |------------|--------|
 //! | `/metrics` | the Prometheus text of the relay's metrics (feature `prometheus`) |
 //! | `/healthz` | `200 ok` while the process runs (liveness) |
-//! | `/readyz`  | `200` when the store answered the relay's last claim or settlement (and none has been waiting 15 s or more; a failed lease renewal also counts) and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed) |
+//! | `/readyz`  | `200` when the store answered the relay's last claim or settlement (and none has been waiting 15 s or more; a failed lease renewal also counts) and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed). A relay whose consumer group is paused (`outbox-relay pause`) is ready (`200`, `"paused": true`: the pause is deliberate) as long as it can read its control row |
 //!
 //! The Prometheus exporter's own listener answers every path with the
 //! metrics, so it cannot share its port with other routes; this module
@@ -17,7 +17,7 @@ use crate::report::scrub;
 use outbox_core::{
     Claim, ClaimRequest, FencingToken, RelayId, SettleReport, Settlement, Stats, Store,
 };
-use outbox_worker::{SinkHealth, SinkState, SinkStatus};
+use outbox_worker::{PauseHandle, PauseStatus, SinkHealth, SinkState, SinkStatus};
 use serde_json::json;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -187,6 +187,8 @@ pub(crate) struct Endpoints {
     pub(crate) metrics: Option<Render>,
     pub(crate) sink: SinkHealth,
     pub(crate) store: StoreProbe,
+    /// The relay's consumer group and its pause (`None`: not watched).
+    pub(crate) pause: Option<PauseHandle>,
     /// Replaced by `***` in every error shown.
     pub(crate) secrets: Vec<String>,
 }
@@ -197,6 +199,7 @@ impl std::fmt::Debug for Endpoints {
             .field("metrics", &self.metrics.is_some())
             .field("sink", &self.sink)
             .field("store", &self.store)
+            .field("pause", &self.pause)
             .finish_non_exhaustive()
     }
 }
@@ -266,7 +269,12 @@ impl Endpoints {
     fn respond(&self, method: &str, target: &str) -> Response {
         match route(method, target) {
             Route::Health => Response::text(200, "ok\n"),
-            Route::Ready => readiness(&self.sink.status(), &self.store.get(), &self.secrets),
+            Route::Ready => readiness(
+                &self.sink.status(),
+                &self.store.get(),
+                self.pause.as_ref().map(PauseHandle::status).as_ref(),
+                &self.secrets,
+            ),
             Route::Metrics => match &self.metrics {
                 Some(render) => Response {
                     status: 200,
@@ -289,8 +297,35 @@ impl Endpoints {
 /// `/readyz`: ready when the store answered the last claim and the sink's
 /// breaker is closed; otherwise 503 naming both states and their last
 /// errors, with every secret replaced by `***`.
-fn readiness(sink: &SinkStatus, store: &StoreState, secrets: &[String]) -> Response {
-    let ready = sink.state == SinkState::Closed && *store == StoreState::Ok;
+///
+/// A paused relay claims nothing, so neither state moves: it is ready (200,
+/// `"paused": true`, the pause is deliberate) while it can read its control
+/// row, and not ready (503) when that read failed.
+fn readiness(
+    sink: &SinkStatus,
+    store: &StoreState,
+    pause: Option<&PauseStatus>,
+    secrets: &[String],
+) -> Response {
+    let paused = pause.and_then(|p| p.paused.as_ref());
+    let ready = match (paused, pause) {
+        (Some(_), Some(p)) => p.last_error.is_none(),
+        _ => sink.state == SinkState::Closed && *store == StoreState::Ok,
+    };
+    let pause_json = pause.map(|p| {
+        let mut v = json!({ "group": p.group, "paused": p.paused.is_some() });
+        if let Some(paused) = &p.paused {
+            v["since"] = json!(paused
+                .since
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
+            v["by"] = json!(paused.by);
+            v["reason"] = json!(paused.reason.as_deref().map(|r| scrub(r, secrets)));
+        }
+        if let Some(e) = &p.last_error {
+            v["last_error"] = json!(scrub(e, secrets));
+        }
+        v
+    });
     let store_json = match store {
         StoreState::Starting => json!({ "state": "starting" }),
         StoreState::Ok => json!({ "state": "ok" }),
@@ -304,10 +339,13 @@ fn readiness(sink: &SinkStatus, store: &StoreState, secrets: &[String]) -> Respo
         }),
     };
     if ready {
-        return Response::json(
-            200,
-            &json!({ "ready": true, "sink": { "state": sink.state.as_str() }, "store": store_json }),
-        );
+        let mut body =
+            json!({ "ready": true, "sink": { "state": sink.state.as_str() }, "store": store_json });
+        if let Some(pause) = pause_json {
+            body["paused"] = json!(paused.is_some());
+            body["pause"] = pause;
+        }
+        return Response::json(200, &body);
     }
     let since = chrono::DateTime::<chrono::Utc>::from(sink.since)
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -317,19 +355,21 @@ fn readiness(sink: &SinkStatus, store: &StoreState, secrets: &[String]) -> Respo
             "message": scrub(e.message(), secrets),
         })
     });
-    Response::json(
-        503,
-        &json!({
-            "ready": false,
-            "sink": {
-                "state": sink.state.as_str(),
-                "since": since,
-                "outages": sink.outages,
-                "last_error": last_error,
-            },
-            "store": store_json,
-        }),
-    )
+    let mut body = json!({
+        "ready": false,
+        "sink": {
+            "state": sink.state.as_str(),
+            "since": since,
+            "outages": sink.outages,
+            "last_error": last_error,
+        },
+        "store": store_json,
+    });
+    if let Some(pause) = pause_json {
+        body["paused"] = json!(paused.is_some());
+        body["pause"] = pause;
+    }
+    Response::json(503, &body)
 }
 
 /// Serves `endpoints` on `listener` until the runtime stops.
@@ -451,8 +491,13 @@ fn describe_readiness(addr: &str, v: &serde_json::Value) -> String {
     if let Some(code) = v["sink"]["last_error"]["code"].as_str() {
         sink.push_str(&format!(", last error {code}"));
     }
+    let paused = if v["paused"].as_bool() == Some(true) {
+        format!("; PAUSED (group {})", text(&v["pause"]["group"]))
+    } else {
+        String::new()
+    };
     format!(
-        "relay {addr}: {ready}; sink: {sink}; store: {}",
+        "relay {addr}: {ready}{paused}; sink: {sink}; store: {}",
         text(&v["store"]["state"])
     )
 }
@@ -492,17 +537,17 @@ mod tests {
     #[test]
     fn ready_only_with_a_closed_sink_and_a_store_that_answered() {
         let closed = SinkStatus::default();
-        let ok = readiness(&closed, &StoreState::Ok, &[]);
+        let ok = readiness(&closed, &StoreState::Ok, None, &[]);
         assert_eq!(ok.status, 200);
         assert_eq!(body(&ok)["sink"]["state"], "closed");
 
-        let starting = readiness(&closed, &StoreState::Starting, &[]);
+        let starting = readiness(&closed, &StoreState::Starting, None, &[]);
         assert_eq!(starting.status, 503);
         assert_eq!(body(&starting)["store"]["state"], "starting");
 
         let secrets = vec!["hunter2".to_owned()];
         let failed = StoreState::Failed("pool timed out (postgres://u:hunter2@db)".into());
-        let r = readiness(&closed, &failed, &secrets);
+        let r = readiness(&closed, &failed, None, &secrets);
         assert_eq!(r.status, 503);
         assert!(!r.body.contains("hunter2"), "{}", r.body);
         assert_eq!(body(&r)["store"]["state"], "error");
@@ -514,7 +559,7 @@ mod tests {
             ErrorCode::new("SINK_UNAVAILABLE"),
             "connection refused: nats://u:hunter2@127.0.0.1:4222",
         ));
-        let r = readiness(&open, &StoreState::Ok, &secrets);
+        let r = readiness(&open, &StoreState::Ok, None, &secrets);
         assert_eq!(r.status, 503);
         let v = body(&r);
         assert_eq!(v["ready"], false);
@@ -532,12 +577,53 @@ mod tests {
         );
 
         let stalled = StoreState::Stalled(Duration::from_secs(20));
-        let r = readiness(&closed, &stalled, &[]);
+        let r = readiness(&closed, &stalled, None, &[]);
         assert_eq!(r.status, 503);
         assert_eq!(body(&r)["store"]["state"], "no_answer");
 
         let mut half = open.clone();
         half.state = SinkState::HalfOpen;
-        assert_eq!(readiness(&half, &StoreState::Ok, &[]).status, 503);
+        assert_eq!(readiness(&half, &StoreState::Ok, None, &[]).status, 503);
+    }
+
+    #[test]
+    fn a_paused_relay_is_ready_while_it_reads_its_control_row() {
+        let closed = SinkStatus::default();
+        let running = PauseStatus::new("default");
+        let r = readiness(&closed, &StoreState::Ok, Some(&running), &[]);
+        assert_eq!(r.status, 200);
+        assert_eq!(body(&r)["paused"], false);
+        assert_eq!(body(&r)["pause"]["group"], "default");
+
+        let mut paused = PauseStatus::new("payments");
+        paused.paused = Some(outbox_core::Paused::new(
+            chrono::Utc::now(),
+            outbox_core::PauseNote::new()
+                .with_by("alice")
+                .with_reason("deploy, see postgres://u:hunter2@db"),
+        ));
+        // No claim answered yet (it started paused): still ready.
+        let r = readiness(
+            &closed,
+            &StoreState::Starting,
+            Some(&paused),
+            &["hunter2".into()],
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = body(&r);
+        assert_eq!(v["ready"], true);
+        assert_eq!(v["paused"], true);
+        assert_eq!(v["pause"]["by"], "alice");
+        assert!(!r.body.contains("hunter2"), "{}", r.body);
+        assert_eq!(
+            describe_readiness("a:1", &v),
+            "relay a:1: ready; PAUSED (group payments); sink: closed; store: starting"
+        );
+
+        // The control row cannot be read: not ready.
+        paused.last_error = Some("pool timed out".into());
+        let r = readiness(&closed, &StoreState::Ok, Some(&paused), &[]);
+        assert_eq!(r.status, 503);
+        assert_eq!(body(&r)["pause"]["last_error"], "pool timed out");
     }
 }

@@ -1,7 +1,7 @@
 //! `outbox-relay`: runs the outbox relay, its demo, and store administration.
 //!
-//! Commands: `demo`, `run`, `migrate`, `status`, `dead list|show|retry|purge`,
-//! `group list|drop`.
+//! Commands: `demo`, `run`, `migrate`, `status`, `pause`, `resume`,
+//! `dead list|show|retry|purge`, `group list|drop`.
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
 //! Errors are printed as one line, each cause once, root cause last, with
 //! every password the user passed replaced by `***`.
@@ -11,6 +11,7 @@
 mod any;
 mod backends;
 mod config;
+mod control;
 mod dead;
 #[cfg(feature = "sqlite")]
 mod demo;
@@ -53,6 +54,12 @@ enum Command {
     /// database horizon back; and the sink state of running relays
     /// (`--relay ADDR`, their `--metrics-addr`).
     Status(status::StatusArgs),
+    /// Pause a consumer group: its running relays stop claiming within
+    /// about a second (what they claimed is delivered and settled).
+    Pause(control::PauseArgs),
+    /// Resume a paused consumer group: its relays claim again within about
+    /// a second.
+    Resume(control::PauseArgs),
     /// Inspect, replay or purge dead letters (of `--group`).
     Dead {
         #[command(subcommand)]
@@ -148,6 +155,14 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
             init_logging("warn");
             status::run(args, secrets).await
         }
+        Command::Pause(args) => {
+            init_logging("warn");
+            control::run(args, true, secrets).await
+        }
+        Command::Resume(args) => {
+            init_logging("warn");
+            control::run(args, false, secrets).await
+        }
         Command::Dead { command } => {
             init_logging("warn");
             dead::run(command, secrets).await
@@ -184,7 +199,10 @@ async fn open_store(resolved: &Resolved) -> anyhow::Result<(AnyStore, String)> {
     Ok((store, url))
 }
 
-async fn open(args: &StoreArgs, secrets: &mut Vec<String>) -> anyhow::Result<(AnyStore, String)> {
+pub(crate) async fn open(
+    args: &StoreArgs,
+    secrets: &mut Vec<String>,
+) -> anyhow::Result<(AnyStore, String)> {
     let resolved = args.resolve()?;
     secrets.extend(resolved.secrets());
     open_store(&resolved).await
@@ -224,10 +242,18 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         poll_interval = ?cfg.options.poll_interval(),
         lock_timeout = ?cfg.options.lock_timeout(),
         delivery_timeout = ?cfg.options.delivery_timeout(),
+        max_rate = ?cfg.options.max_rate(),
+        group = store.group(),
         "starting relay"
     );
+    let group = store.group().to_owned();
+    // The relay reads its group's control row (pause/resume) through its
+    // own clone of the store, outside the readiness probe's claim tracking.
+    let control = store.clone();
     let (store, store_probe) = http::Watched::new(store);
-    let relay = Relay::new(store, sink, cfg.options).context("invalid relay settings")?;
+    let relay = Relay::new(store, sink, cfg.options)
+        .context("invalid relay settings")?
+        .with_control(control, group);
     if let Some((addr, listener)) = listener {
         http::spawn(
             listener,
@@ -235,6 +261,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
                 metrics,
                 sink: relay.sink_health(),
                 store: store_probe,
+                pause: relay.pause_handle(),
                 secrets: secrets.to_vec(),
             },
         );

@@ -42,6 +42,9 @@ pub(crate) async fn run(args: StatusArgs, secrets: &mut Vec<String>) -> anyhow::
     let Some(every) = args.watch else {
         let doc = collect(&store, &url, &args.relays).await?;
         print(&doc, args.json);
+        if !args.json {
+            println!("{}", crate::control::status_line(&store).await);
+        }
         return Ok(());
     };
     let clear = !args.json && std::io::stdout().is_terminal();
@@ -54,7 +57,12 @@ pub(crate) async fn run(args: StatusArgs, secrets: &mut Vec<String>) -> anyhow::
             print!("\x1b[2J\x1b[H");
         }
         match shown {
-            Ok(doc) => print(&doc, args.json),
+            Ok(doc) => {
+                print(&doc, args.json);
+                if !args.json {
+                    println!("{}", crate::control::status_line(&store).await);
+                }
+            }
             // A database restart must not end the watch: say so, go on.
             Err(e) => {
                 let text = crate::report::render(&e, secrets);

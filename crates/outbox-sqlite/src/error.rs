@@ -150,6 +150,10 @@ pub enum StoreError {
     /// A query failed.
     #[error("outbox store query failed: {}", Cause(.0))]
     Database(sqlx::Error),
+    /// A consumer group other than [`outbox_core::DEFAULT_GROUP`] was named:
+    /// a SQLite outbox has only that one.
+    #[error("no consumer group {0:?}: a SQLite outbox has one group, {default:?}", default = outbox_core::DEFAULT_GROUP)]
+    UnknownGroup(String),
 }
 
 impl StoreError {

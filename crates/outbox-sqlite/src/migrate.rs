@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "commit_order",
         sql: include_str!("../../../migrations/sqlite/0002_commit_order.sql"),
     },
+    Migration {
+        version: 3,
+        name: "control",
+        sql: include_str!("../../../migrations/sqlite/0003_control.sql"),
+    },
 ];
 
 /// Checksums recorded by earlier builds for SQL that is equivalent to this

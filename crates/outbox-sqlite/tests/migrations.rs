@@ -20,7 +20,7 @@ async fn tables(store: &SqliteStore) -> Vec<String> {
 async fn migrate_creates_tables_and_records_history_in_its_own_table() {
     let (store, _dir) = fresh().await;
     assert!(store.applied_migrations().await.unwrap().is_empty());
-    assert_eq!(store.migrate().await.unwrap(), vec![1, 2]);
+    assert_eq!(store.migrate().await.unwrap(), vec![1, 2, 3]);
     let names = tables(&store).await;
     assert!(names.contains(&"outbox_events".to_owned()), "{names:?}");
     assert!(
@@ -30,10 +30,11 @@ async fn migrate_creates_tables_and_records_history_in_its_own_table() {
     assert!(names.contains(&MIGRATIONS_TABLE.to_owned()), "{names:?}");
     assert!(!names.contains(&"_sqlx_migrations".to_owned()), "{names:?}");
     let applied = store.applied_migrations().await.unwrap();
-    assert_eq!(applied.len(), 2);
+    assert_eq!(applied.len(), 3);
     assert_eq!(applied[0].version, 1);
     assert_eq!(applied[0].name, "outbox");
     assert_eq!(applied[1].name, "commit_order");
+    assert_eq!(applied[2].name, "control");
     assert_eq!(applied[0].checksum.len(), 16);
     assert!(applied[0].applied_at.is_some());
 }
@@ -66,7 +67,7 @@ async fn concurrent_migrations_apply_once() {
     let mut applied = a.unwrap();
     applied.extend(b.unwrap());
     applied.sort_unstable();
-    assert_eq!(applied, vec![1, 2]);
+    assert_eq!(applied, vec![1, 2, 3]);
 }
 
 #[tokio::test]

@@ -115,14 +115,16 @@ async fn two_outboxes_with_their_own_tables_share_one_database() {
     )
     .await
     .unwrap();
-    assert_eq!(default.migrate().await.unwrap(), vec![1, 2]);
+    assert_eq!(default.migrate().await.unwrap(), vec![1, 2, 3]);
     assert!(orders.migrate().await.unwrap().is_empty(), "auto-migrated");
     let names = tables(&default).await;
     for t in [
         "order",
         "order_dead",
         "order_migrations",
+        "order_control",
         "outbox_events",
+        "outbox_events_control",
         "outbox_dead_letters",
         "outbox_schema_migrations",
     ] {
@@ -230,7 +232,7 @@ async fn migration_2_upgrades_a_version_1_outbox_in_place() {
         .unwrap();
     }
 
-    assert_eq!(store.migrate().await.unwrap(), vec![2]);
+    assert_eq!(store.migrate().await.unwrap(), vec![2, 3]);
     assert!(store.migrate().await.unwrap().is_empty());
     let c = store.claim(&req("r")).await.unwrap();
     let order: Vec<EventId> = c.events.iter().map(|e| e.id).collect();

@@ -2,12 +2,14 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod breaker;
+pub mod control;
 mod handlers;
 mod jsonl;
 pub mod layer;
 mod lease;
 pub mod metrics;
 mod options;
+mod rate;
 mod relay;
 #[cfg(test)]
 mod relay_fault_tests;
@@ -15,6 +17,7 @@ mod relay_fault_tests;
 mod relay_tests;
 
 pub use breaker::{SinkHealth, SinkState, SinkStatus};
+pub use control::{PauseHandle, PauseStatus};
 pub use handlers::{HandlerError, HandlerRegistry};
 pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};
 pub use layer::{KeyOrder, KeyOrderLayer};

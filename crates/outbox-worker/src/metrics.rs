@@ -22,7 +22,7 @@ pub const EVENTS_RELEASED: &str = "outbox_events_released_total";
 /// Counter: events a settlement could not record as asked (the store
 /// reported them `rejected`, with a reason logged at WARN).
 pub const EVENTS_REJECTED: &str = "outbox_events_rejected_total";
-/// Counter, label `op` (`claim`, `settle`, `renew`, `stats`): store calls that failed.
+/// Counter, label `op` (`claim`, `settle`, `renew`, `stats`, `control`): store calls that failed.
 pub const STORE_ERRORS: &str = "outbox_store_errors_total";
 /// Counter: batches whose delivery was cancelled after the delivery timeout.
 pub const DELIVERY_TIMEOUTS: &str = "outbox_delivery_timeouts_total";
@@ -41,6 +41,16 @@ pub const LAG_SECONDS: &str = "outbox_lag_seconds";
 pub const SHARD_LAG_SECONDS: &str = "outbox_shard_lag_seconds";
 /// Gauge: 1 while [`LAG_SECONDS`] exceeds the configured lag alert, else 0.
 pub const LAG_ALERT: &str = "outbox_lag_alert";
+
+/// Gauge, label `group`: 1 while the relay's consumer group is paused
+/// (`outbox-relay pause`; the relay claims nothing), 0 while it runs. Set by
+/// relays built [`with_control`](crate::Relay::with_control), at each read
+/// of the group's control row (about once a second).
+pub const PAUSED: &str = "outbox_paused";
+/// Histogram, seconds: per batch that had to wait for the rate limit
+/// ([`RelayOptions::with_max_rate`](crate::RelayOptions::with_max_rate)),
+/// how long it waited before going to the sink.
+pub const RATE_LIMIT_WAIT_SECONDS: &str = "outbox_rate_limit_wait_seconds";
 
 /// Registers units and descriptions of every relay metric with the installed recorder.
 pub fn describe_metrics() {
@@ -92,4 +102,13 @@ pub fn describe_metrics() {
         "Age of the oldest event in the last batch of a shard"
     );
     describe_gauge!(LAG_ALERT, "1 while the lag exceeds the lag alert threshold");
+    describe_gauge!(
+        PAUSED,
+        "1 while the relay's consumer group is paused (outbox-relay pause), else 0"
+    );
+    describe_histogram!(
+        RATE_LIMIT_WAIT_SECONDS,
+        Unit::Seconds,
+        "Per rate-limited batch: wait for the rate limit (max_rate) before delivery"
+    );
 }

@@ -18,6 +18,7 @@ use thiserror::Error;
 /// | `relay_id`        | `relay-<pid>-<random>` | lease owner recorded in the store |
 /// | `drain`           | `true`           | claim again at once after a full batch |
 /// | `shutdown_grace`  | 30 s             | how long an in-flight delivery may run after shutdown was asked |
+/// | `max_rate`        | none             | most events handed to the sink per second (a token bucket of one batch) |
 ///
 /// Build with [`RelayOptions::default`] and the `with_*` methods, then
 /// [`RelayOptions::validate`] (also done by [`crate::Relay::new`]).
@@ -33,6 +34,7 @@ pub struct RelayOptions {
     drain: bool,
     shutdown_grace: Duration,
     delivery_timeout: Duration,
+    max_rate: Option<u32>,
 }
 
 /// Options that cannot work, with the offending value.
@@ -55,6 +57,9 @@ pub enum InvalidOptions {
     /// `delivery_timeout` was 0.
     #[error("delivery timeout must be greater than zero")]
     ZeroDeliveryTimeout,
+    /// `max_rate` was 0 (leave it unset for no limit).
+    #[error("max rate must be at least 1 event per second (leave it unset for no limit)")]
+    ZeroMaxRate,
 }
 
 impl Default for RelayOptions {
@@ -70,6 +75,7 @@ impl Default for RelayOptions {
             drain: true,
             shutdown_grace: Duration::from_secs(30),
             delivery_timeout: Duration::from_secs(5 * 60),
+            max_rate: None,
         }
     }
 }
@@ -146,6 +152,18 @@ impl RelayOptions {
         self
     }
 
+    /// Most events handed to the sink per second (default: no limit). A
+    /// token bucket of one batch (`batch_size` tokens) refilled at this
+    /// rate: a claimed batch waits until there are enough tokens for all
+    /// its events, then goes to the sink whole (never one sleep per event);
+    /// after an idle moment at most one batch goes at once. The wait holds
+    /// the batch's lease (renewed as usual). `Some(0)` is refused by
+    /// [`RelayOptions::validate`].
+    pub fn with_max_rate(mut self, events_per_second: Option<u32>) -> Self {
+        self.max_rate = events_per_second;
+        self
+    }
+
     /// Poll interval.
     pub fn poll_interval(&self) -> Duration {
         self.poll_interval
@@ -196,6 +214,11 @@ impl RelayOptions {
         self.delivery_timeout
     }
 
+    /// Rate limit in events per second, if any.
+    pub fn max_rate(&self) -> Option<u32> {
+        self.max_rate
+    }
+
     /// Checks the options (the retry policy and shard spec are validated when built).
     pub fn validate(&self) -> Result<(), InvalidOptions> {
         if self.batch_size == 0 {
@@ -212,6 +235,9 @@ impl RelayOptions {
         }
         if self.delivery_timeout.is_zero() {
             return Err(InvalidOptions::ZeroDeliveryTimeout);
+        }
+        if self.max_rate == Some(0) {
+            return Err(InvalidOptions::ZeroMaxRate);
         }
         Ok(())
     }
@@ -233,6 +259,7 @@ mod tests {
         assert_eq!(o.shard(), ShardSpec::ALL);
         assert!(o.drain());
         assert_eq!(o.delivery_timeout(), Duration::from_secs(300));
+        assert_eq!(o.max_rate(), None);
         assert_eq!(o.validate(), Ok(()));
     }
 
@@ -258,8 +285,13 @@ mod tests {
             Err(InvalidOptions::EmptyRelayId)
         );
         assert_eq!(
-            o.with_delivery_timeout(Duration::ZERO).validate(),
+            o.clone().with_delivery_timeout(Duration::ZERO).validate(),
             Err(InvalidOptions::ZeroDeliveryTimeout)
         );
+        assert_eq!(
+            o.clone().with_max_rate(Some(0)).validate(),
+            Err(InvalidOptions::ZeroMaxRate)
+        );
+        assert_eq!(o.with_max_rate(Some(1)).validate(), Ok(()));
     }
 }

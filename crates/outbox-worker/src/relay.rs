@@ -1,14 +1,17 @@
 //! The relay loop: claim, deliver, settle, wait. See [`Relay`].
 
 use crate::breaker::{Breaker, SinkHealth, SinkState};
+use crate::control::{PauseHandle, PauseWatch};
 use crate::lease::{Leases, Renewed, Use};
 use crate::metrics as m;
+use crate::rate::TokenBucket;
 use crate::{InvalidOptions, KeyOrder, RelayOptions};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use outbox_core::{
-    Claim, ClaimRequest, DeliveryError, ErrorCode, Event, EventId, FencingToken, Jitter, LastError,
-    Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, ShardSpec, Sink, Store,
+    Claim, ClaimRequest, ControlStore, DeliveryError, ErrorCode, Event, EventId, FencingToken,
+    Jitter, LastError, Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement,
+    ShardSpec, Sink, Store,
 };
 use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
@@ -16,7 +19,7 @@ use std::fmt;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, error, info, info_span, warn, Instrument};
@@ -180,12 +183,19 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 ///   errors retrying cannot fix; settlements until the lease would end);
 ///   a panicking sink or handler fails its events retryably; the relay never
 ///   gives up and never panics.
+///
+/// Operators can pause a relay's consumer group without a restart (see
+/// [`Relay::with_control`] and [`crate::control`]) and cap the events per
+/// second it hands to the sink ([`RelayOptions::with_max_rate`], see the
+/// token bucket in the `rate` module).
 pub struct Relay<St, Si> {
     store: St,
     sink: KeyOrder<Si>,
     options: RelayOptions,
     listener: Option<Listener>,
     breaker: Breaker,
+    pause: Option<PauseWatch>,
+    bucket: Option<Mutex<TokenBucket>>,
 }
 
 impl<St, Si> fmt::Debug for Relay<St, Si> {
@@ -194,6 +204,7 @@ impl<St, Si> fmt::Debug for Relay<St, Si> {
             .field("options", &self.options)
             .field("listener", &self.listener.is_some())
             .field("sink_state", &self.breaker.state())
+            .field("pause", &self.pause)
             .finish_non_exhaustive()
     }
 }
@@ -393,13 +404,42 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     /// the options are invalid.
     pub fn new(store: St, sink: Si, options: RelayOptions) -> Result<Self, InvalidOptions> {
         options.validate()?;
+        let bucket = options.max_rate().map(|rate| {
+            Mutex::new(TokenBucket::new(
+                f64::from(rate),
+                options.batch_size(),
+                Instant::now(),
+            ))
+        });
         Ok(Self {
             store,
             sink: KeyOrder::new(sink),
             options,
             listener: None,
             breaker: Breaker::new(),
+            pause: None,
+            bucket,
         })
+    }
+
+    /// Watches consumer group `group`'s control row in `control` (usually a
+    /// clone of the store): while the group is paused (`outbox-relay
+    /// pause`, [`ControlStore::set_paused`]) the relay claims nothing, and
+    /// it claims again once the group is resumed. The row is re-read about
+    /// once a second ([`crate::control::CONTROL_REFRESH`]); see
+    /// [`crate::control`]. Without this the relay never pauses.
+    ///
+    /// [`Relay::run_until_idle`] on a paused group waits until it is resumed.
+    pub fn with_control(mut self, control: impl ControlStore, group: impl Into<String>) -> Self {
+        self.pause = Some(PauseWatch::new(control, group.into()));
+        self
+    }
+
+    /// A handle on the pause state of the group set with
+    /// [`Relay::with_control`] (`None` without it), for health endpoints.
+    /// Take it before [`Relay::run`] consumes the relay.
+    pub fn pause_handle(&self) -> Option<PauseHandle> {
+        self.pause.as_ref().map(PauseWatch::handle)
     }
 
     /// Calls `f` for every outcome the relay records (after it is recorded)
@@ -511,6 +551,19 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             if shutdown.as_mut().now_or_never().is_some() {
                 break;
             }
+            if prefetched.is_none() && self.paused().await {
+                // Paused: claim nothing; look at the control row again
+                // when the next read is due.
+                let recheck = self
+                    .pause
+                    .as_ref()
+                    .map_or(Duration::ZERO, PauseWatch::next_read_in)
+                    .max(Duration::from_millis(10));
+                if wait(recheck, shutdown.as_mut(), NO_WAKEUP).await == Waited::Shutdown {
+                    break;
+                }
+                continue;
+            }
             if self.breaker.state() == SinkState::Open {
                 if wait(probe_in, shutdown.as_mut(), NO_WAKEUP).await == Waited::Shutdown {
                     break;
@@ -561,6 +614,17 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             }
             idle.reset();
 
+            if let Some(delay) = self.rate_limit(n) {
+                // Wait for the tokens of the whole batch (max_rate), once.
+                metrics::histogram!(m::RATE_LIMIT_WAIT_SECONDS).record(delay.as_secs_f64());
+                debug!(events = n, wait = ?delay, "rate limit: waiting before delivering the batch");
+                if wait(delay, shutdown.as_mut(), NO_WAKEUP).await == Waited::Shutdown {
+                    self.give_back(held, leases, ReleaseReason::Shutdown, &mut summary)
+                        .await;
+                    break;
+                }
+            }
+
             if leases.is_lost(held.claim.token) {
                 // Claimed ahead, and its lease could not be kept while it
                 // waited: another relay may have it now. Never deliver it.
@@ -571,7 +635,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
 
             summary.batches += 1;
             let full = n >= usize::try_from(self.options.batch_size()).unwrap_or(usize::MAX);
-            let drain = self.options.drain() && full && !probing;
+            // A paused group claims nothing more, not even ahead.
+            let drain = self.options.drain() && full && !probing && !self.paused().await;
             let mut processed = if drain {
                 // The events of this batch are leased, so the overlapping claim
                 // cannot take them, nor (per-key order) later events of their keys.
@@ -664,6 +729,26 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             "relay stopped"
         );
         summary
+    }
+
+    /// Whether the group is paused (the cached read of its control row,
+    /// refreshed when due); always `false` without [`Relay::with_control`].
+    async fn paused(&self) -> bool {
+        match &self.pause {
+            Some(watch) => watch.is_paused().await,
+            None => false,
+        }
+    }
+
+    /// The wait before `n` claimed events may go to the sink under the
+    /// rate limit (their tokens are taken now), if any.
+    fn rate_limit(&self, n: usize) -> Option<Duration> {
+        let bucket = self.bucket.as_ref()?;
+        let delay = bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take(n, Instant::now());
+        (!delay.is_zero()).then_some(delay)
     }
 
     /// One claim; a non-empty one is tracked (and renewed) in `leases`.

@@ -504,3 +504,74 @@ async fn invalid_options_are_refused() {
     .unwrap_err();
     assert_eq!(err, crate::InvalidOptions::ZeroBatchSize);
 }
+
+/// A pause noticed mid-batch: the batch being delivered finishes and is
+/// settled (delivered, not released), nothing more is claimed while the
+/// group is paused, and after resume the rest is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_group_finishes_its_batch_then_claims_nothing_until_resumed() {
+    use outbox_core::{ControlStore, PauseNote, DEFAULT_GROUP};
+    let db = db().await;
+    let ids = enqueue(
+        &db.store,
+        (0..40)
+            .map(|i| ev("order.created", &format!("k{i}")))
+            .collect(),
+    )
+    .await;
+    let delivered = Arc::new(AtomicU32::new(0));
+    let (store, count) = (db.store.clone(), Arc::clone(&delivered));
+    let handlers = HandlerRegistry::new().with_handler("order.created", move |_| {
+        let (store, count) = (store.clone(), Arc::clone(&count));
+        async move {
+            // The first event pauses the group while its batch is in flight.
+            if count.fetch_add(1, Ordering::SeqCst) == 0 {
+                store
+                    .set_paused(DEFAULT_GROUP, true, &PauseNote::new().with_reason("test"))
+                    .await
+                    .unwrap();
+                // Let the relay's cached read go stale before the batch ends.
+                tokio::time::sleep(Duration::from_millis(1100)).await;
+            }
+            Ok::<(), HandlerError>(())
+        }
+    });
+    let relay = Relay::new(db.store.clone(), handlers, fast(3).with_batch_size(10))
+        .unwrap()
+        .with_control(db.store.clone(), DEFAULT_GROUP);
+    let pause = relay.pause_handle().unwrap();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let run = tokio::spawn(relay.run(async {
+        let _ = stop_rx.await;
+    }));
+
+    // The in-flight batch (10 events, and at most one batch claimed ahead
+    // in drain mode) is delivered and settled; then nothing moves.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(pause.is_paused(), "{:?}", pause.status());
+    let while_paused = delivered.load(Ordering::SeqCst);
+    assert!(
+        (10..=20).contains(&while_paused),
+        "delivered while pausing: {while_paused}"
+    );
+    let stats = db.store.stats().await.unwrap();
+    assert_eq!(stats.in_flight, 0, "the batch was settled: {stats:?}");
+    assert_eq!(stats.pending, 40 - u64::from(while_paused), "{stats:?}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(delivered.load(Ordering::SeqCst), while_paused);
+
+    db.store
+        .set_paused(DEFAULT_GROUP, false, &PauseNote::new())
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while db.store.stats().await.unwrap().pending > 0 {
+        assert!(tokio::time::Instant::now() < deadline, "not resumed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!pause.is_paused());
+    stop_tx.send(()).unwrap();
+    let summary = run.await.unwrap();
+    assert_eq!(summary.delivered, ids.len() as u64);
+    assert_eq!(summary.released, 0, "nothing released by the pause");
+}

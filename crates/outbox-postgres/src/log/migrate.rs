@@ -23,6 +23,11 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
         name: "0003_delayed_events",
         template: include_str!("../../../../migrations/postgres-log/0003_delayed_events.sql"),
     },
+    Migration {
+        version: 4,
+        name: "0004_control",
+        template: include_str!("../../../../migrations/postgres-log/0004_control.sql"),
+    },
 ];
 
 /// First key of the advisory lock: ASCII "olog" (the queue mode uses "obox").
@@ -80,9 +85,10 @@ enum Found {
 ///   rows kept for retention are dropped) are copied into the log in their
 ///   queue order (`seq`), with their ids, keys, headers and `created_at`
 ///   (attempt counts and backoff restart; a delayed event, never attempted
-///   and due later, keeps its due time as `deliver_at`), its dead letters into the log's
-///   dead letters of the default group, and the queue objects
-///   (`<table>`, `<table>_dead`, `<table>_migrations`) are dropped;
+///   and due later, keeps its due time as `deliver_at`), its dead letters
+///   into the log's dead letters of the default group, its control rows (a
+///   pause) into the log's, and the queue objects (`<table>`,
+///   `<table>_dead`, `<table>_migrations`, `<table>_control`) are dropped;
 /// - then `<table>` is created as a view over the log that PostgreSQL makes
 ///   insertable: a producer still running the queue-mode enqueue (a rolling
 ///   upgrade, another service) keeps working, its INSERT lands in the log.
@@ -155,12 +161,33 @@ async fn attach(conn: &mut PgConnection, names: &LogNames) -> Result<(), Migrate
                 .map_err(upgrade_failed)?
                 .rows_affected();
             }
+            // A pause of the queue-mode relays carries over to the log's
+            // default group (the queue table had only that one).
+            if matches!(
+                relkind(&mut tx, &names.render("{{queue_control}}"))
+                    .await
+                    .map_err(MigrateError::Database)?,
+                Found::Table
+            ) {
+                tx.execute(
+                    names
+                        .render(
+                            "INSERT INTO {{control}} (grp, paused, paused_at, paused_by, reason, updated_at) \
+                             SELECT grp, paused, paused_at, paused_by, reason, updated_at FROM {{queue_control}} \
+                             ON CONFLICT (grp) DO NOTHING",
+                        )
+                        .as_str(),
+                )
+                .await
+                .map_err(upgrade_failed)?;
+            }
             tx.execute(
                 names
                     .render(
                         "DROP TABLE {{outbox}};
                          DROP TABLE IF EXISTS {{queue_dead}};
-                         DROP TABLE IF EXISTS {{queue_history}};",
+                         DROP TABLE IF EXISTS {{queue_history}};
+                         DROP TABLE IF EXISTS {{queue_control}};",
                     )
                     .as_str(),
             )

@@ -164,6 +164,10 @@
 //! waits for the slowest group; [`PgLogStore::groups`] says which group
 //! holds it back, and [`PgLogStore::drop_group`] deletes a group's
 //! cursors, lane and dead letters (it then holds nothing back).
+//! A group can be paused and resumed on its own
+//! ([`ControlStore`](outbox_core::ControlStore): one row per group in
+//! `<table>_log_control`, which its relays re-read about once a second;
+//! `outbox-relay pause --group G`).
 //!
 //! # What this mode does not do (differences from the queue mode)
 //! - No per-event lease: a shard is read by one relay at a time, the others
@@ -190,6 +194,7 @@
 //!   more holds rotation back too: drop it ([`PgLogStore::drop_group`],
 //!   `outbox-relay group drop NAME`).
 
+mod control;
 mod enqueue;
 mod groups;
 pub(crate) mod migrate;

@@ -31,9 +31,11 @@ const OBJECTS: &[(&str, &str, bool)] = &[
     ("{{lane_ord}}", "_log_lane_ord", true),
     ("{{dead}}", "_log_dead", true),
     ("{{history}}", "_log_migrations", true),
+    ("{{control}}", "_log_control", true),
     // The queue-mode objects an in-place upgrade drains and replaces.
     ("{{queue_dead}}", "_dead", true),
     ("{{queue_history}}", "_migrations", true),
+    ("{{queue_control}}", "_control", true),
     ("{{log_idx}}", "_log_idx", false),
     ("{{lane_key_idx}}", "_log_lane_key_idx", false),
     ("{{lane_id_idx}}", "_log_lane_id_idx", false),

@@ -1,0 +1,121 @@
+//! Pause and resume ([`ControlStore`]) on PostgreSQL: one row per consumer
+//! group in `<table>_control` (queue mode, migration 3) or
+//! `<table>_log_control` (event-log mode, migration 4, see
+//! `log/control.rs`). Times come from the database's `now()`.
+
+use crate::{PgStore, StoreError};
+use chrono::{DateTime, Utc};
+use outbox_core::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
+use sqlx::{PgPool, Row};
+
+/// The SQL of one control table, rendered once per call (a relay reads it
+/// about once a second).
+pub(crate) struct ControlSql {
+    read: String,
+    pause: String,
+    resume: String,
+}
+
+impl ControlSql {
+    /// The statements for the quoted, qualified table `table`.
+    pub(crate) fn new(table: &str) -> Self {
+        Self {
+            read: format!(
+                "SELECT COALESCE(paused_at, updated_at) AS since, paused_by, reason \
+                 FROM {table} WHERE grp = $1 AND paused"
+            ),
+            // A paused group keeps its first pause: 0 rows when it was paused.
+            pause: format!(
+                "INSERT INTO {table} AS c (grp, paused, paused_at, paused_by, reason, updated_at) \
+                 VALUES ($1, true, now(), $2, $3, now()) \
+                 ON CONFLICT (grp) DO UPDATE SET paused = true, paused_at = now(), \
+                     paused_by = EXCLUDED.paused_by, reason = EXCLUDED.reason, updated_at = now() \
+                 WHERE NOT c.paused"
+            ),
+            resume: format!(
+                "UPDATE {table} SET paused = false, paused_at = NULL, paused_by = NULL, \
+                     reason = NULL, updated_at = now() \
+                 WHERE grp = $1 AND paused"
+            ),
+        }
+    }
+
+    /// The group's pause, if it is paused.
+    pub(crate) async fn paused(
+        &self,
+        pool: &PgPool,
+        group: &str,
+    ) -> Result<Option<Paused>, StoreError> {
+        let row = sqlx::query(&self.read)
+            .bind(group)
+            .fetch_optional(pool)
+            .await?;
+        row.map(|row| {
+            let since: DateTime<Utc> = row.try_get("since")?;
+            let mut note = PauseNote::new();
+            note.by = row.try_get("paused_by")?;
+            note.reason = row.try_get("reason")?;
+            Ok(Paused::new(since, note))
+        })
+        .transpose()
+    }
+
+    /// Pauses or resumes; whether the state changed.
+    pub(crate) async fn set_paused(
+        &self,
+        pool: &PgPool,
+        group: &str,
+        paused: bool,
+        note: &PauseNote,
+    ) -> Result<bool, StoreError> {
+        let done = if paused {
+            sqlx::query(&self.pause)
+                .bind(group)
+                .bind(note.by.as_deref())
+                .bind(note.reason.as_deref())
+                .execute(pool)
+                .await?
+        } else {
+            sqlx::query(&self.resume).bind(group).execute(pool).await?
+        };
+        Ok(done.rows_affected() > 0)
+    }
+}
+
+/// The queue table has one consumer group, [`DEFAULT_GROUP`].
+fn only_default(group: &str) -> Result<(), StoreError> {
+    if group == DEFAULT_GROUP {
+        Ok(())
+    } else {
+        Err(StoreError::UnknownGroup(group.to_owned()))
+    }
+}
+
+impl PgStore {
+    fn control_sql(&self) -> ControlSql {
+        ControlSql::new(&self.outbox().names.render("{{control}}"))
+    }
+}
+
+/// The queue table's one group, [`DEFAULT_GROUP`]; other names are refused
+/// with [`StoreError::UnknownGroup`].
+impl ControlStore for PgStore {
+    type Error = StoreError;
+
+    async fn paused(&self, group: &str) -> Result<Option<Paused>, StoreError> {
+        only_default(group)?;
+        self.control_sql().paused(self.pool(), group).await
+    }
+
+    async fn set_paused(
+        &self,
+        group: &str,
+        paused: bool,
+        note: &PauseNote,
+    ) -> Result<bool, StoreError> {
+        only_default(group)?;
+        self.control_sql()
+            .set_paused(self.pool(), group, paused, note)
+            .await
+    }
+}
