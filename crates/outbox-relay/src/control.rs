@@ -12,12 +12,11 @@ use outbox_core::{ControlStore, PauseNote, Paused};
 /// `pause` and `resume`.
 #[derive(Debug, Args)]
 pub(crate) struct PauseArgs {
+    /// The store; its `--group` is the consumer group to pause or resume
+    /// (default `default`; the PostgreSQL queue table and SQLite have only
+    /// that one).
     #[command(flatten)]
     store: StoreArgs,
-    /// The consumer group (default: the store's, `default`; the PostgreSQL
-    /// queue table and SQLite have only that one).
-    #[arg(long, value_name = "GROUP")]
-    group: Option<String>,
     /// Why (`pause` only): shown by `status` and `/readyz`.
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
@@ -33,7 +32,7 @@ pub(crate) async fn run(
     secrets: &mut Vec<String>,
 ) -> anyhow::Result<()> {
     let (store, _url) = crate::open(&args.store, secrets).await?;
-    let group = args.group.as_deref().unwrap_or(store.group()).to_owned();
+    let group = store.group().to_owned();
     let mut note = PauseNote::new();
     if let Some(by) = args.by.or_else(|| std::env::var("USER").ok()) {
         note = note.with_by(by);

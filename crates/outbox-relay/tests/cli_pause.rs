@@ -337,7 +337,7 @@ async fn a_relay_started_paused_waits_for_resume() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("payments") && err.contains("mode `log`"),
+        err.contains("payments") && err.contains("event log"),
         "{err}"
     );
 
