@@ -12,6 +12,8 @@ mod redact;
 mod retry;
 mod shard;
 mod store;
+#[cfg(feature = "otel")]
+pub mod trace;
 
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
