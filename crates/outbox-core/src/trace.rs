@@ -220,16 +220,17 @@ pub fn extract_context(headers: &BTreeMap<String, String>) -> Context {
 
 /// Makes `span` a child of the producer's span recorded in `headers` (its
 /// OpenTelemetry parent; the `tracing` parent, and so the log context, is
-/// unchanged). Call it before `span` is first entered. Returns whether the
-/// parent was set (`false` without a valid `traceparent`, without a
-/// `tracing-opentelemetry` layer, or when the span was already started).
-pub fn continue_trace(span: &tracing::Span, headers: &BTreeMap<String, String>) -> bool {
-    match extract(headers) {
-        Some(sc) => span
-            .set_parent(Context::new().with_remote_span_context(sc))
-            .is_ok(),
-        None => false,
-    }
+/// unchanged). Call it before `span` is first entered. Returns the
+/// producer's trace id when `headers` hold a valid `traceparent` (the parent
+/// is set only when a `tracing-opentelemetry` layer is installed and the
+/// span has not started yet), `None` otherwise (the span keeps its parent).
+pub fn continue_trace(span: &tracing::Span, headers: &BTreeMap<String, String>) -> Option<TraceId> {
+    let parent = extract(headers)?;
+    let trace_id = parent.trace_id();
+    // An error only means there is no OpenTelemetry layer (nothing to set)
+    // or the span started already (a caller's bug the docs warn about).
+    let _ = span.set_parent(Context::new().with_remote_span_context(parent));
+    Some(trace_id)
 }
 
 /// Adds a link from `span` to the producer's span recorded in `headers`.
@@ -415,13 +416,14 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             let headers = map(&[(TRACEPARENT, SAMPLED)]);
             let span = tracing::info_span!("deliver");
-            assert!(continue_trace(&span, &headers));
+            let producer = continue_trace(&span, &headers).map(|t| t.to_string());
+            assert_eq!(producer.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
             let sc = span.context().span().span_context().clone();
             assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
             assert_ne!(sc.span_id().to_string(), "00f067aa0ba902b7");
 
             let unrelated = tracing::info_span!("no parent");
-            assert!(!continue_trace(&unrelated, &BTreeMap::new()));
+            assert_eq!(continue_trace(&unrelated, &BTreeMap::new()), None);
             let own = unrelated.context().span().span_context().trace_id();
             assert_ne!(own.to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
         });
