@@ -63,8 +63,8 @@ async fn broker_carries_the_trace_context<B: Broker>() {
         customer: "ada".into(),
         total_cents: 4200,
     };
-    let event = NewEvent::new("order.created", broker.topic(), b"{\"order\":1}".to_vec())
-        .with_key("ada");
+    let event =
+        NewEvent::new("order.created", broker.topic(), b"{\"order\":1}".to_vec()).with_key("ada");
     let (ids, request_sc) = async {
         let ids = app.write_order(&order, vec![event], TxEnd::Commit).await;
         let sc = tracing::Span::current()

@@ -100,11 +100,16 @@ pub fn parse_traceparent(value: &str) -> Option<(TraceId, SpanId, TraceFlags)> {
     if trace_id == TraceId::INVALID || span_id == SpanId::INVALID {
         return None;
     }
-    Some((trace_id, span_id, TraceFlags::new(flags) & TraceFlags::SAMPLED))
+    Some((
+        trace_id,
+        span_id,
+        TraceFlags::new(flags) & TraceFlags::SAMPLED,
+    ))
 }
 
 fn is_lower_hex(s: &str) -> bool {
-    s.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+    s.bytes()
+        .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
 }
 
 fn lower_hex(s: &str) -> Option<u8> {
@@ -417,9 +422,15 @@ mod tests {
             let headers = map(&[(TRACEPARENT, SAMPLED)]);
             let span = tracing::info_span!("deliver");
             let producer = continue_trace(&span, &headers).map(|t| t.to_string());
-            assert_eq!(producer.as_deref(), Some("4bf92f3577b34da6a3ce929d0e0e4736"));
+            assert_eq!(
+                producer.as_deref(),
+                Some("4bf92f3577b34da6a3ce929d0e0e4736")
+            );
             let sc = span.context().span().span_context().clone();
-            assert_eq!(sc.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+            assert_eq!(
+                sc.trace_id().to_string(),
+                "4bf92f3577b34da6a3ce929d0e0e4736"
+            );
             assert_ne!(sc.span_id().to_string(), "00f067aa0ba902b7");
 
             let unrelated = tracing::info_span!("no parent");

@@ -142,7 +142,8 @@ async fn a_handler_continues_the_trace_of_the_request_that_enqueued_the_event() 
     // The exported spans.
     provider.force_flush().unwrap();
     let spans = exporter.get_finished_spans().unwrap();
-    let named = |name: &str| -> Vec<&SpanData> { spans.iter().filter(|s| s.name == name).collect() };
+    let named =
+        |name: &str| -> Vec<&SpanData> { spans.iter().filter(|s| s.name == name).collect() };
     let by_span = |sc: &SpanContext| -> &SpanData {
         spans
             .iter()
