@@ -2,7 +2,8 @@
 //!
 //! 1. Dependency direction, from `cargo metadata`:
 //!    - `outbox-core` has no I/O and no runtime: its normal dependencies are
-//!      an allow-list, nothing in its normal dependency tree is a runtime,
+//!      an allow-list (plus the optional OpenTelemetry API crates of its
+//!      feature `otel`), nothing in its normal dependency tree is a runtime,
 //!      a database or broker client, or a socket library, and its sources
 //!      use no `std::net` / `std::fs` / `std::thread::sleep`.
 //!    - Store crates depend on `outbox-core` only among ours; publisher
@@ -29,6 +30,18 @@ use std::process::Command;
 /// `outbox-core`'s allowed normal dependencies. Adding one is a design
 /// decision: it must do no I/O and need no runtime.
 const CORE_ALLOWED: &[&str] = &["bytes", "chrono", "prost", "serde", "thiserror", "uuid"];
+
+/// `outbox-core`'s optional dependencies behind its feature `otel` (W3C
+/// trace context): the OpenTelemetry API and the `tracing` bridge, no SDK,
+/// no exporter. They must stay optional.
+const CORE_OTEL_ALLOWED: &[&str] = &["opentelemetry", "tracing", "tracing-opentelemetry"];
+
+/// A forbidden crate that is accepted below core only on a path through the
+/// named crate: `tracing-opentelemetry` needs `tracing-subscriber`'s span
+/// registry as a type bound (features `registry` + `std`; it installs no
+/// subscriber and does no I/O).
+const CORE_FORBIDDEN_EXCEPT_VIA: &[(&str, &str)] =
+    &[("tracing-subscriber", "tracing-opentelemetry")];
 
 /// Crates that must never be in `outbox-core`'s normal dependency tree.
 const CORE_FORBIDDEN: &[&str] = &[
@@ -285,6 +298,10 @@ fn dependency_direction(meta: &Value) -> Vec<String> {
         for d in core["dependencies"].as_array().into_iter().flatten() {
             let kind = d["kind"].as_str().unwrap_or("normal");
             let dep = d["name"].as_str().unwrap_or("?");
+            let optional = d["optional"].as_bool().unwrap_or(false);
+            if kind == "normal" && optional && CORE_OTEL_ALLOWED.contains(&dep) {
+                continue;
+            }
             if kind == "normal" && !CORE_ALLOWED.contains(&dep) {
                 problems.push(format!(
                     "{CORE} depends on {dep}: core has no I/O and no runtime, its dependencies are an allow-list [{}] in xtask/src/tidy.rs; put I/O in a backend crate",
@@ -355,7 +372,12 @@ fn forbidden_below(meta: &Value, root: &str) -> Vec<(String, String)> {
                 }
                 path.push(CORE);
                 path.reverse();
-                found.push((name.to_owned(), path.join(" -> ")));
+                let excepted = CORE_FORBIDDEN_EXCEPT_VIA
+                    .iter()
+                    .any(|(bad, via)| *bad == name && path.contains(via));
+                if !excepted {
+                    found.push((name.to_owned(), path.join(" -> ")));
+                }
             }
             queue.push_back(pkg);
         }
@@ -435,6 +457,32 @@ mod tests {
         assert_eq!(allowed_internal("outbox-postgres"), Some(vec![CORE]));
         assert_eq!(allowed_internal("outbox-nats"), Some(vec![CORE, BROKER]));
         assert_eq!(allowed_internal("outbox-chaos"), None);
+    }
+
+    #[test]
+    fn tracing_subscriber_is_accepted_below_core_only_through_the_otel_bridge() {
+        let meta = |via: &str| {
+            serde_json::json!({
+                "packages": [
+                    {"id": "core", "name": "outbox-core"},
+                    {"id": "mid", "name": via},
+                    {"id": "ts", "name": "tracing-subscriber"},
+                ],
+                "resolve": {"nodes": [
+                    {"id": "core", "deps": [{"pkg": "mid", "dep_kinds": [{"kind": null}]}]},
+                    {"id": "mid", "deps": [{"pkg": "ts", "dep_kinds": [{"kind": null}]}]},
+                    {"id": "ts", "deps": []},
+                ]}
+            })
+        };
+        assert!(forbidden_below(&meta("tracing-opentelemetry"), "core").is_empty());
+        assert_eq!(
+            forbidden_below(&meta("helper"), "core"),
+            vec![(
+                "tracing-subscriber".to_owned(),
+                "outbox-core -> helper -> tracing-subscriber".to_owned()
+            )]
+        );
     }
 
     #[test]

@@ -478,6 +478,22 @@ impl NewEvent {
         &self.headers
     }
 
+    /// With feature `otel`: adds the current `tracing` span's W3C trace
+    /// context as the `traceparent` / `tracestate` headers, unless the caller
+    /// set a trace header (it wins) or there is no valid span context (then
+    /// nothing is added); a header that would exceed `limits` is left out
+    /// rather than failing the enqueue. See [`crate::trace`]. Without the
+    /// feature it does nothing.
+    ///
+    /// Store crates call this at enqueue, before [`NewEvent::validate`], while
+    /// the caller's span is current; an application does not need to.
+    pub fn capture_trace_context(&mut self, limits: &EventLimits) {
+        #[cfg(feature = "otel")]
+        crate::trace::capture_current(&mut self.headers, limits);
+        #[cfg(not(feature = "otel"))]
+        let _ = limits;
+    }
+
     /// Checks the event against `limits`; store crates call this at enqueue.
     ///
     /// A control character anywhere in the key, event type, topic, a header

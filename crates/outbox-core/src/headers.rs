@@ -16,6 +16,16 @@ pub const CONTENT_TYPE: &str = "content-type";
 /// The content type of an event that names none.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
+/// The W3C Trace Context `traceparent` header
+/// (`version-traceid-parentid-flags`, 55 characters in version `00`). With
+/// feature `otel`, enqueue sets it from the current `tracing` span unless the
+/// caller set it (see [`crate::trace`]); it travels to the broker like any
+/// event header.
+pub const TRACEPARENT: &str = "traceparent";
+/// The W3C Trace Context `tracestate` header (vendor entries), carried with
+/// [`TRACEPARENT`].
+pub const TRACESTATE: &str = "tracestate";
+
 /// Whether `name` is one of the headers the publisher sets itself (compared
 /// without regard to letter case): an event header of that name is not
 /// copied, the publisher's value wins.

@@ -13,6 +13,8 @@ mod redact;
 mod retry;
 mod shard;
 mod store;
+#[cfg(feature = "otel")]
+pub mod trace;
 
 pub use control::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
 pub use envelope::Envelope;

@@ -361,17 +361,19 @@ impl PgOutbox {
 /// An INSERT statement being bound (`sqlx::query(..)`).
 pub(crate) type PgQuery<'q> = sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>;
 
-/// Validates `event` and binds its seven columns (id, key, key hash, type,
+/// Captures the caller's trace context into `event`'s headers (feature
+/// `otel`), validates it and binds its seven columns (id, key, key hash, type,
 /// topic, payload, headers as JSON) to `q`, in the order both modes' INSERT
 /// statements expect, and for a delayed event (the statement of
 /// [`Inserts::one_for`]) its due time as `$8`/`$9`. Returns the event's id
 /// with the bound query.
 pub(crate) fn bind_event<'q>(
     q: PgQuery<'q>,
-    event: NewEvent,
+    mut event: NewEvent,
     limits: &EventLimits,
 ) -> Result<(EventId, PgQuery<'q>), EnqueueError> {
     let id = event.id();
+    event.capture_trace_context(limits);
     event
         .validate(limits)
         .map_err(|source| EnqueueError::Invalid { id, source })?;
@@ -413,13 +415,15 @@ fn due_params(event: &NewEvent) -> Result<Option<DueParams>, EnqueueError> {
 /// `$8` (absolute due time) and `$9` (delay in µs) of a delayed INSERT.
 type DueParams = (Option<DateTime<Utc>>, Option<i64>);
 
-/// Collects and validates a batch (nothing is bound if one is refused).
+/// Collects and validates a batch (nothing is bound if one is refused),
+/// capturing the caller's trace context first (feature `otel`).
 pub(crate) fn validate_batch(
     events: impl IntoIterator<Item = NewEvent>,
     limits: &EventLimits,
 ) -> Result<Vec<NewEvent>, EnqueueError> {
-    let events: Vec<NewEvent> = events.into_iter().collect();
-    for e in &events {
+    let mut events: Vec<NewEvent> = events.into_iter().collect();
+    for e in &mut events {
+        e.capture_trace_context(limits);
         e.validate(limits)
             .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
     }

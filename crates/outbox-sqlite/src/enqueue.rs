@@ -157,8 +157,10 @@ impl SqliteOutbox {
         conn: &mut SqliteConnection,
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
-        let events: Vec<NewEvent> = events.into_iter().collect();
-        for e in &events {
+        let mut events: Vec<NewEvent> = events.into_iter().collect();
+        for e in &mut events {
+            // Feature `otel`: the caller's span becomes the trace headers.
+            e.capture_trace_context(&self.limits);
             e.validate(&self.limits)
                 .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
         }

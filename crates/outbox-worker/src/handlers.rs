@@ -10,6 +10,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 /// Why a handler could not process an event. Map your own errors to one of
 /// the two kinds: [`HandlerError::retryable`] (`HANDLER_TEMPORARY_FAILURE`,
@@ -180,13 +181,15 @@ impl HandlerRegistry {
                 ),
             ));
         };
+        let span = delivery_span(&event);
         // A handler may panic before it returns its future: that is the same
         // bug as a panic inside the future and is reported the same way.
-        let future = match std::panic::catch_unwind(AssertUnwindSafe(|| handler(event))) {
-            Ok(future) => future,
-            Err(payload) => return panicked(payload.as_ref()),
-        };
-        let task = AbortOnDrop(tokio::spawn(future));
+        let future =
+            match std::panic::catch_unwind(AssertUnwindSafe(|| span.in_scope(|| handler(event)))) {
+                Ok(future) => future,
+                Err(payload) => return panicked(payload.as_ref()),
+            };
+        let task = AbortOnDrop(tokio::spawn(future.instrument(span)));
         match task.join().await {
             Ok(Ok(())) => Outcome::Delivered,
             Ok(Err(e)) => Outcome::Failed(e.into()),
@@ -197,6 +200,29 @@ impl HandlerRegistry {
             )),
         }
     }
+}
+
+/// The span a handler runs in (`tracing::Span::current()` inside the
+/// handler): `outbox_deliver`, with the event's id, type and attempt. Its
+/// `tracing` parent is the relay's batch span (`outbox_batch`), so logs keep
+/// the relay's context. With feature `otel` its OpenTelemetry parent is the
+/// producer's span recorded in the event's `traceparent`: the handler's work
+/// is part of the request that enqueued the event (a child, not a link; see
+/// ARCHITECTURE.md), and `trace_id` names that trace in the logs too.
+fn delivery_span(event: &Event) -> tracing::Span {
+    let span = tracing::info_span!(
+        "outbox_deliver",
+        event_id = %event.id,
+        event_type = %event.event_type,
+        attempt = event.attempts,
+        trace_id = tracing::field::Empty,
+    );
+    // Before the span is first entered.
+    #[cfg(feature = "otel")]
+    if let Some(trace_id) = outbox_core::trace::continue_trace(&span, &event.headers) {
+        span.record("trace_id", tracing::field::display(trace_id));
+    }
+    span
 }
 
 /// The outcome of a handler that panicked with `payload`.

@@ -848,6 +848,12 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             size = ids.len(),
             event_ids = %join_ids(&ids),
         );
+        // One batch serves many producers' traces: it links to each event's
+        // producer span (the handlers' per-event spans are their children).
+        #[cfg(feature = "otel")]
+        for event in &claim.events {
+            outbox_core::trace::link(&span, &event.headers);
+        }
         async {
             self.record_lag(&claim);
             debug!("delivering batch");
