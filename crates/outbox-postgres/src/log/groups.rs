@@ -250,18 +250,7 @@ SELECT (SELECT count(*) FROM {{cursors}} WHERE grp = $1),
 /// The cursors of `$1` that have not passed every row of partition
 /// `{{part}}` (the predicate of the rotation's own check, per cursor).
 const BEHIND: &str = "\
-SELECT c.shard_total, c.shard_index FROM {{cursors}} c WHERE c.grp = $1 AND (
-           EXISTS (SELECT 1 FROM {{part}} e WHERE e.txid >= pg_snapshot_xmax(c.hi))
-        OR EXISTS (SELECT 1 FROM {{part}} e
-                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.hi))))
-        OR EXISTS (SELECT 1 FROM {{part}} e
-                   WHERE e.txid >= pg_snapshot_xmax(c.lo)
-                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))
-                     AND pg_visible_in_snapshot(e.txid, c.hi))
-        OR EXISTS (SELECT 1 FROM {{part}} e
-                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.lo)))
-                     AND pg_visible_in_snapshot(e.txid, c.hi)
-                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))))
+SELECT c.shard_total, c.shard_index FROM {{cursors}} c WHERE c.grp = $1 AND {{behind}}
 ORDER BY 1, 2";
 
 /// Shard layouts of `$1` with cursors for only some of their shards.
@@ -405,7 +394,11 @@ impl PgLogStore {
             )));
         }
         let target = usize::try_from((generation + 1).rem_euclid(PARTITIONS as i64)).unwrap_or(0);
-        let sql = self.render(&BEHIND.replace("{{part}}", &self.log().names.partition(target)));
+        let sql = self.render(
+            &BEHIND
+                .replace("{{behind}}", super::sql::BEHIND_PARTITION)
+                .replace("{{part}}", &self.log().names.partition(target)),
+        );
         let behind: Vec<(i32, i32)> = sqlx::query_as(&sql)
             .bind(group)
             .fetch_all(self.pool())

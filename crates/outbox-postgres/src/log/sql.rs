@@ -435,7 +435,12 @@ FROM {{meta}} FOR UPDATE NOWAIT";
 const ROTATE_CHECK: &str = "\
 SELECT (SELECT count(*) FROM {{cursors}}),
        EXISTS (SELECT 1 FROM {{cursors}} GROUP BY grp, shard_total HAVING count(*) < shard_total),
-       EXISTS (SELECT 1 FROM {{cursors}} c WHERE
+       EXISTS (SELECT 1 FROM {{cursors}} c WHERE {{behind}})";
+
+/// Cursor `c` has not passed every row of partition `{{part}}` (see
+/// [`ROTATE_CHECK`]); also used per group by `outbox-relay status` / `group
+/// list` to say which group holds rotation back.
+pub(crate) const BEHIND_PARTITION: &str = "(
            EXISTS (SELECT 1 FROM {{part}} e WHERE e.txid >= pg_snapshot_xmax(c.hi))
         OR EXISTS (SELECT 1 FROM {{part}} e
                    WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.hi))))
@@ -605,7 +610,7 @@ impl Sql {
             retry_dead: dead(RETRY_DEAD),
             purge_dead: dead(PURGE_DEAD),
             rotate_due: names.render(ROTATE_DUE),
-            rotate_check: per_partition(ROTATE_CHECK),
+            rotate_check: per_partition(&ROTATE_CHECK.replace("{{behind}}", BEHIND_PARTITION)),
             rotate_lock: per_partition("LOCK TABLE {{part}} IN ACCESS EXCLUSIVE MODE NOWAIT"),
             rotate_truncate: per_partition("TRUNCATE {{part}}"),
             rotate_done: names.render(ROTATE_DONE),

@@ -596,18 +596,7 @@ impl PgLogStore {
     /// cursors of another shard layout), or else the log's origin; for a
     /// group without cursors that starts [`GroupStart::Now`], now.
     async fn start_position(&self, total: u32, index: u32) -> Result<Snap, StoreError> {
-        let rows: Vec<(i32, i32, String)> = sqlx::query_as(&self.inner.sql.group_starts)
-            .bind(&self.inner.group)
-            .fetch_all(&self.inner.pool)
-            .await?;
-        let mut existing = Vec::with_capacity(rows.len());
-        for (t, i, lo) in rows {
-            existing.push((
-                u32::try_from(t).unwrap_or(1),
-                u32::try_from(i).unwrap_or(0),
-                snap(&lo)?,
-            ));
-        }
+        let existing = self.group_starts().await?;
         if let Some(common) = covering_start(total, index, &existing) {
             return Ok(common);
         }
@@ -618,6 +607,23 @@ impl PgLogStore {
             .fetch_one(&self.inner.pool)
             .await?;
         snap(&origin)
+    }
+
+    /// `(shard total, shard index, lo)` of every cursor of the group.
+    async fn group_starts(&self) -> Result<Vec<(u32, u32, Snap)>, StoreError> {
+        let rows: Vec<(i32, i32, String)> = sqlx::query_as(&self.inner.sql.group_starts)
+            .bind(&self.inner.group)
+            .fetch_all(&self.inner.pool)
+            .await?;
+        rows.into_iter()
+            .map(|(t, i, lo)| {
+                Ok((
+                    u32::try_from(t).unwrap_or(1),
+                    u32::try_from(i).unwrap_or(0),
+                    snap(&lo)?,
+                ))
+            })
+            .collect()
     }
 
     /// Takes or keeps the cursor lease. Returns the database's `now()` and

@@ -26,7 +26,7 @@
 //! separate sets; a round of claims over the sets shares one snapshot, so
 //! sets that catch up end at the same position and are merged when idle.
 
-use super::{empty_claim, micros, position, snap, xid, CursorKey, CursorState, PgLogStore};
+use super::{empty_claim, micros, position, xid, CursorKey, CursorState, PgLogStore};
 use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, ClaimRequest, RelayId};
@@ -284,18 +284,7 @@ impl PgLogStore {
     }
 
     async fn create_virtual_cursors(&self, total: u32) -> Result<(), StoreError> {
-        let rows: Vec<(i32, i32, String)> = sqlx::query_as(&self.inner.sql.group_starts)
-            .bind(&self.inner.group)
-            .fetch_all(&self.inner.pool)
-            .await?;
-        let mut existing = Vec::with_capacity(rows.len());
-        for (t, i, lo) in rows {
-            existing.push((
-                u32::try_from(t).unwrap_or(1),
-                u32::try_from(i).unwrap_or(0),
-                snap(&lo)?,
-            ));
-        }
+        let existing = self.group_starts().await?;
         if existing.is_empty() && self.inner.new_group_start == super::GroupStart::Now {
             self.create_group_at_now(total).await?;
             return Ok(());
