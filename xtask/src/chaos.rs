@@ -107,6 +107,17 @@ impl Scenario {
         total
     }
 
+    /// Steps of the plan (`a+b` is one step, `a*3` three).
+    fn step_count(&self) -> u64 {
+        self.faults
+            .split(',')
+            .map(|step| {
+                step.rsplit_once('*')
+                    .map_or(1, |(_, n)| n.parse().unwrap_or(1))
+            })
+            .sum()
+    }
+
     fn fault_count(&self) -> u64 {
         self.faults
             .split(',')
@@ -133,6 +144,9 @@ fn faults_for(store: &str, kinds: &[&str]) -> Vec<String> {
         .map(|k| (*k).to_owned())
         .collect()
 }
+
+/// Seconds added to a quick run per step, for the step's recovery.
+const QUICK_RECOVERY_ROOM_S: u64 = 5;
 
 fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
     let base = |store: &'static str, broker: &'static str| Scenario {
@@ -176,7 +190,9 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 let mut s = base(store, broker);
                 // Every applicable fault once, then a kill during a flap.
                 s.faults = format!("{},kill+broker-flap", kinds.join(","));
-                s.duration_s = 10 + s.fault_time_s();
+                // Room after each step for its recovery (the targets are at
+                // most 5 s), so that the next fault does not start inside it.
+                s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
                 out.push(s);
             }
         }
@@ -590,7 +606,7 @@ fn markdown(summary: &Value) -> String {
     let runs = summary["runs"].as_array().cloned().unwrap_or_default();
     let _ = writeln!(
         md,
-        "Mode `{}`, {} (UTC). Recovery: seconds after the fault was over (after a SIGSTOP: after the stop) until every event committed before that moment had arrived; worst per fault kind, target in brackets.\n",
+        "Mode `{}`, {} (UTC). Recovery: seconds after the fault was over (after a SIGSTOP: after the stop) until every event committed before that moment had arrived (faults that overlap are one incident, measured from the end of the last); worst per fault kind, target in brackets; `(n interrupted)`: n recoveries the next fault began before they were over, not in the worst.\n",
         summary["mode"].as_str().unwrap_or("?"),
         summary["date"].as_str().unwrap_or("?")
     );
@@ -634,8 +650,13 @@ fn markdown(summary: &Value) -> String {
                 }
                 seen.push(k.clone());
                 let of_kind: Vec<&Value> = fs.iter().filter(|g| g["kind"] == k.as_str()).collect();
-                let never = of_kind.iter().any(|g| g["recovery_s"].is_null());
-                let worst = of_kind
+                // A recovery the next fault interrupted is not this fault's
+                // alone: shown apart, not in the worst.
+                let (clean, interrupted): (Vec<&Value>, Vec<&Value>) = of_kind
+                    .iter()
+                    .partition(|g| g["interrupted_after_s"].is_null());
+                let never = clean.iter().any(|g| g["recovery_s"].is_null());
+                let worst = clean
                     .iter()
                     .map(|g| f64_of(&g["recovery_s"]))
                     .fold(0.0, f64::max);
@@ -643,11 +664,16 @@ fn markdown(summary: &Value) -> String {
                     .first()
                     .and_then(|g| g["recovery_target_s"].as_f64())
                     .map_or(String::new(), |t| format!(" [{t:.0}]"));
-                let shown = if never {
+                let mut shown = if never {
                     "never".to_owned()
+                } else if clean.is_empty() {
+                    "-".to_owned()
                 } else {
                     format!("{worst:.1} s")
                 };
+                if !interrupted.is_empty() {
+                    let _ = write!(shown, " ({} interrupted)", interrupted.len());
+                }
                 kinds.push(format!("{k} {shown}{target}"));
             }
             let _ = writeln!(

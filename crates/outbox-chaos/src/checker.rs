@@ -74,7 +74,16 @@ pub(crate) struct FaultResult {
     pub(crate) recovery_s: Option<f64>,
     /// The recovery target for this kind, seconds: lease + 1 s after
     /// a kill or a stop, 5 s after the broker returns; none for the others.
+    /// A fault injected together with others (a `+` step, or any overlap)
+    /// takes the largest target of the group.
     pub(crate) recovery_target_s: Option<f64>,
+    /// Seconds from the moment recovery is measured from to the start of
+    /// the next fault, when that fault started before every event committed
+    /// before the moment had arrived: the recovery then includes the next
+    /// fault's effect and is not held against the target. `None` when the
+    /// recovery was over before the next fault (or there was none).
+    #[serde(default)]
+    pub(crate) interrupted_after_s: Option<f64>,
     /// Extra copies received after this fault started and before the next.
     pub(crate) extra_copies: u64,
     /// Whether a duplicate batch is allowed after it.
@@ -346,6 +355,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     faults_sorted.sort_by_key(|f| f.start_us);
     extra_at.sort_unstable();
     let start = input.scenario.start_us;
+    let lease_ms = input.scenario.lease_ms;
     let faults: Vec<FaultResult> = faults_sorted
         .iter()
         .enumerate()
@@ -355,13 +365,41 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
                 .iter()
                 .filter(|t| **t >= f.start_us && **t < next)
                 .count() as u64;
+            // Faults that overlap this one in time (itself included) are
+            // one incident: recovery runs from the end of the last of them.
+            let group: Vec<&&FaultRecord> = faults_sorted
+                .iter()
+                .filter(|g| g.start_us <= f.end_us && g.end_us >= f.start_us)
+                .collect();
+            let from = group
+                .iter()
+                .map(|g| g.recovery_from_us.unwrap_or(g.end_us))
+                .max()
+                .unwrap_or(f.end_us);
+            let target = group
+                .iter()
+                .filter_map(|g| recovery_target(&g.kind, lease_ms))
+                .reduce(f64::max);
+            let recovery_s = recovery_after(from);
+            // The first fault that starts after the incident.
+            let group_end = group.iter().map(|g| g.end_us).max().unwrap_or(f.end_us);
+            let next_fault = faults_sorted
+                .iter()
+                .map(|g| g.start_us)
+                .filter(|s| *s > group_end)
+                .min();
+            let interrupted_after_s = match (recovery_s, next_fault) {
+                (Some(r), Some(n)) if from + (r * 1e6) as i64 > n => Some(secs(n - from)),
+                _ => None,
+            };
             FaultResult {
                 kind: f.kind.clone(),
                 target: f.target.clone(),
                 at_s: secs(f.start_us - start),
                 duration_s: secs(f.end_us - f.start_us),
-                recovery_s: recovery_after(f.recovery_from_us.unwrap_or(f.end_us)),
-                recovery_target_s: recovery_target(&f.kind, input.scenario.lease_ms),
+                recovery_s,
+                recovery_target_s: target,
+                interrupted_after_s,
                 extra_copies: extra,
                 may_duplicate: f.may_duplicate,
             }
@@ -393,6 +431,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
 
     let recovery_misses = faults
         .iter()
+        .filter(|f| f.interrupted_after_s.is_none())
         .filter(|f| match (f.recovery_s, f.recovery_target_s) {
             (Some(r), Some(t)) => r > t,
             (None, Some(_)) => true,
@@ -637,17 +676,40 @@ pub(crate) fn sink_up_lines(r: &Report) -> Vec<String> {
     out
 }
 
-/// One line per fault kind: how many, worst recovery, extra copies.
-pub(crate) fn by_kind(report: &Report) -> BTreeMap<String, (u64, Option<f64>, u64)> {
-    let mut out: BTreeMap<String, (u64, Option<f64>, u64)> = BTreeMap::new();
+/// The faults of one kind in a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct KindSummary {
+    /// How many.
+    pub(crate) count: u64,
+    /// Worst recovery among those the next fault did not interrupt
+    /// (`None` when an event never arrived; `Some(0.0)` when every one was
+    /// interrupted).
+    pub(crate) worst: Option<f64>,
+    /// How many the next fault interrupted before their recovery was over.
+    pub(crate) interrupted: u64,
+    /// Extra copies received after them.
+    pub(crate) extra: u64,
+}
+
+/// One line per fault kind: how many, worst recovery (of those the next
+/// fault did not interrupt), extra copies.
+pub(crate) fn by_kind(report: &Report) -> BTreeMap<String, KindSummary> {
+    let mut out: BTreeMap<String, KindSummary> = BTreeMap::new();
     for f in &report.faults {
-        let e = out.entry(f.kind.clone()).or_insert((0, Some(0.0), 0));
-        e.0 += 1;
-        e.1 = match (e.1, f.recovery_s) {
+        let e = out.entry(f.kind.clone()).or_insert(KindSummary {
+            worst: Some(0.0),
+            ..KindSummary::default()
+        });
+        e.count += 1;
+        e.extra += f.extra_copies;
+        if f.interrupted_after_s.is_some() {
+            e.interrupted += 1;
+            continue;
+        }
+        e.worst = match (e.worst, f.recovery_s) {
             (Some(a), Some(b)) => Some(a.max(b)),
             _ => None,
         };
-        e.2 += f.extra_copies;
     }
     out
 }
@@ -777,6 +839,80 @@ mod tests {
         assert_eq!(r.faults[0].recovery_s, Some(4.0));
         assert_eq!(r.latency_ms.max, 4_500.0);
         assert_eq!(r.drain_s, Some(0.002));
+    }
+
+    #[test]
+    fn overlapping_faults_are_one_incident_measured_from_the_last_end() {
+        // A kill at 2 s during a broker outage from 2 s to 6 s; an event
+        // committed at 1.9 s arrives at 7 s.
+        let e1 = p("a", 1, TxOutcome::Committed, 1_900_000);
+        let e2 = p("b", 1, TxOutcome::Committed, 9_000_000);
+        let produced = vec![e1.clone(), e2.clone()];
+        let arrivals = vec![a(&e1, 7_000_000), a(&e2, 9_001_000)];
+        let faults = vec![
+            fault("kill", 2_000_000, 2_000_000, Vec::new()),
+            fault(
+                "broker-outage",
+                2_000_000,
+                6_000_000,
+                vec![(2_000_000, 6_000_000)],
+            ),
+        ];
+        let r = check(&Inputs {
+            scenario: scenario(),
+            produced: &produced,
+            arrivals: &arrivals,
+            faults: &faults,
+            produce_end_us: 9_000_000,
+            resolved_committed: &HashSet::new(),
+        });
+        for f in &r.faults {
+            assert_eq!(f.recovery_s, Some(1.0), "{}", f.kind);
+            // The group's largest target: 5 s after the broker returns
+            // (lease 1 s + 1 s for the kill alone).
+            assert_eq!(f.recovery_target_s, Some(5.0), "{}", f.kind);
+            assert_eq!(f.interrupted_after_s, None);
+        }
+        assert_eq!(r.recovery_misses, 0);
+    }
+
+    #[test]
+    fn a_recovery_the_next_fault_interrupts_is_marked_and_not_a_miss() {
+        // An outage from 1 s to 3 s, the next one from 4 s to 8 s; an event
+        // committed at 2.9 s arrives at 9 s (6 s after the first outage).
+        let e1 = p("a", 1, TxOutcome::Committed, 2_900_000);
+        let produced = vec![e1.clone()];
+        let arrivals = vec![a(&e1, 9_000_000)];
+        let faults = vec![
+            fault(
+                "broker-outage",
+                1_000_000,
+                3_000_000,
+                vec![(1_000_000, 3_000_000)],
+            ),
+            fault(
+                "broker-outage",
+                4_000_000,
+                8_000_000,
+                vec![(4_000_000, 8_000_000)],
+            ),
+        ];
+        let r = check(&Inputs {
+            scenario: scenario(),
+            produced: &produced,
+            arrivals: &arrivals,
+            faults: &faults,
+            produce_end_us: 9_000_000,
+            resolved_committed: &HashSet::new(),
+        });
+        assert_eq!(r.faults[0].recovery_s, Some(6.0));
+        assert_eq!(r.faults[0].interrupted_after_s, Some(1.0));
+        // The second outage's recovery: the same event, 1 s after it.
+        assert_eq!(r.faults[1].recovery_s, Some(1.0));
+        assert_eq!(r.faults[1].interrupted_after_s, None);
+        assert_eq!(r.recovery_misses, 0, "the interrupted one is not a miss");
+        let k = by_kind(&r)["broker-outage"];
+        assert_eq!((k.count, k.interrupted, k.worst), (2, 1, Some(1.0)));
     }
 
     const S: i64 = 1_000_000;

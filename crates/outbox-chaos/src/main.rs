@@ -781,20 +781,33 @@ fn print_summary(r: &checker::Report) {
     );
     for f in &r.faults {
         println!(
-            "  fault {:<14} {:<26} at {:>6.1} s for {:>5.1} s: recovery {:>7}  extra copies {}",
+            "  fault {:<14} {:<26} at {:>6.1} s for {:>5.1} s: recovery {:>7}{}  extra copies {}",
             f.kind,
             f.target,
             f.at_s,
             f.duration_s,
             f.recovery_s
                 .map_or("NEVER".to_owned(), |r| format!("{r:.2} s")),
+            f.interrupted_after_s.map_or(String::new(), |n| format!(
+                " (interrupted: the next fault began {n:.1} s after)"
+            )),
             f.extra_copies
         );
     }
-    for (kind, (n, worst, extra)) in checker::by_kind(r) {
+    for (kind, k) in checker::by_kind(r) {
         println!(
-            "  {kind:<14} x{n}: worst recovery {}, extra copies {extra}",
-            worst.map_or("NEVER".to_owned(), |w| format!("{w:.2} s"))
+            "  {kind:<14} x{}: worst recovery {}{}, extra copies {}",
+            k.count,
+            k.worst.map_or("NEVER".to_owned(), |w| format!("{w:.2} s")),
+            if k.interrupted > 0 {
+                format!(
+                    " ({} interrupted by the next fault, not counted)",
+                    k.interrupted
+                )
+            } else {
+                String::new()
+            },
+            k.extra
         );
     }
     for line in checker::sink_up_lines(r) {
