@@ -499,7 +499,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
 fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
     match kind {
         "kill" | "stop" => Some(lease_ms as f64 / 1000.0 + 1.0),
-        "broker-outage" | "broker-flap" => Some(5.0),
+        "broker-outage" | "broker-flap" | "broker-restart" => Some(5.0),
         _ => None,
     }
 }

@@ -156,24 +156,59 @@ impl Destination {
                     pull, AckPolicy, DeliverPolicy,
                 };
                 let js = nats_js(url).await?;
-                let s = js.get_stream(stream).await?;
-                let consumer = s
-                    .create_consumer(pull::Config {
-                        deliver_policy: DeliverPolicy::All,
-                        ack_policy: AckPolicy::None,
-                        ..Default::default()
-                    })
-                    .await
-                    .context("creating the JetStream consumer")?;
-                let mut messages = consumer.messages().await?;
-                loop {
-                    tokio::select! {
-                        m = messages.next() => match m {
-                            Some(Ok(m)) => record(&m.payload),
-                            Some(Err(e)) => eprintln!("chaos consumer (nats): {e}"),
-                            None => bail!("the JetStream consumer ended"),
-                        },
-                        _ = stop.changed() => break,
+                // The consumer keeps the stream sequence it has read up to
+                // and, whenever its server-side consumer fails (the
+                // connection was cut, the server restarted: broker-restart),
+                // makes a new one that starts right after it: nothing is
+                // skipped and nothing is recorded twice by the consumer
+                // itself (duplicates are the relays').
+                let mut next_seq: u64 = 1;
+                'outer: loop {
+                    let created = async {
+                        js.get_stream(stream)
+                            .await?
+                            .create_consumer(pull::Config {
+                                deliver_policy: DeliverPolicy::ByStartSequence {
+                                    start_sequence: next_seq,
+                                },
+                                ack_policy: AckPolicy::None,
+                                inactive_threshold: Duration::from_secs(30),
+                                ..Default::default()
+                            })
+                            .await
+                            .map_err(anyhow::Error::from)
+                    };
+                    let messages = match created.await {
+                        Ok(c) => c.messages().await.map_err(anyhow::Error::from),
+                        Err(e) => Err(e),
+                    };
+                    let mut messages = match messages {
+                        Ok(m) => m,
+                        Err(e) => {
+                            eprintln!("chaos consumer (nats): {e:#}; again in 100 ms");
+                            tokio::select! {
+                                () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                                _ = stop.changed() => break,
+                            }
+                        }
+                    };
+                    loop {
+                        tokio::select! {
+                            m = messages.next() => match m {
+                                Some(Ok(m)) => {
+                                    if let Ok(info) = m.info() {
+                                        next_seq = info.stream_sequence + 1;
+                                    }
+                                    record(&m.payload);
+                                }
+                                Some(Err(e)) => {
+                                    eprintln!("chaos consumer (nats): {e}; a new consumer from stream sequence {next_seq}");
+                                    continue 'outer;
+                                }
+                                None => continue 'outer,
+                            },
+                            _ = stop.changed() => break 'outer,
+                        }
                     }
                 }
             }
@@ -241,7 +276,14 @@ impl Destination {
 }
 
 async fn nats_js(url: &str) -> Result<outbox_nats::async_nats::jetstream::Context> {
-    let client = outbox_nats::async_nats::connect(url)
+    // Back within half a second of the server (the relays' own reconnects
+    // are capped at a second): the consumer's reconnection counts in the
+    // recovery times.
+    let client = outbox_nats::async_nats::ConnectOptions::new()
+        .reconnect_delay_callback(|attempts| {
+            Duration::from_millis((100 * attempts as u64).min(500))
+        })
+        .connect(url)
         .await
         .with_context(|| format!("NATS is not reachable at {url}"))?;
     Ok(outbox_nats::async_nats::jetstream::new(client))

@@ -5,6 +5,7 @@
 //! Steps are spread evenly over the production time, one after the other.
 //! Example: `kill*2,stop,broker-outage+kill,db-flap`.
 
+use crate::nats::PrivateNats;
 use crate::record::{now_us, FaultRecord};
 use crate::relays::Relays;
 use anyhow::{bail, Context as _, Result};
@@ -32,6 +33,9 @@ pub(crate) enum FaultKind {
     BrokerOutage,
     /// The broker connection cut and refused repeatedly.
     BrokerFlap,
+    /// The broker itself stopped (SIGTERM) and started again (NATS: a
+    /// private server, see nats.rs).
+    BrokerRestart,
     /// The database unreachable from the relays for the outage time.
     DbOutage,
     /// The database connection cut and refused repeatedly.
@@ -40,13 +44,14 @@ pub(crate) enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 8] = [
+    pub(crate) const ALL: [FaultKind; 9] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
         Self::PgRestart,
         Self::BrokerOutage,
         Self::BrokerFlap,
+        Self::BrokerRestart,
         Self::DbOutage,
         Self::DbFlap,
     ];
@@ -60,6 +65,7 @@ impl FaultKind {
             Self::PgRestart => "pg-restart",
             Self::BrokerOutage => "broker-outage",
             Self::BrokerFlap => "broker-flap",
+            Self::BrokerRestart => "broker-restart",
             Self::DbOutage => "db-outage",
             Self::DbFlap => "db-flap",
         }
@@ -127,6 +133,8 @@ pub(crate) struct Targets {
     pub(crate) pg_admin: Option<(PgPool, String)>,
     /// Whether `pg-restart` may run.
     pub(crate) allow_pg_restart: bool,
+    /// The run's own broker, which `broker-restart` restarts.
+    pub(crate) broker_server: Option<Arc<Mutex<PrivateNats>>>,
 }
 
 impl Targets {
@@ -144,6 +152,12 @@ impl Targets {
                 bail!(
                     "{} needs a broker proxy (for Kafka: the run's private broker)",
                     kind.name()
+                )
+            }
+            FaultKind::BrokerRestart if self.broker_server.is_none() => {
+                bail!(
+                    "broker-restart needs the run's own broker: NATS only (RabbitMQ and the \
+                     machine's NATS are shared; the private Kafka broker keeps its log in memory)"
                 )
             }
             FaultKind::DbOutage | FaultKind::DbFlap if self.db_proxy.is_none() => {
@@ -243,6 +257,17 @@ async fn inject(
                 broker_cuts = 1;
                 sink_down.push((down, now_us()));
             }
+        }
+        FaultKind::BrokerRestart => {
+            let server = t
+                .broker_server
+                .as_ref()
+                .context("broker-restart without the run's own broker")?;
+            let down = now_us();
+            server.lock().await.restart().await?;
+            target = "nats-server".to_owned();
+            broker_cuts = 1;
+            sink_down.push((down, now_us()));
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
             let (proxy, what) = proxy_of(kind, t)?;

@@ -18,6 +18,7 @@ mod checker;
 mod consumer;
 mod faults;
 mod kafka;
+mod nats;
 mod producer;
 mod record;
 mod relays;
@@ -27,6 +28,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use consumer::Destination;
 use faults::{FaultKind, FaultTimes, Targets};
 use kafka::PrivateKafka;
+use nats::PrivateNats;
 use outbox_testkit::proxy::TcpProxy;
 use producer::{AppDb, ProducerConfig};
 use rand::Rng;
@@ -328,10 +330,25 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         None
     };
 
+    // NATS with a broker restart: a private server (nats.rs says why).
+    let restarts = steps
+        .iter()
+        .flatten()
+        .any(|k| *k == FaultKind::BrokerRestart);
+    let private_nats = if args.broker == BrokerKind::Nats && restarts {
+        Some(Arc::new(Mutex::new(PrivateNats::start(&out).await?)))
+    } else {
+        None
+    };
+    let nats_url = match &private_nats {
+        Some(server) => server.lock().await.url(),
+        None => args.nats_url.clone(),
+    };
+
     // The broker destination (created before any relay starts).
     let dest = match args.broker {
         BrokerKind::Nats => Destination::Nats {
-            url: args.nats_url.clone(),
+            url: nats_url,
             stream: name.to_uppercase(),
             prefix: name.clone(),
         },
@@ -355,6 +372,7 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         &steps,
         &dest,
         private_kafka.as_ref().map(PrivateKafka::proxy),
+        private_nats.clone(),
         &relay_bin,
         &out,
         &sqlite_path,
@@ -364,6 +382,12 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         // Its topic goes with it: no delete (under a consumer still running
         // after a failure, a delete could crash it).
         broker.stop().await;
+    } else if let Some(server) = private_nats {
+        // Its stream goes with its store.
+        drop(server);
+        if !args.keep {
+            let _ = std::fs::remove_dir_all(out.join("nats-store"));
+        }
     } else if !args.keep {
         dest.delete().await;
     }
@@ -395,6 +419,7 @@ async fn run_created(
     steps: &[Vec<FaultKind>],
     dest: &Destination,
     kafka_proxy: Option<Arc<TcpProxy>>,
+    nats_server: Option<Arc<Mutex<PrivateNats>>>,
     relay_bin: &Path,
     out: &Path,
     sqlite_path: &Path,
@@ -545,6 +570,7 @@ async fn run_created(
         db_proxy: db_proxy.clone(),
         pg_admin,
         allow_pg_restart: args.allow_pg_restart,
+        broker_server: nats_server,
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;

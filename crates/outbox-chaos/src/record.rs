@@ -121,7 +121,10 @@ pub(crate) struct FaultRecord {
 impl FaultRecord {
     /// Whether the fault made the sink (the broker) unreachable.
     pub(crate) fn is_sink_fault(&self) -> bool {
-        matches!(self.kind.as_str(), "broker-outage" | "broker-flap")
+        matches!(
+            self.kind.as_str(),
+            "broker-outage" | "broker-flap" | "broker-restart"
+        )
     }
 
     /// The spans the sink was unreachable (see [`FaultRecord::sink_down`]).

@@ -7,9 +7,10 @@ use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
 use futures::future::{BoxFuture, FutureExt};
 use outbox_broker::{SendWindow, Sent};
-use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, Outcome, Sink};
+use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, FailureKind, Outcome, Sink};
 use std::fmt;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Header carrying the event type.
 pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
@@ -213,9 +214,67 @@ impl NatsPublisher {
             return vec![Outcome::Failed(e); events.len()];
         }
         let max_payload = self.client.server_info().max_payload;
-        SendWindow::new(self.config.max_in_flight)
+        let mut outcomes = SendWindow::new(self.config.max_in_flight)
             .run(events, |event| self.send_one(event, max_payload))
-            .await
+            .await;
+        self.confirm_unroutable(events, &mut outcomes).await;
+        outcomes
+    }
+
+    /// "No stream captures the subject" is the server's answer both when no
+    /// stream does and while JetStream is not serving the stream yet (a
+    /// server starting, restarting or shutting down has no responder on the
+    /// subject). Before an event is dead-lettered for it, JetStream is asked
+    /// once per subject which stream captures it: no stream (a definite
+    /// answer) keeps the event's failure; a stream that captures it now, or
+    /// no answer from JetStream at all, is the sink's failure (unavailable:
+    /// the batch is given back unattempted and the breaker probes).
+    async fn confirm_unroutable(&self, events: &[Event], outcomes: &mut [Outcome]) {
+        let mut verdicts: Vec<(String, Option<DeliveryError>)> = Vec::new();
+        for (event, outcome) in events.iter().zip(outcomes.iter_mut()) {
+            let Outcome::Failed(e) = outcome else {
+                continue;
+            };
+            if *e.code() != ErrorCode::PUBLISH_UNROUTABLE || e.kind() == FailureKind::Unavailable {
+                continue;
+            }
+            let subject = self.config.subject_for(&event.topic);
+            let verdict = match verdicts.iter().find(|(s, _)| *s == subject) {
+                Some((_, v)) => v.clone(),
+                None => {
+                    let v = self.jetstream_verdict(&subject).await;
+                    verdicts.push((subject, v.clone()));
+                    v
+                }
+            };
+            if let Some(unavailable) = verdict {
+                *outcome = Outcome::Failed(unavailable);
+            }
+        }
+    }
+
+    /// `None`: JetStream says no stream captures `subject` (the event's
+    /// failure stands); `Some(error)`: the sink's failure to report instead.
+    async fn jetstream_verdict(&self, subject: &str) -> Option<DeliveryError> {
+        use jetstream::context::GetStreamByNameErrorKind as K;
+        let wait = self.config.ack_timeout.min(CONFIRM_TIMEOUT);
+        match tokio::time::timeout(wait, self.js.stream_by_subject(subject)).await {
+            Ok(Err(e)) if matches!(e.kind(), K::NotFound) => None,
+            Ok(Ok(stream)) => Some(DeliveryError::unavailable(
+                ErrorCode::PUBLISH_UNROUTABLE,
+                format!(
+                    "JetStream did not route subject {subject:?}, yet stream {stream:?} captures it: the stream is not being served (server starting or restarting?)"
+                ),
+            )),
+            Ok(Err(e)) => Some(DeliveryError::unavailable(
+                ErrorCode::PUBLISH_UNROUTABLE,
+                format!("JetStream did not route subject {subject:?} and does not answer which stream captures it ({e}): JetStream unavailable"),
+            )),
+            Err(_) => Some(DeliveryError::unavailable(
+                ErrorCode::PUBLISH_UNROUTABLE,
+                format!("JetStream did not route subject {subject:?} and did not answer within {wait:?} which stream captures it: JetStream unavailable"),
+            )),
+        }
     }
 
     /// Sends one event; the ack future is returned to the window.
@@ -326,6 +385,9 @@ fn valid_publish_subject(s: &str) -> bool {
         && s.split('.')
             .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace))
 }
+
+/// Longest wait for JetStream's answer when a publish was not routed.
+const CONFIRM_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// JetStream errors that say the service, not the message, is the problem.
 fn jetstream_unavailable(code: jetstream::ErrorCode) -> bool {
