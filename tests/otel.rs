@@ -3,9 +3,11 @@
 //! has a `tracestate`) into a real SQLite outbox, the real relay publishes to
 //! a real broker, a real consumer reads the message: it carries the same
 //! `traceparent` and `tracestate` as the stored event, which are the
-//! request span's. NATS JetStream (`NATS_URL`) and RabbitMQ (`AMQP_URL`);
-//! Kafka's header passthrough is checked by `e2e_kafka` (the scenario's
-//! events carry trace headers).
+//! request span's (same trace id). NATS JetStream (`NATS_URL`), RabbitMQ
+//! (`AMQP_URL`) and Kafka (`KAFKA_BROKERS`, Tansu: the testkit fixture
+//! creates a topic of its own, reads it back with an rdkafka consumer and
+//! deletes it; it fails the test naming the brokers when Kafka is not up,
+//! like `e2e_kafka`).
 //!
 //! The OpenTelemetry subscriber is this test's thread default (the runtime is
 //! single-threaded), backed by the SDK's in-memory exporter.
@@ -16,6 +18,7 @@ use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use outbox_core::headers::{TRACEPARENT, TRACESTATE};
 use outbox_core::{trace, NewEvent, RelayId};
 use outbox_testkit::amqp::AmqpFixture;
+use outbox_testkit::kafka::KafkaFixture;
 use outbox_testkit::nats::NatsFixture;
 use outbox_tests::{unique_suffix, App, Broker, Order, SqliteApp, TxEnd, RELAY_BOUND};
 use outbox_worker::{Relay, RelayOptions};
@@ -38,6 +41,11 @@ async fn sqlite_to_nats_carries_the_trace_context() {
 #[tokio::test]
 async fn sqlite_to_amqp_carries_the_trace_context() {
     broker_carries_the_trace_context::<AmqpFixture>().await;
+}
+
+#[tokio::test]
+async fn sqlite_to_kafka_carries_the_trace_context() {
+    broker_carries_the_trace_context::<KafkaFixture>().await;
 }
 
 async fn broker_carries_the_trace_context<B: Broker>() {
@@ -117,6 +125,17 @@ async fn broker_carries_the_trace_context<B: Broker>() {
     assert_eq!(
         m.headers.get(TRACESTATE).map(String::as_str),
         Some(UPSTREAM_STATE)
+    );
+    // W3C: version-traceid-parentid-flags; the trace id is the request's.
+    let message_trace_id = m
+        .headers
+        .get(TRACEPARENT)
+        .and_then(|tp| tp.split('-').nth(1))
+        .unwrap_or_else(|| panic!("{what}: no traceparent on the message: {m:?}"));
+    assert_eq!(
+        message_trace_id,
+        request_sc.trace_id().to_string(),
+        "{what}: the message belongs to the producer span's trace"
     );
 
     app.cleanup().await;

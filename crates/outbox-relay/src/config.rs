@@ -105,7 +105,7 @@ const RELAY: &[Setting] = &[
         .with_default("false"),
     Setting::text(
         "metrics_addr",
-        "Serve http://ADDR/metrics (Prometheus, feature `prometheus`), /healthz and /readyz (store answered, sink breaker closed), e.g. 127.0.0.1:9464.",
+        "Serve http://ADDR/metrics (Prometheus, feature `prometheus`), /healthz and /readyz (store answered, sink breaker closed, shard leases held), e.g. 127.0.0.1:9464.",
     )
     .with_value_name("ADDR"),
 ];

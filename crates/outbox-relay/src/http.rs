@@ -4,7 +4,34 @@
 //! |------------|--------|
 //! | `/metrics` | the Prometheus text of the relay's metrics (feature `prometheus`) |
 //! | `/healthz` | `200 ok` while the process runs (liveness) |
-//! | `/readyz`  | `200` when the store answered the relay's last claim or settlement (and none has been waiting 15 s or more; a failed lease renewal also counts) and the sink's breaker is closed; `503` otherwise, with a short JSON body naming the sink state, the store state and their last errors (passwords scrubbed). A relay whose consumer group is paused (`outbox-relay pause`) is ready (`200`, `"paused": true`: the pause is deliberate) as long as it can read its control row |
+//! | `/readyz`  | `200` when the store answered the relay's last claim or settlement (and none has been waiting 15 s or more; a failed lease renewal also counts), the sink's breaker is closed and the relay holds shard leases (below); `503` otherwise, with a short JSON body naming the sink state, the store state, the leases and their last errors or reason (passwords scrubbed). A relay whose consumer group is paused (`outbox-relay pause`) is ready (`200`, `"paused": true`: the pause is deliberate) as long as it can read its control row |
+//!
+//! **Leases held** (PostgreSQL event log; other stores have no shard
+//! leases and no `"leases"` field). The body's `"leases"` is what the relay
+//! held at its last claim, from the store's memory
+//! ([`PgLogStore::lease_holding`](outbox_postgres::PgLogStore::lease_holding)):
+//! a probe costs no query.
+//!
+//! | field | relay group (no `--shard`) | static `--shard i/N` |
+//! |-------|----------------------------|----------------------|
+//! | `kind` | `"relay_group"` | `"static"` |
+//! | `shards` | the virtual shards whose lease it holds | `[i]` while it holds its shard's lease, else `[]` |
+//! | `shard` | - | `"i/N"` |
+//! | `shards_held`, `fair_share`, `total` | how many it holds, its fair share (0 when the group has more relays than shards), the virtual shard count | 1 or 0, 1, `N` |
+//! | `state` | `ok` (it holds one, or its share is 0), `waiting` (holds none of a share of at least one, for less than the grace), `starved` (for longer: **not ready**) | `ok`, or `standby` (another relay holds shard `i`; still ready) |
+//! | `held_none_secs`, `grace_secs` | how long it has held none of its share (when it holds none), the grace | same |
+//! | `reason` | when starved: `holds 0 of its fair share of 32 shards for 65.1 s` | - |
+//!
+//! The grace is the lock timeout plus twice the poll interval (at least
+//! 1 s each): a relay that joins holds none until the others gave back
+//! theirs (a rebalance interval or two), and one that replaces a killed
+//! relay until the killed relay's leases run out (a lock timeout), so
+//! neither a join, a rebalance nor a restart flips readiness; a relay that
+//! holds none for longer is kept out by another relay that does not give
+//! its shards back (stuck above its share, or claiming without
+//! rebalancing). A static relay without its lease is a standby (a second
+//! relay of the same shard, e.g. a rolling update's new one): reported,
+//! but ready, or the update that waits for it would never finish.
 //!
 //! The Prometheus exporter's own listener answers every path with the
 //! metrics, so it cannot share its port with other routes; this module
@@ -15,7 +42,7 @@
 
 use crate::report::scrub;
 use outbox_core::{
-    Claim, ClaimRequest, FencingToken, RelayId, SettleReport, Settlement, Stats, Store,
+    Claim, ClaimRequest, FencingToken, RelayId, SettleReport, Settlement, ShardSpec, Stats, Store,
 };
 use outbox_worker::{PauseHandle, PauseStatus, SinkHealth, SinkState, SinkStatus};
 use serde_json::json;
@@ -181,6 +208,107 @@ impl<S: Store> Store for Watched<S> {
 /// Renders the metrics text (the Prometheus recorder's handle).
 pub(crate) type Render = Box<dyn Fn() -> String + Send + Sync>;
 
+/// The shard leases the relay held at its last claim (see the module
+/// docs, "Leases held").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Leases {
+    /// A relay-group member (else a static shard).
+    pub(crate) dynamic: bool,
+    /// The shards whose lease it holds.
+    pub(crate) shards: Vec<u32>,
+    /// Of how many.
+    pub(crate) total: u32,
+    /// How many it should hold (a static shard: 1).
+    pub(crate) fair_share: u32,
+    /// How long it has held none of a share of at least one.
+    pub(crate) held_none_for: Option<Duration>,
+    /// Its `--shard` (a static shard's).
+    pub(crate) shard: ShardSpec,
+}
+
+/// Reads the relay's [`Leases`] (`None`: no claim yet).
+pub(crate) type LeaseSource = Box<dyn Fn() -> Option<Leases> + Send + Sync>;
+
+/// How long a relay may hold none of its fair share before `/readyz`
+/// says it is not ready: the lock timeout (a killed relay's leases run
+/// out) plus twice the poll interval, at least 1 s (the relay rebalances
+/// at its claims).
+pub(crate) fn lease_grace(lock_timeout: Duration, poll_interval: Duration) -> Duration {
+    lock_timeout + 2 * poll_interval.max(Duration::from_secs(1))
+}
+
+/// The lease reader of `relay` (claiming `shard`) on `store`: the event
+/// log's; `None` for stores without shard leases.
+#[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+pub(crate) fn lease_source(
+    store: &crate::any::AnyStore,
+    relay: &RelayId,
+    shard: ShardSpec,
+) -> Option<LeaseSource> {
+    match store {
+        #[cfg(feature = "postgres")]
+        crate::any::AnyStore::PgLog(log) => {
+            let (log, relay) = (log.clone(), relay.clone());
+            Some(Box::new(move || {
+                log.lease_holding(&relay).map(|h| Leases {
+                    held_none_for: h.held_none_for(),
+                    shard,
+                    dynamic: h.dynamic,
+                    shards: h.shards,
+                    total: h.total,
+                    fair_share: h.fair_share,
+                })
+            }))
+        }
+        _ => None,
+    }
+}
+
+/// Rounded to 0.1 s.
+fn tenths(d: Duration) -> f64 {
+    (d.as_secs_f64() * 10.0).round() / 10.0
+}
+
+/// `"leases"` of the `/readyz` body, and the reason the relay is not
+/// ready when its leases make it so.
+fn lease_json(l: &Leases, grace: Duration) -> (serde_json::Value, Option<String>) {
+    let held = l.shards.len();
+    let none_for = l.held_none_for.filter(|_| held == 0 && l.fair_share > 0);
+    let mut reason = None;
+    let state = match (l.dynamic, none_for) {
+        (_, None) => "ok",
+        (false, Some(_)) => "standby",
+        (true, Some(d)) if d > grace => {
+            reason = Some(format!(
+                "holds 0 of its fair share of {} shards for {:.1} s",
+                l.fair_share,
+                d.as_secs_f64()
+            ));
+            "starved"
+        }
+        (true, Some(_)) => "waiting",
+    };
+    let mut v = json!({
+        "kind": if l.dynamic { "relay_group" } else { "static" },
+        "shards": l.shards,
+        "shards_held": held,
+        "fair_share": l.fair_share,
+        "total": l.total,
+        "state": state,
+        "grace_secs": tenths(grace),
+    });
+    if !l.dynamic {
+        v["shard"] = json!(l.shard.to_string());
+    }
+    if let Some(d) = none_for {
+        v["held_none_secs"] = json!(tenths(d));
+    }
+    if let Some(r) = &reason {
+        v["reason"] = json!(r);
+    }
+    (v, reason)
+}
+
 /// What the endpoints read.
 pub(crate) struct Endpoints {
     /// `None` in a build without the `prometheus` feature.
@@ -189,6 +317,10 @@ pub(crate) struct Endpoints {
     pub(crate) store: StoreProbe,
     /// The relay's consumer group and its pause (`None`: not watched).
     pub(crate) pause: Option<PauseHandle>,
+    /// The relay's shard leases (`None`: a store without them).
+    pub(crate) leases: Option<LeaseSource>,
+    /// See [`lease_grace`].
+    pub(crate) lease_grace: Duration,
     /// Replaced by `***` in every error shown.
     pub(crate) secrets: Vec<String>,
 }
@@ -200,6 +332,8 @@ impl std::fmt::Debug for Endpoints {
             .field("sink", &self.sink)
             .field("store", &self.store)
             .field("pause", &self.pause)
+            .field("leases", &self.leases.is_some())
+            .field("lease_grace", &self.lease_grace)
             .finish_non_exhaustive()
     }
 }
@@ -273,6 +407,10 @@ impl Endpoints {
                 &self.sink.status(),
                 &self.store.get(),
                 self.pause.as_ref().map(PauseHandle::status).as_ref(),
+                self.leases
+                    .as_ref()
+                    .and_then(|read| read())
+                    .map(|l| lease_json(&l, self.lease_grace)),
                 &self.secrets,
             ),
             Route::Metrics => match &self.metrics {
@@ -294,9 +432,10 @@ impl Endpoints {
     }
 }
 
-/// `/readyz`: ready when the store answered the last claim and the sink's
-/// breaker is closed; otherwise 503 naming both states and their last
-/// errors, with every secret replaced by `***`.
+/// `/readyz`: ready when the store answered the last claim, the sink's
+/// breaker is closed and the relay is not starved of shard leases
+/// (`leases`: from [`lease_json`]); otherwise 503 naming the states and
+/// their last errors, with every secret replaced by `***`.
 ///
 /// A paused relay claims nothing, so neither state moves: it is ready (200,
 /// `"paused": true`, the pause is deliberate) while it can read its control
@@ -305,13 +444,16 @@ fn readiness(
     sink: &SinkStatus,
     store: &StoreState,
     pause: Option<&PauseStatus>,
+    leases: Option<(serde_json::Value, Option<String>)>,
     secrets: &[String],
 ) -> Response {
     let paused = pause.and_then(|p| p.paused.as_ref());
+    let starved = leases.as_ref().is_some_and(|(_, reason)| reason.is_some());
     let ready = match (paused, pause) {
         (Some(_), Some(p)) => p.last_error.is_none(),
-        _ => sink.state == SinkState::Closed && *store == StoreState::Ok,
+        _ => sink.state == SinkState::Closed && *store == StoreState::Ok && !starved,
     };
+    let leases_json = leases.map(|(v, _)| v);
     let pause_json = pause.map(|p| {
         let mut v = json!({ "group": p.group, "paused": p.paused.is_some() });
         if let Some(paused) = &p.paused {
@@ -345,6 +487,9 @@ fn readiness(
             body["paused"] = json!(paused.is_some());
             body["pause"] = pause;
         }
+        if let Some(leases) = leases_json {
+            body["leases"] = leases;
+        }
         return Response::json(200, &body);
     }
     let since = chrono::DateTime::<chrono::Utc>::from(sink.since)
@@ -368,6 +513,9 @@ fn readiness(
     if let Some(pause) = pause_json {
         body["paused"] = json!(paused.is_some());
         body["pause"] = pause;
+    }
+    if let Some(leases) = leases_json {
+        body["leases"] = leases;
     }
     Response::json(503, &body)
 }
@@ -496,8 +644,31 @@ fn describe_readiness(addr: &str, v: &serde_json::Value) -> String {
     } else {
         String::new()
     };
+    let leases = &v["leases"];
+    let leases = match leases["kind"].as_str() {
+        Some("relay_group") => {
+            let mut s = format!(
+                "; shards: {} held, fair share {} of {}",
+                leases["shards_held"], leases["fair_share"], leases["total"]
+            );
+            if let Some(secs) = leases["held_none_secs"].as_f64() {
+                s.push_str(&format!(", none held for {secs:.1} s"));
+            }
+            s
+        }
+        Some("static") => format!(
+            "; shard {}: {}",
+            text(&leases["shard"]),
+            if leases["state"] == "ok" {
+                "lease held"
+            } else {
+                "standby (another relay holds its lease)"
+            }
+        ),
+        _ => String::new(),
+    };
     format!(
-        "relay {addr}: {ready}{paused}; sink: {sink}; store: {}",
+        "relay {addr}: {ready}{paused}; sink: {sink}; store: {}{leases}",
         text(&v["store"]["state"])
     )
 }
@@ -537,17 +708,17 @@ mod tests {
     #[test]
     fn ready_only_with_a_closed_sink_and_a_store_that_answered() {
         let closed = SinkStatus::default();
-        let ok = readiness(&closed, &StoreState::Ok, None, &[]);
+        let ok = readiness(&closed, &StoreState::Ok, None, None, &[]);
         assert_eq!(ok.status, 200);
         assert_eq!(body(&ok)["sink"]["state"], "closed");
 
-        let starting = readiness(&closed, &StoreState::Starting, None, &[]);
+        let starting = readiness(&closed, &StoreState::Starting, None, None, &[]);
         assert_eq!(starting.status, 503);
         assert_eq!(body(&starting)["store"]["state"], "starting");
 
         let secrets = vec!["hunter2".to_owned()];
         let failed = StoreState::Failed("pool timed out (postgres://u:hunter2@db)".into());
-        let r = readiness(&closed, &failed, None, &secrets);
+        let r = readiness(&closed, &failed, None, None, &secrets);
         assert_eq!(r.status, 503);
         assert!(!r.body.contains("hunter2"), "{}", r.body);
         assert_eq!(body(&r)["store"]["state"], "error");
@@ -559,7 +730,7 @@ mod tests {
             ErrorCode::new("SINK_UNAVAILABLE"),
             "connection refused: nats://u:hunter2@127.0.0.1:4222",
         ));
-        let r = readiness(&open, &StoreState::Ok, None, &secrets);
+        let r = readiness(&open, &StoreState::Ok, None, None, &secrets);
         assert_eq!(r.status, 503);
         let v = body(&r);
         assert_eq!(v["ready"], false);
@@ -577,20 +748,23 @@ mod tests {
         );
 
         let stalled = StoreState::Stalled(Duration::from_secs(20));
-        let r = readiness(&closed, &stalled, None, &[]);
+        let r = readiness(&closed, &stalled, None, None, &[]);
         assert_eq!(r.status, 503);
         assert_eq!(body(&r)["store"]["state"], "no_answer");
 
         let mut half = open.clone();
         half.state = SinkState::HalfOpen;
-        assert_eq!(readiness(&half, &StoreState::Ok, None, &[]).status, 503);
+        assert_eq!(
+            readiness(&half, &StoreState::Ok, None, None, &[]).status,
+            503
+        );
     }
 
     #[test]
     fn a_paused_relay_is_ready_while_it_reads_its_control_row() {
         let closed = SinkStatus::default();
         let running = PauseStatus::new("default");
-        let r = readiness(&closed, &StoreState::Ok, Some(&running), &[]);
+        let r = readiness(&closed, &StoreState::Ok, Some(&running), None, &[]);
         assert_eq!(r.status, 200);
         assert_eq!(body(&r)["paused"], false);
         assert_eq!(body(&r)["pause"]["group"], "default");
@@ -607,6 +781,7 @@ mod tests {
             &closed,
             &StoreState::Starting,
             Some(&paused),
+            None,
             &["hunter2".into()],
         );
         assert_eq!(r.status, 200, "{}", r.body);
@@ -622,8 +797,109 @@ mod tests {
 
         // The control row cannot be read: not ready.
         paused.last_error = Some("pool timed out".into());
-        let r = readiness(&closed, &StoreState::Ok, Some(&paused), &[]);
+        let r = readiness(&closed, &StoreState::Ok, Some(&paused), None, &[]);
         assert_eq!(r.status, 503);
         assert_eq!(body(&r)["pause"]["last_error"], "pool timed out");
+    }
+
+    fn group(held: u32, fair_share: u32, none_for: Option<u64>) -> Leases {
+        Leases {
+            dynamic: true,
+            shards: (0..held).collect(),
+            total: 64,
+            fair_share,
+            held_none_for: none_for.map(Duration::from_millis),
+            shard: ShardSpec::ALL,
+        }
+    }
+
+    #[test]
+    fn a_relay_that_holds_none_of_its_fair_share_past_the_grace_is_not_ready() {
+        let closed = SinkStatus::default();
+        let grace = lease_grace(Duration::from_secs(2), Duration::from_millis(100));
+        assert_eq!(grace, Duration::from_secs(4));
+        let ready = |l: &Leases| {
+            readiness(
+                &closed,
+                &StoreState::Ok,
+                None,
+                Some(lease_json(l, grace)),
+                &[],
+            )
+        };
+
+        let r = ready(&group(64, 64, None));
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = body(&r);
+        assert_eq!(v["leases"]["kind"], "relay_group");
+        assert_eq!(v["leases"]["shards_held"], 64);
+        assert_eq!(v["leases"]["fair_share"], 64);
+        assert_eq!(v["leases"]["total"], 64);
+        assert_eq!(v["leases"]["state"], "ok");
+        assert_eq!(
+            describe_readiness("a:1", &v),
+            "relay a:1: ready; sink: closed; store: ok; shards: 64 held, fair share 64 of 64"
+        );
+
+        // Joining: none yet, within the grace.
+        let r = ready(&group(0, 32, Some(1_500)));
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(body(&r)["leases"]["state"], "waiting");
+        assert_eq!(body(&r)["leases"]["held_none_secs"], 1.5);
+
+        // Kept out past the grace.
+        let r = ready(&group(0, 32, Some(5_100)));
+        assert_eq!(r.status, 503, "{}", r.body);
+        let v = body(&r);
+        assert_eq!(v["ready"], false);
+        assert_eq!(v["leases"]["state"], "starved");
+        assert_eq!(
+            v["leases"]["reason"],
+            "holds 0 of its fair share of 32 shards for 5.1 s"
+        );
+        assert_eq!(v["sink"]["state"], "closed");
+        assert_eq!(
+            describe_readiness("a:1", &v),
+            "relay a:1: not ready; sink: closed, 0 outage(s); store: ok; shards: 0 held, fair share 32 of 64, none held for 5.1 s"
+        );
+
+        // More relays than shards: a share of 0 holds nothing and is ready.
+        let r = ready(&group(0, 0, None));
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(body(&r)["leases"]["fair_share"], 0);
+
+        // A static shard another relay holds: a standby, ready.
+        let standby = Leases {
+            dynamic: false,
+            shards: Vec::new(),
+            total: 4,
+            fair_share: 1,
+            held_none_for: Some(Duration::from_secs(600)),
+            shard: ShardSpec::new(2, 4).unwrap(),
+        };
+        let r = ready(&standby);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = body(&r);
+        assert_eq!(v["leases"]["state"], "standby");
+        assert_eq!(v["leases"]["shard"], "2/4");
+        assert_eq!(
+            describe_readiness("a:1", &v),
+            "relay a:1: ready; sink: closed; store: ok; shard 2/4: standby (another relay holds its lease)"
+        );
+
+        // A paused relay is ready whatever it holds.
+        let mut paused = PauseStatus::new("default");
+        paused.paused = Some(outbox_core::Paused::new(
+            chrono::Utc::now(),
+            outbox_core::PauseNote::new(),
+        ));
+        let r = readiness(
+            &closed,
+            &StoreState::Ok,
+            Some(&paused),
+            Some(lease_json(&group(0, 32, Some(60_000)), grace)),
+            &[],
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
     }
 }

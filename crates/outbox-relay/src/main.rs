@@ -247,6 +247,9 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         "starting relay"
     );
     let group = store.group().to_owned();
+    // `/readyz` reads the relay's shard leases from the store's memory.
+    let leases = http::lease_source(&store, cfg.options.relay_id(), cfg.options.shard());
+    let lease_grace = http::lease_grace(cfg.options.lock_timeout(), cfg.options.poll_interval());
     // The relay reads its group's control row (pause/resume) through its
     // own clone of the store, outside the readiness probe's claim tracking.
     let control = store.clone();
@@ -262,6 +265,8 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
                 sink: relay.sink_health(),
                 store: store_probe,
                 pause: relay.pause_handle(),
+                leases,
+                lease_grace,
                 secrets: secrets.to_vec(),
             },
         );

@@ -555,3 +555,118 @@ async fn log_mode_dead_show_list_purge_and_retry_with_filters() {
     drop(store);
     drop_schema(&pool, &schema).await;
 }
+
+/// The lines of a child's stdout, read on a thread.
+fn stdout_lines(out: std::process::ChildStdout) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead as _;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The next frame's `pending` count from `status --watch` output: the
+/// `pending:` line of a text frame, or the `pending` field of a JSON
+/// document (each line must be one); panics after 30 s without one.
+fn next_pending(
+    lines: &std::sync::mpsc::Receiver<String>,
+    json: bool,
+    seen: &mut Vec<String>,
+) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        let line = lines.recv_timeout(left).unwrap_or_else(|e| {
+            panic!("no status frame within 30 s ({e}); output so far: {seen:#?}")
+        });
+        seen.push(line.clone());
+        if json {
+            let doc: serde_json::Value = serde_json::from_str(&line)
+                .unwrap_or_else(|e| panic!("not one JSON document per line ({e}): {line}"));
+            assert_eq!(doc["mode"], "log", "{doc}");
+            assert_eq!(doc["group"], "default", "{doc}");
+            assert!(doc["groups"].is_array(), "{doc}");
+            return doc["pending"]
+                .as_u64()
+                .unwrap_or_else(|| panic!("no pending count: {doc}"));
+        }
+        if let Some(n) = line.strip_prefix("pending:") {
+            return n.trim().parse().unwrap();
+        }
+    }
+}
+
+/// `status --watch 1` (text, then `--json`) against a real event log: it
+/// prints a frame a second; events committed between two frames show in a
+/// later frame's pending count; SIGINT ends it with exit 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_redraws_as_events_are_committed() {
+    use outbox_postgres::{PgLogOptions, PgLogStore};
+    let url = database_url();
+    let (schema, pool) = schema_and_pool("outbox_watch", &url).await;
+    let log_args = ["--store", &url, "--pg-schema", &schema];
+    let out = relay(&["migrate"]).args(log_args).output().unwrap();
+    assert_success(&out, "migrate");
+    let producer = PgLogStore::connect(
+        PgLogOptions::new(&url)
+            .with_schema(Ident::new(schema.clone()).unwrap())
+            .with_background_rotation(false),
+    )
+    .await
+    .unwrap();
+
+    for json in [false, true] {
+        let mut cmd = relay(&["status", "--watch", "1"]);
+        cmd.args(log_args);
+        if json {
+            cmd.arg("--json");
+        }
+        let mut child = ChildGuard::new(cmd.stdout(Stdio::piped()).spawn().unwrap());
+        let lines = stdout_lines(child.child().stdout.take().unwrap());
+        let mut seen = Vec::new();
+        let before = next_pending(&lines, json, &mut seen);
+
+        // One transaction: a frame sees none or all 7.
+        let mut tx = pool.begin().await.unwrap();
+        for i in 0..7 {
+            let ev = NewEvent::new("cli.watch", "t", format!("{{\"n\":{i}}}").into_bytes())
+                .with_key(format!("k{i}"));
+            producer.log().enqueue(&mut tx, ev).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        // The frame under way may still show the old count; a later one
+        // (a second apart) shows the 7 new events, and nothing else.
+        let mut frames = 1;
+        loop {
+            let now = next_pending(&lines, json, &mut seen);
+            frames += 1;
+            if now == before + 7 {
+                break;
+            }
+            assert_eq!(
+                now, before,
+                "json {json}: unexpected count; frames: {seen:#?}"
+            );
+            assert!(frames < 10, "json {json}: the count never moved: {seen:#?}");
+        }
+        assert!(frames >= 2);
+        // Still watching: another frame comes.
+        next_pending(&lines, json, &mut seen);
+
+        child.signal("INT");
+        let status = outbox_testkit::process::wait_timeout(child.child(), Duration::from_secs(10));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "json {json}: status --watch after SIGINT: {status:?}"
+        );
+    }
+
+    drop(producer);
+    drop_schema(&pool, &schema).await;
+}

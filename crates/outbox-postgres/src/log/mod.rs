@@ -235,6 +235,6 @@ pub use options::{
     DEFAULT_ROTATION_INTERVAL,
 };
 pub use store::{
-    CursorInfo, InFlight, LogInfo, LogStatus, PartitionInfo, PgLogStore, RelayInfo, Rotation,
-    ShardStatus,
+    CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionInfo, PgLogStore, RelayInfo,
+    Rotation, ShardStatus,
 };

@@ -27,7 +27,7 @@ use uuid::Uuid;
 
 mod relays;
 
-pub use relays::RelayInfo;
+pub use relays::{LeaseHolding, RelayInfo};
 
 /// The event-log store on PostgreSQL (see the [module docs](super)). Cheap to
 /// clone; clones share the claims in flight, so one process should use one
@@ -63,6 +63,9 @@ struct Inner {
     rebalance_every: Duration,
     /// Per relay of this process: its place in the relay group.
     members: Mutex<HashMap<RelayId, Arc<tokio::sync::Mutex<relays::Membership>>>>,
+    /// Per relay of this process: the shard leases it held at its last
+    /// claim (read by [`PgLogStore::lease_holding`] without a query).
+    holdings: Mutex<HashMap<RelayId, LeaseHolding>>,
     /// The outbox's virtual shard count, read once.
     virtual_shards: tokio::sync::OnceCell<u32>,
     tasks: Vec<JoinHandle<()>>,
@@ -506,6 +509,7 @@ impl PgLogStore {
                 dynamic: options.dynamic_shards,
                 rebalance_every: options.rebalance_every,
                 members: Mutex::new(HashMap::new()),
+                holdings: Mutex::new(HashMap::new()),
                 virtual_shards: tokio::sync::OnceCell::new(),
                 tasks,
             }),
@@ -710,10 +714,14 @@ impl PgLogStore {
         let key = CursorKey::single(req.shard, req.relay_id.clone());
         let cell = self.cell_or_new(&key);
         let mut st = cell.lock().await;
-        Ok(self
-            .claim_key(&key, &mut st, req, None)
-            .await?
-            .unwrap_or_else(|| empty_claim(Utc::now())))
+        let claim = self.claim_key(&key, &mut st, req, None).await?;
+        let held = if st.epoch.is_some() {
+            key.shards.clone()
+        } else {
+            Vec::new()
+        };
+        self.note_holding(&req.relay_id, false, held, key.total, 1);
+        Ok(claim.unwrap_or_else(|| empty_claim(Utc::now())))
     }
 
     /// Takes or keeps the lease of `key`'s cursor(s): a static shard's by

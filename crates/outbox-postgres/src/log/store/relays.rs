@@ -80,6 +80,52 @@ pub(crate) struct Membership {
     /// Above its share: the set whose shards go back once its batches are
     /// settled (not claimed from meanwhile).
     shrinking: Option<CursorKey>,
+    /// Its fair share and the virtual shard count at the last rebalance.
+    quota: u32,
+    total: u32,
+}
+
+impl Membership {
+    /// The virtual shards of the sets it holds, sorted.
+    fn held(&self) -> Vec<u32> {
+        let mut held: Vec<u32> = self.sets.iter().flat_map(|k| k.shards.clone()).collect();
+        held.sort_unstable();
+        held
+    }
+}
+
+/// The shard leases one relay of this process held at its last claim, as
+/// [`PgLogStore::lease_holding`] reports them: read from the process's
+/// memory, so a health check costs no query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseHolding {
+    /// A member of its group's relay group (the relay claims every shard,
+    /// [`ShardSpec::ALL`](outbox_core::ShardSpec::ALL), of a store with
+    /// [dynamic shards](crate::log::PgLogOptions::with_dynamic_shards)),
+    /// or `false`: a static shard `i/N`.
+    pub dynamic: bool,
+    /// The shards whose lease it holds, sorted: virtual shard indexes of a
+    /// relay-group member; the static shard's index (or nothing).
+    pub shards: Vec<u32>,
+    /// Of how many: the outbox's virtual shards, or the static `N`.
+    pub total: u32,
+    /// How many it should hold: its fair share of the virtual shards (0
+    /// when the group has more relays than shards); 1 for a static shard.
+    pub fair_share: u32,
+    /// Since when it has held no shard although its fair share was at
+    /// least one (`None` while it holds one, or its share is 0). A relay
+    /// that joins a group holds none until the others gave some back (a
+    /// rebalance interval or two), or until a killed relay's leases run
+    /// out.
+    pub held_none_since: Option<Instant>,
+}
+
+impl LeaseHolding {
+    /// How long it has held no shard although its fair share is at least
+    /// one (see [`LeaseHolding::held_none_since`]).
+    pub fn held_none_for(&self) -> Option<Duration> {
+        self.held_none_since.map(|t| t.elapsed())
+    }
 }
 
 /// A relay of a relay group as `outbox-relay status` shows it.
@@ -96,6 +142,51 @@ pub struct RelayInfo {
 }
 
 impl PgLogStore {
+    /// The shard leases `relay` (a relay of this process) held at its last
+    /// claim: no query, so a readiness probe may call it at any rate.
+    /// `None` before its first claim and after it left
+    /// ([`Store::leave`](outbox_core::Store::leave)).
+    pub fn lease_holding(&self, relay: &RelayId) -> Option<LeaseHolding> {
+        let map = self
+            .inner
+            .holdings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        map.get(relay).cloned()
+    }
+
+    /// Records what `relay` holds now (see [`PgLogStore::lease_holding`]).
+    pub(super) fn note_holding(
+        &self,
+        relay: &RelayId,
+        dynamic: bool,
+        shards: Vec<u32>,
+        total: u32,
+        fair_share: u32,
+    ) {
+        let mut map = self
+            .inner
+            .holdings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let since = map.get(relay).and_then(|h| h.held_none_since);
+        let held_none_since =
+            (shards.is_empty() && fair_share > 0).then(|| since.unwrap_or_else(Instant::now));
+        let holding = LeaseHolding {
+            dynamic,
+            shards,
+            total,
+            fair_share,
+            held_none_since,
+        };
+        match map.get_mut(relay) {
+            Some(h) => *h = holding,
+            None => {
+                map.insert(relay.clone(), holding);
+            }
+        }
+    }
+
     fn membership(&self, relay: &RelayId) -> Arc<tokio::sync::Mutex<Membership>> {
         let mut map = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(map.entry(relay.clone()).or_default())
@@ -158,8 +249,12 @@ impl PgLogStore {
                 }
             }
         }
+        let changed = !lost.is_empty();
         for key in lost {
             self.drop_set(&mut m, &key).await;
+        }
+        if changed {
+            self.note_holding(&req.relay_id, true, m.held(), m.total, m.quota);
         }
         Ok(found.unwrap_or_else(|| empty_claim(Utc::now())))
     }
@@ -276,9 +371,12 @@ impl PgLogStore {
             }
         }
         self.merge_idle_sets(m, req.lease).await?;
-        let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
+        let held = m.held();
         metrics::gauge!(crate::log::SHARDS_HELD, "group" => self.inner.group.clone())
-            .set(held as f64);
+            .set(held.len() as f64);
+        m.quota = u32::try_from(quota).unwrap_or(total);
+        m.total = total;
+        self.note_holding(&req.relay_id, true, held, total, m.quota);
         m.checked = Some(Instant::now());
         Ok(())
     }
@@ -587,6 +685,11 @@ impl PgLogStore {
 
     /// Gives every cursor of `relay` back and leaves the relay group.
     pub(super) async fn leave_inner(&self, relay: &RelayId) -> Result<(), StoreError> {
+        self.inner
+            .holdings
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(relay);
         if !self.inner.dynamic {
             return Ok(());
         }
