@@ -144,7 +144,8 @@ fn faults_for(store: &str, broker: &str, kinds: &[&str]) -> Vec<String> {
             // nats-server (RabbitMQ and the machine's NATS are shared, the
             // private Kafka broker keeps its log in memory).
             let restart_unsupported = **k == "broker-restart" && broker != "nats";
-            !(db_fault && store == "sqlite") && !restart_unsupported
+            let db_unsupported = db_fault && store == "sqlite";
+            !(db_unsupported || restart_unsupported)
         })
         .map(|k| (*k).to_owned())
         .collect()
