@@ -1,7 +1,7 @@
 //! `outbox-bench`: the benchmark behind `cargo xtask bench`.
 //!
-//! Runs the scenarios of issue 6 (and the event-log comparison, and issue
-//! 12's relay groups and consumer groups) against the real services (PostgreSQL,
+//! Runs the scenarios of issue 6 (and the event-log comparison, issue 11's
+//! event-log targets, and issue 12's relay groups and consumer groups) against the real services (PostgreSQL,
 //! NATS JetStream, RabbitMQ, a Kafka-protocol broker), prints a markdown
 //! table and writes `target/bench/results.json` (and `results.md`). Every
 //! throughput is reported as a ratio to ceilings measured in the same run,
@@ -47,9 +47,12 @@ const SCENARIOS: &[(&str, &str)] = &[
     ),
     (
         "producer",
-        "8 concurrent business transactions: without / with the outbox insert, NOTIFY off / on",
+        "8 concurrent business transactions: without / with the outbox insert (queue table NOTIFY off / on, event log)",
     ),
-    ("backlog", "drain rate at a 10k backlog vs the big backlog"),
+    (
+        "backlog",
+        "drain rate at a 10k backlog vs the big backlog: queue table and event log",
+    ),
     (
         "repeatable-read",
         "drain with a REPEATABLE READ transaction held open vs a clean drain",
@@ -58,6 +61,14 @@ const SCENARIOS: &[(&str, &str)] = &[
     (
         "event-log",
         "event log (PgLogStore) vs queue table (PgStore): claim+settle and relay drains, clean and with a REPEATABLE READ snapshot held",
+    ),
+    (
+        "log-held-snapshot",
+        "event log: big backlog drained clean vs with a REPEATABLE READ snapshot held, then rotation: dead tuples and size of the partitions before / after",
+    ),
+    (
+        "sustained",
+        "event log: 5k events/s offered for 10 min (quick 60 s), snapshot held in the middle: p50/p99 commit -> handler and log size per window",
     ),
     (
         "log-scale-out",
