@@ -150,38 +150,44 @@ impl PrivateKafka {
 }
 
 fn spawn(bin: &Path, listen: SocketAddr, advertised: SocketAddr, log: &Path) -> Result<Child> {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "broker",
+        "--listener-url",
+        &format!("tcp://{listen}"),
+        "--advertised-listener-url",
+        &format!("tcp://{advertised}"),
+        "--storage-engine",
+        "memory://tansu/",
+    ]);
+    spawn_logged(cmd, log).with_context(|| {
+        format!(
+            "starting {} (set TANSU_BIN, or run through `cargo xtask chaos`, which installs it)",
+            bin.display()
+        )
+    })
+}
+
+/// Spawns a broker of the run with stdout and stderr appended to `log`,
+/// killed when its handle drops.
+pub(crate) fn spawn_logged(mut cmd: Command, log: &Path) -> Result<Child> {
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
     let err = out.try_clone()?;
-    Command::new(bin)
-        .args([
-            "broker",
-            "--listener-url",
-            &format!("tcp://{listen}"),
-            "--advertised-listener-url",
-            &format!("tcp://{advertised}"),
-            "--storage-engine",
-            "memory://tansu/",
-        ])
+    Ok(cmd
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
         .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (set TANSU_BIN, or run through `cargo xtask chaos`, which installs it)",
-                bin.display()
-            )
-        })
+        .spawn()?)
 }
 
 /// A loopback port nothing listens on now (the broker binds it a moment
 /// later; a lost race is retried with another port).
-fn free_port() -> Result<SocketAddr> {
+pub(crate) fn free_port() -> Result<SocketAddr> {
     let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(l.local_addr()?)
 }

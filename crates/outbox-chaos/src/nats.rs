@@ -16,7 +16,6 @@
 use anyhow::{bail, Context as _, Result};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::AsyncReadExt as _;
 use tokio::process::{Child, Command};
@@ -41,10 +40,10 @@ impl PrivateNats {
     /// Starts the server on a free loopback port with JetStream on a file
     /// store under `dir`, and waits until it greets a client.
     pub(crate) async fn start(dir: &Path) -> Result<Self> {
-        let bin = nats_server_bin();
+        let bin = outbox_testkit::process::nats_server_bin();
         let store = dir.join("nats-store");
         let log = dir.join("nats-server.log");
-        let addr = free_port()?;
+        let addr = crate::kafka::free_port()?;
         let child = spawn(&bin, addr, &store, &log)?;
         let mut server = Self {
             bin,
@@ -139,48 +138,15 @@ async fn greets(addr: SocketAddr) -> bool {
 }
 
 fn spawn(bin: &Path, addr: SocketAddr, store: &Path, log: &Path) -> Result<Child> {
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("opening {}", log.display()))?;
-    let err = out.try_clone()?;
-    Command::new(bin)
-        .args(["-a", &addr.ip().to_string(), "-p", &addr.port().to_string()])
+    let mut cmd = Command::new(bin);
+    cmd.args(["-a", &addr.ip().to_string(), "-p", &addr.port().to_string()])
         .arg("-js")
         .arg("-sd")
-        .arg(store)
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| {
-            format!(
-                "starting {} (set NATS_SERVER_BIN, or install Debian's nats-server)",
-                bin.display()
-            )
-        })
-}
-
-/// A loopback port nothing listens on now.
-fn free_port() -> Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?)
-}
-
-/// `$NATS_SERVER_BIN`, else `nats-server` on `PATH`, else Debian's
-/// `/usr/sbin/nats-server` (not on a normal user's `PATH`).
-fn nats_server_bin() -> PathBuf {
-    if let Some(b) = std::env::var_os("NATS_SERVER_BIN") {
-        return PathBuf::from(b);
-    }
-    let debian = Path::new("/usr/sbin/nats-server");
-    let on_path = std::env::var_os("PATH")
-        .is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("nats-server").is_file()));
-    if !on_path && debian.is_file() {
-        debian.to_path_buf()
-    } else {
-        PathBuf::from("nats-server")
-    }
+        .arg(store);
+    crate::kafka::spawn_logged(cmd, log).with_context(|| {
+        format!(
+            "starting {} (set NATS_SERVER_BIN, or install Debian's nats-server)",
+            bin.display()
+        )
+    })
 }

@@ -11,25 +11,13 @@
 
 use outbox_core::{ErrorCode, FailureKind, Outcome, Sink};
 use outbox_nats::{NatsConfig, NatsPublisher};
-use outbox_testkit::process::ChildGuard;
+use outbox_testkit::process::{nats_server_bin, ChildGuard};
 use outbox_testkit::publisher::event;
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn nats_server_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NATS_SERVER_BIN") {
-        return PathBuf::from(p);
-    }
-    let sbin = PathBuf::from("/usr/sbin/nats-server");
-    if sbin.is_file() {
-        sbin
-    } else {
-        PathBuf::from("nats-server")
-    }
-}
 
 fn free_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")

@@ -10,25 +10,12 @@
 
 use outbox_core::{Outcome, Sink};
 use outbox_nats::{NatsConfig, NatsError, NatsPublisher, NatsTls};
-use outbox_testkit::process::ChildGuard;
+use outbox_testkit::process::{nats_server_bin, ChildGuard};
 use outbox_testkit::publisher::{assert_unavailable, event};
 use outbox_testkit::tls::TestPki;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn nats_server_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("NATS_SERVER_BIN") {
-        return PathBuf::from(p);
-    }
-    let sbin = PathBuf::from("/usr/sbin/nats-server");
-    if sbin.is_file() {
-        sbin
-    } else {
-        PathBuf::from("nats-server")
-    }
-}
 
 /// A `nats-server` of this test alone, with TLS and JetStream.
 struct TlsServer {

@@ -97,6 +97,22 @@ impl Drop for ChildGuard {
     }
 }
 
+/// The `nats-server` binary for tests and the chaos suite that start a
+/// server of their own: `$NATS_SERVER_BIN`, else Debian's
+/// `/usr/sbin/nats-server` (not on a normal user's `PATH`), else
+/// `nats-server` on `PATH`.
+pub fn nats_server_bin() -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("NATS_SERVER_BIN") {
+        return p.into();
+    }
+    let sbin = std::path::Path::new("/usr/sbin/nats-server");
+    if sbin.is_file() {
+        sbin.to_path_buf()
+    } else {
+        "nats-server".into()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
