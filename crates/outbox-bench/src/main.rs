@@ -51,7 +51,7 @@ const SCENARIOS: &[(&str, &str)] = &[
     ),
     (
         "backlog",
-        "drain rate at a 10k backlog vs the big backlog: queue table and event log",
+        "drain rate at a 10k backlog vs the big backlog: queue table and event log; the event log's drain vs its keyset read ceiling (the same rows read in batches of 1,000)",
     ),
     (
         "repeatable-read",

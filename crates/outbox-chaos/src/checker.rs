@@ -34,8 +34,9 @@ pub(crate) struct Scenario {
     pub(crate) rate: u32,
     /// Production time, seconds.
     pub(crate) duration_s: u64,
-    /// The relays' `--batch-size`.
-    pub(crate) batch_size: u32,
+    /// The relays' largest batch (`--max-batch-size`): what one kill can
+    /// duplicate at most.
+    pub(crate) max_batch_size: u32,
     /// The relays' `--lock-timeout-ms` (lease).
     pub(crate) lease_ms: u64,
     /// The fault plan as given.
@@ -407,7 +408,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         .collect();
     let dup_faults = input.faults.iter().filter(|f| f.may_duplicate).count() as u64;
     let broker_cuts: u64 = input.faults.iter().map(|f| u64::from(f.broker_cuts)).sum();
-    let duplicate_allowance = (dup_faults + broker_cuts) * u64::from(input.scenario.batch_size);
+    let duplicate_allowance = (dup_faults + broker_cuts) * u64::from(input.scenario.max_batch_size);
     let drain_s = match prefix_max.last() {
         None => Some(0.0),
         Some(&i64::MAX) => None,
@@ -454,8 +455,8 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     }
     if extra_copies > duplicate_allowance {
         failures.push(format!(
-            "{extra_copies} extra copies, more than one batch ({}) per kill / lease loss ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
-            input.scenario.batch_size
+            "{extra_copies} extra copies, more than one batch (up to {}) per kill / lease loss ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
+            input.scenario.max_batch_size
         ));
     }
     if committed == 0 {
@@ -728,7 +729,7 @@ mod tests {
             relays: 2,
             rate: 1,
             duration_s: 1,
-            batch_size: 2,
+            max_batch_size: 2,
             lease_ms: 1000,
             faults: String::new(),
             start_us: 0,

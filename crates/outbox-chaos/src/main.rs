@@ -117,6 +117,10 @@ struct RunArgs {
     /// The relays' `--batch-size`.
     #[arg(long, default_value_t = 20)]
     batch_size: u32,
+    /// The relays' `--max-batch-size` (batches grow to it through a
+    /// backlog; one kill may duplicate up to one such batch).
+    #[arg(long, default_value_t = 200)]
+    max_batch_size: u32,
     /// The relays' `--poll-interval-ms`.
     #[arg(long, default_value_t = 100)]
     poll_ms: u64,
@@ -552,6 +556,8 @@ async fn run_created(
     relay_args.extend([
         "--batch-size".to_owned(),
         args.batch_size.to_string(),
+        "--max-batch-size".to_owned(),
+        args.max_batch_size.max(args.batch_size).to_string(),
         "--poll-interval-ms".to_owned(),
         args.poll_ms.to_string(),
         "--lock-timeout-ms".to_owned(),
@@ -699,7 +705,7 @@ async fn run_created(
             relays: u32::try_from(args.relays).unwrap_or(0),
             rate: args.rate,
             duration_s: args.duration_s,
-            batch_size: args.batch_size,
+            max_batch_size: args.max_batch_size.max(args.batch_size),
             lease_ms: args.lease_ms,
             faults: args.faults.clone(),
             start_us,

@@ -19,10 +19,10 @@
 
 use outbox_kafka::{KafkaConfig, KafkaPublisher};
 use outbox_testkit::kafka::{topic_name, KafkaFixture};
-use outbox_testkit::process::ChildGuard;
+use outbox_testkit::process::{free_port, ChildGuard};
 use outbox_testkit::proxy::TcpProxy;
 use outbox_testkit::publisher::{PublisherHarness, Received};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -73,14 +73,6 @@ fn tansu_bin() -> PathBuf {
     } else {
         PathBuf::from("tansu")
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl PublisherHarness for KafkaHarness {

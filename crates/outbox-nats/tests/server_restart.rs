@@ -11,51 +11,25 @@
 
 use outbox_core::{ErrorCode, FailureKind, Outcome, Sink};
 use outbox_nats::{NatsConfig, NatsPublisher};
-use outbox_testkit::process::{nats_server_bin, ChildGuard};
+use outbox_testkit::process::{free_port, start_nats_server, ChildGuard};
 use outbox_testkit::publisher::event;
 use std::collections::HashSet;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn free_addr() -> SocketAddr {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
+    SocketAddr::from(([127, 0, 0, 1], free_port()))
 }
 
 /// Starts `nats-server` on `addr`, with JetStream on a file store in
 /// `store` when given; returns when it listens.
 fn start(addr: SocketAddr, store: Option<&Path>) -> ChildGuard {
-    let bin = nats_server_bin();
-    let mut cmd = Command::new(&bin);
-    cmd.args(["-a", "127.0.0.1", "-p", &addr.port().to_string()]);
+    let mut args: Vec<std::ffi::OsString> = Vec::new();
     if let Some(dir) = store {
-        cmd.arg("-js").arg("-sd").arg(dir);
+        args.extend(["-js".into(), "-sd".into(), dir.into()]);
     }
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "starting {} failed: {e} (set NATS_SERVER_BIN)",
-                bin.display()
-            )
-        });
-    let child = ChildGuard::new(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while TcpStream::connect(addr).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "nats-server did not listen on {addr}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    child
+    start_nats_server(addr.port(), args)
 }
 
 fn config(addr: SocketAddr) -> NatsConfig {

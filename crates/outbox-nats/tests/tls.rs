@@ -10,11 +10,10 @@
 
 use outbox_core::{Outcome, Sink};
 use outbox_nats::{NatsConfig, NatsError, NatsPublisher, NatsTls};
-use outbox_testkit::process::{nats_server_bin, ChildGuard};
+use outbox_testkit::process::{free_port, start_nats_server, ChildGuard};
 use outbox_testkit::publisher::{assert_unavailable, event};
 use outbox_testkit::tls::TestPki;
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Command, Stdio};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// A `nats-server` of this test alone, with TLS and JetStream.
@@ -26,44 +25,22 @@ struct TlsServer {
 
 impl TlsServer {
     fn start(pki: &TestPki) -> Self {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let port = free_port();
         let store = tempfile::tempdir().unwrap();
-        let bin = nats_server_bin();
-        let child = Command::new(&bin)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string(), "-js", "-sd"])
-            .arg(store.path())
-            .arg("--tls")
-            .arg("--tlscert")
-            .arg(&pki.cert)
-            .arg("--tlskey")
-            .arg(&pki.key)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "starting {} failed: {e} (set NATS_SERVER_BIN)",
-                    bin.display()
-                )
-            });
-        let child = ChildGuard::new(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "nats-server did not listen on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let args: Vec<&std::ffi::OsStr> = vec![
+            "-js".as_ref(),
+            "-sd".as_ref(),
+            store.path().as_os_str(),
+            "--tls".as_ref(),
+            "--tlscert".as_ref(),
+            pki.cert.as_os_str(),
+            "--tlskey".as_ref(),
+            pki.key.as_os_str(),
+        ];
+        let child = start_nats_server(port, args);
         Self {
             _child: child,
-            addr,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
             _store: store,
         }
     }

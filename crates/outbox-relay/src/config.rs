@@ -58,10 +58,23 @@ const SINK: &[Setting] = &[Setting::text(
 )
 .with_value_name("SINK")];
 
+/// `max_batch_size`: the one relay setting whose default is not the
+/// library's. The library keeps `batch_size` (no growth, the seed's
+/// behaviour); a deployed relay drains backlogs in batches of up to 1,000.
+const MAX_BATCH_KEY: &str = "max_batch_size";
+/// Its default in the binary (raised to `batch_size` when that is larger).
+const DEFAULT_MAX_BATCH: u32 = 1000;
+
 /// The relay loop: `run`. The defaults are `RelayOptions::default()`'s (the
 /// `relay_defaults_are_the_library_defaults` test keeps them equal).
 const RELAY: &[Setting] = &[
-    Setting::integer("batch_size", "Most events per claim.").with_default("20"),
+    Setting::integer("batch_size", "Most events per claim while the relay keeps up.")
+        .with_default("20"),
+    Setting::integer(
+        MAX_BATCH_KEY,
+        "Most events per claim while the relay catches up with a backlog: each full claim doubles the next one up to this; a short claim returns to batch_size. At least batch_size; equal to it: batches never grow.",
+    )
+    .with_default("1000"),
     Setting::integer("poll_interval_ms", "Wait between claims when idle, in ms.")
         .with_default("2000"),
     Setting::integer("lock_timeout_ms", "Lease length of a claim, in ms.").with_default("60000"),
@@ -685,12 +698,16 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
         Jitter::Equal,
     )
     .context("invalid retry settings (retry_base_ms, retry_cap_ms, max_attempts)")?;
+    let batch_size = r
+        .parse::<u32>("batch_size")?
+        .unwrap_or(defaults.batch_size());
+    let max_batch_size = r
+        .parse::<u32>(MAX_BATCH_KEY)?
+        .unwrap_or(DEFAULT_MAX_BATCH.max(batch_size));
     let mut options = defaults
         .clone()
-        .with_batch_size(
-            r.parse::<u32>("batch_size")?
-                .unwrap_or(defaults.batch_size()),
-        )
+        .with_batch_size(batch_size)
+        .with_max_batch_size(Some(max_batch_size))
         .with_poll_interval(ms("poll_interval_ms", defaults.poll_interval())?)
         .with_lock_timeout(ms("lock_timeout_ms", defaults.lock_timeout())?)
         .with_retry(retry)
@@ -746,6 +763,26 @@ mod tests {
         let cfg = run_config(&ok).unwrap();
         assert_eq!(cfg.options.batch_size(), 5);
         assert_eq!(cfg.options.shard().to_string(), "1/4");
+    }
+
+    #[test]
+    fn batches_grow_to_a_thousand_unless_told_otherwise() {
+        let cfg = |file: &str| run_config(&resolved(file).unwrap());
+        let d = cfg("sink = \"stdout\"").unwrap();
+        assert_eq!(
+            (d.options.batch_size(), d.options.max_batch_size()),
+            (20, 1000)
+        );
+        // A batch size above the default maximum raises the maximum with it.
+        let big = cfg("sink = \"stdout\"\nbatch_size = 5000").unwrap();
+        assert_eq!(big.options.max_batch_size(), 5000);
+        let flat = cfg("sink = \"stdout\"\nbatch_size = 50\nmax_batch_size = 50").unwrap();
+        assert_eq!(flat.options.max_batch_size(), 50);
+        let err = cfg("sink = \"stdout\"\nbatch_size = 50\nmax_batch_size = 10").unwrap_err();
+        assert!(
+            format!("{err:#}").contains("max batch size (10) must be at least the batch size (50)"),
+            "{err:#}"
+        );
     }
 
     #[test]

@@ -13,19 +13,15 @@ mod support;
 
 use outbox_core::{EventId, NewEvent};
 use outbox_postgres::log::Rotation;
-use outbox_postgres::{sqlx, Ident, PgLogOptions, PgLogStore};
+use outbox_postgres::PgLogStore;
 use outbox_testkit::nats::NatsFixture;
 use outbox_testkit::process::ChildGuard;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
+use support::pg::{database_url, drop_schema, log_store, migrated_log};
 use support::{assert_success, free_addr, relay, stop};
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// One delivered event: (key, n, id), n being its commit rank.
 type Seen = (String, u64, EventId);
@@ -142,23 +138,9 @@ fn group<'a>(groups: &'a serde_json::Value, name: &str) -> Option<&'a serde_json
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
     let url = database_url();
-    let schema = format!(
-        "outbox_cligrp_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
-    });
+    let (schema, pool) = migrated_log("outbox_cligrp").await;
     let store_args = ["--store", url.as_str(), "--pg-schema", schema.as_str()];
-    let out = relay(&["migrate"]).args(store_args).output().unwrap();
-    assert_success(&out, "migrate");
-    let producer = PgLogStore::connect(
-        PgLogOptions::new(&url)
-            .with_schema(Ident::new(schema.clone()).unwrap())
-            .with_background_rotation(false),
-    )
-    .await
-    .unwrap();
+    let producer = log_store(&schema, |o| o).await;
 
     // Group a: NATS JetStream. Group b: a JSON-lines file.
     let nats = NatsFixture::new().await;
@@ -461,10 +443,7 @@ async fn two_groups_fan_out_independently_then_start_now_status_and_drop() {
     stop(&mut relay_b);
     let _ = nats.jetstream().delete_stream(nats.stream()).await;
     drop(producer);
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    drop_schema(&pool, &schema).await;
 }
 
 /// Group names are checked before anything connects, naming the flag; a

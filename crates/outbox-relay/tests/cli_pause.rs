@@ -26,12 +26,8 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use support::pg::{database_url, drop_schema, fresh_schema};
 use support::{assert_success, free_addr, get, relay, stop, wait_jsonl_ids};
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
 
 /// Where the outbox under test lives.
 enum Target {
@@ -51,13 +47,7 @@ enum Target {
 impl Target {
     async fn postgres(mode: PgMode) -> Self {
         let url = database_url();
-        let schema = format!(
-            "outbox_pause_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..10]
-        );
-        let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-            panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
-        });
+        let (schema, pool) = fresh_schema("outbox_pause").await;
         let t = Target::Pg {
             url,
             schema,
@@ -196,10 +186,7 @@ impl Target {
 
     async fn cleanup(self) {
         if let Target::Pg { schema, pool, .. } = self {
-            sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-                .execute(&pool)
-                .await
-                .unwrap();
+            drop_schema(&pool, &schema).await;
         }
     }
 }
@@ -293,7 +280,12 @@ async fn pause_stops_delivery_and_resume_restarts_it(target: Target) {
     );
     let unique: HashSet<EventId> = all.iter().copied().collect();
     assert_eq!(unique, committed, "every committed event");
-    assert_eq!(target.pending().await, 0);
+    // The sink wrote the last batch; its settle follows.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while target.pending().await != 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(target.pending().await, 0, "settled after delivery");
     wait_metric(&addr, "outbox_paused{group=\"default\"}", 0.0).await;
     let out = target.command("resume", &[]);
     assert!(out.contains("was not paused"), "{out}");

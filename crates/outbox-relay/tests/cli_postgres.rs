@@ -16,24 +16,8 @@ use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
+use support::pg::{database_url, drop_schema, fresh_schema, log_store, migrated_log};
 use support::{assert_success, relay, stop, wait_jsonl_ids};
-
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A fresh schema name `<prefix>_<random>` and a pool on `url`.
-async fn schema_and_pool(prefix: &str, url: &str) -> (String, sqlx::PgPool) {
-    let schema = format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let pool = sqlx::PgPool::connect(url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
-    });
-    (schema, pool)
-}
 
 /// The application's side: 40 events of `event_type` (keys `k0`..`k3`),
 /// each committed in its own transaction through `enqueue`, then one more
@@ -62,17 +46,10 @@ async fn commit_40_roll_back_1(
     (committed, phantom)
 }
 
-async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_run_and_status_on_postgres() {
     let url = database_url();
-    let (schema, pool) = schema_and_pool("outbox_cli", &url).await;
+    let (schema, pool) = fresh_schema("outbox_cli").await;
 
     let out = relay(&[
         "migrate",
@@ -223,22 +200,11 @@ async fn migrate_run_and_status_on_postgres() {
 /// read the log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_mode_migrate_run_and_status() {
-    use outbox_postgres::{PgLogOptions, PgLogStore};
     let url = database_url();
-    let (schema, pool) = schema_and_pool("outbox_clilog", &url).await;
+    let (schema, pool) = migrated_log("outbox_clilog").await;
     let log_args = ["--store", &url, "--pg-schema", &schema];
-
-    let out = relay(&["migrate"]).args(log_args).output().unwrap();
-    assert_success(&out, "migrate");
-
     // The application's side: the log store's enqueue handle, no rotation.
-    let producer = PgLogStore::connect(
-        PgLogOptions::new(&url)
-            .with_schema(Ident::new(schema.clone()).unwrap())
-            .with_background_rotation(false),
-    )
-    .await
-    .unwrap();
+    let producer = log_store(&schema, |o| o).await;
     let (committed, phantom) = commit_40_roll_back_1(&pool, "cli.log", async |conn, ev| {
         producer.log().enqueue(conn, ev).await.unwrap()
     })
@@ -505,7 +471,7 @@ async fn dead_commands<S: Store + DeadLetterStore>(args: &[&str], store: &S, ids
 async fn dead_show_list_purge_and_retry_with_filters() {
     use outbox_postgres::{PgStore, PgStoreOptions};
     let url = database_url();
-    let (schema, pool) = schema_and_pool("outbox_clidead", &url).await;
+    let (schema, pool) = fresh_schema("outbox_clidead").await;
     let args = [
         "--store",
         &url,
@@ -533,19 +499,10 @@ async fn dead_show_list_purge_and_retry_with_filters() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn log_mode_dead_show_list_purge_and_retry_with_filters() {
-    use outbox_postgres::{PgLogOptions, PgLogStore};
     let url = database_url();
-    let (schema, pool) = schema_and_pool("outbox_clideadlog", &url).await;
+    let (schema, pool) = migrated_log("outbox_clideadlog").await;
     let args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "log"];
-    let out = relay(&["migrate"]).args(args).output().unwrap();
-    assert_success(&out, "migrate");
-    let store = PgLogStore::connect(
-        PgLogOptions::new(&url)
-            .with_schema(Ident::new(schema.clone()).unwrap())
-            .with_background_rotation(false),
-    )
-    .await
-    .unwrap();
+    let store = log_store(&schema, |o| o).await;
     let log = store.log().clone();
     let ids = three_dead_letters(&store, &pool, async |conn, ev| {
         log.enqueue(conn, ev).await.unwrap()
@@ -607,19 +564,10 @@ fn next_pending(
 /// later frame's pending count; SIGINT ends it with exit 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_watch_redraws_as_events_are_committed() {
-    use outbox_postgres::{PgLogOptions, PgLogStore};
     let url = database_url();
-    let (schema, pool) = schema_and_pool("outbox_watch", &url).await;
+    let (schema, pool) = migrated_log("outbox_watch").await;
     let log_args = ["--store", &url, "--pg-schema", &schema];
-    let out = relay(&["migrate"]).args(log_args).output().unwrap();
-    assert_success(&out, "migrate");
-    let producer = PgLogStore::connect(
-        PgLogOptions::new(&url)
-            .with_schema(Ident::new(schema.clone()).unwrap())
-            .with_background_rotation(false),
-    )
-    .await
-    .unwrap();
+    let producer = log_store(&schema, |o| o).await;
 
     for json in [false, true] {
         let mut cmd = relay(&["status", "--watch", "1"]);

@@ -13,57 +13,22 @@
 mod support;
 
 use outbox_core::{ClaimRequest, EventId, NewEvent, RelayId, ShardSpec, Store};
-use outbox_postgres::{sqlx, Ident, PgLogOptions, PgLogStore};
+use outbox_postgres::PgLogStore;
 use outbox_testkit::process::ChildGuard;
 use serde_json::Value;
 use std::collections::HashSet;
 use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
+use support::pg::{database_url, drop_schema, migrated_log};
 use support::{assert_success, free_addr, get, relay, stop, wait_jsonl_ids};
 
 /// The relay's lock timeout: its grace is 2 s + 2 x 1 s = 4 s.
 const LOCK_TIMEOUT_MS: &str = "2000";
 
-fn database_url() -> String {
-    std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
-}
-
-/// A migrated event log in a fresh schema: (schema, pool).
-async fn migrated(prefix: &str) -> (String, sqlx::PgPool) {
-    let url = database_url();
-    let schema = format!(
-        "{prefix}_{}",
-        &uuid::Uuid::new_v4().simple().to_string()[..10]
-    );
-    let pool = sqlx::PgPool::connect(&url).await.unwrap_or_else(|e| {
-        panic!("PostgreSQL is not reachable ({e}); start it or set DATABASE_URL")
-    });
-    let out = relay(&["migrate", "--store", &url, "--pg-schema", &schema])
-        .output()
-        .unwrap();
-    assert_success(&out, "migrate");
-    (schema, pool)
-}
-
-async fn drop_schema(pool: &sqlx::PgPool, schema: &str) {
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
 /// A store of the schema's event log, as another relay process has it.
 async fn log_store(schema: &str) -> PgLogStore {
-    PgLogStore::connect(
-        PgLogOptions::new(database_url())
-            .with_schema(Ident::new(schema.to_owned()).unwrap())
-            .with_dynamic_shards(true)
-            .with_background_rotation(false),
-    )
-    .await
-    .unwrap()
+    support::pg::log_store(schema, |o| o.with_dynamic_shards(true)).await
 }
 
 /// Commits `n` events (keys `k0`..`k7`), one transaction each.
@@ -151,7 +116,7 @@ fn assert_holds_all(v: &Value) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_relay_holds_every_shard_and_is_ready() {
-    let (schema, pool) = migrated("outbox_ready_lone").await;
+    let (schema, pool) = migrated_log("outbox_ready_lone").await;
     let producer = log_store(&schema).await;
     let committed = commit(&producer, 10).await;
     let dir = tempfile::tempdir().unwrap();
@@ -197,7 +162,7 @@ enum Gone {
 }
 
 async fn starved_until_the_holder_goes(gone: Gone) {
-    let (schema, pool) = migrated("outbox_ready_starved").await;
+    let (schema, pool) = migrated_log("outbox_ready_starved").await;
     // The other "relay": it joins alone, takes all 64 shards, and never
     // claims (so never rebalances, never gives a shard back) again.
     let holder = log_store(&schema).await;

@@ -113,6 +113,52 @@ pub fn nats_server_bin() -> std::path::PathBuf {
     }
 }
 
+/// Starts [`nats_server_bin`] listening on loopback `port` with the extra
+/// `args` (`-js -sd DIR`, `--tls ...`), output discarded; returns once it
+/// accepts connections (panics after 20 s, naming the binary and the
+/// address). The guard kills it when dropped.
+pub fn start_nats_server<I, S>(port: u16, args: I) -> ChildGuard
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    use std::process::{Command, Stdio};
+    let bin = nats_server_bin();
+    let child = Command::new(&bin)
+        .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "starting {} failed: {e} (set NATS_SERVER_BIN)",
+                bin.display()
+            )
+        });
+    let child = ChildGuard::new(child);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(addr).is_err() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} did not listen on {addr} within 20 s",
+            bin.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    child
+}
+
+/// A loopback port nobody listens on right now (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free loopback port: {e}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

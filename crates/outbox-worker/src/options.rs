@@ -8,11 +8,12 @@ use thiserror::Error;
 ///
 /// | option            | default          | meaning |
 /// |-------------------|------------------|---------|
-/// | `poll_interval`   | 2 s              | longest wait between claims while the outbox is empty (idle polling starts at a few ms and doubles up to it) |
+/// | `poll_interval`   | 2 s              | longest wait between claims while the outbox is empty (idle polling starts at 1 ms and doubles up to it) |
 /// | `lock_timeout`    | 1 min            | lease length of a claim (database clock); renewed every third of it while the batch is held |
 /// | `delivery_timeout`| 5 min            | longest a sink may take for one batch before the delivery is cancelled and its events released |
 /// | `retry`           | 1 s / 15 min / 8 attempts, equal jitter | [`RetryPolicy`] for failed deliveries |
-/// | `batch_size`      | 20               | most events per claim |
+/// | `batch_size`      | 20               | most events per claim while the relay keeps up |
+/// | `max_batch_size`  | `batch_size`     | most events per claim while it catches up: full claims double the next one up to this |
 /// | `lag_alert`       | 5 min            | `outbox_lag_alert` is 1 while the oldest event of a batch is older |
 /// | `shard`           | `0/1` (all keys) | only claim events whose key hashes to this shard |
 /// | `relay_id`        | `relay-<pid>-<random>` | lease owner recorded in the store |
@@ -28,6 +29,7 @@ pub struct RelayOptions {
     lock_timeout: Duration,
     retry: RetryPolicy,
     batch_size: u32,
+    max_batch_size: Option<u32>,
     lag_alert: Duration,
     shard: ShardSpec,
     relay_id: RelayId,
@@ -57,6 +59,14 @@ pub enum InvalidOptions {
     /// `delivery_timeout` was 0.
     #[error("delivery timeout must be greater than zero")]
     ZeroDeliveryTimeout,
+    /// `max_batch_size` was below `batch_size`.
+    #[error("max batch size ({max}) must be at least the batch size ({batch})")]
+    MaxBatchBelowBatch {
+        /// `batch_size`.
+        batch: u32,
+        /// `max_batch_size`.
+        max: u32,
+    },
     /// `max_rate` was 0 (leave it unset for no limit).
     #[error("max rate must be at least 1 event per second (leave it unset for no limit)")]
     ZeroMaxRate,
@@ -69,6 +79,7 @@ impl Default for RelayOptions {
             lock_timeout: Duration::from_secs(60),
             retry: RetryPolicy::default(),
             batch_size: 20,
+            max_batch_size: None,
             lag_alert: Duration::from_secs(5 * 60),
             shard: ShardSpec::ALL,
             relay_id: RelayId::generate(),
@@ -108,6 +119,21 @@ impl RelayOptions {
     /// Most events per claim (default 20).
     pub fn with_batch_size(mut self, n: u32) -> Self {
         self.batch_size = n;
+        self
+    }
+
+    /// The largest claim while the relay catches up with a backlog (default:
+    /// `batch_size`, no growth). After a claim that came back full, the
+    /// next claim asks for twice as many events, up to this; the first
+    /// claim that comes back short returns to `batch_size`. Small batches
+    /// keep latency and the duplicates of a crash (one batch) low while the
+    /// relay keeps up; large ones drain a backlog (after a sink outage, a
+    /// relay restart) at the store's and the sink's batch speed. With
+    /// [`max_rate`](Self::with_max_rate) set, batches do not grow. `None`
+    /// means `batch_size`; a value below `batch_size` is refused by
+    /// [`RelayOptions::validate`].
+    pub fn with_max_batch_size(mut self, n: Option<u32>) -> Self {
+        self.max_batch_size = n;
         self
     }
 
@@ -184,6 +210,13 @@ impl RelayOptions {
         self.batch_size
     }
 
+    /// The largest claim while catching up (`batch_size` unless set higher).
+    pub fn max_batch_size(&self) -> u32 {
+        self.max_batch_size
+            .unwrap_or(self.batch_size)
+            .max(self.batch_size)
+    }
+
     /// Lag alert threshold.
     pub fn lag_alert(&self) -> Duration {
         self.lag_alert
@@ -239,6 +272,14 @@ impl RelayOptions {
         if self.max_rate == Some(0) {
             return Err(InvalidOptions::ZeroMaxRate);
         }
+        if let Some(max) = self.max_batch_size {
+            if max < self.batch_size {
+                return Err(InvalidOptions::MaxBatchBelowBatch {
+                    batch: self.batch_size,
+                    max,
+                });
+            }
+        }
         Ok(())
     }
 }
@@ -260,12 +301,22 @@ mod tests {
         assert!(o.drain());
         assert_eq!(o.delivery_timeout(), Duration::from_secs(300));
         assert_eq!(o.max_rate(), None);
+        assert_eq!(o.max_batch_size(), 20, "no growth unless asked");
         assert_eq!(o.validate(), Ok(()));
     }
 
     #[test]
     fn validation_names_the_problem() {
         let o = RelayOptions::default();
+        assert_eq!(
+            o.clone()
+                .with_batch_size(50)
+                .with_max_batch_size(Some(40))
+                .validate(),
+            Err(InvalidOptions::MaxBatchBelowBatch { batch: 50, max: 40 })
+        );
+        let grows = o.clone().with_max_batch_size(Some(1000));
+        assert_eq!((grows.validate(), grows.max_batch_size()), (Ok(()), 1000));
         assert_eq!(
             o.clone().with_batch_size(0).validate(),
             Err(InvalidOptions::ZeroBatchSize)

@@ -585,3 +585,53 @@ async fn a_paused_group_finishes_its_batch_then_claims_nothing_until_resumed() {
     assert_eq!(summary.delivered, ids.len() as u64);
     assert_eq!(summary.released, 0, "nothing released by the pause");
 }
+
+/// A sink that records the size of every batch it is handed.
+#[derive(Clone, Default)]
+struct Sizes(Arc<Mutex<Vec<usize>>>);
+
+impl Sink for Sizes {
+    async fn deliver(&self, events: &[outbox_core::Event]) -> Vec<outbox_core::Outcome> {
+        self.0.lock().unwrap().push(events.len());
+        vec![outbox_core::Outcome::Delivered; events.len()]
+    }
+}
+
+#[tokio::test]
+async fn batches_grow_through_a_backlog_and_shrink_when_it_is_gone() {
+    let db = db().await;
+    let events = (0..400).map(|i| ev("t", &format!("k{i}"))).collect();
+    enqueue(&db.store, events).await;
+    let sizes = Sizes::default();
+    let opts = fast(3).with_batch_size(10).with_max_batch_size(Some(80));
+    let summary =
+        run_idle(Relay::new(db.store.clone(), sizes.clone(), opts.clone()).unwrap()).await;
+    assert_eq!(summary.delivered, 400);
+    let seen = sizes.0.lock().unwrap().clone();
+    // 10, 20, 40, then 80 at a time: 10+20+40+80*4 = 390, then the rest.
+    assert_eq!(seen, vec![10, 20, 40, 80, 80, 80, 80, 10], "{seen:?}");
+
+    // The backlog is gone: a trickle goes in batches of `batch_size` again.
+    enqueue(
+        &db.store,
+        (0..15).map(|i| ev("t", &format!("n{i}"))).collect(),
+    )
+    .await;
+    let again = Sizes::default();
+    let summary = run_idle(Relay::new(db.store.clone(), again.clone(), opts).unwrap()).await;
+    assert_eq!(summary.delivered, 15);
+    assert_eq!(*again.0.lock().unwrap(), vec![10, 5]);
+
+    // Without a larger maximum the batches never grow.
+    enqueue(
+        &db.store,
+        (0..35).map(|i| ev("t", &format!("m{i}"))).collect(),
+    )
+    .await;
+    let flat = Sizes::default();
+    let summary =
+        run_idle(Relay::new(db.store.clone(), flat.clone(), fast(3).with_batch_size(10)).unwrap())
+            .await;
+    assert_eq!(summary.delivered, 35);
+    assert_eq!(*flat.0.lock().unwrap(), vec![10, 10, 10, 5]);
+}

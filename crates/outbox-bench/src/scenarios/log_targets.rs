@@ -2,7 +2,8 @@
 //! scenarios measured in queue mode only:
 //!
 //! - `backlog`, its event-log rows ([`Ctx::log_backlog`]): the relay's drain
-//!   rate at a 10k backlog (median of three drains) vs the big backlog.
+//!   rate at a 10k backlog (median of three drains) vs the big backlog, and
+//!   the big backlog's drain vs the keyset read ceiling ([`keyset_read`]).
 //! - `log-held-snapshot`: a clean drain of the big backlog vs one with a
 //!   REPEATABLE READ snapshot held on another connection, then, with the
 //!   snapshot still held, three rotations (every partition truncated once):
@@ -54,6 +55,55 @@ const STATS_FLUSH: Duration = Duration::from_millis(1_000);
 const ROTATE_CAP: Duration = Duration::from_secs(20);
 
 const MIB: f64 = 1024.0 * 1024.0;
+
+/// Rows per SELECT of the keyset read ceiling ([`keyset_read`]).
+const KEYSET_BATCH: i64 = 1000;
+
+/// The event log's physical read limit: every row of `schema`.`log`
+/// read on one connection in keyset batches of [`KEYSET_BATCH`] in the
+/// relay's (txid, seq) order, each row decoded as the store decodes an
+/// event (id, key, type, topic, payload, headers, created_at). No shard
+/// filter, snapshot window, cursor or settle: what a relay drain cannot
+/// beat. Returns rows per second; fails unless it read `expected` rows.
+async fn keyset_read(pool: &PgPool, schema: &Ident, log: &Ident, expected: u64) -> Result<f64> {
+    let log = format!("{}.{}", schema.quoted(), log.quoted());
+    let sql = format!(
+        "SELECT txid::text, seq, id, key, event_type, topic, payload, headers::text, created_at \
+         FROM {log} WHERE (txid, seq) > ($1::text::xid8, $2) ORDER BY txid, seq LIMIT $3"
+    );
+    let mut conn = pool.acquire().await?;
+    let started = Instant::now();
+    let (mut txid, mut seq, mut read) = ("0".to_owned(), 0_i64, 0_u64);
+    loop {
+        type LogRow = (
+            String,
+            i64,
+            uuid::Uuid,
+            Option<String>,
+            String,
+            String,
+            Vec<u8>,
+            String,
+            chrono::DateTime<chrono::Utc>,
+        );
+        let rows: Vec<LogRow> = sqlx::query_as(&sql)
+            .bind(&txid)
+            .bind(seq)
+            .bind(KEYSET_BATCH)
+            .fetch_all(&mut *conn)
+            .await
+            .context("keyset read of the event log")?;
+        let Some(last) = rows.last() else { break };
+        (txid, seq) = (last.0.clone(), last.1);
+        read += rows.len() as u64;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        read == expected,
+        "the keyset read found {read} rows in {log}, {expected} were loaded"
+    );
+    Ok(read as f64 / secs.max(1e-9))
+}
 
 /// The event partitions of one log, as the statistics collector sees them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -193,12 +243,31 @@ impl Ctx {
     /// A relay drain of a fresh `n` backlog in a fresh event log to the
     /// no-op handler (one relay); the store's pool is closed afterwards.
     async fn log_noop_drain(&mut self, n: u64, label: &str) -> Result<(Drained, f64)> {
+        let (d, load, _) = self.log_noop_drain_with(n, label, false).await?;
+        Ok((d, load))
+    }
+
+    /// [`Self::log_noop_drain`], and with `ceiling` first the keyset read
+    /// ceiling on the same rows ([`keyset_read`]: events/s).
+    async fn log_noop_drain_with(
+        &mut self,
+        n: u64,
+        label: &str,
+        ceiling: bool,
+    ) -> Result<(Drained, f64, Option<f64>)> {
         let store = pg_log_store(&self.services, &mut self.res, label, 4).await?;
         let load = load_pg_log(&store, "bench", n).await?;
         let pool = store.pool().clone();
+        let read = if ceiling {
+            let log = store.log();
+            let table = Ident::new(format!("{}_log", log.table().as_str()))?;
+            Some(keyset_read(&pool, log.schema(), &table, n).await?)
+        } else {
+            None
+        };
         let d = relay_drain(store, noop_handlers(), self.batch, 1, n, self.sizes.cap).await;
         pool.close().await;
-        Ok((d?, load.as_secs_f64()))
+        Ok((d?, load.as_secs_f64(), read))
     }
 
     /// The event-log rows of `backlog`: the 10k drain (median of three: it
@@ -230,8 +299,30 @@ impl Ctx {
             .detail("rates", format!("{rates:?}"));
         self.rows.push(row);
 
-        let (d, load) = self.log_noop_drain(big, "log_big").await?;
+        let (d, load, ceiling) = self.log_noop_drain_with(big, "log_big", true).await?;
         self.cleanup().await;
+        let ceiling = ceiling.unwrap_or(f64::NAN);
+        let row = Row::new(
+            "backlog",
+            format!("event log keyset read ceiling: {big} rows, {KEYSET_BATCH} per SELECT, one connection"),
+            ceiling,
+            "events/s",
+        )
+        .param("store", "log")
+        .note("the physical limit of the design: the same rows read in (txid, seq) order, decoded, nothing else");
+        self.rows.push(self.common(row, big));
+        let row = Row::new(
+            "backlog",
+            format!(
+                "relay event log (PgLogStore) -> no-op, {big} backlog, vs the keyset read ceiling"
+            ),
+            d.rate(),
+            "events/s",
+        )
+        .param("store", "log")
+        .against("keyset read ceiling", ceiling)
+        .target_ratio(">= 50% of the keyset read ceiling", 0.5);
+        self.rows.push(self.common(row, big));
         let row = Row::new(
             "backlog",
             format!("relay event log (PgLogStore) -> no-op, {big} backlog"),

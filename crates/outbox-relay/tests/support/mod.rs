@@ -3,6 +3,9 @@
 //! listener.
 #![allow(dead_code, unreachable_pub)]
 
+#[cfg(feature = "postgres")]
+pub mod pg;
+
 use outbox_core::{EventId, Store};
 use outbox_testkit::process::ChildGuard;
 use std::io::{Read, Write};
