@@ -141,7 +141,11 @@ fn spawn(spec: &RelaySpec, i: usize, generation: u32) -> Result<Child> {
         .arg("run")
         .args(&spec.args)
         .args(["--relay-id", &id])
-        .env("RUST_LOG", "info")
+        // `CHAOS_RELAY_LOG` (a `RUST_LOG` filter) to look inside a run.
+        .env(
+            "RUST_LOG",
+            std::env::var("CHAOS_RELAY_LOG").unwrap_or_else(|_| "info".to_owned()),
+        )
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err)

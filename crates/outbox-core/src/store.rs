@@ -108,6 +108,12 @@ pub struct Claim {
     pub lease_until: DateTime<Utc>,
     /// The events, oldest first. `attempts` already counts this attempt.
     pub events: Vec<Event>,
+    /// The claim stopped early: more events are ready now. It reached the
+    /// batch size, or it read that many rows but set some aside (parked
+    /// behind a retry of their key), or it ended before an event whose key
+    /// has an earlier event still in flight. A relay claims again as soon as
+    /// the batch is settled instead of waiting for new events.
+    pub more: bool,
 }
 
 /// What to record for one claimed event when its batch is settled.

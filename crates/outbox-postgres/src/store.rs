@@ -1208,6 +1208,7 @@ impl Store for PgStore {
                 token,
                 lease_until: Utc::now(),
                 events: Vec::new(),
+                more: false,
             });
         }
         let floor = self.seq_floor().await?;
@@ -1255,6 +1256,7 @@ impl Store for PgStore {
             token,
             // No rows: nothing is leased, so the time is only informative.
             lease_until: lease_until.unwrap_or_else(Utc::now),
+            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
             events,
         })
     }

@@ -616,3 +616,37 @@ async fn shards_progress_independently() {
     assert_eq!(c1.events.len(), 40 - want0.len());
     assert_eq!(store.cursors().await.unwrap().len(), 2);
 }
+
+/// `Claim::more` tells the relay whether to claim again at once: a claim
+/// that stopped at its batch size, or before a key that is still in
+/// flight, says so; one that read everything committed does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_says_when_more_events_are_ready() {
+    let db = LogDb::new().await;
+    let store = db.store().await;
+    let [a1, a2, b1] = db
+        .enqueue(vec![ev("a", 1), ev("a", 2), ev("b", 1)])
+        .await
+        .try_into()
+        .unwrap();
+    let first = claim(&store, "r", 1).await;
+    assert_eq!(
+        (ids(&first), first.more),
+        (vec![a1], true),
+        "stopped at the batch size"
+    );
+    // a1 in flight: the next claim ends before a2 (same key), so it is
+    // empty, and b1 behind a2 waits too (the log is read in order).
+    let ahead = claim(&store, "r", 10).await;
+    assert!(ahead.events.is_empty(), "{:?}", ids(&ahead));
+    deliver(&store, &first).await;
+    let rest = claim(&store, "r", 10).await;
+    assert_eq!(
+        (ids(&rest), rest.more),
+        (vec![a2, b1], false),
+        "read to the end"
+    );
+    deliver(&store, &rest).await;
+    let none = claim(&store, "r", 10).await;
+    assert!(none.events.is_empty() && !none.more);
+}

@@ -552,6 +552,7 @@ impl Store for SqliteStore {
         Ok(Claim {
             token,
             lease_until,
+            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
             events,
         })
     }

@@ -353,14 +353,15 @@ impl BatchSizer {
         self.next
     }
 
-    /// After a claim of `asked` events came back with `got`.
-    fn observe(&mut self, asked: u32, got: usize) {
+    /// After a claim of `asked` events came back with `got`; `more`: the
+    /// store said more events were ready (it stopped early).
+    fn observe(&mut self, asked: u32, got: usize, more: bool) {
         let full = got >= usize::try_from(asked).unwrap_or(usize::MAX);
-        self.next = if full {
-            asked.max(self.next).saturating_mul(2).min(self.max)
-        } else {
-            self.base
-        };
+        if full {
+            self.next = asked.max(self.next).saturating_mul(2).min(self.max);
+        } else if !more {
+            self.next = self.base;
+        }
     }
 }
 
@@ -647,7 +648,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                         Ok(held) => {
                             claim_errors.succeeded();
                             if !probing {
-                                sizer.observe(held.asked, held.claim.events.len());
+                                sizer.observe(held.asked, held.claim.events.len(), held.claim.more);
                             }
                             held
                         }
@@ -700,6 +701,9 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
 
             summary.batches += 1;
             let full = held.is_full();
+            // The store stopped early (a backlog behind keys in flight, rows
+            // parked): claim again once this batch is settled, no wait.
+            let mut again = held.claim.more && !probing;
             // A paused group claims nothing more, not even ahead.
             let drain = self.options.drain() && full && !probing && !self.paused().await;
             let mut processed = if drain {
@@ -714,7 +718,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     self.claim(&ahead, leases, Use::Prefetched)
                 );
                 if let Ok(next) = &next {
-                    sizer.observe(next.asked, next.claim.events.len());
+                    sizer.observe(next.asked, next.claim.events.len(), next.claim.more);
+                    again = next.claim.more;
                 }
                 match next {
                     Ok(next) if !next.claim.events.is_empty() => prefetched = Some(next),
@@ -769,7 +774,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             if processed.stop {
                 break;
             }
-            if prefetched.is_none() && processed.sink_down.is_none() {
+            if prefetched.is_none() && processed.sink_down.is_none() && !again {
                 // A partial batch: the outbox is (nearly) drained. Look again
                 // shortly; an empty claim then backs off.
                 match self.wait_for_events(idle.first(), shutdown.as_mut()).await {
@@ -1340,19 +1345,23 @@ mod tests {
         for _ in 0..7 {
             let n = s.next();
             asked.push(n);
-            s.observe(n, n as usize);
+            s.observe(n, n as usize, true);
         }
         assert_eq!(asked, vec![20, 40, 80, 160, 320, 500, 500]);
-        s.observe(500, 499);
+        // Short, but the store stopped early (keys in flight): keep the size.
+        s.observe(500, 37, true);
+        assert_eq!(s.next(), 500);
+        // Short and nothing more: the backlog is gone.
+        s.observe(500, 499, false);
         assert_eq!(s.next(), 20);
         // A full claim that was asked for less than the current size (the
         // one-event probe) does not shrink it.
-        s.observe(20, 20);
-        s.observe(1, 1);
+        s.observe(20, 20, true);
+        s.observe(1, 1, true);
         assert_eq!(s.next(), 80);
         // No room to grow: the size stays put.
         let mut flat = BatchSizer::new(20, 20);
-        flat.observe(20, 20);
+        flat.observe(20, 20, true);
         assert_eq!(flat.next(), 20);
     }
 }

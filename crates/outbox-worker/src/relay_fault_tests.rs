@@ -159,6 +159,7 @@ impl Store for MemStore {
             Ok(Claim {
                 token,
                 lease_until: Utc::now() + req.lease,
+                more: events.len() >= req.batch_size as usize,
                 events,
             })
         });

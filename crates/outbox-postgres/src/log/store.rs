@@ -342,6 +342,7 @@ fn empty_claim(lease_until: DateTime<Utc>) -> Claim {
         token: FencingToken::new(),
         lease_until,
         events: Vec::new(),
+        more: false,
     }
 }
 
@@ -983,6 +984,9 @@ impl PgLogStore {
                 resolved: false,
             });
         }
+        // Stopped early: at the limit (parked rows count: they were read),
+        // or before a row whose key is still in flight.
+        let more = cut || log_rows >= limit || events.len() >= limit;
         let end = if !cut && log_rows < limit {
             // Everything committed up to `cur` has been read.
             Position::at(cur.clone())
@@ -1070,6 +1074,7 @@ impl PgLogStore {
             token,
             lease_until: st.lease_until,
             events,
+            more,
         }))
     }
 
