@@ -614,53 +614,25 @@ impl Ctx {
 
         let per_tx = (rate / 1000).max(1);
         let tx_per_s = rate / per_tx;
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / tx_per_s as f64));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let slots = Arc::new(Semaphore::new(64));
-        let error: Arc<Mutex<Option<String>>> = Arc::default();
-        let mut tasks = tokio::task::JoinSet::new();
         let started = Instant::now();
-        let mut i = 0u64;
         let mut skipped = 0u64;
-        while started.elapsed() < self.sizes.latency {
-            tick.tick().await;
-            let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-                skipped += 1;
-                continue;
-            };
-            let events: Vec<NewEvent> = (i..i + per_tx).map(|j| new_event("bench", j)).collect();
-            i += per_tx;
-            let (pool, outbox, committed, error) = (
-                producers.clone(),
-                outbox.clone(),
-                Arc::clone(&committed),
-                Arc::clone(&error),
-            );
-            tasks.spawn(async move {
-                let result = async {
-                    let mut tx = pool.begin().await?;
-                    let ids = outbox.enqueue_batch(&mut tx, events).await?;
-                    tx.commit().await?;
-                    anyhow::Ok(ids)
+        let on_commit = {
+            let committed = Arc::clone(&committed);
+            move |ids: &[outbox_core::EventId], at: Instant| {
+                if let Ok(mut c) = committed.lock() {
+                    c.extend(ids.iter().map(|id| (id.as_uuid(), at)));
                 }
-                .await;
-                let now = Instant::now();
-                match result {
-                    Ok(ids) => {
-                        if let Ok(mut c) = committed.lock() {
-                            c.extend(ids.iter().map(|id| (id.as_uuid(), now)));
-                        }
-                    }
-                    Err(e) => {
-                        if let Ok(mut slot) = error.lock() {
-                            slot.get_or_insert_with(|| format!("{e:#}"));
-                        }
-                    }
-                }
-                drop(permit);
-            });
-        }
-        while tasks.join_next().await.is_some() {}
+            }
+        };
+        let error = open_loop(
+            &producers,
+            &outbox,
+            (per_tx, tx_per_s),
+            (started, self.sizes.latency),
+            on_commit,
+            |_| skipped += 1,
+        )
+        .await;
         let produced_for = started.elapsed().as_secs_f64();
         let expected = committed.lock().map(|c| c.len()).unwrap_or(0);
         let wait_until = Instant::now() + Duration::from_secs(15);
@@ -693,7 +665,6 @@ impl Ctx {
         } else {
             lat.iter().sum::<f64>() / lat.len() as f64
         };
-        let error = error.lock().ok().and_then(|e| e.clone());
         Ok(Latency {
             per_tx,
             p50: percentile(&lat, 0.50),
@@ -1249,4 +1220,63 @@ async fn dead_tuples(services: &Services, schema: &str, table: &str) -> Result<(
     let after = read().await?;
     pool.close().await;
     Ok((before, after))
+}
+
+/// An open-loop producer: from `started` for `duration`, one transaction
+/// of `per_tx` events (`enqueue_batch`) every `1 / tx_per_s` s whether or
+/// not the last one finished, at most 64 in flight (a tick that finds none
+/// free is skipped: `on_skip(now)`). Each commit calls `on_commit(ids,
+/// committed_at)`. Returns the first error once every transaction ended.
+pub(super) async fn open_loop(
+    producers: &sqlx::PgPool,
+    outbox: &outbox_postgres::PgOutbox,
+    (per_tx, tx_per_s): (u64, u64),
+    (started, duration): (Instant, Duration),
+    on_commit: impl Fn(&[outbox_core::EventId], Instant) + Clone + Send + 'static,
+    mut on_skip: impl FnMut(Instant),
+) -> Option<String> {
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / tx_per_s.max(1) as f64));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let slots = Arc::new(Semaphore::new(64));
+    let error: Arc<Mutex<Option<String>>> = Arc::default();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut i = 0u64;
+    while started.elapsed() < duration {
+        tick.tick().await;
+        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+            on_skip(Instant::now());
+            continue;
+        };
+        let events: Vec<NewEvent> = (i..i + per_tx).map(|j| new_event("bench", j)).collect();
+        i += per_tx;
+        let (pool, outbox, on_commit, error) = (
+            producers.clone(),
+            outbox.clone(),
+            on_commit.clone(),
+            Arc::clone(&error),
+        );
+        tasks.spawn(async move {
+            let result = async {
+                let mut tx = pool.begin().await?;
+                let ids = outbox.enqueue_batch(&mut tx, events).await?;
+                tx.commit().await?;
+                anyhow::Ok(ids)
+            }
+            .await;
+            match result {
+                Ok(ids) => on_commit(&ids, Instant::now()),
+                Err(e) => {
+                    if let Ok(mut slot) = error.lock() {
+                        slot.get_or_insert_with(|| format!("{e:#}"));
+                    }
+                }
+            }
+            drop(permit);
+        });
+        // Reap finished producer tasks as we go (a long run).
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    let first = error.lock().ok().and_then(|mut e| e.take());
+    first
 }

@@ -121,6 +121,8 @@ pub(crate) struct FaultTimes {
     pub(crate) flap_down: Duration,
     /// Up time between flaps.
     pub(crate) flap_up: Duration,
+    /// The relays' lease: a database cut longer than this is a lease loss.
+    pub(crate) lease: Duration,
 }
 
 /// What the faults act on.
@@ -256,6 +258,11 @@ async fn inject(
             if kind == FaultKind::BrokerOutage {
                 broker_cuts = 1;
                 sink_down.push((down, now_us()));
+            } else {
+                // The database gone for longer than the lease: a relay that
+                // delivered a batch cannot record it before its lease runs
+                // out, and the batch is delivered again (a lease loss).
+                may_duplicate = times.outage >= times.lease;
             }
         }
         FaultKind::BrokerRestart => {

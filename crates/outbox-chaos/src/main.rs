@@ -621,6 +621,7 @@ async fn run_created(
             flap_cycles: args.flap_cycles,
             flap_down: Duration::from_millis(args.flap_down_ms),
             flap_up: Duration::from_millis(args.flap_up_ms),
+            lease: Duration::from_millis(args.lease_ms),
         },
         start,
         warmup,

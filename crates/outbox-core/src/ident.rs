@@ -44,6 +44,75 @@ pub fn validate(name: &str, max_len: usize) -> Result<(), IdentError> {
     Ok(())
 }
 
+/// The common surface of a store's identifier newtype `$ty(String)` whose
+/// `new(name)` validates and returns `Result<Self, $err>`: `as_str`,
+/// `quoted` (the double-quoted SQL form), the crate-private
+/// `from_static` (crate constants) and `with_suffix` (validated again),
+/// `Debug` (`Ident(name)`), `Display`, `FromStr` and `TryFrom<&str>` /
+/// `TryFrom<String>`. Each store keeps its own type and error (their rules
+/// differ: SQLite reserves `sqlite_`), so one store's name is never taken
+/// for the other's unchecked.
+#[macro_export]
+macro_rules! ident_type {
+    ($ty:ident, $err:ty) => {
+        impl $ty {
+            /// The name as given.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            /// The double-quoted form used in SQL.
+            pub fn quoted(&self) -> ::std::string::String {
+                ::std::format!("\"{}\"", self.0)
+            }
+
+            /// A name known to be valid (crate constants only).
+            pub(crate) fn from_static(name: &'static str) -> Self {
+                debug_assert!(Self::new(name).is_ok(), "{name}");
+                Self(name.to_owned())
+            }
+
+            /// `self` followed by `suffix`, validated again.
+            pub(crate) fn with_suffix(&self, suffix: &str) -> ::std::result::Result<Self, $err> {
+                Self::new(::std::format!("{}{suffix}", self.0))
+            }
+        }
+
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::write!(f, "Ident({})", self.0)
+            }
+        }
+
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl ::std::str::FromStr for $ty {
+            type Err = $err;
+            fn from_str(s: &str) -> ::std::result::Result<Self, Self::Err> {
+                Self::new(s)
+            }
+        }
+
+        impl ::std::convert::TryFrom<&str> for $ty {
+            type Error = $err;
+            fn try_from(s: &str) -> ::std::result::Result<Self, Self::Error> {
+                Self::new(s)
+            }
+        }
+
+        impl ::std::convert::TryFrom<::std::string::String> for $ty {
+            type Error = $err;
+            fn try_from(s: ::std::string::String) -> ::std::result::Result<Self, Self::Error> {
+                Self::new(s)
+            }
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,7 +1,6 @@
 //! Validated SQL identifiers for schema and table names.
 
 use outbox_core::ident::IdentError;
-use std::fmt;
 use thiserror::Error;
 
 /// PostgreSQL truncates identifiers longer than this (`NAMEDATALEN - 1`);
@@ -57,62 +56,9 @@ impl Ident {
         }
         Ok(Self(name))
     }
-
-    /// A name known to be valid (crate constants only).
-    pub(crate) fn from_static(name: &'static str) -> Self {
-        debug_assert!(Self::new(name).is_ok(), "{name}");
-        Self(name.to_owned())
-    }
-
-    /// The name as given.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// The double-quoted form used in SQL.
-    pub fn quoted(&self) -> String {
-        format!("\"{}\"", self.0)
-    }
-
-    /// `self` followed by `suffix`, validated again (the result must also fit
-    /// in 63 bytes).
-    pub(crate) fn with_suffix(&self, suffix: &str) -> Result<Self, InvalidIdentifier> {
-        Self::new(format!("{}{suffix}", self.0))
-    }
 }
 
-impl fmt::Debug for Ident {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Ident({})", self.0)
-    }
-}
-
-impl fmt::Display for Ident {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::str::FromStr for Ident {
-    type Err = InvalidIdentifier;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::new(s)
-    }
-}
-
-impl TryFrom<&str> for Ident {
-    type Error = InvalidIdentifier;
-    fn try_from(s: &str) -> Result<Self, Self::Error> {
-        Self::new(s)
-    }
-}
-
-impl TryFrom<String> for Ident {
-    type Error = InvalidIdentifier;
-    fn try_from(s: String) -> Result<Self, Self::Error> {
-        Self::new(s)
-    }
-}
+outbox_core::ident_type!(Ident, InvalidIdentifier);
 
 #[cfg(test)]
 mod tests {

@@ -18,15 +18,14 @@
 //! have been closed (which flushes their statistics) or, while the relay
 //! runs, as the collector has them (up to about a second behind).
 
-use super::{noop_handlers, percentile, with_usage, Ctx};
+use super::{noop_handlers, open_loop, percentile, with_usage, Ctx};
 use crate::report::Row;
 use crate::run::{relay_drain, relay_options, Drained};
 use crate::setup::{
-    admin_pool, hold_snapshot, load_pg_log, new_event, open_pg_log, pg_log_store, release_snapshot,
-    EVENT_TYPE,
+    admin_pool, hold_snapshot, load_pg_log, open_pg_log, pg_log_store, release_snapshot, EVENT_TYPE,
 };
 use anyhow::{Context, Result};
-use outbox_core::{Event, NewEvent, ShardSpec};
+use outbox_core::{Event, ShardSpec};
 use outbox_postgres::log::{Rotation, DEFAULT_ROTATION_INTERVAL};
 use outbox_postgres::{Ident, PgLogStore};
 use outbox_worker::{HandlerRegistry, Relay};
@@ -35,7 +34,7 @@ use sqlx::PgPool;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::watch;
 
 /// Events per second the `sustained` producers offer (issue 11).
 const SUSTAINED_RATE: u64 = 5_000;
@@ -527,12 +526,6 @@ impl Ctx {
             anyhow::Ok(samples)
         });
 
-        let tx_per_s = SUSTAINED_RATE / SUSTAINED_PER_TX;
-        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / tx_per_s as f64));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
-        let slots = Arc::new(Semaphore::new(64));
-        let error: Arc<Mutex<Option<String>>> = Arc::default();
-        let mut tasks = tokio::task::JoinSet::new();
         let mut skipped = vec![0u64; windows];
         let committed_per_window: Arc<Mutex<Vec<u64>>> = Arc::new(Mutex::new(vec![0; windows]));
         let window_of = move |at: Instant, t0: Instant| -> usize {
@@ -541,61 +534,35 @@ impl Ctx {
             w.min(windows - 1)
         };
         let t0 = started.into_std();
-        let mut i = 0u64;
-        while started.elapsed() < duration {
-            tick.tick().await;
-            let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-                if let Some(s) = skipped.get_mut(window_of(Instant::now(), t0)) {
+        let on_commit = {
+            let (tracker, per_window) = (Arc::clone(&tracker), Arc::clone(&committed_per_window));
+            move |ids: &[outbox_core::EventId], now: Instant| {
+                let w = window_of(now, t0);
+                if let Ok(mut t) = tracker.lock() {
+                    for id in ids {
+                        t.on_commit(id.as_uuid(), now, w);
+                    }
+                }
+                if let Ok(mut c) = per_window.lock() {
+                    if let Some(c) = c.get_mut(w) {
+                        *c += ids.len() as u64;
+                    }
+                }
+            }
+        };
+        let error = open_loop(
+            &producers,
+            &outbox,
+            (SUSTAINED_PER_TX, SUSTAINED_RATE / SUSTAINED_PER_TX),
+            (t0, duration),
+            on_commit,
+            |now| {
+                if let Some(s) = skipped.get_mut(window_of(now, t0)) {
                     *s += 1;
                 }
-                continue;
-            };
-            let events: Vec<NewEvent> = (i..i + SUSTAINED_PER_TX)
-                .map(|j| new_event("bench", j))
-                .collect();
-            i += SUSTAINED_PER_TX;
-            let (pool, outbox, tracker, error, per_window) = (
-                producers.clone(),
-                outbox.clone(),
-                Arc::clone(&tracker),
-                Arc::clone(&error),
-                Arc::clone(&committed_per_window),
-            );
-            tasks.spawn(async move {
-                let result = async {
-                    let mut tx = pool.begin().await?;
-                    let ids = outbox.enqueue_batch(&mut tx, events).await?;
-                    tx.commit().await?;
-                    anyhow::Ok(ids)
-                }
-                .await;
-                let now = Instant::now();
-                match result {
-                    Ok(ids) => {
-                        let w = window_of(now, t0);
-                        if let Ok(mut t) = tracker.lock() {
-                            for id in &ids {
-                                t.on_commit(id.as_uuid(), now, w);
-                            }
-                        }
-                        if let Ok(mut c) = per_window.lock() {
-                            if let Some(c) = c.get_mut(w) {
-                                *c += ids.len() as u64;
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        if let Ok(mut slot) = error.lock() {
-                            slot.get_or_insert_with(|| format!("{e:#}"));
-                        }
-                    }
-                }
-                drop(permit);
-            });
-            // Reap finished producer tasks as we go (a long run).
-            while tasks.try_join_next().is_some() {}
-        }
-        while tasks.join_next().await.is_some() {}
+            },
+        )
+        .await;
         let produced_for = started.elapsed().as_secs_f64();
         let wait_until = Instant::now() + Duration::from_secs(15);
         while Instant::now() < wait_until {
@@ -626,7 +593,6 @@ impl Ctx {
             .unwrap_or_default();
         let missing = tracker.committed.len() as u64;
         let total: u64 = committed.iter().sum();
-        let error = error.lock().ok().and_then(|e| e.clone());
         let win_s = window.as_secs_f64();
         let minutes = window == Duration::from_secs(60);
 
