@@ -68,8 +68,12 @@ const KEYSET_BATCH: i64 = 1000;
 async fn keyset_read(pool: &PgPool, schema: &Ident, log: &Ident, expected: u64) -> Result<f64> {
     let log = format!("{}.{}", schema.quoted(), log.quoted());
     let sql = format!(
-        "SELECT txid::text, seq, id, key, event_type, topic, payload, headers::text, created_at \
-         FROM {log} WHERE (txid, seq) > ($1::text::xid8, $2) ORDER BY txid, seq LIMIT $3"
+        // `e.txid` in ORDER BY: a bare `txid` would name the output column
+        // (its text form) and sort 1,000 rows out of a full scan each time.
+        "SELECT e.txid::text, e.seq, e.id, e.key, e.event_type, e.topic, e.payload, \
+                e.headers::text, e.created_at \
+         FROM {log} e WHERE (e.txid, e.seq) > ($1::text::xid8, $2) \
+         ORDER BY e.txid, e.seq LIMIT $3"
     );
     let mut conn = pool.acquire().await?;
     let started = Instant::now();
