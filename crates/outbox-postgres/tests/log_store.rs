@@ -650,3 +650,70 @@ async fn a_claim_says_when_more_events_are_ready() {
     let none = claim(&store, "r", 10).await;
     assert!(none.events.is_empty() && !none.more);
 }
+
+/// A batch the relay gave up (its settle kept failing until the lease ran
+/// out, e.g. through a database outage) while the same relay kept the
+/// cursor lease: once the lease it was claimed under is over, its events
+/// are read again (from the stored position), the late settle of the
+/// given-up batch is fenced, and later events of its keys are not held
+/// back. Before, the batch held its keys for ever: every later claim
+/// stopped at them and the relay delivered nothing more.
+async fn a_given_up_batch_comes_back(db: &LogDb, store: &PgLogStore) {
+    let lease = Duration::from_millis(400);
+    let short = |n| ClaimRequest {
+        lease,
+        ..req("relay-a", n)
+    };
+    let first = db.enqueue(vec![ev("k", 1), ev("j", 1)]).await;
+    let given_up = store.claim(&short(10)).await.unwrap();
+    assert_eq!(ids(&given_up), first);
+    let later = db.enqueue(vec![ev("k", 2), ev("j", 2)]).await;
+    let held_back = store.claim(&short(10)).await.unwrap();
+    assert!(held_back.events.is_empty(), "k-2/j-2 wait behind k-1/j-1");
+
+    // Past the lease (plus the store's margin): everything, in order.
+    let start = std::time::Instant::now();
+    let again = loop {
+        let c = store.claim(&short(10)).await.unwrap();
+        if !c.events.is_empty() || start.elapsed() > Duration::from_secs(5) {
+            break c;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let want: Vec<EventId> = first.iter().chain(&later).copied().collect();
+    assert_eq!(
+        ids(&again),
+        want,
+        "the given-up batch, then what waited behind it"
+    );
+    assert!(
+        again.events.iter().all(|e| e.attempts == 1),
+        "no attempt counted"
+    );
+
+    let late = ids(&given_up)
+        .into_iter()
+        .fold(Settlement::new(), |s, id| s.with(id, Resolution::Delivered));
+    let r = store.settle(given_up.token, &late).await.unwrap();
+    assert_eq!(
+        (r.applied, r.fenced.len()),
+        (0, 2),
+        "the late settle is fenced"
+    );
+    deliver(store, &again).await;
+    assert!(store.claim(&short(10)).await.unwrap().events.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_up_batch_comes_back_to_a_static_cursor() {
+    let db = LogDb::new().await;
+    let store = db.store().await;
+    a_given_up_batch_comes_back(&db, &store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_up_batch_comes_back_to_a_relay_group_member() {
+    let db = LogDb::new().await;
+    let store = db.store_with(db.options().with_dynamic_shards(true)).await;
+    a_given_up_batch_comes_back(&db, &store).await;
+}

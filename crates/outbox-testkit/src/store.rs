@@ -138,6 +138,8 @@ macro_rules! store_conformance_tests {
         $crate::__store_conformance_cases!($harness;
             claim_returns_committed_events_oldest_first,
             claim_respects_batch_size,
+            claim_says_when_it_stopped_early,
+            an_unsettled_batch_comes_back_to_its_own_relay,
             claim_honours_next_attempt_at,
             concurrent_claimers_never_share_an_event,
             settle_records_a_large_mixed_batch,
@@ -162,6 +164,8 @@ macro_rules! store_conformance_tests {
         $crate::__store_conformance_cases!($harness;
             claim_returns_committed_events_oldest_first,
             claim_respects_batch_size,
+            claim_says_when_it_stopped_early,
+            an_unsettled_batch_comes_back_to_its_own_relay,
             claim_honours_next_attempt_at,
             leased_events_are_not_reclaimed_until_the_lease_expires,
             concurrent_claimers_never_share_an_event,
@@ -386,6 +390,64 @@ pub mod cases {
         assert_eq!(last.code, ErrorCode::HANDLER_TEMPORARY_FAILURE);
         assert_eq!(last.message, "temporarily down");
         assert_eq!(h.snapshot(later).await, pending(1, true, code));
+    }
+
+    /// A claim that stopped at the batch size says more events are ready
+    /// (`Claim::more`: the relay claims again without waiting); one that
+    /// read everything does not.
+    pub async fn claim_says_when_it_stopped_early<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let all = h.enqueue((0..5).map(ev).collect(), true).await.unwrap();
+        let first = claim(&store, req("relay-a", 3)).await;
+        assert_eq!(ids(&first), all[..3]);
+        assert!(first.more, "stopped at the batch size");
+        let rest = claim(&store, req("relay-a", 10)).await;
+        assert_eq!(ids(&rest), all[3..]);
+        assert!(!rest.more, "read everything");
+        let none = claim(&store, req("relay-a", 10)).await;
+        assert!(none.events.is_empty());
+        assert!(!none.more);
+    }
+
+    /// A batch its relay never settles (the relay gave it up: its settle
+    /// failed until the lease ran out) comes back to the same relay once
+    /// the lease it was claimed under is over, per key in order, and the
+    /// late settle is fenced. Real time: a 300 ms lease.
+    pub async fn an_unsettled_batch_comes_back_to_its_own_relay<H: StoreHarness>(h: &H) {
+        let store = h.store().await;
+        let short = || ClaimRequest {
+            lease: Duration::from_millis(300),
+            ..req("relay-a", 10)
+        };
+        let all = h
+            .enqueue(vec![keyed("k", 0), keyed("j", 1), keyed("k", 2)], true)
+            .await
+            .unwrap();
+        let given_up = claim(&store, short()).await;
+        assert!(!given_up.events.is_empty());
+        let start = std::time::Instant::now();
+        let mut back = Vec::new();
+        while back.len() < all.len() && start.elapsed() < Duration::from_secs(10) {
+            let c = claim(&store, short()).await;
+            back.extend(ids(&c));
+            if !c.events.is_empty() {
+                // Settled at once, so the rest of a key can follow.
+                settle(&store, c.token, delivered(&ids(&c))).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut sorted_back = back.clone();
+        sorted_back.sort_unstable();
+        let mut sorted_all = all.clone();
+        sorted_all.sort_unstable();
+        assert_eq!(
+            sorted_back, sorted_all,
+            "every event came back once: {back:?}"
+        );
+        let at = |id: EventId| back.iter().position(|b| *b == id);
+        assert!(at(all[0]) < at(all[2]), "key k in order: {back:?}");
+        let late = settle(&store, given_up.token, delivered(&ids(&given_up))).await;
+        assert_eq!(late.applied, 0, "the late settle is fenced: {late:?}");
     }
 
     /// A leased event is not claimed again until its lease expires; then it

@@ -841,6 +841,14 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         if !claim.events.is_empty() {
             leases.insert(claim.token, claim.events.len(), until, usage);
         }
+        debug!(
+            asked = req.batch_size,
+            events = claim.events.len(),
+            more = claim.more,
+            ?usage,
+            claim_ms = sent.elapsed().as_secs_f64() * 1e3,
+            "claimed"
+        );
         Ok(Held {
             claim,
             until,
@@ -1008,9 +1016,16 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     until: held.until,
                 });
             } else {
+                let delivered_in = started.elapsed();
                 let until = leases.remove(claim.token).unwrap_or(held.until);
                 self.settle_and_report(&claim, &fates, until, Some(started), summary)
                     .await;
+                debug!(
+                    events = claim.events.len(),
+                    deliver_ms = delivered_in.as_secs_f64() * 1e3,
+                    settle_ms = (started.elapsed() - delivered_in).as_secs_f64() * 1e3,
+                    "batch done"
+                );
             }
             processed
         }

@@ -200,6 +200,10 @@ struct Batch {
     next_hi: Snap,
     items: Vec<Item>,
     complete: bool,
+    /// When the relay's lease on it ends (the lease it was claimed or last
+    /// renewed under): a batch still holding events then was given up
+    /// (e.g. its settle failed until the lease ran out) and is read again.
+    expires: Instant,
 }
 
 impl Batch {
@@ -224,6 +228,23 @@ impl Batch {
         self.items
             .iter()
             .filter(|i| i.kind == Kind::Deliver && !i.resolved)
+    }
+
+    /// Still holds events after its lease ended: the relay gave it up.
+    fn abandoned(&self, now: Instant) -> bool {
+        self.expires <= now && self.held().next().is_some()
+    }
+}
+
+impl CursorState {
+    /// Whether a batch was given up: neither settled nor renewed within its
+    /// lease. The relay stops retrying a settle when the lease ends and
+    /// counts on the events coming back; the cursor lease itself stays ours
+    /// (every claim renews it), so without this check the batch would hold
+    /// its keys, and every later claim would stop at them, for ever.
+    fn has_abandoned_batch(&self) -> bool {
+        let now = Instant::now();
+        self.batches.iter().any(|b| b.abandoned(now))
     }
 }
 
@@ -335,6 +356,14 @@ pub enum Rotation {
     /// Not possible now; the reason says why (a cursor behind, a group with
     /// shards missing, no cursor at all, or the partition in use).
     Blocked(String),
+}
+
+/// When a batch claimed or renewed now under `lease` counts as given up:
+/// after the relay's own deadline (the claim's or renewal's send time plus
+/// the lease, see `outbox-worker`'s lease tracking), with a quarter of the
+/// lease to spare.
+fn abandon_after(lease: Duration) -> Instant {
+    Instant::now() + lease + lease / 4
 }
 
 fn empty_claim(lease_until: DateTime<Utc>) -> Claim {
@@ -749,6 +778,22 @@ impl PgLogStore {
         req: &ClaimRequest,
         upto: Option<&str>,
     ) -> Result<Option<Claim>, StoreError> {
+        if st.has_abandoned_batch() {
+            tracing::warn!(
+                group = %self.inner.group,
+                shard = %key.shard(),
+                relay = %key.relay,
+                "a claimed batch was neither settled nor renewed within its lease: \
+                 its events are read again from the last settled position"
+            );
+            if key.dynamic {
+                // The caller gives the set back and forgets it (see
+                // `drop_set`); it is taken again from its stored position.
+                return Ok(None);
+            }
+            // A new holding (new epoch) starts from the stored position.
+            self.lose(st);
+        }
         let renew_due = st.epoch.is_none()
             || st.lease_len != req.lease
             || st.renewed_at.elapsed() >= req.lease / 2;
@@ -1051,6 +1096,7 @@ impl PgLogStore {
             next_hi: cur,
             items,
             complete: false,
+            expires: abandon_after(st.lease_len),
         });
         st.read = end;
         self.inner
@@ -1439,6 +1485,10 @@ impl PgLogStore {
                 st.lease_until = until;
                 st.lease_len = lease;
                 st.renewed_at = Instant::now();
+                let expires = abandon_after(lease);
+                if let Some(b) = st.batches.iter_mut().find(|b| b.token == token) {
+                    b.expires = expires;
+                }
                 Ok(held)
             }
             None => {

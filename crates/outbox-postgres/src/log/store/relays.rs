@@ -445,6 +445,13 @@ impl PgLogStore {
                 continue;
             };
             let mut st = cell.lock().await;
+            if st.has_abandoned_batch() {
+                // Given up by the relay: give the whole set back now; its
+                // events are read again from its stored position.
+                drop(st);
+                self.drop_set(m, &key).await;
+                return Ok(());
+            }
             if !st.batches.is_empty() {
                 // After the batches in flight: no claim from it meanwhile.
                 m.shrinking = Some(key);
