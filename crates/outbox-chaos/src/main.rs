@@ -432,27 +432,34 @@ async fn run_created(
     // Kafka's clients connect to the address the broker advertises: only a
     // private broker advertising its proxy (started when the plan has a
     // broker fault, whose address `dest` already holds) can be cut.
+    // A proxy only where the plan cuts that connection: every byte through
+    // it costs the harness's process (which also runs the producer and the
+    // consumer) and a hop per round trip that a user's relay does not pay.
+    let planned = |kinds: &[FaultKind]| steps.iter().flatten().any(|k| kinds.contains(k));
     let broker_proxy = match dest {
-        Destination::Nats { url, .. } | Destination::Amqp { url, .. } => {
+        Destination::Nats { url, .. } | Destination::Amqp { url, .. }
+            if planned(&[FaultKind::BrokerOutage, FaultKind::BrokerFlap]) =>
+        {
             Some(Arc::new(TcpProxy::start(resolve(url).await?).await))
         }
+        Destination::Nats { .. } | Destination::Amqp { .. } => None,
         Destination::Kafka { .. } => kafka_proxy,
     };
     let db_proxy = match args.store {
-        StoreKind::Postgres => Some(Arc::new(
-            TcpProxy::start(resolve(&args.database_url).await?).await,
-        )),
-        StoreKind::Sqlite => None,
+        StoreKind::Postgres if planned(&[FaultKind::DbOutage, FaultKind::DbFlap]) => Some(
+            Arc::new(TcpProxy::start(resolve(&args.database_url).await?).await),
+        ),
+        StoreKind::Postgres | StoreKind::Sqlite => None,
     };
 
     // Store URLs: the relays' (through the proxy, tagged with the run's
     // application_name) and the application's (direct).
     let relay_store = match args.store {
         StoreKind::Postgres => {
-            let proxied = via(
-                &args.database_url,
-                db_proxy.as_ref().map(|p| p.addr()).context("db proxy")?,
-            )?;
+            let proxied = match &db_proxy {
+                Some(p) => via(&args.database_url, p.addr())?,
+                None => args.database_url.clone(),
+            };
             let sep = if proxied.contains('?') { '&' } else { '?' };
             format!("{proxied}{sep}application_name={name}")
         }
@@ -469,10 +476,10 @@ async fn run_created(
     }
     let (sink, topic, mut sink_args) = match dest {
         Destination::Nats { url, .. } => {
-            let proxied = via(
-                url,
-                broker_proxy.as_ref().map(|p| p.addr()).context("proxy")?,
-            )?;
+            let proxied = match &broker_proxy {
+                Some(p) => via(url, p.addr())?,
+                None => url.clone(),
+            };
             (
                 proxied,
                 "orders".to_owned(),
@@ -480,10 +487,10 @@ async fn run_created(
             )
         }
         Destination::Amqp { url, queue } => {
-            let proxied = via(
-                url,
-                broker_proxy.as_ref().map(|p| p.addr()).context("proxy")?,
-            )?;
+            let proxied = match &broker_proxy {
+                Some(p) => via(url, p.addr())?,
+                None => url.clone(),
+            };
             (proxied, queue.clone(), Vec::new())
         }
         Destination::Kafka { brokers, topic } => {

@@ -639,6 +639,7 @@ async fn a_claim_says_when_more_events_are_ready() {
     // empty, and b1 behind a2 waits too (the log is read in order).
     let ahead = claim(&store, "r", 10).await;
     assert!(ahead.events.is_empty(), "{:?}", ids(&ahead));
+    assert!(ahead.more, "ready once a1 is settled");
     deliver(&store, &first).await;
     let rest = claim(&store, "r", 10).await;
     assert_eq!(
@@ -670,6 +671,7 @@ async fn a_given_up_batch_comes_back(db: &LogDb, store: &PgLogStore) {
     let later = db.enqueue(vec![ev("k", 2), ev("j", 2)]).await;
     let held_back = store.claim(&short(10)).await.unwrap();
     assert!(held_back.events.is_empty(), "k-2/j-2 wait behind k-1/j-1");
+    assert!(held_back.more, "events are ready behind the keys in flight");
 
     // Past the lease (plus the store's margin): everything, in order.
     let start = std::time::Instant::now();

@@ -806,6 +806,12 @@ impl PgLogStore {
                 Step::Events(claim) => return Ok(Some(claim)),
                 Step::Again => continue,
                 Step::Nothing => break,
+                Step::Blocked => {
+                    return Ok(Some(Claim {
+                        more: true,
+                        ..empty_claim(st.lease_until)
+                    }))
+                }
                 Step::Relapse => {
                     if !self.hold(key, st, req.lease).await? {
                         return Ok(None);
@@ -1081,7 +1087,13 @@ impl PgLogStore {
                 }
             }
             st.read = end;
-            return Ok(if consumed { Step::Again } else { Step::Nothing });
+            return Ok(if consumed {
+                Step::Again
+            } else if cut {
+                Step::Blocked
+            } else {
+                Step::Nothing
+            });
         }
         if consumed && !self.write_claim(key, epoch, None, None, &writes).await? {
             self.lose(st);
@@ -1741,6 +1753,9 @@ enum Step {
     Events(Claim),
     Again,
     Nothing,
+    /// Nothing to hand out now, but events are ready behind keys still in
+    /// flight: more once the outstanding batches settle.
+    Blocked,
     /// The lease ran out (database clock) or moved: take it again.
     Relapse,
 }

@@ -221,6 +221,8 @@ impl PgLogStore {
         let mut upto: Option<String> = None;
         let mut lost = Vec::new();
         let mut found = None;
+        // A set whose next events wait behind keys in flight.
+        let mut more = false;
         for k in 0..n {
             let idx = (m.next + k) % n;
             let key = m.sets[idx].clone();
@@ -241,7 +243,8 @@ impl PgLogStore {
                     found = Some(claim);
                     break;
                 }
-                Some(_) => {
+                Some(empty) => {
+                    more |= empty.more;
                     record_shard_lag(&self.inner.group, &key, &[], Utc::now());
                     if upto.is_none() {
                         upto.clone_from(&st.last_cur);
@@ -256,7 +259,10 @@ impl PgLogStore {
         if changed {
             self.note_holding(&req.relay_id, true, m.held(), m.total, m.quota);
         }
-        Ok(found.unwrap_or_else(|| empty_claim(Utc::now())))
+        Ok(found.unwrap_or_else(|| Claim {
+            more,
+            ..empty_claim(Utc::now())
+        }))
     }
 
     /// Renews a set's leases (the set's claim path). False: the set is lost.
