@@ -253,10 +253,6 @@ impl Destination {
                     // within a second of the broker, as the relays are.
                     .set("reconnect.backoff.ms", "100")
                     .set("reconnect.backoff.max.ms", "1000")
-                    // Arrival times measure the relay, not the consumer's
-                    // long poll: librdkafka's default fetch wait (500 ms)
-                    // showed up whole in every latency through Tansu.
-                    .set("fetch.wait.max.ms", "10")
                     .create()
                     .context("Kafka consumer")?;
                 let mut partitions = TopicPartitionList::new();
