@@ -98,21 +98,11 @@ impl KafkaConfig {
     ///
     /// Defaults: `message.timeout.ms=30000` (a send not acknowledged within
     /// 30 s is reported as a retryable `PUBLISH_TIMEOUT`, well inside the
-    /// relay's lease), `linger.ms=0` (see below), `client.id=outbox`, no
-    /// topic mapping, unknown topics permanent, content type
-    /// `application/octet-stream`.
-    ///
-    /// `linger.ms=0` instead of librdkafka's 5: the relay hands the producer
-    /// a whole wave of a batch at once (the events of one batch that may be
-    /// in flight together, see `outbox-worker`'s `KeyOrder`) and waits for
-    /// its acknowledgements before the next wave, so lingering never fills a
-    /// request further; it only adds its delay to every wave. A backlog of
-    /// a few keys is many waves per batch: measured with the chaos suite's
-    /// 60 s outage, 5 ms per wave held the drain to about 5,000 events/s.
+    /// relay's lease), `client.id=outbox`, no topic mapping, unknown topics
+    /// permanent, content type `application/octet-stream`.
     pub fn new(brokers: impl Into<String>) -> Self {
         let mut properties = BTreeMap::new();
         properties.insert("message.timeout.ms".to_owned(), "30000".to_owned());
-        properties.insert("linger.ms".to_owned(), "0".to_owned());
         properties.insert("client.id".to_owned(), "outbox".to_owned());
         Self {
             brokers: brokers.into(),
