@@ -268,6 +268,15 @@ fn host_port(url: &str) -> Result<(String, u16)> {
 }
 
 /// `url` with its host:port replaced by `addr`.
+/// `url` through `proxy` (see [`via`]), or `url` itself when the run has
+/// no proxy on that connection.
+fn through(url: &str, proxy: Option<&Arc<TcpProxy>>) -> Result<String> {
+    match proxy {
+        Some(p) => via(url, p.addr()),
+        None => Ok(url.to_owned()),
+    }
+}
+
 fn via(url: &str, addr: SocketAddr) -> Result<String> {
     let (host, port) = host_port(url)?;
     let from = format!("{host}:{port}");
@@ -428,8 +437,8 @@ async fn run_created(
     out: &Path,
     sqlite_path: &Path,
 ) -> Result<bool> {
-    // Proxies: the relays reach the broker and PostgreSQL through them.
-    // Kafka's clients connect to the address the broker advertises: only a
+    // Proxies: the relays reach the broker and PostgreSQL through them
+    // when the plan cuts that connection. Kafka's clients connect to the address the broker advertises: only a
     // private broker advertising its proxy (started when the plan has a
     // broker fault, whose address `dest` already holds) can be cut.
     // A proxy only where the plan cuts that connection: every byte through
@@ -456,10 +465,7 @@ async fn run_created(
     // application_name) and the application's (direct).
     let relay_store = match args.store {
         StoreKind::Postgres => {
-            let proxied = match &db_proxy {
-                Some(p) => via(&args.database_url, p.addr())?,
-                None => args.database_url.clone(),
-            };
+            let proxied = through(&args.database_url, db_proxy.as_ref())?;
             let sep = if proxied.contains('?') { '&' } else { '?' };
             format!("{proxied}{sep}application_name={name}")
         }
@@ -475,24 +481,16 @@ async fn run_created(
         ]);
     }
     let (sink, topic, mut sink_args) = match dest {
-        Destination::Nats { url, .. } => {
-            let proxied = match &broker_proxy {
-                Some(p) => via(url, p.addr())?,
-                None => url.clone(),
-            };
-            (
-                proxied,
-                "orders".to_owned(),
-                vec!["--nats-subject-prefix".to_owned(), name.to_owned()],
-            )
-        }
-        Destination::Amqp { url, queue } => {
-            let proxied = match &broker_proxy {
-                Some(p) => via(url, p.addr())?,
-                None => url.clone(),
-            };
-            (proxied, queue.clone(), Vec::new())
-        }
+        Destination::Nats { url, .. } => (
+            through(url, broker_proxy.as_ref())?,
+            "orders".to_owned(),
+            vec!["--nats-subject-prefix".to_owned(), name.to_owned()],
+        ),
+        Destination::Amqp { url, queue } => (
+            through(url, broker_proxy.as_ref())?,
+            queue.clone(),
+            Vec::new(),
+        ),
         Destination::Kafka { brokers, topic } => {
             (format!("kafka://{brokers}"), topic.clone(), Vec::new())
         }
