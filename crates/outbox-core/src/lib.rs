@@ -26,7 +26,7 @@ pub use event::{
 pub use message::BrokerMessage;
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
-pub use shard::{key_hash, shard_of, InvalidShardSpec, ShardSpec};
+pub use shard::{fnv1a_64, key_hash, shard_of, InvalidShardSpec, ShardSpec};
 pub use store::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore,
     FencingToken, Rejected, RelayId, Resolution, Retryable, SettleReport, Settlement, Sink, Stats,

@@ -7,16 +7,33 @@
 //! Stores keep the hash in a column at insert time so the claim query can
 //! filter `key_hash % total = index` in SQL. The algorithm is pinned by test
 //! vectors below: changing it would move keys between relays.
+//!
+//! [`fnv1a_64`], the 64-bit variant, is the store crates' checksum (of
+//! migrations, of long names); it is here beside its 32-bit sibling.
 
 use thiserror::Error;
 
 const FNV_OFFSET: u32 = 0x811c_9dc5;
 const FNV_PRIME: u32 = 0x0100_0193;
+const FNV64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+const FNV64_PRIME: u64 = 0x0000_0100_0000_01b3;
 
 /// 32-bit FNV-1a hash of a shard key. Stable forever; see the module docs.
 pub fn key_hash(key: &[u8]) -> u32 {
     key.iter().fold(FNV_OFFSET, |h, b| {
         (h ^ u32::from(*b)).wrapping_mul(FNV_PRIME)
+    })
+}
+
+/// 64-bit FNV-1a hash of `bytes` (offset basis `0xcbf29ce484222325`, prime
+/// `0x100000001b3`). The store crates' one checksum: of a migration's SQL
+/// (recorded in their history tables, so an edited migration is noticed)
+/// and of a name too long to use as it is. It detects changes, it is not
+/// meant to resist forgery; it never decides a shard (that is [`key_hash`]).
+/// Stable forever: recorded checksums depend on it.
+pub fn fnv1a_64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(FNV64_OFFSET, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(FNV64_PRIME)
     })
 }
 
@@ -143,6 +160,14 @@ mod tests {
         assert_eq!(key_hash(b"order-42"), 0x5724_46f4);
         assert_eq!(shard_of(b"order-42", 4), 0x5724_46f4 % 4);
         assert_eq!(shard_of(b"customer-7", 8), key_hash(b"customer-7") % 8);
+    }
+
+    #[test]
+    fn fnv1a_64_test_vectors_are_pinned() {
+        // Reference values of 64-bit FNV-1a (also published by the FNV authors).
+        assert_eq!(fnv1a_64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a_64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a_64(b"foobar"), 0x8594_4171_f739_67e8);
     }
 
     #[test]

@@ -45,15 +45,11 @@ impl Migration {
         names.render(self.template)
     }
 
-    /// A stable checksum of the template (64-bit FNV-1a), recorded in the
-    /// history so an edited migration is noticed.
+    /// A stable checksum of the template (64-bit FNV-1a,
+    /// [`outbox_core::fnv1a_64`]), recorded in the history so an edited
+    /// migration is noticed.
     pub fn checksum(&self) -> i64 {
-        let h = self
-            .template
-            .bytes()
-            .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-            });
+        let h = outbox_core::fnv1a_64(self.template.as_bytes());
         i64::from_ne_bytes(h.to_ne_bytes())
     }
 }

@@ -42,10 +42,7 @@ impl Names {
         let channel = if plain.len() <= crate::ident::MAX_IDENTIFIER_BYTES {
             plain
         } else {
-            let h = plain.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-                (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-            });
-            format!("outbox_{h:016x}")
+            format!("outbox_{:016x}", outbox_core::fnv1a_64(plain.as_bytes()))
         };
         Ok(Self {
             schema,

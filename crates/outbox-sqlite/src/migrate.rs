@@ -74,12 +74,9 @@ pub struct AppliedMigration {
 }
 
 /// A change-detection checksum of a migration's rendered SQL: 64-bit
-/// FNV-1a, hex. (It detects edits, it is not meant to resist forgery.)
+/// FNV-1a ([`outbox_core::fnv1a_64`]), hex.
 fn checksum(sql: &str) -> String {
-    let hash = sql.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{hash:016x}")
+    format!("{:016x}", outbox_core::fnv1a_64(sql.as_bytes()))
 }
 
 fn matches(version: i32, found: &str, expected: &str) -> bool {
