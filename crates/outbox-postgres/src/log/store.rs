@@ -153,6 +153,54 @@ struct CursorState {
     /// The snapshot the last claim read up to (shared with the next
     /// cursors of a relay group's round).
     last_cur: Option<String>,
+    /// How far a claim behind keys in flight can expect to read before the
+    /// first row of a held key (see [`KeySpread`]).
+    spread: KeySpread,
+}
+
+/// An estimate of how many distinct keys a stretch of the log spreads
+/// over, learnt from claims that stopped at a key still in flight: a claim
+/// that read `r` rows before the first of `h` held keys saw about `r * h`
+/// keys' worth of rows. It bounds how many rows the next claim behind keys
+/// in flight reads: with few keys (a drain of a few dozen aggregates) that
+/// claim stops after a row or two, and reading (and shipping, and
+/// decoding) a whole batch's worth of rows to throw away all but a few
+/// was half of the database's work of a drain. A bound that turns out too
+/// small costs one claim more (it says `more`), never an event.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct KeySpread {
+    est: Option<f64>,
+}
+
+impl KeySpread {
+    /// Rows a claim reads at least (the bound's floor).
+    const FLOOR: u32 = 16;
+
+    /// Rows to read for a claim of `limit` with `held` keys in flight.
+    fn scan_limit(self, limit: u32, held: usize) -> u32 {
+        match self.est {
+            Some(est) if held > 0 => {
+                let expect = 2.0 * est / held as f64 + f64::from(Self::FLOOR);
+                // Saturating float-to-int cast; `limit` caps it anyway.
+                (expect as u32).clamp(Self::FLOOR.min(limit), limit)
+            }
+            _ => limit,
+        }
+    }
+
+    /// A claim read `rows` log rows before the first row of one of `held`
+    /// keys in flight.
+    fn stopped_after(&mut self, rows: usize, held: usize) {
+        let sample = (rows as f64 + 1.0) * held as f64;
+        self.est = Some(self.est.map_or(sample, |e| (e + sample) / 2.0));
+    }
+
+    /// A claim read `rows` log rows (all it asked for) with `held` keys in
+    /// flight and none of them came: the keys spread wider than thought.
+    fn read_past(&mut self, rows: usize, held: usize) {
+        let sample = 2.0 * rows as f64 * held as f64;
+        self.est = Some(self.est.map_or(sample, |e| e.max(sample)));
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -592,6 +640,7 @@ impl PgLogStore {
                 inherited: Vec::new(),
                 persisted_skip: Vec::new(),
                 last_cur: None,
+                spread: KeySpread::default(),
             }))
         }))
     }
@@ -849,6 +898,8 @@ impl PgLogStore {
             .flat_map(|b| b.held())
             .filter_map(|i| i.key.clone())
             .collect();
+        // Rows to read: all `limit` unless keys are in flight (see KeySpread).
+        let scan = st.spread.scan_limit(limit, held_keys.len());
         // A shared snapshot that is not clearly later than where this cursor
         // read to could move it back: ignore it then (a later snapshot never
         // has a lower xmax; with an equal one, only the same snapshot is safe).
@@ -878,7 +929,7 @@ impl PgLogStore {
             .bind(after_txid.to_string())
             .bind(after_seq)
             .bind(read.hi.xip.iter().map(u64::to_string).collect::<Vec<_>>())
-            .bind(i64::from(limit))
+            .bind(i64::from(scan))
             .bind(held_ords)
             .bind(held_keys.iter().cloned().collect::<Vec<_>>())
             .bind(
@@ -923,12 +974,15 @@ impl PgLogStore {
         }
         order.sort_unstable();
         let limit = limit as usize;
+        let scan = scan as usize;
         let mut items: Vec<Item> = Vec::new();
         let mut events: Vec<Event> = Vec::new();
         let mut writes = ClaimWrites::default();
         let mut last: Option<(i32, u64, i64)> = None;
         let mut log_rows = 0usize;
         let mut cut = false;
+        // Log rows read before the first row of a key in flight.
+        let mut held_cut: Option<usize> = None;
         let mut parked_now: HashSet<String> = HashSet::new();
         let mut delivering: HashSet<String> = HashSet::new();
         for &(w, _, txid, seq, i) in &order {
@@ -975,9 +1029,15 @@ impl PgLogStore {
             if cut {
                 continue;
             }
-            if key_text.as_ref().is_some_and(|k| held_keys.contains(k)) || events.len() >= limit {
-                // An earlier event of this key is still in flight (or the
-                // batch is full): the batch ends before this row.
+            if key_text.as_ref().is_some_and(|k| held_keys.contains(k)) {
+                // An earlier event of this key is still in flight: the
+                // batch ends before this row.
+                cut = true;
+                held_cut = Some(log_rows - 1);
+                continue;
+            }
+            if events.len() >= limit {
+                // The batch is full.
                 cut = true;
                 continue;
             }
@@ -1037,8 +1097,15 @@ impl PgLogStore {
         }
         // Stopped early: at the limit (parked rows count: they were read),
         // or before a row whose key is still in flight.
-        let more = cut || log_rows >= limit || events.len() >= limit;
-        let end = if !cut && log_rows < limit {
+        let more = cut || log_rows >= scan || events.len() >= limit;
+        if !held_keys.is_empty() {
+            match held_cut {
+                Some(rows) => st.spread.stopped_after(rows, held_keys.len()),
+                None if log_rows >= scan => st.spread.read_past(log_rows, held_keys.len()),
+                None => {}
+            }
+        }
+        let end = if !cut && log_rows < scan {
             // Everything committed up to `cur` has been read.
             Position::at(cur.clone())
         } else {
@@ -2242,6 +2309,28 @@ impl DeadLetterStore for PgLogStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_claim_behind_keys_in_flight_reads_about_as_far_as_the_keys_spread() {
+        let mut spread = KeySpread::default();
+        // Nothing learnt yet, or no key in flight: the whole batch.
+        assert_eq!(spread.scan_limit(1000, 20), 1000);
+        // Stopped at the first row with 20 keys in flight: 20 keys.
+        spread.stopped_after(0, 20);
+        assert_eq!(spread.scan_limit(1000, 20), 18);
+        assert_eq!(spread.scan_limit(1000, 0), 1000);
+        assert_eq!(spread.scan_limit(5, 20), 5, "never more than the batch");
+        // Read all 18 and none was held: wider than thought.
+        spread.read_past(18, 20);
+        assert_eq!(spread.scan_limit(1000, 20), 88);
+
+        // 10,000 keys, a batch of 1,000 (~1,000 keys) in flight: the next
+        // claim stops after ~10 rows; behind a batch of 10 keys it reads all.
+        let mut wide = KeySpread::default();
+        wide.stopped_after(9, 1000);
+        assert_eq!(wide.scan_limit(1000, 1000), 36);
+        assert_eq!(wide.scan_limit(1000, 10), 1000);
+    }
 
     fn s(x: u64) -> Snap {
         Snap {
