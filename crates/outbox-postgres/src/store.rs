@@ -738,10 +738,34 @@ fn server_name(o: &PgConnectOptions) -> String {
     }
 }
 
+/// The pool of both PostgreSQL stores: `url` parsed (errors without the
+/// password), `jit = off` (JIT compilation costs tens of milliseconds per
+/// claim and buys nothing for these small, index-driven statements), a
+/// first connection tried until `connect_timeout` ([`first_connection`]),
+/// then a lazy pool of `max_connections`.
+pub(crate) async fn connect_pool(
+    url: Option<&str>,
+    max_connections: u32,
+    acquire_timeout: Duration,
+    connect_timeout: Duration,
+) -> Result<PgPool, StoreError> {
+    let url =
+        url.ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
+    let connect: PgConnectOptions = url
+        .parse()
+        .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?;
+    let connect = connect.options([("jit", "off")]);
+    first_connection(&connect, connect_timeout, url).await?;
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(acquire_timeout)
+        .connect_lazy_with(connect))
+}
+
 /// Opens (and closes) one connection, trying again while the server
 /// refuses connections or is starting up, until `timeout`. Returns the last
 /// attempt's error: the pool would only say it timed out.
-pub(crate) async fn first_connection(
+async fn first_connection(
     options: &PgConnectOptions,
     timeout: Duration,
     url: &str,
@@ -807,21 +831,13 @@ impl PgStore {
     /// last attempt's cause ("connection refused", an authentication failure,
     /// a missing database...), never the password.
     pub async fn connect(options: PgStoreOptions) -> Result<Self, StoreError> {
-        let url = options
-            .url
-            .clone()
-            .ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
-        let connect: PgConnectOptions = url
-            .parse()
-            .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), &url)))?;
-        // JIT compilation costs tens of milliseconds per claim and buys
-        // nothing for these small, index-driven statements.
-        let connect = connect.options([("jit", "off")]);
-        first_connection(&connect, options.connect_timeout, &url).await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .connect_lazy_with(connect);
+        let pool = connect_pool(
+            options.url.as_deref(),
+            options.max_connections,
+            options.acquire_timeout,
+            options.connect_timeout,
+        )
+        .await?;
         Self::from_pool(pool, options).await
     }
 

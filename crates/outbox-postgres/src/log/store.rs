@@ -6,7 +6,6 @@ use super::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
 use super::snapshot::{Position, Snap};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
-use crate::options::scrub;
 use crate::store::{bind_dead_filter, headers_lenient_under, headers_strict, last_error};
 use crate::{redact_url, StoreError};
 use chrono::{DateTime, Utc};
@@ -15,7 +14,7 @@ use outbox_core::{
     Event, EventId, FencingToken, LastError, Rejected, RelayId, Resolution, SettleReport,
     Settlement, ShardSpec, Stats, Store,
 };
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgRow};
+use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgPool, Row};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::fmt;
@@ -520,21 +519,15 @@ impl PgLogStore {
     /// Connects a pool to `options`' URL (with `jit = off`), applies the
     /// migrations when asked, and starts the background rotation.
     pub async fn connect(options: PgLogOptions) -> Result<Self, StoreError> {
-        let url = options
-            .url
-            .clone()
-            .ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
-        let connect: PgConnectOptions = url
-            .parse()
-            .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), &url)))?;
-        let connect = connect.options([("jit", "off")]);
-        // As the queue store: retry a refused first connection until the
-        // connect timeout, then report its root cause (not a pool timeout).
-        crate::store::first_connection(&connect, options.connect_timeout, &url).await?;
-        let pool = PgPoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
-            .connect_lazy_with(connect);
+        // As the queue store: a refused first connection is retried until
+        // the connect timeout, then its root cause is reported.
+        let pool = crate::store::connect_pool(
+            options.url.as_deref(),
+            options.max_connections,
+            options.acquire_timeout,
+            options.connect_timeout,
+        )
+        .await?;
         Self::from_pool(pool, options).await
     }
 
