@@ -547,6 +547,10 @@ impl Ctx {
             .detail("p50_ms", l.p50)
             .detail("p99_ms", l.p99)
             .detail("max_ms", l.max)
+            .detail("after_first_s_p50_ms", l.steady.0)
+            .detail("after_first_s_p99_ms", l.steady.1)
+            .detail("after_first_s_max_ms", l.steady.2)
+            .detail("first_s_max_ms", l.first_max)
             .detail("mean_ms", l.mean)
             .detail("achieved_events_per_s", l.achieved)
             .detail("events", l.events)
@@ -652,14 +656,26 @@ impl Ctx {
         let committed = committed.lock().map(|c| c.clone()).unwrap_or_default();
         let handled = handled.lock().map(|h| h.clone()).unwrap_or_default();
         let mut lat: Vec<f64> = Vec::with_capacity(committed.len());
+        let mut steady: Vec<f64> = Vec::with_capacity(committed.len());
+        let mut first_max = f64::NAN;
+        let warm_until = started + Duration::from_secs(1);
         let mut missing = 0u64;
         for (id, at) in &committed {
             match handled.get(id) {
-                Some(h) => lat.push(h.saturating_duration_since(*at).as_secs_f64() * 1000.0),
+                Some(h) => {
+                    let ms = h.saturating_duration_since(*at).as_secs_f64() * 1000.0;
+                    lat.push(ms);
+                    if *at >= warm_until {
+                        steady.push(ms);
+                    } else {
+                        first_max = first_max.max(ms);
+                    }
+                }
                 None => missing += 1,
             }
         }
         lat.sort_by(f64::total_cmp);
+        steady.sort_by(f64::total_cmp);
         let mean = if lat.is_empty() {
             f64::NAN
         } else {
@@ -670,6 +686,12 @@ impl Ctx {
             p50: percentile(&lat, 0.50),
             p99: percentile(&lat, 0.99),
             max: lat.last().copied().unwrap_or(f64::NAN),
+            steady: (
+                percentile(&steady, 0.50),
+                percentile(&steady, 0.99),
+                steady.last().copied().unwrap_or(f64::NAN),
+            ),
+            first_max,
             mean,
             achieved: committed.len() as f64 / produced_for,
             events: committed.len() as u64,
@@ -1189,6 +1211,12 @@ struct Latency {
     p50: f64,
     p99: f64,
     max: f64,
+    /// p50 / p99 / max of the events committed after the first second
+    /// (the relay was idle before production began: the first events wait
+    /// for its adaptive wake-up probe, see `PgLogOptions::with_probe_delays`).
+    steady: (f64, f64, f64),
+    /// The largest latency of the first second's events.
+    first_max: f64,
     mean: f64,
     achieved: f64,
     events: u64,

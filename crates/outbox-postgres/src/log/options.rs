@@ -113,7 +113,7 @@ impl Default for PgLogOptions {
             limits: EventLimits::default(),
             idle_progress_every: Duration::from_secs(1),
             probe_min: Duration::from_millis(2),
-            probe_max: Duration::from_millis(250),
+            probe_max: Duration::from_millis(25),
             durable_progress: false,
             connect_timeout: Duration::from_secs(10),
             dynamic_shards: false,
@@ -247,7 +247,11 @@ impl PgLogOptions {
     }
 
     /// Bounds of the adaptive wake-up probe of [`Store::wakeup`](outbox_core::Store::wakeup):
-    /// `min` after activity, doubling up to `max` while idle. Defaults 2 ms and 250 ms.
+    /// `min` after activity, doubling up to `max` while idle. Defaults 2 ms and 25 ms:
+    /// the first event after a quiet spell waits at most about `max` (plus a
+    /// claim); an idle relay pays `1 / max` probes a second (a
+    /// `pg_current_snapshot()`, no table access), and a claim for each probe
+    /// that sees another transaction end.
     pub fn with_probe_interval(mut self, min: Duration, max: Duration) -> Self {
         self.probe_min = min.max(Duration::from_micros(100));
         self.probe_max = max.max(self.probe_min);
