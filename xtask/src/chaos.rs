@@ -107,6 +107,8 @@ impl Scenario {
                         (u64::from(self.flap_cycles) * (self.flap_down_ms + self.flap_up_ms)) / 1000
                     }
                     "pg-restart" => 10,
+                    // A RabbitMQ node takes seconds to boot again.
+                    "broker-restart" if self.broker == "amqp" => 6,
                     "broker-restart" => 2,
                     _ => 1,
                 })
@@ -143,18 +145,18 @@ impl Scenario {
 
 /// The fault kinds of `kinds` that apply to a store: no database faults for
 /// SQLite (a file). Every broker takes the broker faults (for Kafka the run
-/// starts a private broker behind its proxy).
+/// starts a private broker behind its proxy; a restart needs the run's own
+/// broker with its data on disk: NATS and RabbitMQ).
 fn faults_for(store: &str, broker: &str, kinds: &[&str]) -> Vec<String> {
     kinds
         .iter()
         .filter(|k| {
+            // A broker restart runs on the run's own broker, a private
+            // nats-server or RabbitMQ node (the private Kafka broker keeps
+            // its log in memory: see outbox-chaos's kafka.rs).
             let db_fault = k.starts_with("db-") || k.starts_with("pg-");
-            // A broker restart needs the run's own broker: a private
-            // nats-server (RabbitMQ and the machine's NATS are shared, the
-            // private Kafka broker keeps its log in memory).
-            let restart_unsupported = **k == "broker-restart" && broker != "nats";
-            let db_unsupported = db_fault && store == "sqlite";
-            !(db_unsupported || restart_unsupported)
+            let restart_unsupported = **k == "broker-restart" && broker == "kafka";
+            !(db_fault && store == "sqlite" || restart_unsupported)
         })
         .map(|k| (*k).to_owned())
         .collect()

@@ -2,7 +2,9 @@
 //! broker, never through the fault proxy (except Kafka's with a private
 //! broker, which advertises the proxy to every client: see kafka.rs). Each
 //! records every message it receives (event id, key, sequence from the
-//! payload, arrival time), copies included, until told to stop. Each
+//! payload, arrival time), copies included, until told to stop, and
+//! resumes where it was when its connection fails (a private NATS server
+//! or RabbitMQ node restarted by `broker-restart`). Each
 //! creates and deletes its own destination: a JetStream stream with the deduplication window at its
 //! minimum (so the relays' duplicates are stored and counted), a RabbitMQ
 //! queue, a Kafka topic.
@@ -213,33 +215,92 @@ impl Destination {
                 }
             }
             Self::Amqp { url, queue } => {
-                use outbox_amqp::lapin::options::BasicConsumeOptions;
+                use outbox_amqp::lapin::options::{
+                    BasicAckOptions, BasicConsumeOptions, BasicQosOptions,
+                };
                 use outbox_amqp::lapin::types::FieldTable;
-                let conn = amqp_connect(url).await?;
-                let ch = conn.create_channel().await?;
-                let mut consumer = ch
-                    .basic_consume(
-                        queue,
-                        "chaos",
-                        BasicConsumeOptions {
-                            no_ack: true,
-                            ..Default::default()
-                        },
-                        FieldTable::default(),
-                    )
-                    .await
-                    .context("basic.consume")?;
+                // Acknowledged after it is recorded (100 at a time), and consumed again on a
+                // new connection whenever the connection fails (the broker
+                // restarted: broker-restart): a message the broker handed
+                // to a connection that died before it reached the consumer
+                // is delivered again, not dropped as an automatic
+                // acknowledgement would. A redelivered message whose id was
+                // already recorded is the consumer's own copy (its ack was
+                // lost with the connection) and is not recorded again
+                // (duplicates are the relays'); in the rare case that it is
+                // a relay's copy whose twin arrived first, one duplicate is
+                // not counted, nothing is lost.
+                let mut seen = std::collections::HashSet::new();
+                let mut failing = false;
                 loop {
-                    tokio::select! {
-                        d = consumer.next() => match d {
-                            Some(Ok(d)) => record(&d.data),
-                            Some(Err(e)) => bail!("the RabbitMQ consumer failed: {e}"),
-                            None => bail!("the RabbitMQ consumer ended"),
-                        },
-                        _ = stop.changed() => break,
+                    let consumed = async {
+                        let conn = amqp_connect(url).await?;
+                        let ch = conn.create_channel().await?;
+                        ch.basic_qos(1000, BasicQosOptions::default()).await?;
+                        let consumer = ch
+                            .basic_consume(
+                                queue,
+                                "chaos",
+                                BasicConsumeOptions::default(),
+                                FieldTable::default(),
+                            )
+                            .await
+                            .context("basic.consume")?;
+                        anyhow::Ok((conn, consumer))
+                    };
+                    let (conn, mut consumer) = match consumed.await {
+                        Ok(c) => c,
+                        Err(e) => {
+                            if !std::mem::replace(&mut failing, true) {
+                                eprintln!("chaos consumer (amqp): {e:#}; again every 100 ms");
+                            }
+                            tokio::select! {
+                                () = tokio::time::sleep(Duration::from_millis(100)) => continue,
+                                _ = stop.changed() => break,
+                            }
+                        }
+                    };
+                    if std::mem::take(&mut failing) {
+                        eprintln!("chaos consumer (amqp): consuming again");
+                    }
+                    let mut unacked = 0u32;
+                    let failed = loop {
+                        tokio::select! {
+                            d = consumer.next() => match d {
+                                Some(Ok(d)) => {
+                                    let id = parse_payload(&d.data, 0).map(|a| a.id);
+                                    let own_copy = d.redelivered && id.is_some_and(|id| seen.contains(&id));
+                                    if !own_copy {
+                                        seen.extend(id);
+                                        record(&d.data);
+                                    }
+                                    // One multiple-ack per 100 messages (the
+                                    // prefetch is 1,000): a per-message ack
+                                    // would slow the drain it measures.
+                                    unacked += 1;
+                                    if unacked == 100 {
+                                        unacked = 0;
+                                        let multiple = BasicAckOptions { multiple: true };
+                                        if let Err(e) = d.acker.ack(multiple).await {
+                                            break Some(format!("ack: {e}"));
+                                        }
+                                    }
+                                }
+                                Some(Err(e)) => break Some(e.to_string()),
+                                None => break Some("the consumer ended".to_owned()),
+                            },
+                            _ = stop.changed() => break None,
+                        }
+                    };
+                    // Closed (if it is still open) so that what it holds
+                    // unacknowledged is delivered again at once.
+                    let _ =
+                        tokio::time::timeout(Duration::from_secs(1), conn.close(200, "bye")).await;
+                    match failed {
+                        Some(e) => eprintln!("chaos consumer (amqp): {e}; consuming again"),
+                        None => break,
                     }
                 }
-                let _ = conn.close(200, "bye").await;
             }
             Self::Kafka { brokers, topic } => {
                 use outbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};

@@ -5,7 +5,9 @@
 //! Steps are spread evenly over the production time, one after the other.
 //! Example: `kill*2,stop,broker-outage+kill,db-flap`.
 
+use crate::kafka::PrivateKafka;
 use crate::nats::PrivateNats;
+use crate::rabbit::PrivateRabbit;
 use crate::record::{now_us, FaultRecord};
 use crate::relays::Relays;
 use anyhow::{bail, Context as _, Result};
@@ -13,6 +15,7 @@ use outbox_testkit::proxy::TcpProxy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::postgres::PgPool;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
@@ -33,8 +36,8 @@ pub(crate) enum FaultKind {
     BrokerOutage,
     /// The broker connection cut and refused repeatedly.
     BrokerFlap,
-    /// The broker itself stopped (SIGTERM) and started again (NATS: a
-    /// private server, see nats.rs).
+    /// The broker itself stopped (SIGTERM) and started again: the run's
+    /// own NATS server, RabbitMQ node or Kafka broker ([`PrivateBroker`]).
     BrokerRestart,
     /// The database unreachable from the relays for the outage time.
     DbOutage,
@@ -136,7 +139,65 @@ pub(crate) struct Targets {
     /// Whether `pg-restart` may run.
     pub(crate) allow_pg_restart: bool,
     /// The run's own broker, which `broker-restart` restarts.
-    pub(crate) broker_server: Option<Arc<Mutex<PrivateNats>>>,
+    pub(crate) broker_server: Option<Arc<Mutex<PrivateBroker>>>,
+}
+
+/// A broker the run started for itself, so that `broker-restart` restarts
+/// it instead of the machine's shared one; killed when dropped.
+#[derive(Debug)]
+pub(crate) enum PrivateBroker {
+    /// `nats-server` with JetStream on a file store (nats.rs).
+    Nats(PrivateNats),
+    /// A RabbitMQ node (rabbit.rs).
+    Rabbit(PrivateRabbit),
+    /// Tansu behind the broker fault proxy (kafka.rs), for the outage and
+    /// the flap: it keeps its log in memory, so it is not restarted.
+    Kafka(PrivateKafka),
+}
+
+impl PrivateBroker {
+    /// The URL clients use.
+    pub(crate) fn url(&self) -> String {
+        match self {
+            Self::Nats(s) => s.url(),
+            Self::Rabbit(s) => s.url(),
+            Self::Kafka(s) => s.brokers(),
+        }
+    }
+
+    /// Where it keeps its data (`None`: in memory): removed after the run
+    /// unless `--keep`.
+    pub(crate) fn dir(&self) -> Option<&Path> {
+        match self {
+            Self::Nats(s) => Some(s.store()),
+            Self::Rabbit(s) => Some(s.dir()),
+            Self::Kafka(_) => None,
+        }
+    }
+
+    /// Whether `broker-restart` can restart it without losing its data.
+    fn restartable(&self) -> bool {
+        self.dir().is_some()
+    }
+
+    /// Stops it gracefully and starts it again on the same port and store;
+    /// returns when clients can connect again.
+    pub(crate) async fn restart(&mut self) -> Result<()> {
+        match self {
+            Self::Nats(s) => s.restart().await,
+            Self::Rabbit(s) => s.restart().await,
+            Self::Kafka(_) => bail!("the private Kafka broker keeps its log in memory"),
+        }
+    }
+
+    /// The fault's target, as reported.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Nats(_) => "nats-server",
+            Self::Rabbit(_) => "rabbitmq-server",
+            Self::Kafka(_) => "tansu",
+        }
+    }
 }
 
 impl Targets {
@@ -156,10 +217,16 @@ impl Targets {
                     kind.name()
                 )
             }
-            FaultKind::BrokerRestart if self.broker_server.is_none() => {
+            FaultKind::BrokerRestart
+                if !self
+                    .broker_server
+                    .as_ref()
+                    .is_some_and(|b| b.try_lock().is_ok_and(|b| b.restartable())) =>
+            {
                 bail!(
-                    "broker-restart needs the run's own broker: NATS only (RabbitMQ and the \
-                     machine's NATS are shared; the private Kafka broker keeps its log in memory)"
+                    "broker-restart needs the run's own broker with its data on disk: NATS or \
+                     RabbitMQ (the run starts one); not Kafka (the private Tansu keeps its log \
+                     in memory, see kafka.rs)"
                 )
             }
             FaultKind::DbOutage | FaultKind::DbFlap if self.db_proxy.is_none() => {
@@ -270,9 +337,10 @@ async fn inject(
                 .broker_server
                 .as_ref()
                 .context("broker-restart without the run's own broker")?;
+            let mut server = server.lock().await;
             let down = now_us();
-            server.lock().await.restart().await?;
-            target = "nats-server".to_owned();
+            server.restart().await?;
+            target = server.name().to_owned();
             broker_cuts = 1;
             sink_down.push((down, now_us()));
         }

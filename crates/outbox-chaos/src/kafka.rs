@@ -11,6 +11,14 @@
 //! resumes from its position, so nothing is lost, and the arrival times it
 //! records (hence the recovery times) include its own reconnection.
 //!
+//! It keeps its log in memory, so it cannot be restarted (`broker-restart`
+//! is refused for Kafka): a restart would lose the topic, which is not what
+//! a restart of a real cluster does. Tansu's file-backed engine (`--storage-engine
+//! sqlite://...`, feature `libsql`) was tried for it on 2026-12-01: Tansu
+//! 0.6.0 panics in its idempotent-producer check ("more or less than one
+//! row", `tansu-storage` `lite.rs`) within a second of three idempotent
+//! producers at 2,000 events/s, so every produce fails from then on.
+//!
 //! The broker is a child of the run, in the run's process group (as the
 //! relays are), so `cargo xtask chaos`, which kills that group when the run
 //! ends, stops it even if the run itself was killed; the guard kills it
@@ -183,6 +191,37 @@ pub(crate) fn spawn_logged(mut cmd: Command, log: &Path) -> Result<Child> {
         .stderr(err)
         .kill_on_drop(true)
         .spawn()?)
+}
+
+/// Stops a broker of the run gracefully: SIGTERM to `pid` (its process, or
+/// the one that really serves), then waits up to `timeout` for `child` to
+/// exit. Returns whether it did; the caller kills what is left when not.
+pub(crate) async fn sigterm_and_wait(
+    pid: Option<u32>,
+    child: &mut Child,
+    timeout: Duration,
+) -> Result<bool> {
+    if let Some(pid) = pid {
+        let status = Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await
+            .context("running kill")?;
+        if !status.success() {
+            bail!("kill -TERM {pid} failed ({status})");
+        }
+    }
+    Ok(tokio::time::timeout(timeout, child.wait()).await.is_ok())
+}
+
+/// [`sigterm_and_wait`] on `child` itself, killing it after `timeout`
+/// (the private NATS server's restart).
+pub(crate) async fn terminate(child: &mut Child, what: &str, timeout: Duration) -> Result<()> {
+    if !sigterm_and_wait(child.id(), child, timeout).await? {
+        eprintln!("chaos: {what} did not stop within {timeout:?} of SIGTERM; killing it");
+        let _ = child.kill().await;
+    }
+    Ok(())
 }
 
 /// A loopback port nothing listens on now (the broker binds it a moment

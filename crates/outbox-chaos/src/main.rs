@@ -10,6 +10,11 @@
 //! Everything it creates is named after the run and removed at the end; its
 //! relays are killed whatever way it exits.
 //!
+//! The broker is the machine's, except where a fault needs the run's own:
+//! `broker-restart` on NATS or RabbitMQ starts a private `nats-server`
+//! (nats.rs) or RabbitMQ node (rabbit.rs) in the run's directory, and a
+//! broker fault on Kafka a private Tansu behind the fault proxy (kafka.rs).
+//!
 //! `outbox-chaos check DIR` runs the checker again over a kept run.
 
 #![allow(clippy::print_stdout, reason = "a command-line tool")]
@@ -20,17 +25,19 @@ mod faults;
 mod kafka;
 mod nats;
 mod producer;
+mod rabbit;
 mod record;
 mod relays;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use consumer::Destination;
-use faults::{FaultKind, FaultTimes, Targets};
+use faults::{FaultKind, FaultTimes, PrivateBroker, Targets};
 use kafka::PrivateKafka;
 use nats::PrivateNats;
 use outbox_testkit::proxy::TcpProxy;
 use producer::{AppDb, ProducerConfig};
+use rabbit::PrivateRabbit;
 use rand::Rng;
 use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
 use relays::{RelaySpec, Relays};
@@ -167,10 +174,12 @@ struct RunArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     database_url: String,
-    /// NATS URL.
+    /// NATS URL (a run with `broker-restart` starts its own server
+    /// instead: see nats.rs).
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
     nats_url: String,
-    /// RabbitMQ URL.
+    /// RabbitMQ URL (a run with `broker-restart` starts its own node
+    /// instead: see rabbit.rs).
     #[arg(
         long,
         env = "AMQP_URL",
@@ -181,8 +190,9 @@ struct RunArgs {
     /// broker instead: see kafka.rs).
     #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
     kafka_brokers: String,
-    /// Keep the schema / stream / queue / topic and the SQLite file (not
-    /// the topic of a private Kafka broker, which stops with the run).
+    /// Keep the schema / stream / queue / topic and the SQLite file (of a
+    /// private NATS server or RabbitMQ node, its data directory; not the
+    /// topic of a private Kafka broker, which keeps it in memory).
     #[arg(long)]
     keep: bool,
     /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL).
@@ -331,48 +341,52 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
     eprintln!("chaos {name}: store {store_short}, broker {broker_name}, {} relays, {} ev/s for {} s, faults {:?}, seed {seed}, out {}",
         args.relays, args.rate, args.duration_s, args.faults, out.display());
 
-    // Kafka with a broker fault: a private broker behind the fault proxy
-    // (kafka.rs says why); killed when this returns, whichever way.
-    let broker_fault = steps
-        .iter()
-        .flatten()
-        .any(|k| matches!(k, FaultKind::BrokerOutage | FaultKind::BrokerFlap));
-    let mut private_kafka = if args.broker == BrokerKind::Kafka && broker_fault {
-        Some(PrivateKafka::start(&out).await?)
-    } else {
-        None
-    };
-
-    // NATS with a broker restart: a private server (nats.rs says why).
+    // A private broker where a fault needs one, killed when this returns,
+    // whichever way: Kafka with a broker outage or flap (behind the fault
+    // proxy, kafka.rs says why; a restart is refused for it), NATS
+    // or RabbitMQ with a broker restart (nats.rs, rabbit.rs say why; the
+    // relays reach it through the broker proxy when the plan has one, as
+    // they would the machine's).
+    let broker_fault = steps.iter().flatten().any(|k| {
+        matches!(
+            k,
+            FaultKind::BrokerOutage | FaultKind::BrokerFlap | FaultKind::BrokerRestart
+        )
+    });
     let restarts = steps
         .iter()
         .flatten()
         .any(|k| *k == FaultKind::BrokerRestart);
-    let private_nats = if args.broker == BrokerKind::Nats && restarts {
-        Some(Arc::new(Mutex::new(PrivateNats::start(&out).await?)))
-    } else {
-        None
+    let private_broker = match args.broker {
+        BrokerKind::Nats if restarts => Some(PrivateBroker::Nats(PrivateNats::start(&out).await?)),
+        BrokerKind::Amqp if restarts => {
+            Some(PrivateBroker::Rabbit(PrivateRabbit::start(&out).await?))
+        }
+        BrokerKind::Kafka if broker_fault => {
+            Some(PrivateBroker::Kafka(PrivateKafka::start(&out).await?))
+        }
+        BrokerKind::Nats | BrokerKind::Amqp | BrokerKind::Kafka => None,
     };
-    let nats_url = match &private_nats {
-        Some(server) => server.lock().await.url(),
-        None => args.nats_url.clone(),
+    let private_url = private_broker.as_ref().map(PrivateBroker::url);
+    let kafka_proxy = match &private_broker {
+        Some(PrivateBroker::Kafka(k)) => Some(k.proxy()),
+        _ => None,
     };
+    let private_broker = private_broker.map(|b| Arc::new(Mutex::new(b)));
 
     // The broker destination (created before any relay starts).
     let dest = match args.broker {
         BrokerKind::Nats => Destination::Nats {
-            url: nats_url,
+            url: private_url.unwrap_or_else(|| args.nats_url.clone()),
             stream: name.to_uppercase(),
             prefix: name.clone(),
         },
         BrokerKind::Amqp => Destination::Amqp {
-            url: args.amqp_url.clone(),
+            url: private_url.unwrap_or_else(|| args.amqp_url.clone()),
             queue: name.clone(),
         },
         BrokerKind::Kafka => Destination::Kafka {
-            brokers: private_kafka
-                .as_ref()
-                .map_or_else(|| args.kafka_brokers.clone(), PrivateKafka::brokers),
+            brokers: private_url.unwrap_or_else(|| args.kafka_brokers.clone()),
             topic: name.clone(),
         },
     };
@@ -384,22 +398,27 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         seed,
         &steps,
         &dest,
-        private_kafka.as_ref().map(PrivateKafka::proxy),
-        private_nats.clone(),
+        kafka_proxy,
+        private_broker.clone(),
         &relay_bin,
         &out,
         &sqlite_path,
     )
     .await;
-    if let Some(broker) = &mut private_kafka {
-        // Its topic goes with it: no delete (under a consumer still running
-        // after a failure, a delete could crash it).
-        broker.stop().await;
-    } else if let Some(server) = private_nats {
-        // Its stream goes with its store.
+    if let Some(server) = private_broker {
+        // Its stream / queue / topic goes with it (a Kafka topic is not
+        // deleted: under a consumer still running after a failure, a delete
+        // could crash it), and with its data directory.
+        let mut broker = server.lock().await;
+        if let PrivateBroker::Kafka(k) = &mut *broker {
+            k.stop().await;
+        }
+        let dir = broker.dir().map(Path::to_owned);
+        drop(broker);
+        // Dropping the last handle kills what is left.
         drop(server);
-        if !args.keep {
-            let _ = std::fs::remove_dir_all(out.join("nats-store"));
+        if let Some(dir) = dir.filter(|_| !args.keep) {
+            let _ = std::fs::remove_dir_all(dir);
         }
     } else if !args.keep {
         dest.delete().await;
@@ -432,7 +451,7 @@ async fn run_created(
     steps: &[Vec<FaultKind>],
     dest: &Destination,
     kafka_proxy: Option<Arc<TcpProxy>>,
-    nats_server: Option<Arc<Mutex<PrivateNats>>>,
+    broker_server: Option<Arc<Mutex<PrivateBroker>>>,
     relay_bin: &Path,
     out: &Path,
     sqlite_path: &Path,
@@ -581,7 +600,7 @@ async fn run_created(
         db_proxy: db_proxy.clone(),
         pg_admin,
         allow_pg_restart: args.allow_pg_restart,
-        broker_server: nats_server,
+        broker_server,
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;

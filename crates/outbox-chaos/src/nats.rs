@@ -67,35 +67,17 @@ impl PrivateNats {
         format!("nats://{}", self.addr)
     }
 
+    /// The JetStream store directory.
+    pub(crate) fn store(&self) -> &Path {
+        &self.store
+    }
+
     /// Stops the server gracefully and starts it again on the same port and
     /// store. Returns when it greets clients again.
     pub(crate) async fn restart(&mut self) -> Result<()> {
-        self.stop_gracefully().await?;
+        crate::kafka::terminate(&mut self.child, "nats-server", STOP_TIMEOUT).await?;
         self.child = spawn(&self.bin, self.addr, &self.store, &self.log)?;
         self.wait_ready().await
-    }
-
-    async fn stop_gracefully(&mut self) -> Result<()> {
-        if let Some(pid) = self.child.id() {
-            let status = Command::new("kill")
-                .args(["-TERM", &pid.to_string()])
-                .status()
-                .await
-                .context("running kill")?;
-            if !status.success() {
-                bail!("kill -TERM {pid} failed ({status})");
-            }
-        }
-        if tokio::time::timeout(STOP_TIMEOUT, self.child.wait())
-            .await
-            .is_err()
-        {
-            eprintln!(
-                "chaos: nats-server did not stop within {STOP_TIMEOUT:?} of SIGTERM; killing it"
-            );
-            let _ = self.child.kill().await;
-        }
-        Ok(())
     }
 
     /// Waits until a TCP client gets the server's `INFO` greeting.
