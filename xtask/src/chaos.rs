@@ -107,8 +107,8 @@ impl Scenario {
                         (u64::from(self.flap_cycles) * (self.flap_down_ms + self.flap_up_ms)) / 1000
                     }
                     "pg-restart" => 10,
-                    // A RabbitMQ node takes seconds to boot again.
-                    "broker-restart" if self.broker == "amqp" => 6,
+                    // A RabbitMQ node takes 5-10 s to stop and boot again.
+                    "broker-restart" if self.broker == "amqp" => 12,
                     "broker-restart" => 2,
                     _ => 1,
                 })

@@ -62,6 +62,21 @@ async fn deliver(store: &PgLogStore, c: &Claim) {
     assert!(r.all_applied(), "{r:?}");
 }
 
+/// Claims (10 at a time) and delivers until a claim comes back empty, at
+/// most `rounds` claims; the ids in the order they were claimed.
+async fn drain_in_order(store: &PgLogStore, rounds: usize) -> Vec<EventId> {
+    let mut order = Vec::new();
+    for _ in 0..rounds {
+        let c = claim(store, "relay", 10).await;
+        if c.events.is_empty() {
+            break;
+        }
+        order.extend(ids(&c));
+        deliver(store, &c).await;
+    }
+    order
+}
+
 /// Two producers: the event built first (smaller id) commits last. With a
 /// relay polling between the commits, it is delivered second: commit order,
 /// not id order.
@@ -305,16 +320,7 @@ async fn dead_head_block_holds_the_key_until_retry_or_purge() {
             .unwrap(),
         1
     );
-    let mut order = Vec::new();
-    for _ in 0..5 {
-        let c = claim(&store, "relay", 10).await;
-        if c.events.is_empty() {
-            break;
-        }
-        order.extend(ids(&c));
-        deliver(&store, &c).await;
-    }
-    assert_eq!(order, vec![k1, k2, k3]);
+    assert_eq!(drain_in_order(&store, 5).await, vec![k1, k2, k3]);
 
     // Purge j's dead head: j2 flows.
     assert!(claim(&store, "relay", 10).await.events.is_empty());
@@ -371,16 +377,7 @@ async fn dead_head_continue_replay_goes_behind_the_keys_lane() {
             .unwrap(),
         1
     );
-    let mut order = Vec::new();
-    for _ in 0..6 {
-        let c = claim(&store, "relay", 10).await;
-        if c.events.is_empty() {
-            break;
-        }
-        order.extend(ids(&c));
-        deliver(&store, &c).await;
-    }
-    assert_eq!(order, vec![k2, k3, k1]);
+    assert_eq!(drain_in_order(&store, 6).await, vec![k2, k3, k1]);
     let s = store.stats().await.unwrap();
     assert_eq!((s.pending, s.in_flight, s.dead), (0, 0, 0));
 }
