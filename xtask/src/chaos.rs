@@ -69,6 +69,8 @@ struct Scenario {
     flap_down_ms: u64,
     flap_up_ms: u64,
     stop_extra_ms: u64,
+    /// Least seconds between a fault step's end and the next step.
+    recovery_room_s: u64,
     allow_pg_restart: bool,
     /// The relays' `--max-batch-size`.
     max_batch: u32,
@@ -179,6 +181,7 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
         flap_down_ms: 1000,
         flap_up_ms: 2000,
         stop_extra_ms: 1500,
+        recovery_room_s: 0,
         allow_pg_restart: false,
         max_batch: match mode {
             Mode::Quick => 200,
@@ -217,6 +220,8 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 // Room after each step for its recovery (the targets are at
                 // most 5 s), so that the next fault does not start inside it.
                 s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+                // And a step that outlasts its slot still leaves it.
+                s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
                 out.push(s);
             }
         }
@@ -585,6 +590,7 @@ fn run_one(chaos: &Path, relay: &Path, s: &Scenario, out: &Path, keep: bool) -> 
         .args(["--flap-down-ms", &s.flap_down_ms.to_string()])
         .args(["--flap-up-ms", &s.flap_up_ms.to_string()])
         .args(["--stop-extra-ms", &s.stop_extra_ms.to_string()])
+        .args(["--recovery-room-s", &s.recovery_room_s.to_string()])
         .args(["--max-batch-size", &s.max_batch.to_string()])
         .process_group(0);
     if keep {

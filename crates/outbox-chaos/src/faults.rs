@@ -126,6 +126,9 @@ pub(crate) struct FaultTimes {
     pub(crate) flap_up: Duration,
     /// The relays' lease: a database cut longer than this is a lease loss.
     pub(crate) lease: Duration,
+    /// The least time between the end of a step and the start of the next
+    /// (zero: the even spread alone decides).
+    pub(crate) recovery_room: Duration,
 }
 
 /// What the faults act on.
@@ -241,8 +244,8 @@ impl Targets {
 }
 
 /// Runs the plan: step `i` starts at `start + warmup + i * spacing`, or
-/// when the previous step is over if that is later. Returns every fault
-/// as injected.
+/// `times.recovery_room` after the previous step is over if that is later.
+/// Returns every fault as injected.
 pub(crate) async fn run_plan(
     steps: Vec<Vec<FaultKind>>,
     targets: Targets,
@@ -254,9 +257,10 @@ pub(crate) async fn run_plan(
 ) -> Result<Vec<FaultRecord>> {
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let mut records = Vec::new();
+    let mut not_before = start;
     for (i, step) in steps.into_iter().enumerate() {
         let planned = start + warmup + spacing * u32::try_from(i).unwrap_or(u32::MAX);
-        tokio::time::sleep_until(planned).await;
+        tokio::time::sleep_until(planned.max(not_before)).await;
         let n = targets.relays.lock().await.len();
         let mut set = tokio::task::JoinSet::new();
         // Distinct relays for the relay faults of one step.
@@ -269,6 +273,7 @@ pub(crate) async fn run_plan(
         while let Some(r) = set.join_next().await {
             records.push(r.context("fault task panicked")??);
         }
+        not_before = Instant::now() + times.recovery_room;
     }
     Ok(records)
 }

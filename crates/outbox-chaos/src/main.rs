@@ -134,6 +134,11 @@ struct RunArgs {
     /// SIGSTOP length beyond the lease, ms.
     #[arg(long, default_value_t = 2000)]
     stop_extra_ms: u64,
+    /// The least time between the end of a fault step and the start of
+    /// the next, seconds (0: steps only spread evenly; a step that outlasts
+    /// its slot, e.g. a RabbitMQ restart, is then followed at once).
+    #[arg(long, default_value_t = 0)]
+    recovery_room_s: u64,
     /// Broker / database outage length, seconds.
     #[arg(long, default_value_t = 5)]
     outage_s: u64,
@@ -646,6 +651,7 @@ async fn run_created(
             flap_down: Duration::from_millis(args.flap_down_ms),
             flap_up: Duration::from_millis(args.flap_up_ms),
             lease: Duration::from_millis(args.lease_ms),
+            recovery_room: Duration::from_secs(args.recovery_room_s),
         },
         start,
         warmup,
