@@ -30,7 +30,6 @@ use outbox_kafka::rdkafka::ClientConfig;
 use outbox_testkit::proxy::TcpProxy;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -59,12 +58,12 @@ impl PrivateKafka {
         let bin = tansu_bin();
         let log = log_dir.join("tansu.log");
         let mut last_error = None;
-        let mut listen = free_port()?;
+        let mut listen = crate::child::free_port()?;
         // The proxy first: its port is the advertised one.
         let proxy = Arc::new(TcpProxy::start(listen).await);
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
-                listen = free_port()?;
+                listen = crate::child::free_port()?;
                 proxy.set_upstream(listen);
             }
             let child = spawn(&bin, listen, proxy.addr(), &log)?;
@@ -168,67 +167,12 @@ fn spawn(bin: &Path, listen: SocketAddr, advertised: SocketAddr, log: &Path) -> 
         "--storage-engine",
         "memory://tansu/",
     ]);
-    spawn_logged(cmd, log).with_context(|| {
+    crate::child::spawn_logged(cmd, log).with_context(|| {
         format!(
             "starting {} (set TANSU_BIN, or run through `cargo xtask chaos`, which installs it)",
             bin.display()
         )
     })
-}
-
-/// Spawns a broker of the run with stdout and stderr appended to `log`,
-/// killed when its handle drops.
-pub(crate) fn spawn_logged(mut cmd: Command, log: &Path) -> Result<Child> {
-    let out = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)
-        .with_context(|| format!("opening {}", log.display()))?;
-    let err = out.try_clone()?;
-    Ok(cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .kill_on_drop(true)
-        .spawn()?)
-}
-
-/// Stops a broker of the run gracefully: SIGTERM to `pid` (its process, or
-/// the one that really serves), then waits up to `timeout` for `child` to
-/// exit. Returns whether it did; the caller kills what is left when not.
-pub(crate) async fn sigterm_and_wait(
-    pid: Option<u32>,
-    child: &mut Child,
-    timeout: Duration,
-) -> Result<bool> {
-    if let Some(pid) = pid {
-        let status = Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status()
-            .await
-            .context("running kill")?;
-        if !status.success() {
-            bail!("kill -TERM {pid} failed ({status})");
-        }
-    }
-    Ok(tokio::time::timeout(timeout, child.wait()).await.is_ok())
-}
-
-/// [`sigterm_and_wait`] on `child` itself, killing it after `timeout`
-/// (the private NATS server's restart).
-pub(crate) async fn terminate(child: &mut Child, what: &str, timeout: Duration) -> Result<()> {
-    if !sigterm_and_wait(child.id(), child, timeout).await? {
-        eprintln!("chaos: {what} did not stop within {timeout:?} of SIGTERM; killing it");
-        let _ = child.kill().await;
-    }
-    Ok(())
-}
-
-/// A loopback port nothing listens on now (the broker binds it a moment
-/// later; a lost race is retried with another port).
-pub(crate) fn free_port() -> Result<SocketAddr> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
-    Ok(l.local_addr()?)
 }
 
 /// `$TANSU_BIN` (set by `cargo xtask chaos`, which finds or installs the

@@ -20,6 +20,7 @@
 #![allow(clippy::print_stdout, reason = "a command-line tool")]
 
 mod checker;
+mod child;
 mod consumer;
 mod faults;
 mod kafka;

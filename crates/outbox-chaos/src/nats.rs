@@ -43,7 +43,7 @@ impl PrivateNats {
         let bin = outbox_testkit::process::nats_server_bin();
         let store = dir.join("nats-store");
         let log = dir.join("nats-server.log");
-        let addr = crate::kafka::free_port()?;
+        let addr = crate::child::free_port()?;
         let child = spawn(&bin, addr, &store, &log)?;
         let mut server = Self {
             bin,
@@ -75,7 +75,7 @@ impl PrivateNats {
     /// Stops the server gracefully and starts it again on the same port and
     /// store. Returns when it greets clients again.
     pub(crate) async fn restart(&mut self) -> Result<()> {
-        crate::kafka::terminate(&mut self.child, "nats-server", STOP_TIMEOUT).await?;
+        crate::child::terminate(&mut self.child, "nats-server", STOP_TIMEOUT).await?;
         self.child = spawn(&self.bin, self.addr, &self.store, &self.log)?;
         self.wait_ready().await
     }
@@ -125,7 +125,7 @@ fn spawn(bin: &Path, addr: SocketAddr, store: &Path, log: &Path) -> Result<Child
         .arg("-js")
         .arg("-sd")
         .arg(store);
-    crate::kafka::spawn_logged(cmd, log).with_context(|| {
+    crate::child::spawn_logged(cmd, log).with_context(|| {
         format!(
             "starting {} (set NATS_SERVER_BIN, or install Debian's nats-server)",
             bin.display()

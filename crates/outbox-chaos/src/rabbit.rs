@@ -73,12 +73,12 @@ impl PrivateRabbit {
         // An empty environment file (not the machine's), no plugins.
         std::fs::write(dir.join("env.conf"), "")?;
         std::fs::write(dir.join("enabled_plugins"), "[].\n")?;
-        let addr = crate::kafka::free_port()?;
+        let addr = crate::child::free_port()?;
         let node = Node {
             bin,
             name: format!("chaos{}@localhost", addr.port()),
             log: dir.join("rabbitmq-server.log"),
-            dist_port: crate::kafka::free_port()?.port(),
+            dist_port: crate::child::free_port()?.port(),
             dir,
             addr,
         };
@@ -130,7 +130,7 @@ impl PrivateRabbit {
         // is interrupted: the VM itself is signalled when it is known.
         // The script exits when the VM has.
         let pid = self.beam_pid().or(self.child.id());
-        if !crate::kafka::sigterm_and_wait(pid, &mut self.child, STOP_TIMEOUT).await? {
+        if !crate::child::sigterm_and_wait(pid, &mut self.child, STOP_TIMEOUT).await? {
             eprintln!(
                 "chaos: the RabbitMQ node did not stop within {STOP_TIMEOUT:?} of SIGTERM; killing it"
             );
@@ -238,7 +238,7 @@ impl Node {
             // forwarding: keep the one mode `stop_gracefully` expects.
             .env_remove("RABBITMQ_ALLOW_INPUT")
             .env_remove("NOTIFY_SOCKET");
-        crate::kafka::spawn_logged(cmd, &self.log).with_context(|| {
+        crate::child::spawn_logged(cmd, &self.log).with_context(|| {
             format!(
                 "starting {} (set RABBITMQ_SERVER_BIN, or install Debian's rabbitmq-server)",
                 self.bin.display()
