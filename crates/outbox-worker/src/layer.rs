@@ -107,16 +107,29 @@ struct Waves {
     count: usize,
 }
 
+/// An event's key for the waves, borrowed: its key, or for a keyless event
+/// its id (as [`Event::shard_key`], without formatting the id).
+#[derive(PartialEq, Eq, Hash)]
+enum WaveKey<'a> {
+    Key(&'a str),
+    Id(outbox_core::EventId),
+}
+
 impl Waves {
     fn of(events: &[Event]) -> Self {
-        // Per key: (key index, events seen so far).
-        let mut seen: HashMap<String, (usize, usize)> = HashMap::with_capacity(events.len());
+        // Per key: (key index, events seen so far). Borrowed keys: no
+        // allocation per event (a keyless event is its own key, its id).
+        let mut seen: HashMap<WaveKey<'_>, (usize, usize)> = HashMap::with_capacity(events.len());
         let mut key_of = Vec::with_capacity(events.len());
         let mut wave_of = Vec::with_capacity(events.len());
         let mut count = 0;
         for event in events {
             let next = seen.len();
-            let (key, n) = seen.entry(event.shard_key()).or_insert((next, 0));
+            let key = match event.key.as_deref() {
+                Some(k) => WaveKey::Key(k),
+                None => WaveKey::Id(event.id),
+            };
+            let (key, n) = seen.entry(key).or_insert((next, 0));
             key_of.push(*key);
             wave_of.push(*n);
             *n += 1;

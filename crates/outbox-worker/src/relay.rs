@@ -623,7 +623,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     break;
                 }
                 if let Some(from) = self.breaker.half_open() {
-                    self.notify(&Progress::SinkStateChanged {
+                    self.notify(|| Progress::SinkStateChanged {
                         from,
                         to: SinkState::HalfOpen,
                     });
@@ -744,7 +744,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                         summary.sink_outages += 1;
                     }
                     if let Some(from) = from {
-                        self.notify(&Progress::SinkStateChanged {
+                        self.notify(|| Progress::SinkStateChanged {
                             from,
                             to: SinkState::Open,
                         });
@@ -759,7 +759,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 None => {
                     if probing {
                         if let Some(from) = self.breaker.close() {
-                            self.notify(&Progress::SinkStateChanged {
+                            self.notify(|| Progress::SinkStateChanged {
                                 from,
                                 to: SinkState::Closed,
                             });
@@ -1147,7 +1147,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     reason = %reason,
                     "the store could not settle this event as asked"
                 );
-                self.notify(&Progress::Rejected {
+                self.notify(|| Progress::Rejected {
                     id: event.id,
                     reason: (*reason).to_owned(),
                 });
@@ -1164,7 +1164,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     summary.delivered += 1;
                     metrics::counter!(m::EVENTS_DELIVERED).increment(1);
                     debug!(event_id = %event.id, attempts = event.attempts, "delivered");
-                    self.notify(&Progress::Delivered {
+                    self.notify(|| Progress::Delivered {
                         id: event.id,
                         event_type: event.event_type.clone(),
                         attempts: event.attempts,
@@ -1175,7 +1175,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     let code = error.code().as_str().to_owned();
                     metrics::counter!(m::EVENTS_RETRIED, "code" => code).increment(1);
                     info!(event_id = %event.id, attempts = event.attempts, retry_in = ?delay, error = %error, "delivery failed; retry scheduled");
-                    self.notify(&Progress::Retried {
+                    self.notify(|| Progress::Retried {
                         id: event.id,
                         event_type: event.event_type.clone(),
                         attempts: event.attempts,
@@ -1188,7 +1188,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     let code = error.code().as_str().to_owned();
                     metrics::counter!(m::EVENTS_DEAD, "code" => code).increment(1);
                     warn!(event_id = %event.id, attempts = event.attempts, error = %error, "dead-lettered");
-                    self.notify(&Progress::Dead {
+                    self.notify(|| Progress::Dead {
                         id: event.id,
                         event_type: event.event_type.clone(),
                         attempts: event.attempts,
@@ -1207,7 +1207,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         if !released.is_empty() {
             summary.released += released.len() as u64;
             debug!(released = %join_ids(&released), "released unattempted events");
-            self.notify(&Progress::Released { ids: released });
+            self.notify(|| Progress::Released { ids: released });
         }
     }
 
@@ -1296,14 +1296,16 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             lock_timeout = ?self.options.lock_timeout(),
             "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed"
         );
-        self.notify(&Progress::LeaseLost {
+        self.notify(|| Progress::LeaseLost {
             ids: report.fenced.clone(),
         });
     }
 
-    fn notify(&self, progress: &Progress) {
+    /// Reports to the listener, if any; `progress` is only built when one
+    /// listens (no per-event clone of the event type on the hot path).
+    fn notify(&self, progress: impl FnOnce() -> Progress) {
         if let Some(listener) = &self.listener {
-            listener(progress);
+            listener(&progress());
         }
     }
 }

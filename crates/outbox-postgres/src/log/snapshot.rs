@@ -119,6 +119,45 @@ impl Position {
     }
 }
 
+/// A transaction id read from an `xid8` column as it comes: binary (8 bytes,
+/// big-endian: sqlx asks for binary results) or text. The claim decodes each
+/// row's transaction id this way, without a `::text` cast per row on the
+/// server and a string per row here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Xid8(pub(crate) u64);
+
+/// `xid8`'s type OID (PostgreSQL 13+); sqlx has no built-in name for it.
+const XID8_OID: sqlx::postgres::types::Oid = sqlx::postgres::types::Oid(5069);
+
+impl sqlx::Type<sqlx::Postgres> for Xid8 {
+    fn type_info() -> sqlx::postgres::PgTypeInfo {
+        sqlx::postgres::PgTypeInfo::with_oid(XID8_OID)
+    }
+}
+
+impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Xid8 {
+    fn decode(value: sqlx::postgres::PgValueRef<'r>) -> Result<Self, sqlx::error::BoxDynError> {
+        match value.format() {
+            sqlx::postgres::PgValueFormat::Binary => {
+                let bytes: [u8; 8] = value.as_bytes()?.try_into().map_err(|_| {
+                    format!(
+                        "xid8 of {} bytes (8 expected)",
+                        value.as_bytes().map_or(0, <[u8]>::len)
+                    )
+                })?;
+                Ok(Self(u64::from_be_bytes(bytes)))
+            }
+            sqlx::postgres::PgValueFormat::Text => {
+                let text = value.as_str()?;
+                Ok(Self(
+                    text.parse()
+                        .map_err(|_| format!("malformed xid8 {text:?}"))?,
+                ))
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

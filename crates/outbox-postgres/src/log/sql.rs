@@ -148,10 +148,10 @@ rows AS (
              OR coalesce(g.deliver_at > now(), false)
     FROM logged g
 )
-SELECT s.cur::text, s.lease_ok, r.w, r.txid::text, r.seq, r.ord, r.id, r.key, r.event_type, r.topic,
+SELECT s.cur_text, s.lease_ok, r.w, r.txid, r.seq, r.ord, r.id, r.key, r.event_type, r.topic,
        r.payload, r.headers, r.created_at, r.attempts, r.next_attempt_at,
        r.last_error_code, r.last_error_message, r.parked
-FROM snap s LEFT JOIN rows r ON true";
+FROM (SELECT cur::text AS cur_text, lease_ok FROM snap) s LEFT JOIN rows r ON true";
 
 /// Copies log rows into the retry lane, in the order given (the `ord`
 /// default is evaluated row by row in that order). `$1` group, `$2`/`$3`

@@ -3,7 +3,7 @@
 
 use super::names::{LogNames, PARTITIONS};
 use super::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
-use super::snapshot::{Position, Snap};
+use super::snapshot::{Position, Snap, Xid8};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
 use crate::store::{bind_dead_filter, headers_lenient_under, headers_strict, last_error};
@@ -957,11 +957,7 @@ impl PgLogStore {
             let (ord, txid, seq) = if w == 0 {
                 (row.try_get::<i64, _>(5)?, 0, 0)
             } else {
-                (
-                    0,
-                    xid(&row.try_get::<String, _>(3)?)?,
-                    row.try_get::<i64, _>(4)?,
-                )
+                (0, row.try_get::<Xid8, _>(3)?.0, row.try_get::<i64, _>(4)?)
             };
             order.push((w, ord, txid, seq, i));
         }
