@@ -6,7 +6,9 @@ use super::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
 use super::snapshot::{Position, Snap};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
-use crate::store::{bind_dead_filter, headers_lenient_under, headers_strict, last_error};
+use crate::store::{
+    bind_dead_filter, headers_lenient_under, headers_strict, last_error, BackgroundTasks,
+};
 use crate::{redact_url, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
@@ -21,7 +23,6 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 mod relays;
@@ -67,15 +68,8 @@ struct Inner {
     holdings: Mutex<HashMap<RelayId, LeaseHolding>>,
     /// The outbox's virtual shard count, read once.
     virtual_shards: tokio::sync::OnceCell<u32>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
+    /// Held for its `Drop`: stops the background rotation with the last clone.
+    _tasks: BackgroundTasks,
 }
 
 impl fmt::Debug for PgLogStore {
@@ -521,13 +515,7 @@ impl PgLogStore {
     pub async fn connect(options: PgLogOptions) -> Result<Self, StoreError> {
         // As the queue store: a refused first connection is retried until
         // the connect timeout, then its root cause is reported.
-        let pool = crate::store::connect_pool(
-            options.url.as_deref(),
-            options.max_connections,
-            options.acquire_timeout,
-            options.connect_timeout,
-        )
-        .await?;
+        let pool = crate::store::connect_pool(options.url.as_deref(), &options.pool).await?;
         Self::from_pool(pool, options).await
     }
 
@@ -537,24 +525,24 @@ impl PgLogStore {
         super::GroupName::new(options.group.as_str())?;
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
         let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
-            .with_limits(options.limits);
-        let log = PgLog::from_names(names).with_limits(options.limits);
-        if options.auto_migrate {
+            .with_limits(options.pool.limits);
+        let log = PgLog::from_names(names).with_limits(options.pool.limits);
+        if options.pool.auto_migrate {
             let mut conn = pool.acquire().await?;
             log.migrate(&mut conn).await?;
         }
         let sql = Arc::new(Sql::new(&log.names));
-        let mut tasks = Vec::new();
+        let mut tasks = BackgroundTasks::default();
         if options.rotate_in_background {
             let every = (options.rotation_interval / 4)
                 .clamp(Duration::from_millis(50), Duration::from_secs(10));
-            tasks.push(tokio::spawn(rotate_forever(
+            tasks.spawn(rotate_forever(
                 pool.clone(),
                 Arc::clone(&sql),
                 options.group.clone(),
                 options.rotation_interval,
                 every,
-            )));
+            ));
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -582,7 +570,7 @@ impl PgLogStore {
                 members: Mutex::new(HashMap::new()),
                 holdings: Mutex::new(HashMap::new()),
                 virtual_shards: tokio::sync::OnceCell::new(),
-                tasks,
+                _tasks: tasks,
             }),
         })
     }
