@@ -1285,13 +1285,13 @@ impl Store for PgStore {
                 "claimed outbox events"
             );
         }
-        Ok(Claim {
+        Ok(Claim::up_to_batch_size(
+            req,
             token,
             // No rows: nothing is leased, so the time is only informative.
-            lease_until: lease_until.unwrap_or_else(Utc::now),
-            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
+            lease_until.unwrap_or_else(Utc::now),
             events,
-        })
+        ))
     }
 
     async fn settle(

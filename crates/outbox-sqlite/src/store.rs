@@ -549,12 +549,7 @@ impl Store for SqliteStore {
             None => self.now_plus(lease_ms).await?,
         };
         tracing::debug!(relay = %req.relay_id, shard = %req.shard, claimed = events.len(), %token, "claimed outbox events");
-        Ok(Claim {
-            token,
-            lease_until,
-            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
-            events,
-        })
+        Ok(Claim::up_to_batch_size(req, token, lease_until, events))
     }
 
     async fn settle(

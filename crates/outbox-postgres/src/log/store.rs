@@ -437,6 +437,28 @@ fn xid(text: &str) -> Result<u64, StoreError> {
         .map_err(|_| decode_err(format!("malformed xid8 {text:?}")))
 }
 
+/// A cursor row's skip list (transactions passed out of order): the
+/// `xid8[]` column `txids` zipped with the `bigint[]` column `seqs`.
+fn row_skip_list(row: &PgRow, txids: usize, seqs: usize) -> Result<Vec<(u64, i64)>, StoreError> {
+    let txids: Vec<String> = row.try_get(txids)?;
+    let seqs: Vec<i64> = row.try_get(seqs)?;
+    txids
+        .iter()
+        .zip(seqs)
+        .map(|(t, s)| Ok((xid(t)?, s)))
+        .collect()
+}
+
+/// A shard's [`ShardSpec`] from its `(shard_index, shard_total)` columns
+/// (a row that does not make one reads as [`ShardSpec::ALL`]).
+fn shard_spec(index: i32, total: i32) -> ShardSpec {
+    ShardSpec::new(
+        u32::try_from(index).unwrap_or(0),
+        u32::try_from(total).unwrap_or(1),
+    )
+    .unwrap_or(ShardSpec::ALL)
+}
+
 fn position(
     lo: &str,
     hi: &str,
@@ -725,14 +747,7 @@ impl PgLogStore {
                         st.read = done.clone();
                         st.done = done;
                         st.epoch = Some(epoch);
-                        let skip_txid: Vec<String> = row.try_get(8)?;
-                        let skip_seq: Vec<i64> = row.try_get(9)?;
-                        let skip = skip_txid
-                            .iter()
-                            .map(|t| xid(t))
-                            .zip(skip_seq)
-                            .map(|(t, s)| t.map(|t| (t, s)))
-                            .collect::<Result<Vec<_>, _>>()?;
+                        let skip = row_skip_list(&row, 8, 9)?;
                         st.inherited.clone_from(&skip);
                         st.persisted_skip = skip;
                         st.last_persist = Instant::now();
@@ -1590,6 +1605,19 @@ impl PgLogStore {
         out
     }
 
+    /// Runs `sql` (`$1` the group, then the dead-letter filter) over this
+    /// group's dead letters selected by `filter`; the rows it changed.
+    async fn dead_statement(
+        &self,
+        sql: &str,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let done = bind_dead_filter(sqlx::query(sql).bind(&self.inner.group), filter)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// The cursors of this store's consumer group.
     pub async fn cursors(&self) -> Result<Vec<CursorInfo>, StoreError> {
         let rows = sqlx::query(&self.inner.sql.cursors)
@@ -1601,11 +1629,7 @@ impl PgLogStore {
                 let total: i32 = r.try_get(0)?;
                 let index: i32 = r.try_get(1)?;
                 Ok(CursorInfo {
-                    shard: ShardSpec::new(
-                        u32::try_from(index).unwrap_or(0),
-                        u32::try_from(total).unwrap_or(1),
-                    )
-                    .unwrap_or(ShardSpec::ALL),
+                    shard: shard_spec(index, total),
                     epoch: r.try_get(2)?,
                     owner: r.try_get(3)?,
                     lease_until: r.try_get(4)?,
@@ -1749,11 +1773,7 @@ impl PgLogStore {
             let lane_lag = micros_to(r.try_get(10)?);
             shards.push(ShardStatus {
                 cursor: CursorInfo {
-                    shard: ShardSpec::new(
-                        u32::try_from(index).unwrap_or(0),
-                        u32::try_from(total).unwrap_or(1),
-                    )
-                    .unwrap_or(ShardSpec::ALL),
+                    shard: shard_spec(index, total),
                     owner: r.try_get(2)?,
                     leased: r.try_get(3)?,
                     epoch: r.try_get(4)?,
@@ -2267,23 +2287,13 @@ impl DeadLetterStore for PgLogStore {
     }
 
     async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        let done = bind_dead_filter(
-            sqlx::query(&self.inner.sql.retry_dead).bind(&self.inner.group),
-            filter,
-        )
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.dead_statement(&self.inner.sql.retry_dead, filter)
+            .await
     }
 
     async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        let done = bind_dead_filter(
-            sqlx::query(&self.inner.sql.purge_dead).bind(&self.inner.group),
-            filter,
-        )
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.dead_statement(&self.inner.sql.purge_dead, filter)
+            .await
     }
 }
 
