@@ -18,7 +18,7 @@ use outbox_core::{
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgPool, Row};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -435,6 +435,30 @@ fn snap(text: &str) -> Result<Snap, StoreError> {
 fn xid(text: &str) -> Result<u64, StoreError> {
     text.parse()
         .map_err(|_| decode_err(format!("malformed xid8 {text:?}")))
+}
+
+/// The event of a claim row (lane rows and log rows share the columns:
+/// 8 type, 9 topic, 10 payload, 12 `created_at`, 14 due time).
+fn claimed_event(
+    row: &PgRow,
+    id: EventId,
+    key: Option<String>,
+    headers: BTreeMap<String, String>,
+    attempts: u32,
+    last_error: Option<LastError>,
+) -> Result<Event, StoreError> {
+    Ok(Event {
+        id,
+        key,
+        event_type: row.try_get(8)?,
+        topic: row.try_get(9)?,
+        payload: row.try_get(10)?,
+        headers,
+        created_at: row.try_get(12)?,
+        attempts,
+        next_attempt_at: row.try_get(14)?,
+        last_error,
+    })
 }
 
 /// A cursor row's skip list (transactions passed out of order): the
@@ -995,18 +1019,14 @@ impl PgLogStore {
                 };
                 match headers_strict(&headers) {
                     Ok(headers) if events.len() < limit => {
-                        events.push(Event {
+                        events.push(claimed_event(
+                            row,
                             id,
-                            key: key_text.clone(),
-                            event_type: row.try_get(8)?,
-                            topic: row.try_get(9)?,
-                            payload: row.try_get(10)?,
+                            key_text.clone(),
                             headers,
-                            created_at: row.try_get(12)?,
-                            attempts: u32::try_from(stored).unwrap_or(0) + 1,
-                            next_attempt_at: row.try_get(14)?,
-                            last_error: last_error(row.try_get(15)?, row.try_get(16)?),
-                        });
+                            u32::try_from(stored).unwrap_or(0) + 1,
+                            last_error(row.try_get(15)?, row.try_get(16)?),
+                        )?);
                         items.push(Item {
                             id,
                             key: key_text,
@@ -1058,18 +1078,7 @@ impl PgLogStore {
                 match headers_strict(&headers) {
                     Ok(headers) => (
                         Kind::Deliver,
-                        Some(Event {
-                            id,
-                            key: key_text.clone(),
-                            event_type: row.try_get(8)?,
-                            topic: row.try_get(9)?,
-                            payload: row.try_get(10)?,
-                            headers,
-                            created_at: row.try_get(12)?,
-                            attempts: 1,
-                            next_attempt_at: row.try_get(14)?,
-                            last_error: None,
-                        }),
+                        Some(claimed_event(row, id, key_text.clone(), headers, 1, None)?),
                     ),
                     Err(reason) => {
                         tracing::warn!(event_id = %id, %reason, "undecodable outbox row dead-lettered");
