@@ -494,6 +494,28 @@ impl NewEvent {
         let _ = limits;
     }
 
+    /// What every store's enqueue does with an event before binding it:
+    /// [`capture_trace_context`](Self::capture_trace_context) (while the
+    /// caller's span is current), then [`validate`](Self::validate).
+    pub fn prepare(&mut self, limits: &EventLimits) -> Result<(), ValidationError> {
+        self.capture_trace_context(limits);
+        self.validate(limits)
+    }
+
+    /// [`prepare`](Self::prepare) for each of `events`, collected in the
+    /// given order; the first refused event's id and why it was refused (a
+    /// store enqueues a batch only when every event passes).
+    pub fn prepare_all(
+        events: impl IntoIterator<Item = NewEvent>,
+        limits: &EventLimits,
+    ) -> Result<Vec<NewEvent>, (EventId, ValidationError)> {
+        let mut events: Vec<NewEvent> = events.into_iter().collect();
+        for e in &mut events {
+            e.prepare(limits).map_err(|source| (e.id(), source))?;
+        }
+        Ok(events)
+    }
+
     /// Checks the event against `limits`; store crates call this at enqueue.
     ///
     /// A control character anywhere in the key, event type, topic, a header

@@ -1,6 +1,60 @@
 //! The rules for SQL identifiers (schema and table names) shared by the
-//! store crates: each keeps its own `Ident` type and error, and calls
-//! [`validate`].
+//! store crates: each keeps its own `Ident` type (built by [`ident_type!`]
+//! and [`checked`], plus its own rules), and both report a refused name as
+//! [`InvalidIdentifier`] (re-exported by each store crate).
+
+use thiserror::Error;
+
+/// The longest identifier accepted: PostgreSQL truncates identifiers longer
+/// than this (`NAMEDATALEN - 1`), so the stores refuse them instead; SQLite
+/// takes the same bound, so one name works on both stores.
+pub const MAX_IDENTIFIER_BYTES: usize = 63;
+
+/// Why a schema or table name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
+pub enum InvalidIdentifier {
+    /// The name was empty.
+    #[error("SQL identifier must not be empty")]
+    Empty,
+    /// The name was longer than [`MAX_IDENTIFIER_BYTES`].
+    #[error("SQL identifier {name:?} is {len} bytes long, above the maximum of {MAX_IDENTIFIER_BYTES} bytes")]
+    TooLong {
+        /// The refused name.
+        name: String,
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The name had a character outside `[A-Za-z0-9_]`, or began with a digit.
+    #[error("SQL identifier {0:?} is not allowed: use only ASCII letters, digits and '_', not starting with a digit")]
+    InvalidCharacters(String),
+    /// The name starts with `sqlite_`, a prefix SQLite reserves for itself
+    /// (refused by the SQLite store only).
+    #[error("SQL identifier {0:?} is not allowed: names starting with \"sqlite_\" are reserved by SQLite")]
+    Reserved(String),
+}
+
+/// `name` if it passes [`validate`] with [`MAX_IDENTIFIER_BYTES`], else why
+/// not (the refused name inside): the common part of every store's
+/// `Ident::new`.
+///
+/// ```
+/// use outbox_core::ident::{checked, InvalidIdentifier};
+/// assert_eq!(checked("outbox".to_owned()).as_deref(), Ok("outbox"));
+/// assert_eq!(checked(String::new()), Err(InvalidIdentifier::Empty));
+/// assert_eq!(
+///     checked("a-b".to_owned()),
+///     Err(InvalidIdentifier::InvalidCharacters("a-b".to_owned()))
+/// );
+/// ```
+pub fn checked(name: String) -> Result<String, InvalidIdentifier> {
+    match validate(&name, MAX_IDENTIFIER_BYTES) {
+        Ok(()) => Ok(name),
+        Err(IdentError::Empty) => Err(InvalidIdentifier::Empty),
+        Err(IdentError::TooLong { len }) => Err(InvalidIdentifier::TooLong { name, len }),
+        Err(IdentError::InvalidCharacters) => Err(InvalidIdentifier::InvalidCharacters(name)),
+    }
+}
 
 /// Why a name breaks the identifier rules of [`validate`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,9 +103,9 @@ pub fn validate(name: &str, max_len: usize) -> Result<(), IdentError> {
 /// `quoted` (the double-quoted SQL form), the crate-private
 /// `from_static` (crate constants) and `with_suffix` (validated again),
 /// `Debug` (`Ident(name)`), `Display`, `FromStr` and `TryFrom<&str>` /
-/// `TryFrom<String>`. Each store keeps its own type and error (their rules
-/// differ: SQLite reserves `sqlite_`), so one store's name is never taken
-/// for the other's unchecked.
+/// `TryFrom<String>`. Each store keeps its own type (their rules differ:
+/// SQLite reserves `sqlite_`), so one store's name is never taken for the
+/// other's unchecked; the error is [`InvalidIdentifier`] for both.
 #[macro_export]
 macro_rules! ident_type {
     ($ty:ident, $err:ty) => {
@@ -116,6 +170,36 @@ macro_rules! ident_type {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn checked_keeps_the_refused_name() {
+        for bad in [
+            "x\"; DROP TABLE y; --",
+            "a b",
+            "1abc",
+            "schema.table",
+            "tab\u{e9}",
+            "a-b",
+            "a\"b",
+            "a\0b",
+            "[x]",
+        ] {
+            assert_eq!(
+                checked(bad.to_owned()),
+                Err(InvalidIdentifier::InvalidCharacters(bad.to_owned())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(checked(String::new()), Err(InvalidIdentifier::Empty));
+        assert!(matches!(
+            checked("a".repeat(64)),
+            Err(InvalidIdentifier::TooLong { len: 64, .. })
+        ));
+        let msg = checked("x\"; DROP TABLE y; --".to_owned())
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("not allowed"), "{msg}");
+    }
 
     #[test]
     fn rules() {

@@ -9,6 +9,7 @@ mod event;
 pub mod headers;
 pub mod ident;
 mod message;
+pub mod pool;
 mod redact;
 mod retry;
 mod shard;
@@ -24,6 +25,7 @@ pub use event::{
     ValidationError, MAX_DELIVERY_DELAY,
 };
 pub use message::BrokerMessage;
+pub use pool::PoolSettings;
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
 pub use shard::{fnv1a_64, key_hash, shard_of, InvalidShardSpec, ShardSpec};

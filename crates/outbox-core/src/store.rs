@@ -116,6 +116,26 @@ pub struct Claim {
     pub more: bool,
 }
 
+impl Claim {
+    /// The claim of `events` (at most `req.batch_size`) under `token`, with
+    /// [`more`](Self::more) set when it reached the batch size: the rule of
+    /// a store whose claim stops only at the batch size (the event log has
+    /// more reasons and sets `more` itself).
+    pub fn up_to_batch_size(
+        req: &ClaimRequest,
+        token: FencingToken,
+        lease_until: DateTime<Utc>,
+        events: Vec<Event>,
+    ) -> Self {
+        Self {
+            token,
+            lease_until,
+            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
+            events,
+        }
+    }
+}
+
 /// What to record for one claimed event when its batch is settled.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

@@ -1,11 +1,11 @@
-//! Pause and resume ([`ControlStore`]) on PostgreSQL: one row per consumer
+//! Pause and resume ([`ControlStore`](outbox_core::ControlStore)) on PostgreSQL: one row per consumer
 //! group in `<table>_control` (queue mode, migration 3) or
 //! `<table>_log_control` (event-log mode, migration 4, see
 //! `log/control.rs`). Times come from the database's `now()`.
 
 use crate::{PgStore, StoreError};
 use chrono::{DateTime, Utc};
-use outbox_core::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
+use outbox_core::{PauseNote, Paused, DEFAULT_GROUP};
 use sqlx::{PgPool, Row};
 
 /// The SQL of one control table, rendered once per call (a relay reads it
@@ -14,12 +14,17 @@ pub(crate) struct ControlSql {
     read: String,
     pause: String,
     resume: String,
+    /// Only [`DEFAULT_GROUP`] exists (queue mode); other names are refused.
+    default_only: bool,
 }
 
 impl ControlSql {
-    /// The statements for the quoted, qualified table `table`.
-    pub(crate) fn new(table: &str) -> Self {
+    /// The statements for the quoted, qualified table `table`; with
+    /// `default_only`, a group other than [`DEFAULT_GROUP`] is refused with
+    /// [`StoreError::UnknownGroup`].
+    pub(crate) fn new(table: &str, default_only: bool) -> Self {
         Self {
+            default_only,
             read: format!(
                 "SELECT COALESCE(paused_at, updated_at) AS since, paused_by, reason \
                  FROM {table} WHERE grp = $1 AND paused"
@@ -46,6 +51,7 @@ impl ControlSql {
         pool: &PgPool,
         group: &str,
     ) -> Result<Option<Paused>, StoreError> {
+        self.check(group)?;
         let row = sqlx::query(&self.read)
             .bind(group)
             .fetch_optional(pool)
@@ -68,6 +74,7 @@ impl ControlSql {
         paused: bool,
         note: &PauseNote,
     ) -> Result<bool, StoreError> {
+        self.check(group)?;
         let done = if paused {
             sqlx::query(&self.pause)
                 .bind(group)
@@ -80,42 +87,55 @@ impl ControlSql {
         };
         Ok(done.rows_affected() > 0)
     }
-}
 
-/// The queue table has one consumer group, [`DEFAULT_GROUP`].
-fn only_default(group: &str) -> Result<(), StoreError> {
-    if group == DEFAULT_GROUP {
+    /// Refuses a group this outbox does not have.
+    fn check(&self, group: &str) -> Result<(), StoreError> {
+        if self.default_only && group != DEFAULT_GROUP {
+            return Err(StoreError::UnknownGroup(group.to_owned()));
+        }
         Ok(())
-    } else {
-        Err(StoreError::UnknownGroup(group.to_owned()))
     }
 }
+
+/// [`ControlStore`] for a PostgreSQL store type `$store` (both modes) with
+/// `control_sql() -> ControlSql` and `pool()`: the two impls differ only in
+/// the type and in what `control_sql` says (table, groups).
+macro_rules! control_store {
+    ($(#[$doc:meta])* $store:ty) => {
+        $(#[$doc])*
+        impl outbox_core::ControlStore for $store {
+            type Error = $crate::StoreError;
+
+            async fn paused(
+                &self,
+                group: &str,
+            ) -> Result<Option<outbox_core::Paused>, $crate::StoreError> {
+                self.control_sql().paused(self.pool(), group).await
+            }
+
+            async fn set_paused(
+                &self,
+                group: &str,
+                paused: bool,
+                note: &outbox_core::PauseNote,
+            ) -> Result<bool, $crate::StoreError> {
+                self.control_sql()
+                    .set_paused(self.pool(), group, paused, note)
+                    .await
+            }
+        }
+    };
+}
+pub(crate) use control_store;
 
 impl PgStore {
     fn control_sql(&self) -> ControlSql {
-        ControlSql::new(&self.outbox().names.render("{{control}}"))
+        ControlSql::new(&self.outbox().names.render("{{control}}"), true)
     }
 }
 
-/// The queue table's one group, [`DEFAULT_GROUP`]; other names are refused
-/// with [`StoreError::UnknownGroup`].
-impl ControlStore for PgStore {
-    type Error = StoreError;
-
-    async fn paused(&self, group: &str) -> Result<Option<Paused>, StoreError> {
-        only_default(group)?;
-        self.control_sql().paused(self.pool(), group).await
-    }
-
-    async fn set_paused(
-        &self,
-        group: &str,
-        paused: bool,
-        note: &PauseNote,
-    ) -> Result<bool, StoreError> {
-        only_default(group)?;
-        self.control_sql()
-            .set_paused(self.pool(), group, paused, note)
-            .await
-    }
-}
+control_store!(
+    /// The queue table's one group, [`DEFAULT_GROUP`]; other names are
+    /// refused with [`StoreError::UnknownGroup`].
+    PgStore
+);

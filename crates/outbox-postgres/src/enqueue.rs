@@ -4,7 +4,7 @@ use crate::descriptor::PgMode;
 use crate::log::names::LogNames;
 use crate::names::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
-use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
+use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError, Migration};
 use chrono::{DateTime, Utc};
 use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
@@ -45,7 +45,9 @@ pub struct PgOutbox {
     notify: bool,
 }
 
-struct EnqueueSql {
+/// One target's INSERT statements ([`Inserts`]) and the same wrapped in a
+/// `pg_notify` (its channel bound last): what both enqueue handles run.
+pub(crate) struct EnqueueSql {
     plain: Inserts,
     one_notify: String,
     batch_notify: String,
@@ -131,7 +133,7 @@ fn is_delayed(event: &NewEvent) -> bool {
 
 impl EnqueueSql {
     /// The queue table's or the event log's statements (see [`Inserts::new`]).
-    fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
+    pub(crate) fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
         let plain = Inserts::new(target, due_column, undelayed);
         let notify =
             |sql: &str, param: u32| format!("WITH ins AS ({sql}) SELECT pg_notify(${param}, '')");
@@ -142,6 +144,67 @@ impl EnqueueSql {
             delayed_batch_notify: notify(&plain.delayed_batch, 10),
             plain,
         }
+    }
+
+    /// The single-event statement for `event`, notifying or not.
+    fn one_for(&self, event: &NewEvent, notify: bool) -> &str {
+        match (notify, is_delayed(event)) {
+            (false, _) => self.plain.one_for(event),
+            (true, false) => &self.one_notify,
+            (true, true) => &self.delayed_one_notify,
+        }
+    }
+
+    /// The batch statement for `events` (validated), notifying or not.
+    fn batch_for(&self, events: &[NewEvent], notify: bool) -> &str {
+        match (notify, events.iter().any(is_delayed)) {
+            (false, _) => self.plain.batch_for(events),
+            (true, false) => &self.batch_notify,
+            (true, true) => &self.delayed_batch_notify,
+        }
+    }
+
+    /// Adds one event's INSERT to the caller's transaction (`conn`), with
+    /// `pg_notify(channel)` when a channel is given: the body of both
+    /// handles' `enqueue`. Returns the event's id.
+    pub(crate) async fn enqueue(
+        &self,
+        conn: &mut PgConnection,
+        event: NewEvent,
+        limits: &EventLimits,
+        channel: Option<&str>,
+    ) -> Result<EventId, EnqueueError> {
+        let sql = self.one_for(&event, channel.is_some());
+        let (id, mut q) = bind_event(sqlx::query(sql), event, limits)?;
+        if let Some(channel) = channel {
+            q = q.bind(channel);
+        }
+        q.execute(conn).await.map_err(EnqueueError::Database)?;
+        Ok(id)
+    }
+
+    /// Validates `events` (nothing is written if one is refused) and adds
+    /// them with ONE INSERT to the caller's transaction, with
+    /// `pg_notify(channel)` when a channel is given: the body of both
+    /// handles' `enqueue_batch`. Returns the ids in the given order.
+    pub(crate) async fn enqueue_batch(
+        &self,
+        conn: &mut PgConnection,
+        events: impl IntoIterator<Item = NewEvent>,
+        limits: &EventLimits,
+        channel: Option<&str>,
+    ) -> Result<Vec<EventId>, EnqueueError> {
+        let events = validate_batch(events, limits)?;
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = self.batch_for(&events, channel.is_some());
+        let (ids, mut q) = bind_batch(sqlx::query(sql), events)?;
+        if let Some(channel) = channel {
+            q = q.bind(channel);
+        }
+        q.execute(conn).await.map_err(EnqueueError::Database)?;
+        Ok(ids)
     }
 }
 
@@ -273,6 +336,11 @@ impl PgOutbox {
         self.notify && self.log.is_none()
     }
 
+    /// The channel enqueue notifies, when it does.
+    fn notify_channel(&self) -> Option<&str> {
+        self.notifies().then_some(self.names.channel.as_str())
+    }
+
     /// Adds one INSERT (plus `pg_notify` when enabled) to the caller's
     /// transaction: pass `&mut *tx`. Returns the event's id. The event is
     /// visible to relays only once the transaction commits.
@@ -281,18 +349,9 @@ impl PgOutbox {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
-        let notify = self.notifies();
-        let sql = match (notify, is_delayed(&event)) {
-            (false, _) => self.sql.plain.one_for(&event),
-            (true, false) => &self.sql.one_notify,
-            (true, true) => &self.sql.delayed_one_notify,
-        };
-        let (id, mut q) = bind_event(sqlx::query(sql), event, &self.limits)?;
-        if notify {
-            q = q.bind(&self.names.channel);
-        }
-        q.execute(conn).await.map_err(EnqueueError::Database)?;
-        Ok(id)
+        self.sql
+            .enqueue(conn, event, &self.limits, self.notify_channel())
+            .await
     }
 
     /// Adds many events with ONE INSERT (`UNNEST` of arrays) to the caller's
@@ -303,23 +362,9 @@ impl PgOutbox {
         conn: &mut PgConnection,
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
-        let events = validate_batch(events, &self.limits)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let notify = self.notifies();
-        let delayed = events.iter().any(is_delayed);
-        let sql = match (notify, delayed) {
-            (false, _) => self.sql.plain.batch_for(&events),
-            (true, false) => &self.sql.batch_notify,
-            (true, true) => &self.sql.delayed_batch_notify,
-        };
-        let (ids, mut q) = bind_batch(sqlx::query(sql), events)?;
-        if notify {
-            q = q.bind(&self.names.channel);
-        }
-        q.execute(conn).await.map_err(EnqueueError::Database)?;
-        Ok(ids)
+        self.sql
+            .enqueue_batch(conn, events, &self.limits, self.notify_channel())
+            .await
     }
 
     /// Applies this mode's missing migrations to the outbox's schema
@@ -346,14 +391,8 @@ impl PgOutbox {
     /// only.)
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
         match &self.log {
-            Some(log) => crate::log::LOG_MIGRATIONS
-                .iter()
-                .map(|m| (m.version, m.name, log.render(m.template)))
-                .collect(),
-            None => crate::MIGRATIONS
-                .iter()
-                .map(|m| (m.version, m.name, m.render(&self.names)))
-                .collect(),
+            Some(log) => Migration::render_all(crate::log::LOG_MIGRATIONS, log),
+            None => Migration::render_all(crate::MIGRATIONS, &self.names),
         }
     }
 }
@@ -373,9 +412,8 @@ pub(crate) fn bind_event<'q>(
     limits: &EventLimits,
 ) -> Result<(EventId, PgQuery<'q>), EnqueueError> {
     let id = event.id();
-    event.capture_trace_context(limits);
     event
-        .validate(limits)
+        .prepare(limits)
         .map_err(|source| EnqueueError::Invalid { id, source })?;
     let due = due_params(&event)?;
     let key_hash = i64::from(event.key_hash());
@@ -421,13 +459,8 @@ pub(crate) fn validate_batch(
     events: impl IntoIterator<Item = NewEvent>,
     limits: &EventLimits,
 ) -> Result<Vec<NewEvent>, EnqueueError> {
-    let mut events: Vec<NewEvent> = events.into_iter().collect();
-    for e in &mut events {
-        e.capture_trace_context(limits);
-        e.validate(limits)
-            .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
-    }
-    Ok(events)
+    NewEvent::prepare_all(events, limits)
+        .map_err(|(id, source)| EnqueueError::Invalid { id, source })
 }
 
 /// Binds a validated batch to `q` as seven arrays (the columns of

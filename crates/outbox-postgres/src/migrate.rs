@@ -1,7 +1,7 @@
 //! Embedded SQL migrations, applied into the configured schema with the
 //! library's own history table and a transaction-scoped advisory lock.
 
-use crate::names::Names;
+use crate::names::{Names, Templates};
 use crate::MigrateError;
 use sqlx::{Connection, Executor, PgConnection, Row};
 
@@ -39,10 +39,22 @@ pub const MIGRATIONS: &[Migration] = &[
 const LOCK_NAMESPACE: i32 = 0x6f62_6f78;
 
 impl Migration {
-    /// The SQL for `schema`.`table`: each placeholder replaced by a
-    /// validated, double-quoted identifier.
-    pub(crate) fn render(&self, names: &Names) -> String {
+    /// The SQL for `schema`.`table` (either mode's names): each placeholder
+    /// replaced by a validated, double-quoted identifier.
+    pub(crate) fn render(&self, names: &Templates) -> String {
         names.render(self.template)
+    }
+
+    /// `migrations` rendered for `names`, as `(version, name, sql)`: what
+    /// both modes' `migration_sql` return.
+    pub(crate) fn render_all(
+        migrations: &[Migration],
+        names: &Templates,
+    ) -> Vec<(i32, &'static str, String)> {
+        migrations
+            .iter()
+            .map(|m| (m.version, m.name, m.render(names)))
+            .collect()
     }
 
     /// A stable checksum of the template (64-bit FNV-1a,
@@ -51,29 +63,6 @@ impl Migration {
     pub fn checksum(&self) -> i64 {
         let h = outbox_core::fnv1a_64(self.template.as_bytes());
         i64::from_ne_bytes(h.to_ne_bytes())
-    }
-}
-
-/// The identifiers a migration set is rendered with: the queue mode's
-/// [`Names`] and the event-log mode's `LogNames`.
-pub(crate) trait MigrationNames {
-    /// The schema (the advisory lock is keyed on it).
-    fn schema(&self) -> &crate::Ident;
-    /// The outbox table (for the log line).
-    fn table(&self) -> &crate::Ident;
-    /// `template` with each `{{placeholder}}` replaced.
-    fn render(&self, template: &str) -> String;
-}
-
-impl MigrationNames for Names {
-    fn schema(&self) -> &crate::Ident {
-        &self.schema
-    }
-    fn table(&self) -> &crate::Ident {
-        &self.table
-    }
-    fn render(&self, template: &str) -> String {
-        Names::render(self, template)
     }
 }
 
@@ -109,11 +98,12 @@ pub(crate) async fn relkind(
 
 /// The migration runner shared by both modes: `migrations` applied in one
 /// transaction under `pg_advisory_xact_lock(lock_namespace, hashtext(schema))`,
-/// recorded with their checksums in `{{history}}`. `what` names the set in
-/// the log line. Returns the versions this call applied.
-pub(crate) async fn apply<N: MigrationNames + Sync>(
+/// recorded with their checksums in `{{history}}`, with `names` (either
+/// mode's, which deref to [`Templates`]). `what` names the set in the log
+/// line. Returns the versions this call applied.
+pub(crate) async fn apply(
     conn: &mut PgConnection,
-    names: &N,
+    names: &Templates,
     migrations: &'static [Migration],
     lock_namespace: i32,
     what: &'static str,
@@ -121,7 +111,7 @@ pub(crate) async fn apply<N: MigrationNames + Sync>(
     let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
         .bind(lock_namespace)
-        .bind(names.schema().as_str())
+        .bind(names.schema.as_str())
         .execute(&mut *tx)
         .await
         .map_err(MigrateError::Database)?;
@@ -187,8 +177,8 @@ pub(crate) async fn apply<N: MigrationNames + Sync>(
         .await
         .map_err(MigrateError::Database)?;
         tracing::info!(
-            schema = %names.schema(),
-            table = %names.table(),
+            schema = %names.schema,
+            table = %names.table,
             version = m.version,
             name = m.name,
             "applied {what} migration"

@@ -3,15 +3,54 @@
 
 use crate::ident::{Ident, InvalidIdentifier};
 
-/// Validated names of everything one outbox owns in the database.
+/// What the names of both modes (queue [`Names`], event log
+/// [`LogNames`](crate::log::names::LogNames)) are: the outbox's schema and
+/// table, and the `{{placeholder}}`s its SQL templates are rendered with
+/// (also what the migration runner takes). Each mode's names deref to it.
 #[derive(Debug, Clone)]
-pub(crate) struct Names {
+pub(crate) struct Templates {
     pub(crate) schema: Ident,
     pub(crate) table: Ident,
     /// `(placeholder, quoted replacement)` pairs.
     replacements: Vec<(&'static str, String)>,
+}
+
+impl Templates {
+    /// The names of `schema`.`table` with these replacements.
+    pub(crate) fn new(
+        schema: Ident,
+        table: Ident,
+        replacements: Vec<(&'static str, String)>,
+    ) -> Self {
+        Self {
+            schema,
+            table,
+            replacements,
+        }
+    }
+
+    /// Replaces every `{{placeholder}}` in `template`.
+    pub(crate) fn render(&self, template: &str) -> String {
+        self.replacements
+            .iter()
+            .fold(template.to_owned(), |sql, (from, to)| sql.replace(from, to))
+    }
+}
+
+/// Validated names of everything one (queue-mode) outbox owns in the database.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    templates: Templates,
     /// LISTEN/NOTIFY channel (plain text, passed as a parameter).
     pub(crate) channel: String,
+}
+
+impl std::ops::Deref for Names {
+    type Target = Templates;
+
+    fn deref(&self) -> &Templates {
+        &self.templates
+    }
 }
 
 impl Names {
@@ -45,18 +84,9 @@ impl Names {
             format!("outbox_{:016x}", outbox_core::fnv1a_64(plain.as_bytes()))
         };
         Ok(Self {
-            schema,
-            table,
-            replacements,
+            templates: Templates::new(schema, table, replacements),
             channel,
         })
-    }
-
-    /// Replaces every `{{placeholder}}` in `template`.
-    pub(crate) fn render(&self, template: &str) -> String {
-        self.replacements
-            .iter()
-            .fold(template.to_owned(), |sql, (from, to)| sql.replace(from, to))
     }
 }
 

@@ -1,7 +1,7 @@
 //! Store configuration and URL redaction.
 
 use crate::{Ident, InvalidIdentifier};
-use outbox_core::EventLimits;
+use outbox_core::PoolSettings;
 use std::fmt;
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub const DEFAULT_VACUUM_EVERY: u64 = 50_000;
 /// | [`with_connect_timeout`](Self::with_connect_timeout) | - | 10 s |
 /// | [`with_auto_migrate`](Self::with_auto_migrate) | - | `false` |
 /// | [`with_vacuum_every`](Self::with_vacuum_every) | - | `None` (autovacuum only) |
-/// | [`with_limits`](Self::with_limits) | - | [`EventLimits::default()`] |
+/// | [`with_limits`](Self::with_limits) | - | [`EventLimits::default()`](outbox_core::EventLimits::default) |
 #[derive(Clone)]
 pub struct PgStoreOptions {
     pub(crate) url: Option<String>,
@@ -43,12 +43,10 @@ pub struct PgStoreOptions {
     pub(crate) retention: Option<Duration>,
     pub(crate) purge_batch: u32,
     pub(crate) purge_interval: Duration,
-    pub(crate) max_connections: u32,
-    pub(crate) acquire_timeout: Duration,
-    pub(crate) connect_timeout: Duration,
-    pub(crate) auto_migrate: bool,
+    /// Pool size, timeouts, auto-migrate and limits (the builders every
+    /// store shares, [`outbox_core::pool_builders!`]).
+    pub(crate) pool: PoolSettings,
     pub(crate) vacuum_every: Option<u64>,
-    pub(crate) limits: EventLimits,
 }
 
 impl Default for PgStoreOptions {
@@ -62,12 +60,9 @@ impl Default for PgStoreOptions {
             retention: None,
             purge_batch: 1000,
             purge_interval: Duration::from_secs(60),
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(30),
-            connect_timeout: Duration::from_secs(10),
-            auto_migrate: false,
+            // At least 2: one connection is held by the listener.
+            pool: PoolSettings::new(10, 2),
             vacuum_every: None,
-            limits: EventLimits::default(),
         }
     }
 }
@@ -143,28 +138,6 @@ impl PgStoreOptions {
         self
     }
 
-    /// Pool size (at least 2: one connection is held by the listener).
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(2);
-        self
-    }
-
-    /// How long taking a pooled connection (opening one if needed) may take
-    /// before a query fails. Default 30 s.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// How long [`crate::PgStore::connect`] keeps trying while the server
-    /// refuses connections or is starting up, before it fails with the last
-    /// attempt's cause ("Connection refused", ...). Errors that waiting cannot
-    /// fix (authentication, a missing database, TLS) fail at once. Default 10 s.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
     /// After this many rows left the events table (delivered or
     /// dead-lettered) through this store, run `VACUUM (ANALYZE)` on it in the
     /// background, so claims do not walk the index entries of deleted rows
@@ -182,18 +155,6 @@ impl PgStoreOptions {
         self
     }
 
-    /// Applies the migrations when the store connects.
-    pub fn with_auto_migrate(mut self, yes: bool) -> Self {
-        self.auto_migrate = yes;
-        self
-    }
-
-    /// Limits checked at enqueue.
-    pub fn with_limits(mut self, limits: EventLimits) -> Self {
-        self.limits = limits;
-        self
-    }
-
     /// The schema.
     pub fn schema(&self) -> &Ident {
         &self.schema
@@ -204,6 +165,8 @@ impl PgStoreOptions {
         &self.table
     }
 }
+
+outbox_core::pool_builders!(PgStoreOptions, pool: max_connections, acquire_timeout, connect_timeout, auto_migrate, limits);
 
 impl fmt::Debug for PgStoreOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -216,12 +179,8 @@ impl fmt::Debug for PgStoreOptions {
             .field("retention", &self.retention)
             .field("purge_batch", &self.purge_batch)
             .field("purge_interval", &self.purge_interval)
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("auto_migrate", &self.auto_migrate)
+            .field("pool", &self.pool)
             .field("vacuum_every", &self.vacuum_every)
-            .field("limits", &self.limits)
             .finish()
     }
 }

@@ -6,8 +6,8 @@ use crate::{MigrateError, PgOutbox, PgStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
-    Event, EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement,
-    ShardSpec, Stats, Store, MAX_DEAD_LETTER_AGE,
+    Event, EventId, FencingToken, LastError, PoolSettings, Rejected, Resolution, SettleReport,
+    Settlement, ShardSpec, Stats, Store, MAX_DEAD_LETTER_AGE,
 };
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{ConnectOptions, Connection, PgPool, Row};
@@ -37,7 +37,8 @@ struct Inner {
     retention: Option<Duration>,
     purge_batch: u32,
     wakeup: Option<Arc<Notify>>,
-    tasks: Vec<JoinHandle<()>>,
+    /// Held for its `Drop`: stops the LISTEN and purge tasks with the last clone.
+    _tasks: BackgroundTasks,
     vacuum: Option<Vacuum>,
     held: Held,
     floor: SeqFloor,
@@ -184,9 +185,37 @@ impl Vacuum {
     }
 }
 
-impl Drop for Inner {
+/// Applies `set` to the stats of the shard each row names (column 0: the
+/// shard index; rows outside `out` are ignored).
+fn fill_shards(
+    out: &mut [ShardStats],
+    rows: &[PgRow],
+    set: impl Fn(&mut Stats, &PgRow) -> Result<(), sqlx::Error>,
+) -> Result<(), StoreError> {
+    for row in rows {
+        let shard: i64 = row.try_get(0)?;
+        if let Some(s) = usize::try_from(shard).ok().and_then(|i| out.get_mut(i)) {
+            set(&mut s.stats, row)?;
+        }
+    }
+    Ok(())
+}
+
+/// A store's background tasks (LISTEN, retention purge, log rotation):
+/// aborted when the store's last clone drops them.
+#[derive(Default)]
+pub(crate) struct BackgroundTasks(Vec<JoinHandle<()>>);
+
+impl BackgroundTasks {
+    /// Runs `task` on the Tokio runtime until the store is dropped.
+    pub(crate) fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.0.push(tokio::spawn(task));
+    }
+}
+
+impl Drop for BackgroundTasks {
     fn drop(&mut self) {
-        for t in &self.tasks {
+        for t in &self.0 {
             t.abort();
         }
     }
@@ -746,12 +775,10 @@ fn server_name(o: &PgConnectOptions) -> String {
 /// password), `jit = off` (JIT compilation costs tens of milliseconds per
 /// claim and buys nothing for these small, index-driven statements), a
 /// first connection tried until `connect_timeout` ([`first_connection`]),
-/// then a lazy pool of `max_connections`.
+/// then a lazy pool of `max_connections` (both from `settings`).
 pub(crate) async fn connect_pool(
     url: Option<&str>,
-    max_connections: u32,
-    acquire_timeout: Duration,
-    connect_timeout: Duration,
+    settings: &PoolSettings,
 ) -> Result<PgPool, StoreError> {
     let url =
         url.ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
@@ -759,10 +786,10 @@ pub(crate) async fn connect_pool(
         .parse()
         .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?;
     let connect = connect.options([("jit", "off")]);
-    first_connection(&connect, connect_timeout, url).await?;
+    first_connection(&connect, settings.connect_timeout, url).await?;
     Ok(PgPoolOptions::new()
-        .max_connections(max_connections)
-        .acquire_timeout(acquire_timeout)
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
         .connect_lazy_with(connect))
 }
 
@@ -835,13 +862,7 @@ impl PgStore {
     /// last attempt's cause ("connection refused", an authentication failure,
     /// a missing database...), never the password.
     pub async fn connect(options: PgStoreOptions) -> Result<Self, StoreError> {
-        let pool = connect_pool(
-            options.url.as_deref(),
-            options.max_connections,
-            options.acquire_timeout,
-            options.connect_timeout,
-        )
-        .await?;
+        let pool = connect_pool(options.url.as_deref(), &options.pool).await?;
         Self::from_pool(pool, options).await
     }
 
@@ -851,33 +872,33 @@ impl PgStore {
         let names = Names::new(options.schema.clone(), options.table.clone())?;
         let outbox = PgOutbox::from_names(names)
             .with_notify(options.notify)
-            .with_limits(options.limits);
-        if options.auto_migrate {
+            .with_limits(options.pool.limits);
+        if options.pool.auto_migrate {
             let mut conn = pool.acquire().await?;
             outbox.migrate(&mut conn).await?;
         }
         let sql = StoreSql::new(&outbox.names, options.retention.is_some());
-        let mut tasks = Vec::new();
+        let mut tasks = BackgroundTasks::default();
         let wakeup = if options.listen {
             let notify = Arc::new(Notify::new());
-            tasks.push(tokio::spawn(listen(
+            tasks.spawn(listen(
                 pool.clone(),
                 outbox.channel().to_owned(),
                 Arc::clone(&notify),
-            )));
+            ));
             Some(notify)
         } else {
             None
         };
         if let Some(retention) = options.retention {
             let retention_us = micros(retention)?;
-            tasks.push(tokio::spawn(purge_loop(
+            tasks.spawn(purge_loop(
                 pool.clone(),
                 sql.purge_delivered.clone(),
                 retention_us,
                 options.purge_batch,
                 options.purge_interval,
-            )));
+            ));
         }
         let vacuum = options.vacuum_every.map(|every| Vacuum {
             every,
@@ -896,7 +917,7 @@ impl PgStore {
                 retention: options.retention,
                 purge_batch: options.purge_batch,
                 wakeup,
-                tasks,
+                _tasks: tasks,
                 held: Held::default(),
                 floor: SeqFloor::default(),
             }),
@@ -940,24 +961,20 @@ impl PgStore {
             .bind(i64::from(total))
             .fetch_all(&self.inner.pool)
             .await?;
-        for row in rows {
-            let shard: i64 = row.try_get(0)?;
-            if let Some(s) = usize::try_from(shard).ok().and_then(|i| out.get_mut(i)) {
-                s.stats.pending = count(row.try_get(1)?);
-                s.stats.in_flight = count(row.try_get(2)?);
-                s.stats.oldest_pending_age = age(row.try_get(3)?);
-            }
-        }
+        fill_shards(&mut out, &rows, |stats, row| {
+            stats.pending = count(row.try_get(1)?);
+            stats.in_flight = count(row.try_get(2)?);
+            stats.oldest_pending_age = age(row.try_get(3)?);
+            Ok(())
+        })?;
         let rows = sqlx::query(&self.inner.sql.shard_dead)
             .bind(i64::from(total))
             .fetch_all(&self.inner.pool)
             .await?;
-        for row in rows {
-            let shard: i64 = row.try_get(0)?;
-            if let Some(s) = usize::try_from(shard).ok().and_then(|i| out.get_mut(i)) {
-                s.stats.dead = count(row.try_get(1)?);
-            }
-        }
+        fill_shards(&mut out, &rows, |stats, row| {
+            stats.dead = count(row.try_get(1)?);
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -1272,13 +1289,13 @@ impl Store for PgStore {
                 "claimed outbox events"
             );
         }
-        Ok(Claim {
+        Ok(Claim::up_to_batch_size(
+            req,
             token,
             // No rows: nothing is leased, so the time is only informative.
-            lease_until: lease_until.unwrap_or_else(Utc::now),
-            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
+            lease_until.unwrap_or_else(Utc::now),
             events,
-        })
+        ))
     }
 
     async fn settle(

@@ -6,7 +6,8 @@ mod common;
 
 use common::{database_url, fresh_schema, pool, req, SchemaGuard, TestDb};
 use outbox_core::{
-    ClaimRequest, EventId, FencingToken, NewEvent, Resolution, Settlement, ShardSpec, Stats, Store,
+    Claim, ClaimRequest, EventId, FencingToken, NewEvent, Resolution, Settlement, ShardSpec, Stats,
+    Store,
 };
 use outbox_postgres::{
     Ident, InvalidIdentifier, PgMode, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
@@ -26,6 +27,16 @@ fn delivered(ids: &[EventId]) -> Settlement {
     })
 }
 
+/// Enqueues `event` in the caller's transaction `tx` (left open).
+async fn enqueue_in(db: &TestDb, tx: &mut PgConnection, event: NewEvent) -> EventId {
+    db.outbox.enqueue(tx, event).await.unwrap()
+}
+
+/// The ids of a claim's events, in order.
+fn ids(claim: &Claim) -> Vec<EventId> {
+    claim.events.iter().map(|e| e.id).collect()
+}
+
 async fn deliver(store: &PgStore, token: FencingToken, ids: &[EventId]) -> u64 {
     let report = store.settle(token, &delivered(ids)).await.unwrap();
     assert!(report.rejected.is_empty(), "{report:?}");
@@ -37,7 +48,7 @@ async fn rolled_back_enqueue_is_never_claimed() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let mut tx = db.pool.begin().await.unwrap();
-    let gone = db.outbox.enqueue(&mut tx, ev(0)).await.unwrap();
+    let gone = enqueue_in(&db, &mut tx, ev(0)).await;
     let gone_batch = db
         .outbox
         .enqueue_batch(&mut tx, vec![ev(1), ev(2)])
@@ -64,33 +75,19 @@ async fn an_event_committed_after_a_later_one_is_still_claimed() {
     let store = db.store().await;
     // tx1 enqueues first (smaller, time-ordered id) but commits last.
     let mut tx1 = db.pool.begin().await.unwrap();
-    let early = db
-        .outbox
-        .enqueue(&mut tx1, ev(0).with_key("k1"))
-        .await
-        .unwrap();
+    let early = enqueue_in(&db, &mut tx1, ev(0).with_key("k1")).await;
     let mut tx2 = db.pool.begin().await.unwrap();
-    let late = db
-        .outbox
-        .enqueue(&mut tx2, ev(1).with_key("k2"))
-        .await
-        .unwrap();
+    let late = enqueue_in(&db, &mut tx2, ev(1).with_key("k2")).await;
     assert!(early < late);
     tx2.commit().await.unwrap();
 
     let c = store.claim(&req("r", 10)).await.unwrap();
-    assert_eq!(
-        c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
-        vec![late]
-    );
+    assert_eq!(ids(&c), vec![late]);
     assert_eq!(deliver(&store, c.token, &[late]).await, 1);
 
     tx1.commit().await.unwrap();
     let c = store.claim(&req("r", 10)).await.unwrap();
-    assert_eq!(
-        c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
-        vec![early]
-    );
+    assert_eq!(ids(&c), vec![early]);
     assert_eq!(deliver(&store, c.token, &[early]).await, 1);
 }
 
@@ -103,22 +100,14 @@ async fn an_event_of_a_long_transaction_is_claimed_once_it_commits() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let mut long = db.pool.begin().await.unwrap();
-    let early = db
-        .outbox
-        .enqueue(&mut long, ev(0).with_key("k1"))
-        .await
-        .unwrap();
+    let early = enqueue_in(&db, &mut long, ev(0).with_key("k1")).await;
     // Later events commit and are delivered over 3 s of claims.
     for i in 1..=6 {
         let mut tx = db.pool.begin().await.unwrap();
-        let id = db
-            .outbox
-            .enqueue(&mut tx, ev(i).with_key("k2"))
-            .await
-            .unwrap();
+        let id = enqueue_in(&db, &mut tx, ev(i).with_key("k2")).await;
         tx.commit().await.unwrap();
         let c = store.claim(&req("r", 10)).await.unwrap();
-        assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), vec![id]);
+        assert_eq!(ids(&c), vec![id]);
         assert_eq!(deliver(&store, c.token, &[id]).await, 1);
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -127,10 +116,7 @@ async fn an_event_of_a_long_transaction_is_claimed_once_it_commits() {
     loop {
         let c = store.claim(&req("r", 10)).await.unwrap();
         if !c.events.is_empty() {
-            assert_eq!(
-                c.events.iter().map(|e| e.id).collect::<Vec<_>>(),
-                vec![early]
-            );
+            assert_eq!(ids(&c), vec![early]);
             assert_eq!(deliver(&store, c.token, &[early]).await, 1);
             break;
         }
@@ -429,7 +415,7 @@ async fn lease_uses_the_database_clock_and_is_recorded() {
     let db = TestDb::new().await;
     let store = db.store().await;
     let mut tx = db.pool.begin().await.unwrap();
-    let id = db.outbox.enqueue(&mut tx, ev(0)).await.unwrap();
+    let id = enqueue_in(&db, &mut tx, ev(0)).await;
     tx.commit().await.unwrap();
     let c = store.claim(&req("relay-x", 1)).await.unwrap();
     let row = sqlx::query(&format!(
@@ -628,7 +614,7 @@ async fn undecodable_rows_are_dead_lettered_at_claim() {
     tx.commit().await.unwrap();
 
     let c = store.claim(&req("r", 10)).await.unwrap();
-    assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), good);
+    assert_eq!(ids(&c), good);
     let dead = store.list_dead(&DeadLetterQuery::default()).await.unwrap();
     assert_eq!(dead.len(), 1);
     assert_eq!(dead[0].event.id, bad.id());
@@ -762,5 +748,5 @@ async fn upgrading_from_migration_1_keeps_pending_events_in_order() {
     let c = store.claim(&req("r", 10)).await.unwrap();
     let mut want = by_id.clone();
     want.push(newer);
-    assert_eq!(c.events.iter().map(|e| e.id).collect::<Vec<_>>(), want);
+    assert_eq!(ids(&c), want);
 }

@@ -157,13 +157,9 @@ impl SqliteOutbox {
         conn: &mut SqliteConnection,
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
-        let mut events: Vec<NewEvent> = events.into_iter().collect();
-        for e in &mut events {
-            // Feature `otel`: the caller's span becomes the trace headers.
-            e.capture_trace_context(&self.limits);
-            e.validate(&self.limits)
-                .map_err(|source| EnqueueError::Invalid { id: e.id(), source })?;
-        }
+        // Feature `otel`: the caller's span becomes the trace headers.
+        let events = NewEvent::prepare_all(events, &self.limits)
+            .map_err(|(id, source)| EnqueueError::Invalid { id, source })?;
         let mut ids = Vec::with_capacity(events.len());
         let mut events = events.into_iter().peekable();
         let row = concat!("(?, ?, ?, ?, ?, ?, ?, ", now_ms!(), ", 0, ", now_ms!(), ")");

@@ -1,7 +1,7 @@
 //! Store configuration.
 
 use crate::Ident;
-use outbox_core::EventLimits;
+use outbox_core::PoolSettings;
 use std::fmt;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ pub const DEFAULT_BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// | [`with_max_connections`](Self::with_max_connections) | 8 |
 /// | [`with_acquire_timeout`](Self::with_acquire_timeout) | 30 s |
 /// | [`with_auto_migrate`](Self::with_auto_migrate) | `false` |
-/// | [`with_limits`](Self::with_limits) | [`EventLimits::default()`] |
+/// | [`with_limits`](Self::with_limits) | [`EventLimits::default()`](outbox_core::EventLimits::default) |
 ///
 /// `SqliteStore::connect` also accepts a URL (`&str` or `String`), which
 /// means these defaults.
@@ -32,10 +32,9 @@ pub struct SqliteStoreOptions {
     pub(crate) url: String,
     pub(crate) table: Ident,
     pub(crate) busy_timeout: Duration,
-    pub(crate) max_connections: u32,
-    pub(crate) acquire_timeout: Duration,
-    pub(crate) auto_migrate: bool,
-    pub(crate) limits: EventLimits,
+    /// Pool size, acquire timeout, auto-migrate and limits (the builders
+    /// every store shares, [`outbox_core::pool_builders!`]).
+    pub(crate) pool: PoolSettings,
 }
 
 impl SqliteStoreOptions {
@@ -48,10 +47,7 @@ impl SqliteStoreOptions {
             url: url.into(),
             table: Ident::from_static(DEFAULT_TABLE),
             busy_timeout: DEFAULT_BUSY_TIMEOUT,
-            max_connections: 8,
-            acquire_timeout: Duration::from_secs(30),
-            auto_migrate: false,
-            limits: EventLimits::default(),
+            pool: PoolSettings::new(8, 1),
         }
     }
 
@@ -71,30 +67,6 @@ impl SqliteStoreOptions {
         self
     }
 
-    /// Pool size (at least 1). Default 8.
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
-        self
-    }
-
-    /// How long taking a pooled connection may take. Default 30 s.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// Applies the migrations when the store connects.
-    pub fn with_auto_migrate(mut self, yes: bool) -> Self {
-        self.auto_migrate = yes;
-        self
-    }
-
-    /// Limits checked at enqueue through [`crate::SqliteStore::outbox`].
-    pub fn with_limits(mut self, limits: EventLimits) -> Self {
-        self.limits = limits;
-        self
-    }
-
     /// The events table.
     pub fn table(&self) -> &Ident {
         &self.table
@@ -106,15 +78,15 @@ impl SqliteStoreOptions {
     }
 }
 
+// No `connect_timeout`: opening a SQLite file does not wait for a server.
+outbox_core::pool_builders!(SqliteStoreOptions, pool: max_connections, acquire_timeout, auto_migrate, limits);
+
 impl fmt::Debug for SqliteStoreOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStoreOptions")
             .field("table", &self.table)
             .field("busy_timeout", &self.busy_timeout)
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("auto_migrate", &self.auto_migrate)
-            .field("limits", &self.limits)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
     }
 }

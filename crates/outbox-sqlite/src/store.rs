@@ -194,8 +194,8 @@ impl SqliteStore {
             .busy_timeout(options.busy_timeout)
             .foreign_keys(true);
         let pool = SqlitePoolOptions::new()
-            .max_connections(options.max_connections)
-            .acquire_timeout(options.acquire_timeout)
+            .max_connections(options.pool.max_connections)
+            .acquire_timeout(options.pool.acquire_timeout)
             .connect_with(connect)
             .await
             .map_err(|e| match e {
@@ -205,8 +205,8 @@ impl SqliteStore {
                     reason: crate::error::Cause(&e).to_string(),
                 },
             })?;
-        let store = Self::with_names(pool, names, options.limits);
-        if options.auto_migrate {
+        let store = Self::with_names(pool, names, options.pool.limits);
+        if options.pool.auto_migrate {
             store.migrate().await?;
         }
         Ok(store)
@@ -549,12 +549,7 @@ impl Store for SqliteStore {
             None => self.now_plus(lease_ms).await?,
         };
         tracing::debug!(relay = %req.relay_id, shard = %req.shard, claimed = events.len(), %token, "claimed outbox events");
-        Ok(Claim {
-            token,
-            lease_until,
-            more: events.len() >= usize::try_from(req.batch_size).unwrap_or(usize::MAX),
-            events,
-        })
+        Ok(Claim::up_to_batch_size(req, token, lease_until, events))
     }
 
     async fn settle(

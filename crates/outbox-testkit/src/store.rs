@@ -1034,6 +1034,14 @@ pub mod cases {
             let store = &store;
             async move { store.count_dead(&filter).await.unwrap() }
         };
+        let retry = |filter: DeadLetterFilter| {
+            let store = &store;
+            async move { store.retry_dead(&filter).await.unwrap() }
+        };
+        let purge = |filter: DeadLetterFilter| {
+            let store = &store;
+            async move { store.purge_dead(&filter).await.unwrap() }
+        };
         let f = DeadLetterFilter::all;
         assert_eq!(list(f()).await, all);
         assert_eq!(list(f().with_event_type("order.created")).await, vec![a, b]);
@@ -1086,41 +1094,19 @@ pub mod cases {
         assert_eq!(count(f().with_ids([])).await, 0);
 
         // Retry and purge touch only what the filter selects.
-        let retried = store
-            .retry_dead(&f().with_event_type("invoice.sent").with_key("k1"))
-            .await
-            .unwrap();
-        assert_eq!(retried, 1);
+        assert_eq!(
+            retry(f().with_event_type("invoice.sent").with_key("k1")).await,
+            1
+        );
         assert_eq!(
             h.snapshot(c).await,
             pending(0, false, Some(ErrorCode::HANDLER_PERMANENT_FAILURE))
         );
-        assert_eq!(
-            store.purge_dead(&f().older_than(DAY)).await.unwrap(),
-            1,
-            "only a is a day old"
-        );
+        assert_eq!(purge(f().older_than(DAY)).await, 1, "only a is a day old");
         assert_eq!(h.snapshot(a).await, RowState::Missing);
-        assert_eq!(
-            store
-                .purge_dead(
-                    &f().newer_than(HOUR)
-                        .with_code(ErrorCode::HANDLER_NOT_REGISTERED)
-                )
-                .await
-                .unwrap(),
-            0
-        );
-        assert_eq!(
-            store
-                .retry_dead(
-                    &f().older_than(HOUR)
-                        .with_code(ErrorCode::HANDLER_NOT_REGISTERED)
-                )
-                .await
-                .unwrap(),
-            1
-        );
+        let not_registered = || f().with_code(ErrorCode::HANDLER_NOT_REGISTERED);
+        assert_eq!(purge(not_registered().newer_than(HOUR)).await, 0);
+        assert_eq!(retry(not_registered().older_than(HOUR)).await, 1);
         assert_eq!(
             h.snapshot(b).await,
             pending(0, false, Some(ErrorCode::HANDLER_NOT_REGISTERED))

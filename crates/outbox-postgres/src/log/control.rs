@@ -1,35 +1,18 @@
-//! Pause and resume ([`ControlStore`]) of the event log's consumer groups:
+//! Pause and resume ([`ControlStore`](outbox_core::ControlStore)) of the event log's consumer groups:
 //! one row per group in `<table>_log_control` (migration 4). Any group may
 //! be paused, also one whose relays have not started yet.
 
 use super::PgLogStore;
-use crate::control::ControlSql;
-use crate::StoreError;
-use outbox_core::{ControlStore, PauseNote, Paused};
+use crate::control::{control_store, ControlSql};
 
 impl PgLogStore {
     fn control_sql(&self) -> ControlSql {
-        ControlSql::new(&self.log().names.render("{{control}}"))
+        ControlSql::new(&self.log().names.render("{{control}}"), false)
     }
 }
 
-/// Every consumer group of the log; this store's relays watch
-/// [`PgLogStore::group`].
-impl ControlStore for PgLogStore {
-    type Error = StoreError;
-
-    async fn paused(&self, group: &str) -> Result<Option<Paused>, StoreError> {
-        self.control_sql().paused(self.pool(), group).await
-    }
-
-    async fn set_paused(
-        &self,
-        group: &str,
-        paused: bool,
-        note: &PauseNote,
-    ) -> Result<bool, StoreError> {
-        self.control_sql()
-            .set_paused(self.pool(), group, paused, note)
-            .await
-    }
-}
+control_store!(
+    /// Every consumer group of the log; this store's relays watch
+    /// [`PgLogStore::group`].
+    PgLogStore
+);

@@ -1,8 +1,8 @@
 //! Enqueue into the event log inside the caller's transaction.
 
 use super::names::LogNames;
-use crate::enqueue::{bind_batch, bind_event, validate_batch, Inserts};
-use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
+use crate::enqueue::EnqueueSql;
+use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError, Migration};
 use outbox_core::{EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
 use std::fmt;
@@ -28,7 +28,7 @@ use std::sync::Arc;
 #[derive(Clone)]
 pub struct PgLog {
     pub(crate) names: Arc<LogNames>,
-    sql: Arc<Inserts>,
+    sql: Arc<EnqueueSql>,
     limits: EventLimits,
 }
 
@@ -54,7 +54,11 @@ impl PgLog {
             // transaction id, the insertion order and the current partition
             // are all decided inside this one statement. `deliver_at` is
             // set for a delayed event only (NULL otherwise: migration 3).
-            sql: Arc::new(Inserts::new(&names.render("{{log}}"), "deliver_at", "NULL")),
+            sql: Arc::new(EnqueueSql::new(
+                &names.render("{{log}}"),
+                "deliver_at",
+                "NULL",
+            )),
             names: Arc::new(names),
             limits: EventLimits::default(),
         }
@@ -83,9 +87,7 @@ impl PgLog {
         conn: &mut PgConnection,
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
-        let (id, q) = bind_event(sqlx::query(self.sql.one_for(&event)), event, &self.limits)?;
-        q.execute(conn).await.map_err(EnqueueError::Database)?;
-        Ok(id)
+        self.sql.enqueue(conn, event, &self.limits, None).await
     }
 
     /// Adds many events with ONE INSERT to the caller's transaction, in the
@@ -96,13 +98,9 @@ impl PgLog {
         conn: &mut PgConnection,
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
-        let events = validate_batch(events, &self.limits)?;
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
-        let (ids, q) = bind_batch(sqlx::query(self.sql.batch_for(&events)), events)?;
-        q.execute(conn).await.map_err(EnqueueError::Database)?;
-        Ok(ids)
+        self.sql
+            .enqueue_batch(conn, events, &self.limits, None)
+            .await
     }
 
     /// Applies the missing event-log migrations (creating the schema if
@@ -114,9 +112,6 @@ impl PgLog {
     /// The migration SQL with this outbox's names substituted, for teams that
     /// apply migrations with their own tool: `(version, name, sql)`.
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
-        super::LOG_MIGRATIONS
-            .iter()
-            .map(|m| (m.version, m.name, self.names.render(m.template)))
-            .collect()
+        Migration::render_all(super::LOG_MIGRATIONS, &self.names)
     }
 }

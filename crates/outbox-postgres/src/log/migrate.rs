@@ -33,18 +33,6 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
 /// First key of the advisory lock: ASCII "olog" (the queue mode uses "obox").
 const LOCK_NAMESPACE: i32 = 0x6f6c_6f67;
 
-impl crate::migrate::MigrationNames for LogNames {
-    fn schema(&self) -> &crate::Ident {
-        &self.schema
-    }
-    fn table(&self) -> &crate::Ident {
-        &self.table
-    }
-    fn render(&self, template: &str) -> String {
-        LogNames::render(self, template)
-    }
-}
-
 /// Applies the missing migrations in one transaction, serialized with other
 /// migrating processes by `pg_advisory_xact_lock`, then (in a second
 /// transaction, see [`attach`]) upgrades a queue-mode outbox of the same name

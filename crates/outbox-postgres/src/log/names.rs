@@ -2,6 +2,7 @@
 //! table, and the SQL text built from them.
 
 use crate::ident::{Ident, InvalidIdentifier};
+use crate::names::Templates;
 
 /// Number of rotating partitions (fixed by migration 1).
 pub(crate) const PARTITIONS: usize = 3;
@@ -11,9 +12,15 @@ pub(crate) const PARTITIONS: usize = 3;
 /// in the log (an in-place upgrade drains a queue table of that name first).
 #[derive(Debug, Clone)]
 pub(crate) struct LogNames {
-    pub(crate) schema: Ident,
-    pub(crate) table: Ident,
-    replacements: Vec<(&'static str, String)>,
+    templates: Templates,
+}
+
+impl std::ops::Deref for LogNames {
+    type Target = Templates;
+
+    fn deref(&self) -> &Templates {
+        &self.templates
+    }
 }
 
 /// `(placeholder, suffix, qualified)`: qualified names get the schema.
@@ -75,17 +82,8 @@ impl LogNames {
         replacements.push(("{{outbox}}", format!("{s}.{}", table.quoted())));
         replacements.push(("{{schema}}", s));
         Ok(Self {
-            schema,
-            table,
-            replacements,
+            templates: Templates::new(schema, table, replacements),
         })
-    }
-
-    /// Replaces every `{{placeholder}}` in `template`.
-    pub(crate) fn render(&self, template: &str) -> String {
-        self.replacements
-            .iter()
-            .fold(template.to_owned(), |sql, (from, to)| sql.replace(from, to))
     }
 
     /// The quoted, qualified name of partition `slot`.

@@ -2,7 +2,7 @@
 
 use crate::options::{DEFAULT_SCHEMA, DEFAULT_TABLE};
 use crate::{redact_url, Ident};
-use outbox_core::EventLimits;
+use outbox_core::PoolSettings;
 use std::fmt;
 use std::time::Duration;
 
@@ -83,15 +83,13 @@ pub struct PgLogOptions {
     pub(crate) new_group_start: GroupStart,
     pub(crate) rotation_interval: Duration,
     pub(crate) rotate_in_background: bool,
-    pub(crate) max_connections: u32,
-    pub(crate) acquire_timeout: Duration,
-    pub(crate) auto_migrate: bool,
-    pub(crate) limits: EventLimits,
+    /// Pool size, timeouts, auto-migrate and limits (the builders every
+    /// store shares, [`outbox_core::pool_builders!`]).
+    pub(crate) pool: PoolSettings,
     pub(crate) idle_progress_every: Duration,
     pub(crate) probe_min: Duration,
     pub(crate) probe_max: Duration,
     pub(crate) durable_progress: bool,
-    pub(crate) connect_timeout: Duration,
     pub(crate) dynamic_shards: bool,
     pub(crate) rebalance_every: Duration,
 }
@@ -107,15 +105,11 @@ impl Default for PgLogOptions {
             new_group_start: GroupStart::Oldest,
             rotation_interval: DEFAULT_ROTATION_INTERVAL,
             rotate_in_background: true,
-            max_connections: 10,
-            acquire_timeout: Duration::from_secs(30),
-            auto_migrate: false,
-            limits: EventLimits::default(),
+            pool: PoolSettings::new(10, 1),
             idle_progress_every: Duration::from_secs(1),
             probe_min: Duration::from_millis(2),
             probe_max: Duration::from_millis(25),
             durable_progress: false,
-            connect_timeout: Duration::from_secs(10),
             dynamic_shards: false,
             rebalance_every: DEFAULT_REBALANCE_INTERVAL,
         }
@@ -207,38 +201,6 @@ impl PgLogOptions {
         self
     }
 
-    /// How long [`PgLogStore::connect`](super::PgLogStore::connect) keeps
-    /// trying to open its first connection (a refused connection, a server
-    /// starting) before it returns the last attempt's error. Default 10 s.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Pool size. Default 10.
-    pub fn with_max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
-        self
-    }
-
-    /// How long taking a pooled connection may take. Default 30 s.
-    pub fn with_acquire_timeout(mut self, timeout: Duration) -> Self {
-        self.acquire_timeout = timeout;
-        self
-    }
-
-    /// Applies the migrations when the store connects.
-    pub fn with_auto_migrate(mut self, yes: bool) -> Self {
-        self.auto_migrate = yes;
-        self
-    }
-
-    /// Limits checked at enqueue.
-    pub fn with_limits(mut self, limits: EventLimits) -> Self {
-        self.limits = limits;
-        self
-    }
-
     /// How often an idle cursor records that it has caught up (so rotation
     /// can proceed while a shard receives no events). Default 1 s.
     pub fn with_idle_progress_every(mut self, every: Duration) -> Self {
@@ -291,6 +253,8 @@ impl PgLogOptions {
     }
 }
 
+outbox_core::pool_builders!(PgLogOptions, pool: max_connections, acquire_timeout, connect_timeout, auto_migrate, limits);
+
 impl fmt::Debug for PgLogOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PgLogOptions")
@@ -302,15 +266,11 @@ impl fmt::Debug for PgLogOptions {
             .field("new_group_start", &self.new_group_start)
             .field("rotation_interval", &self.rotation_interval)
             .field("rotate_in_background", &self.rotate_in_background)
-            .field("max_connections", &self.max_connections)
-            .field("acquire_timeout", &self.acquire_timeout)
-            .field("auto_migrate", &self.auto_migrate)
-            .field("limits", &self.limits)
+            .field("pool", &self.pool)
             .field("idle_progress_every", &self.idle_progress_every)
             .field("probe_min", &self.probe_min)
             .field("probe_max", &self.probe_max)
             .field("durable_progress", &self.durable_progress)
-            .field("connect_timeout", &self.connect_timeout)
             .finish()
     }
 }

@@ -6,7 +6,9 @@ use super::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
 use super::snapshot::{Position, Snap, Xid8};
 use super::sql::{Sql, PROBE};
 use super::PgLog;
-use crate::store::{bind_dead_filter, headers_lenient_under, headers_strict, last_error};
+use crate::store::{
+    bind_dead_filter, headers_lenient_under, headers_strict, last_error, BackgroundTasks,
+};
 use crate::{redact_url, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
@@ -16,12 +18,11 @@ use outbox_core::{
 };
 use sqlx::postgres::PgRow;
 use sqlx::{Acquire, PgPool, Row};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 mod relays;
@@ -67,15 +68,8 @@ struct Inner {
     holdings: Mutex<HashMap<RelayId, LeaseHolding>>,
     /// The outbox's virtual shard count, read once.
     virtual_shards: tokio::sync::OnceCell<u32>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        for t in &self.tasks {
-            t.abort();
-        }
-    }
+    /// Held for its `Drop`: stops the background rotation with the last clone.
+    _tasks: BackgroundTasks,
 }
 
 impl fmt::Debug for PgLogStore {
@@ -443,6 +437,52 @@ fn xid(text: &str) -> Result<u64, StoreError> {
         .map_err(|_| decode_err(format!("malformed xid8 {text:?}")))
 }
 
+/// The event of a claim row (lane rows and log rows share the columns:
+/// 8 type, 9 topic, 10 payload, 12 `created_at`, 14 due time).
+fn claimed_event(
+    row: &PgRow,
+    id: EventId,
+    key: Option<String>,
+    headers: BTreeMap<String, String>,
+    attempts: u32,
+    last_error: Option<LastError>,
+) -> Result<Event, StoreError> {
+    Ok(Event {
+        id,
+        key,
+        event_type: row.try_get(8)?,
+        topic: row.try_get(9)?,
+        payload: row.try_get(10)?,
+        headers,
+        created_at: row.try_get(12)?,
+        attempts,
+        next_attempt_at: row.try_get(14)?,
+        last_error,
+    })
+}
+
+/// A cursor row's skip list (transactions passed out of order): the
+/// `xid8[]` column `txids` zipped with the `bigint[]` column `seqs`.
+fn row_skip_list(row: &PgRow, txids: usize, seqs: usize) -> Result<Vec<(u64, i64)>, StoreError> {
+    let txids: Vec<String> = row.try_get(txids)?;
+    let seqs: Vec<i64> = row.try_get(seqs)?;
+    txids
+        .iter()
+        .zip(seqs)
+        .map(|(t, s)| Ok((xid(t)?, s)))
+        .collect()
+}
+
+/// A shard's [`ShardSpec`] from its `(shard_index, shard_total)` columns
+/// (a row that does not make one reads as [`ShardSpec::ALL`]).
+fn shard_spec(index: i32, total: i32) -> ShardSpec {
+    ShardSpec::new(
+        u32::try_from(index).unwrap_or(0),
+        u32::try_from(total).unwrap_or(1),
+    )
+    .unwrap_or(ShardSpec::ALL)
+}
+
 fn position(
     lo: &str,
     hi: &str,
@@ -521,13 +561,7 @@ impl PgLogStore {
     pub async fn connect(options: PgLogOptions) -> Result<Self, StoreError> {
         // As the queue store: a refused first connection is retried until
         // the connect timeout, then its root cause is reported.
-        let pool = crate::store::connect_pool(
-            options.url.as_deref(),
-            options.max_connections,
-            options.acquire_timeout,
-            options.connect_timeout,
-        )
-        .await?;
+        let pool = crate::store::connect_pool(options.url.as_deref(), &options.pool).await?;
         Self::from_pool(pool, options).await
     }
 
@@ -537,24 +571,24 @@ impl PgLogStore {
         super::GroupName::new(options.group.as_str())?;
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
         let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
-            .with_limits(options.limits);
-        let log = PgLog::from_names(names).with_limits(options.limits);
-        if options.auto_migrate {
+            .with_limits(options.pool.limits);
+        let log = PgLog::from_names(names).with_limits(options.pool.limits);
+        if options.pool.auto_migrate {
             let mut conn = pool.acquire().await?;
             log.migrate(&mut conn).await?;
         }
         let sql = Arc::new(Sql::new(&log.names));
-        let mut tasks = Vec::new();
+        let mut tasks = BackgroundTasks::default();
         if options.rotate_in_background {
             let every = (options.rotation_interval / 4)
                 .clamp(Duration::from_millis(50), Duration::from_secs(10));
-            tasks.push(tokio::spawn(rotate_forever(
+            tasks.spawn(rotate_forever(
                 pool.clone(),
                 Arc::clone(&sql),
                 options.group.clone(),
                 options.rotation_interval,
                 every,
-            )));
+            ));
         }
         Ok(Self {
             inner: Arc::new(Inner {
@@ -582,7 +616,7 @@ impl PgLogStore {
                 members: Mutex::new(HashMap::new()),
                 holdings: Mutex::new(HashMap::new()),
                 virtual_shards: tokio::sync::OnceCell::new(),
-                tasks,
+                _tasks: tasks,
             }),
         })
     }
@@ -737,14 +771,7 @@ impl PgLogStore {
                         st.read = done.clone();
                         st.done = done;
                         st.epoch = Some(epoch);
-                        let skip_txid: Vec<String> = row.try_get(8)?;
-                        let skip_seq: Vec<i64> = row.try_get(9)?;
-                        let skip = skip_txid
-                            .iter()
-                            .map(|t| xid(t))
-                            .zip(skip_seq)
-                            .map(|(t, s)| t.map(|t| (t, s)))
-                            .collect::<Result<Vec<_>, _>>()?;
+                        let skip = row_skip_list(&row, 8, 9)?;
                         st.inherited.clone_from(&skip);
                         st.persisted_skip = skip;
                         st.last_persist = Instant::now();
@@ -988,18 +1015,14 @@ impl PgLogStore {
                 };
                 match headers_strict(&headers) {
                     Ok(headers) if events.len() < limit => {
-                        events.push(Event {
+                        events.push(claimed_event(
+                            row,
                             id,
-                            key: key_text.clone(),
-                            event_type: row.try_get(8)?,
-                            topic: row.try_get(9)?,
-                            payload: row.try_get(10)?,
+                            key_text.clone(),
                             headers,
-                            created_at: row.try_get(12)?,
-                            attempts: u32::try_from(stored).unwrap_or(0) + 1,
-                            next_attempt_at: row.try_get(14)?,
-                            last_error: last_error(row.try_get(15)?, row.try_get(16)?),
-                        });
+                            u32::try_from(stored).unwrap_or(0) + 1,
+                            last_error(row.try_get(15)?, row.try_get(16)?),
+                        )?);
                         items.push(Item {
                             id,
                             key: key_text,
@@ -1051,18 +1074,7 @@ impl PgLogStore {
                 match headers_strict(&headers) {
                     Ok(headers) => (
                         Kind::Deliver,
-                        Some(Event {
-                            id,
-                            key: key_text.clone(),
-                            event_type: row.try_get(8)?,
-                            topic: row.try_get(9)?,
-                            payload: row.try_get(10)?,
-                            headers,
-                            created_at: row.try_get(12)?,
-                            attempts: 1,
-                            next_attempt_at: row.try_get(14)?,
-                            last_error: None,
-                        }),
+                        Some(claimed_event(row, id, key_text.clone(), headers, 1, None)?),
                     ),
                     Err(reason) => {
                         tracing::warn!(event_id = %id, %reason, "undecodable outbox row dead-lettered");
@@ -1598,6 +1610,19 @@ impl PgLogStore {
         out
     }
 
+    /// Runs `sql` (`$1` the group, then the dead-letter filter) over this
+    /// group's dead letters selected by `filter`; the rows it changed.
+    async fn dead_statement(
+        &self,
+        sql: &str,
+        filter: &DeadLetterFilter,
+    ) -> Result<u64, StoreError> {
+        let done = bind_dead_filter(sqlx::query(sql).bind(&self.inner.group), filter)
+            .execute(&self.inner.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     /// The cursors of this store's consumer group.
     pub async fn cursors(&self) -> Result<Vec<CursorInfo>, StoreError> {
         let rows = sqlx::query(&self.inner.sql.cursors)
@@ -1609,11 +1634,7 @@ impl PgLogStore {
                 let total: i32 = r.try_get(0)?;
                 let index: i32 = r.try_get(1)?;
                 Ok(CursorInfo {
-                    shard: ShardSpec::new(
-                        u32::try_from(index).unwrap_or(0),
-                        u32::try_from(total).unwrap_or(1),
-                    )
-                    .unwrap_or(ShardSpec::ALL),
+                    shard: shard_spec(index, total),
                     epoch: r.try_get(2)?,
                     owner: r.try_get(3)?,
                     lease_until: r.try_get(4)?,
@@ -1757,11 +1778,7 @@ impl PgLogStore {
             let lane_lag = micros_to(r.try_get(10)?);
             shards.push(ShardStatus {
                 cursor: CursorInfo {
-                    shard: ShardSpec::new(
-                        u32::try_from(index).unwrap_or(0),
-                        u32::try_from(total).unwrap_or(1),
-                    )
-                    .unwrap_or(ShardSpec::ALL),
+                    shard: shard_spec(index, total),
                     owner: r.try_get(2)?,
                     leased: r.try_get(3)?,
                     epoch: r.try_get(4)?,
@@ -2275,23 +2292,13 @@ impl DeadLetterStore for PgLogStore {
     }
 
     async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        let done = bind_dead_filter(
-            sqlx::query(&self.inner.sql.retry_dead).bind(&self.inner.group),
-            filter,
-        )
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.dead_statement(&self.inner.sql.retry_dead, filter)
+            .await
     }
 
     async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        let done = bind_dead_filter(
-            sqlx::query(&self.inner.sql.purge_dead).bind(&self.inner.group),
-            filter,
-        )
-        .execute(&self.inner.pool)
-        .await?;
-        Ok(done.rows_affected())
+        self.dead_statement(&self.inner.sql.purge_dead, filter)
+            .await
     }
 }
 

@@ -26,7 +26,7 @@
 //! separate sets; a round of claims over the sets shares one snapshot, so
 //! sets that catch up end at the same position and are merged when idle.
 
-use super::{empty_claim, micros, position, xid, CursorKey, CursorState, PgLogStore};
+use super::{empty_claim, micros, position, row_skip_list, CursorKey, CursorState, PgLogStore};
 use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, ClaimRequest, RelayId};
@@ -550,14 +550,7 @@ impl PgLogStore {
                 r.try_get(5)?,
                 r.try_get(6)?,
             )?;
-            let skip_txid: Vec<String> = r.try_get(7)?;
-            let skip_seq: Vec<i64> = r.try_get(8)?;
-            let skip = skip_txid
-                .iter()
-                .map(|t| xid(t))
-                .zip(skip_seq)
-                .map(|(t, s)| t.map(|t| (t, s)))
-                .collect::<Result<Vec<_>, _>>()?;
+            let skip = row_skip_list(&r, 7, 8)?;
             let key = CursorKey {
                 total,
                 shards,
