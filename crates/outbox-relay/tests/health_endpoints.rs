@@ -40,6 +40,26 @@ async fn wait_for(addr: &str, path: &str, status: u16, bound: Duration) -> Strin
     }
 }
 
+/// `/readyz` once it answers 503 *because of the sink* (breaker open or
+/// half-open); a 503 of a relay still starting up (store `starting`, sink
+/// not tried yet) is waited out.
+async fn wait_for_sink_down(addr: &str, bound: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + bound;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let body: serde_json::Value =
+            serde_json::from_str(&wait_for(addr, "/readyz", 503, left).await).unwrap();
+        if ["open", "half_open"].contains(&body["sink"]["state"].as_str().unwrap_or("")) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz did not name the sink down within {bound:?}; last answer: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Commits events `from..from + n` of `topic` in one transaction.
 async fn commit(
     store: &SqliteStore,
@@ -178,9 +198,7 @@ async fn readyz_follows_a_sink_outage() {
         } else {
             proxy.refuse();
         }
-        let down: serde_json::Value =
-            serde_json::from_str(&wait_for(&addr, "/readyz", 503, Duration::from_secs(15)).await)
-                .unwrap();
+        let down = wait_for_sink_down(&addr, Duration::from_secs(15)).await;
         eprintln!("/readyz during the outage: {down}");
         assert!(
             ["open", "half_open"].contains(&down["sink"]["state"].as_str().unwrap()),
@@ -235,8 +253,7 @@ async fn relay_started_during_a_broker_outage_waits_for_it() {
     let mut relay = spawn_relay(&url, &addr, &proxy, &nats, &topic);
     let bound = Duration::from_secs(30);
     assert_eq!(wait_for(&addr, "/healthz", 200, bound).await, "ok\n");
-    let down: serde_json::Value =
-        serde_json::from_str(&wait_for(&addr, "/readyz", 503, bound).await).unwrap();
+    let down = wait_for_sink_down(&addr, bound).await;
     assert!(
         ["open", "half_open"].contains(&down["sink"]["state"].as_str().unwrap()),
         "{down}"
