@@ -16,7 +16,7 @@ use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
-use support::pg::{database_url, drop_schema, fresh_schema, log_store, migrated_log};
+use support::pg::{database_url, drop_schema, log_store, migrated_log, migrated_queue};
 use support::{assert_success, jsonl_ids, relay, stop, wait_jsonl_ids};
 
 /// Panics, printing `text`, unless one of its lines satisfies `line`.
@@ -64,7 +64,7 @@ async fn commit_40_roll_back_1(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_run_and_status_on_postgres() {
     let url = database_url();
-    let (schema, pool) = fresh_schema("outbox_cli").await;
+    let (schema, pool) = migrated_queue("outbox_cli").await;
     let queue_args = [
         "--store",
         &url,
@@ -73,9 +73,6 @@ async fn migrate_run_and_status_on_postgres() {
         "--pg-mode",
         "queue",
     ];
-
-    let out = relay(&["migrate"]).args(queue_args).output().unwrap();
-    assert_success(&out, "migrate");
 
     // Commit 40 events in application transactions, roll one back.
     let outbox = PgOutbox::in_mode(
@@ -420,7 +417,7 @@ async fn dead_commands<S: Store + DeadLetterStore>(args: &[&str], store: &S, ids
 async fn dead_show_list_purge_and_retry_with_filters() {
     use outbox_postgres::{PgStore, PgStoreOptions};
     let url = database_url();
-    let (schema, pool) = fresh_schema("outbox_clidead").await;
+    let (schema, pool) = migrated_queue("outbox_clidead").await;
     let args = [
         "--store",
         &url,
@@ -429,8 +426,6 @@ async fn dead_show_list_purge_and_retry_with_filters() {
         "--pg-mode",
         "queue",
     ];
-    let out = relay(&["migrate"]).args(args).output().unwrap();
-    assert_success(&out, "migrate");
     let store = PgStore::connect(
         PgStoreOptions::new(&url).with_schema(Ident::new(schema.clone()).unwrap()),
     )
