@@ -42,79 +42,49 @@ pub trait Broker: Sized + Send + Sync + 'static {
     fn cleanup(self) -> impl Future<Output = ()> + Send;
 }
 
-impl Broker for NatsFixture {
-    type Sink = outbox_nats::NatsPublisher;
-    const NAME: &'static str = "nats";
+/// Implements [`Broker`] for one of the testkit's fixtures: their inherent
+/// `new`, `topic`, `drain` and `cleanup` are the trait's methods; only how
+/// the publisher is made (`|fixture| expression`) differs per broker.
+macro_rules! fixture_broker {
+    ($fixture:ident, $sink:ty, $name:literal, |$f:ident| $make_sink:expr) => {
+        impl Broker for $fixture {
+            type Sink = $sink;
+            const NAME: &'static str = $name;
 
-    async fn start() -> Self {
-        NatsFixture::new().await
-    }
+            async fn start() -> Self {
+                $fixture::new().await
+            }
 
-    fn topic(&self) -> String {
-        NatsFixture::topic(self)
-    }
+            fn topic(&self) -> String {
+                $fixture::topic(self)
+            }
 
-    async fn sink(&self) -> Self::Sink {
-        NatsFixture::sink(self).await
-    }
+            async fn sink(&self) -> Self::Sink {
+                let $f = self;
+                $make_sink
+            }
 
-    async fn consume(&self, expected: usize) -> Vec<Received> {
-        self.drain(expected).await
-    }
+            async fn consume(&self, expected: usize) -> Vec<Received> {
+                self.drain(expected).await
+            }
 
-    async fn cleanup(self) {
-        NatsFixture::cleanup(&self).await;
-    }
+            async fn cleanup(self) {
+                $fixture::cleanup(&self).await;
+            }
+        }
+    };
 }
 
-impl Broker for AmqpFixture {
-    type Sink = outbox_amqp::AmqpPublisher;
-    const NAME: &'static str = "amqp";
+fixture_broker!(NatsFixture, outbox_nats::NatsPublisher, "nats", |f| {
+    NatsFixture::sink(f).await
+});
 
-    async fn start() -> Self {
-        AmqpFixture::new().await
-    }
+fixture_broker!(AmqpFixture, outbox_amqp::AmqpPublisher, "amqp", |f| {
+    AmqpFixture::sink(f).await
+});
 
-    fn topic(&self) -> String {
-        AmqpFixture::topic(self)
-    }
-
-    async fn sink(&self) -> Self::Sink {
-        AmqpFixture::sink(self).await
-    }
-
-    async fn consume(&self, expected: usize) -> Vec<Received> {
-        self.drain(expected).await
-    }
-
-    async fn cleanup(self) {
-        AmqpFixture::cleanup(&self).await;
-    }
-}
-
-impl Broker for KafkaFixture {
-    type Sink = outbox_kafka::KafkaPublisher;
-    const NAME: &'static str = "kafka";
-
-    async fn start() -> Self {
-        KafkaFixture::new().await
-    }
-
-    fn topic(&self) -> String {
-        KafkaFixture::topic(self)
-    }
-
-    async fn sink(&self) -> Self::Sink {
-        // The publisher's own defaults (30 s delivery timeout), as a user runs it.
-        outbox_kafka::KafkaPublisher::new(outbox_kafka::KafkaConfig::new(self.brokers()))
-            .expect("create the Kafka publisher")
-    }
-
-    async fn consume(&self, expected: usize) -> Vec<Received> {
-        self.drain(expected).await
-    }
-
-    async fn cleanup(self) {
-        KafkaFixture::cleanup(&self).await;
-    }
-}
+// The publisher's own defaults (30 s delivery timeout), as a user runs it.
+fixture_broker!(KafkaFixture, outbox_kafka::KafkaPublisher, "kafka", |f| {
+    outbox_kafka::KafkaPublisher::new(outbox_kafka::KafkaConfig::new(f.brokers()))
+        .expect("create the Kafka publisher")
+});

@@ -164,6 +164,17 @@ fn faults_for(store: &str, broker: &str, kinds: &[&str]) -> Vec<String> {
         .collect()
 }
 
+/// The fault kinds every plan injects one by one (before its database
+/// faults), in this order.
+const SINGLE_FAULTS: &[&str] = &[
+    "kill",
+    "stop",
+    "pg-terminate",
+    "broker-outage",
+    "broker-flap",
+    "broker-restart",
+];
+
 /// Seconds added to a quick run per step, for the step's recovery.
 const QUICK_RECOVERY_ROOM_S: u64 = 5;
 
@@ -201,19 +212,7 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 pairs.push(("postgres", "kafka"));
             }
             for (store, broker) in pairs {
-                let kinds = faults_for(
-                    store,
-                    broker,
-                    &[
-                        "kill",
-                        "stop",
-                        "pg-terminate",
-                        "broker-outage",
-                        "broker-flap",
-                        "broker-restart",
-                        "db-flap",
-                    ],
-                );
+                let kinds = faults_for(store, broker, &[SINGLE_FAULTS, &["db-flap"]].concat());
                 let mut s = base(store, broker);
                 // Every applicable fault once, then a kill during a flap.
                 s.faults = format!("{},kill+broker-flap", kinds.join(","));
@@ -236,16 +235,7 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
             if kafka {
                 pairs.extend([("postgres", "kafka"), ("sqlite", "kafka")]);
             }
-            let mut kinds = vec![
-                "kill",
-                "stop",
-                "pg-terminate",
-                "broker-outage",
-                "broker-flap",
-                "broker-restart",
-                "db-outage",
-                "db-flap",
-            ];
+            let mut kinds = [SINGLE_FAULTS, &["db-outage", "db-flap"]].concat();
             if allow_pg_restart {
                 kinds.push("pg-restart");
             }

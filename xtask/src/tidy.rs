@@ -69,6 +69,17 @@ const CORE: &str = "outbox-core";
 const BROKER: &str = "outbox-broker";
 const WORKER: &str = "outbox-worker";
 const RELAY: &str = "outbox-relay";
+/// `cargo` arguments that run the relay's (hidden) `config-table`
+/// subcommand; its own arguments follow.
+const RUN_CONFIG_TABLE: &[&str] = &[
+    "run",
+    "-q",
+    "-p",
+    RELAY,
+    "--all-features",
+    "--",
+    "config-table",
+];
 const STORES: &[&str] = &["outbox-sqlite", "outbox-postgres"];
 const PUBLISHERS: &[&str] = &["outbox-nats", "outbox-amqp", "outbox-kafka"];
 /// The only crates that may depend on the relay library or binary.
@@ -131,17 +142,9 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     if relay_name == RELAY {
         match has_config_table()? {
             true => {
-                if let Err(e) = crate::cargo(&[
-                    "run",
-                    "-q",
-                    "-p",
-                    RELAY,
-                    "--all-features",
-                    "--",
-                    "config-table",
-                    "--check",
-                    "README.md",
-                ]) {
+                if let Err(e) =
+                    crate::cargo(&[RUN_CONFIG_TABLE, &["--check", "README.md"]].concat())
+                {
                     problems.push(format!(
                         "README.md's configuration table is stale ({e}); regenerate it: cargo run -p outbox-relay --all-features -- config-table --write README.md"
                     ));
@@ -423,16 +426,8 @@ fn has_config_table() -> Result<bool> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("\n==> cargo run -q -p {RELAY} --all-features -- config-table --help");
     let out = Command::new(&cargo)
-        .args([
-            "run",
-            "-q",
-            "-p",
-            RELAY,
-            "--all-features",
-            "--",
-            "config-table",
-            "--help",
-        ])
+        .args(RUN_CONFIG_TABLE)
+        .arg("--help")
         .current_dir(crate::root())
         .output()
         .with_context(|| format!("could not run {cargo}"))?;

@@ -175,28 +175,9 @@ impl AmqpConfig {
         self
     }
 
-    /// Timeout of one connection attempt.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect = self.connect.with_timeout(timeout);
-        self
-    }
-
-    /// Attempts of [`crate::AmqpPublisher::connect`] (minimum 1), with exponential backoff.
-    pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
-        self.connect = self.connect.with_attempts(attempts);
-        self
-    }
-
-    /// The whole connect / reconnect policy at once.
-    pub fn with_connect_policy(mut self, policy: ConnectPolicy) -> Self {
-        self.connect = policy;
-        self
-    }
-
-    /// The connect / reconnect policy.
-    pub fn connect_policy(&self) -> ConnectPolicy {
-        self.connect
-    }
+    outbox_broker::connect_policy_builders!(
+        "Attempts of [`crate::AmqpPublisher::connect`] (minimum 1), with exponential backoff."
+    );
 
     /// Persistent messages (delivery mode 2, the default) or transient ones.
     pub fn with_persistent(mut self, persistent: bool) -> Self {

@@ -10,82 +10,18 @@ use outbox_core::{ErrorCode, EventId, Outcome, Sink};
 use outbox_testkit::amqp::{received, AmqpFixture};
 use outbox_testkit::publisher::{event, PublisherHarness, Received};
 use std::collections::HashSet;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The shared RabbitMQ fixture is the harness.
-struct AmqpHarness(AmqpFixture);
-
-impl AmqpHarness {
-    async fn new() -> Self {
-        Self(AmqpFixture::new().await)
-    }
-}
-
-impl std::ops::Deref for AmqpHarness {
-    type Target = AmqpFixture;
-    fn deref(&self) -> &AmqpFixture {
-        &self.0
-    }
-}
-
-impl PublisherHarness for AmqpHarness {
-    type Sink = AmqpPublisher;
-
-    fn topic(&self) -> String {
-        self.0.topic()
-    }
-
-    fn unknown_topic(&self) -> String {
-        self.0.unknown_topic()
-    }
-
-    fn max_payload_bytes(&self) -> usize {
-        outbox_testkit::amqp::MAX_MESSAGE_BYTES
-    }
-
-    fn broker_addr(&self) -> SocketAddr {
-        self.0.broker_addr()
-    }
-
-    async fn sink(&self) -> AmqpPublisher {
-        self.0.sink().await
-    }
-
-    async fn sink_via(&self, addr: SocketAddr) -> AmqpPublisher {
-        let config = self
-            .config_for(&self.url_via(addr))
-            .with_connect_attempts(2)
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_confirm_timeout(Duration::from_secs(5));
-        AmqpPublisher::connect(config).await.unwrap()
-    }
-
-    async fn sink_unreachable(&self, addr: SocketAddr) -> AmqpPublisher {
-        let config = self
-            .config_for(&self.url_via(addr))
-            .with_connect_timeout(Duration::from_secs(1));
-        AmqpPublisher::lazy(config)
-    }
-
-    async fn consume(&self, n: usize) -> Vec<Received> {
-        self.0.next(n).await
-    }
-
-    async fn cleanup(&self) {
-        self.0.cleanup().await;
-    }
-}
-
-outbox_testkit::publisher_conformance_tests!(AmqpHarness::new().await);
+// The shared fixture is the harness (`outbox-testkit`).
+outbox_testkit::publisher_conformance_tests!(AmqpFixture::new().await);
 
 async fn with_harness<F, Fut>(f: F)
 where
-    F: FnOnce(Arc<AmqpHarness>) -> Fut,
+    F: FnOnce(Arc<AmqpFixture>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let h = Arc::new(AmqpHarness::new().await);
+    let h = Arc::new(AmqpFixture::new().await);
     outbox_testkit::publisher::run_case(h, f).await;
 }
 

@@ -167,6 +167,57 @@ impl ReconnectGate {
     }
 }
 
+/// Expands, inside the `impl` block of a publisher's configuration that
+/// keeps its [`ConnectPolicy`] in a field `connect`, to the connect builder
+/// methods every publisher offers with the same meaning:
+/// `with_connect_timeout`, `with_connect_attempts` (documented by
+/// `$attempts_doc`: which constructor makes the attempts),
+/// `with_connect_policy` and `connect_policy`.
+///
+/// ```
+/// use outbox_broker::ConnectPolicy;
+///
+/// pub struct MyConfig {
+///     connect: ConnectPolicy,
+/// }
+///
+/// impl MyConfig {
+///     outbox_broker::connect_policy_builders!(
+///         "Attempts of `MyPublisher::connect` (minimum 1), with exponential backoff."
+///     );
+/// }
+///
+/// let config = MyConfig { connect: ConnectPolicy::default() }.with_connect_attempts(3);
+/// assert_eq!(config.connect_policy().attempts, 3);
+/// ```
+#[macro_export]
+macro_rules! connect_policy_builders {
+    ($attempts_doc:literal) => {
+        /// Timeout of one connection attempt.
+        pub fn with_connect_timeout(mut self, timeout: ::std::time::Duration) -> Self {
+            self.connect = self.connect.with_timeout(timeout);
+            self
+        }
+
+        #[doc = $attempts_doc]
+        pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
+            self.connect = self.connect.with_attempts(attempts);
+            self
+        }
+
+        /// The whole connect / reconnect policy at once.
+        pub fn with_connect_policy(mut self, policy: $crate::ConnectPolicy) -> Self {
+            self.connect = policy;
+            self
+        }
+
+        /// The connect / reconnect policy.
+        pub fn connect_policy(&self) -> $crate::ConnectPolicy {
+            self.connect
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

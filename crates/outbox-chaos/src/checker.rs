@@ -780,23 +780,10 @@ mod tests {
             a(&rb, 5_000), // rolled back
         ];
         let faults = vec![FaultRecord {
-            kind: "kill".into(),
-            target: "relay-0".into(),
-            start_us: 2_500,
-            end_us: 2_600,
-            recovery_from_us: None,
             may_duplicate: true,
-            broker_cuts: 0,
-            sink_down: Vec::new(),
+            ..fault("kill", 2_500, 2_600, Vec::new())
         }];
-        let r = check(&Inputs {
-            scenario: scenario(),
-            produced: &produced,
-            arrivals: &arrivals,
-            faults: &faults,
-            produce_end_us: 700,
-            resolved_committed: &HashSet::new(),
-        });
+        let r = run(&produced, &arrivals, &faults, 700);
         assert_eq!((r.committed, r.rolled_back, r.unknown), (4, 1, 1));
         assert_eq!(r.lost, 1);
         assert_eq!(r.lost_sample, vec![lost.id]);
@@ -819,23 +806,10 @@ mod tests {
         let produced = vec![e1.clone(), e2.clone(), e3.clone()];
         let arrivals = vec![a(&e1, 1_001_000), a(&e2, 6_500_000), a(&e3, 9_002_000)];
         let faults = vec![FaultRecord {
-            kind: "kill".into(),
-            target: "relay-1".into(),
-            start_us: 2_500_000,
-            end_us: 2_500_000,
-            recovery_from_us: None,
             may_duplicate: true,
-            broker_cuts: 0,
-            sink_down: Vec::new(),
+            ..fault("kill", 2_500_000, 2_500_000, Vec::new())
         }];
-        let r = check(&Inputs {
-            scenario: scenario(),
-            produced: &produced,
-            arrivals: &arrivals,
-            faults: &faults,
-            produce_end_us: 9_000_000,
-            resolved_committed: &HashSet::new(),
-        });
+        let r = run(&produced, &arrivals, &faults, 9_000_000);
         assert!(r.passed, "{:?}", r.failures);
         assert_eq!(r.faults[0].recovery_s, Some(4.0));
         assert_eq!(r.latency_ms.max, 4_500.0);
@@ -859,14 +833,7 @@ mod tests {
                 vec![(2_000_000, 6_000_000)],
             ),
         ];
-        let r = check(&Inputs {
-            scenario: scenario(),
-            produced: &produced,
-            arrivals: &arrivals,
-            faults: &faults,
-            produce_end_us: 9_000_000,
-            resolved_committed: &HashSet::new(),
-        });
+        let r = run(&produced, &arrivals, &faults, 9_000_000);
         for f in &r.faults {
             assert_eq!(f.recovery_s, Some(1.0), "{}", f.kind);
             // The group's largest target: 5 s after the broker returns
@@ -898,14 +865,7 @@ mod tests {
                 vec![(4_000_000, 8_000_000)],
             ),
         ];
-        let r = check(&Inputs {
-            scenario: scenario(),
-            produced: &produced,
-            arrivals: &arrivals,
-            faults: &faults,
-            produce_end_us: 9_000_000,
-            resolved_committed: &HashSet::new(),
-        });
+        let r = run(&produced, &arrivals, &faults, 9_000_000);
         assert_eq!(r.faults[0].recovery_s, Some(6.0));
         assert_eq!(r.faults[0].interrupted_after_s, Some(1.0));
         // The second outage's recovery: the same event, 1 s after it.
@@ -964,13 +924,20 @@ mod tests {
         }
     }
 
-    fn run(produced: &[Produced], arrivals: &[Arrival], faults: &[FaultRecord]) -> Report {
+    /// Checks a run of `scenario()` whose production ended at `produce_end_us`
+    /// (no transaction of unknown outcome turned out committed).
+    fn run(
+        produced: &[Produced],
+        arrivals: &[Arrival],
+        faults: &[FaultRecord],
+        produce_end_us: i64,
+    ) -> Report {
         check(&Inputs {
             scenario: scenario(),
             produced,
             arrivals,
             faults,
-            produce_end_us: 20 * S,
+            produce_end_us,
             resolved_committed: &HashSet::new(),
         })
     }
@@ -980,7 +947,7 @@ mod tests {
         let down = [(5 * S, 9 * S)];
         let (produced, arrivals) = timeline(|_| 150.0, &down);
         let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
-        let r = run(&produced, &arrivals, &faults);
+        let r = run(&produced, &arrivals, &faults, 20 * S);
         assert!(r.passed, "{:?}", r.failures);
         let up = r.sink_up.unwrap();
         let steady = up.steady_rate.unwrap();
@@ -1006,7 +973,7 @@ mod tests {
         // it sustained in the warm-up.
         let (produced, arrivals) = timeline(|t| if t < 9 * S { 150.0 } else { 70.0 }, &down);
         let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
-        let r = run(&produced, &arrivals, &faults);
+        let r = run(&produced, &arrivals, &faults, 20 * S);
         assert_eq!(r.lost, 0);
         let w = &r.sink_up.as_ref().unwrap().windows[0];
         assert_eq!(w.verdict, "slow");
@@ -1032,7 +999,7 @@ mod tests {
             fault("stop", 4 * S, 6 * S + S / 2, Vec::new()),
             fault("broker-flap", 5 * S, 9 * S, down.to_vec()),
         ];
-        let r = run(&produced, &arrivals, &faults);
+        let r = run(&produced, &arrivals, &faults, 20 * S);
         assert!(r.passed, "{:?}", r.failures);
         let up = r.sink_up.unwrap();
         let w: Vec<(f64, f64, u64, &str)> = up
@@ -1051,7 +1018,7 @@ mod tests {
         let down = [(S, 5 * S)];
         let (produced, arrivals) = timeline(|_| 150.0, &down);
         let faults = [fault("broker-outage", S, 5 * S, Vec::new())];
-        let r = run(&produced, &arrivals, &faults);
+        let r = run(&produced, &arrivals, &faults, 20 * S);
         assert!(r.passed, "{:?}", r.failures);
         let up = r.sink_up.unwrap();
         assert_eq!(up.steady_rate, None);
@@ -1067,23 +1034,10 @@ mod tests {
         let flap = |n: usize| {
             let arrivals: Vec<Arrival> = (0..=n).map(|i| a(&e, 200 + i as i64)).collect();
             let faults = vec![FaultRecord {
-                kind: "broker-flap".into(),
-                target: "broker proxy".into(),
-                start_us: 150,
-                end_us: 160,
-                recovery_from_us: None,
-                may_duplicate: false,
                 broker_cuts: 2,
-                sink_down: Vec::new(),
+                ..fault("broker-flap", 150, 160, Vec::new())
             }];
-            check(&Inputs {
-                scenario: scenario(),
-                produced: &produced,
-                arrivals: &arrivals,
-                faults: &faults,
-                produce_end_us: 100,
-                resolved_committed: &HashSet::new(),
-            })
+            run(&produced, &arrivals, &faults, 100)
         };
         let ok = flap(4);
         assert_eq!(

@@ -59,21 +59,22 @@ impl Destination {
                 .with_context(|| format!("creating JetStream stream {stream}"))?;
             }
             Self::Amqp { url, queue } => {
-                use outbox_amqp::lapin::options::QueueDeclareOptions;
-                use outbox_amqp::lapin::types::FieldTable;
-                let conn = amqp_connect(url).await?;
-                let ch = conn.create_channel().await?;
-                ch.queue_declare(
-                    queue,
-                    QueueDeclareOptions {
-                        durable: true,
-                        ..Default::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await
-                .with_context(|| format!("declaring queue {queue}"))?;
-                let _ = conn.close(200, "bye").await;
+                // The durable queue the relays publish to through the
+                // default exchange: the publisher's own declaration.
+                let config = outbox_amqp::AmqpConfig::from_url(url)?;
+                let publisher = outbox_amqp::AmqpPublisher::connect(config)
+                    .await
+                    .with_context(|| {
+                        format!(
+                            "RabbitMQ is not reachable at {}",
+                            outbox_core::redact_url(url)
+                        )
+                    })?;
+                publisher
+                    .declare_queue("", queue, "")
+                    .await
+                    .with_context(|| format!("declaring queue {queue}"))?;
+                publisher.close().await;
             }
             Self::Kafka { brokers, topic } => {
                 use outbox_kafka::rdkafka::admin::{

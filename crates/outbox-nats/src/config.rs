@@ -244,33 +244,14 @@ impl NatsConfig {
         self
     }
 
-    /// Timeout of one connection attempt.
-    pub fn with_connect_timeout(mut self, timeout: Duration) -> Self {
-        self.connect = self.connect.with_timeout(timeout);
-        self
-    }
-
-    /// Attempts for the initial connection (minimum 1), with exponential backoff.
-    pub fn with_connect_attempts(mut self, attempts: usize) -> Self {
-        self.connect = self.connect.with_attempts(attempts);
-        self
-    }
+    outbox_broker::connect_policy_builders!(
+        "Attempts for the initial connection (minimum 1), with exponential backoff."
+    );
 
     /// Longest delay between two reconnect attempts after the connection is lost.
     pub fn with_reconnect_delay_max(mut self, delay: Duration) -> Self {
         self.connect = self.connect.with_delays(self.connect.min_delay, delay);
         self
-    }
-
-    /// The whole connect / reconnect policy at once.
-    pub fn with_connect_policy(mut self, policy: ConnectPolicy) -> Self {
-        self.connect = policy;
-        self
-    }
-
-    /// The connect / reconnect policy.
-    pub fn connect_policy(&self) -> ConnectPolicy {
-        self.connect
     }
 
     /// Reports "no stream bound to the subject" as retryable instead of

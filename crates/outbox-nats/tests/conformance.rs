@@ -5,83 +5,18 @@
 use outbox_core::{ErrorCode, Outcome, Sink};
 use outbox_nats::{NatsConfig, NatsError, NatsPublisher};
 use outbox_testkit::nats::NatsFixture;
-use outbox_testkit::publisher::{event, PublisherHarness, Received};
-use std::net::SocketAddr;
+use outbox_testkit::publisher::{event, PublisherHarness};
 use std::time::Duration;
 
-/// The shared NATS fixture is the harness.
-struct NatsHarness(NatsFixture);
-
-impl NatsHarness {
-    async fn new() -> Self {
-        Self(NatsFixture::new().await)
-    }
-}
-
-impl std::ops::Deref for NatsHarness {
-    type Target = NatsFixture;
-    fn deref(&self) -> &NatsFixture {
-        &self.0
-    }
-}
-
-impl PublisherHarness for NatsHarness {
-    type Sink = NatsPublisher;
-
-    fn topic(&self) -> String {
-        self.0.topic()
-    }
-
-    fn unknown_topic(&self) -> String {
-        self.0.unknown_topic()
-    }
-
-    fn max_payload_bytes(&self) -> usize {
-        self.0.max_payload()
-    }
-
-    fn broker_addr(&self) -> SocketAddr {
-        self.0.broker_addr()
-    }
-
-    async fn sink(&self) -> NatsPublisher {
-        self.0.sink().await
-    }
-
-    async fn sink_via(&self, addr: SocketAddr) -> NatsPublisher {
-        let config = self
-            .config_for(&format!("nats://{addr}"))
-            .with_ignore_discovered_servers(true)
-            .with_ack_timeout(Duration::from_secs(2))
-            .with_reconnect_delay_max(Duration::from_millis(300));
-        NatsPublisher::connect(config).await.unwrap()
-    }
-
-    async fn sink_unreachable(&self, addr: SocketAddr) -> NatsPublisher {
-        let config = self
-            .config_for(&format!("nats://{addr}"))
-            .with_ignore_discovered_servers(true)
-            .with_connect_timeout(Duration::from_millis(500));
-        NatsPublisher::lazy(config).await.unwrap()
-    }
-
-    async fn consume(&self, n: usize) -> Vec<Received> {
-        self.0.next(n).await
-    }
-
-    async fn cleanup(&self) {
-        self.0.cleanup().await;
-    }
-}
-
-outbox_testkit::publisher_conformance_tests!(NatsHarness::new().await);
+// The shared fixture is the harness (`outbox-testkit`).
+outbox_testkit::publisher_conformance_tests!(NatsFixture::new().await);
 
 async fn with_harness<F, Fut>(f: F)
 where
-    F: FnOnce(std::sync::Arc<NatsHarness>) -> Fut,
+    F: FnOnce(std::sync::Arc<NatsFixture>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
-    let h = std::sync::Arc::new(NatsHarness::new().await);
+    let h = std::sync::Arc::new(NatsFixture::new().await);
     outbox_testkit::publisher::run_case(h, f).await;
 }
 

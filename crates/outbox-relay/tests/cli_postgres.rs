@@ -16,8 +16,23 @@ use outbox_testkit::process::ChildGuard;
 use std::collections::HashSet;
 use std::process::Stdio;
 use std::time::Duration;
-use support::pg::{database_url, drop_schema, fresh_schema, log_store, migrated_log};
-use support::{assert_success, relay, stop, wait_jsonl_ids};
+use support::pg::{database_url, drop_schema, log_store, migrated_log, migrated_queue};
+use support::{assert_success, jsonl_ids, relay, stop, wait_jsonl_ids};
+
+/// Panics, printing `text`, unless one of its lines satisfies `line`.
+fn assert_has_line(text: &str, line: impl Fn(&str) -> bool) {
+    assert!(text.lines().any(line), "{text}");
+}
+
+/// The `status` line of `pending` events.
+fn pending_is(n: u64) -> impl Fn(&str) -> bool {
+    move |l| l.starts_with("pending:") && l.trim_end().ends_with(&format!(" {n}"))
+}
+
+/// The `status` line of the event-log mode.
+fn log_mode(l: &str) -> bool {
+    l.starts_with("mode:") && l.contains("log")
+}
 
 /// The application's side: 40 events of `event_type` (keys `k0`..`k3`),
 /// each committed in its own transaction through `enqueue`, then one more
@@ -49,20 +64,15 @@ async fn commit_40_roll_back_1(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_run_and_status_on_postgres() {
     let url = database_url();
-    let (schema, pool) = fresh_schema("outbox_cli").await;
-
-    let out = relay(&[
-        "migrate",
+    let (schema, pool) = migrated_queue("outbox_cli").await;
+    let queue_args = [
         "--store",
         &url,
         "--pg-schema",
         &schema,
         "--pg-mode",
         "queue",
-    ])
-    .output()
-    .unwrap();
-    assert_success(&out, "migrate");
+    ];
 
     // Commit 40 events in application transactions, roll one back.
     let outbox = PgOutbox::in_mode(
@@ -79,23 +89,14 @@ async fn migrate_run_and_status_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("out.jsonl");
     let mut child = ChildGuard::new(
-        relay(&[
-            "run",
-            "--store",
-            &url,
-            "--pg-schema",
-            &schema,
-            "--pg-mode",
-            "queue",
-            "--sink",
-            &format!("jsonl:{}", file.display()),
-            "--poll-interval-ms",
-            "100",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap(),
+        relay(&["run"])
+            .args(queue_args)
+            .args(["--sink", &format!("jsonl:{}", file.display())])
+            .args(["--poll-interval-ms", "100"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
     );
 
     let delivered: HashSet<EventId> = wait_jsonl_ids(&file, committed.len(), &mut child)
@@ -108,25 +109,9 @@ async fn migrate_run_and_status_on_postgres() {
     assert_eq!(delivered, committed, "every committed event, nothing else");
     assert!(!delivered.contains(&phantom));
 
-    let out = relay(&[
-        "status",
-        "--store",
-        &url,
-        "--pg-schema",
-        &schema,
-        "--pg-mode",
-        "queue",
-    ])
-    .output()
-    .unwrap();
-    let status = String::from_utf8_lossy(&out.stdout);
+    let out = relay(&["status"]).args(queue_args).output().unwrap();
     assert_success(&out, "status");
-    assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("pending:") && l.trim_end().ends_with(" 0")),
-        "{status}"
-    );
+    assert_has_line(&String::from_utf8_lossy(&out.stdout), pending_is(0));
     let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM \"{schema}\".events"))
         .fetch_one(&pool)
         .await
@@ -150,30 +135,10 @@ async fn migrate_run_and_status_on_postgres() {
         .unwrap();
     let status = String::from_utf8_lossy(&out.stdout);
     assert_success(&out, "status after the upgrade");
-    assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("mode:") && l.contains("log")),
-        "{status}"
-    );
-    assert!(
-        status
-            .lines()
-            .any(|l| l.starts_with("pending:") && l.trim_end().ends_with(" 5")),
-        "{status}"
-    );
+    assert_has_line(&status, log_mode);
+    assert_has_line(&status, pending_is(5));
     // The queue mode now refuses the upgraded outbox, saying why.
-    let out = relay(&[
-        "migrate",
-        "--store",
-        &url,
-        "--pg-schema",
-        &schema,
-        "--pg-mode",
-        "queue",
-    ])
-    .output()
-    .unwrap();
+    let out = relay(&["migrate"]).args(queue_args).output().unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("upgraded to the event log"), "{err}");
@@ -234,21 +199,11 @@ async fn log_mode_migrate_run_and_status() {
     let out = relay(&["status"]).args(log_args).output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert_success(&out, "status");
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("mode:") && l.contains("log")),
-        "{text}"
-    );
-    assert!(
-        text.lines()
-            .any(|l| l.starts_with("pending:") && l.trim_end().ends_with(" 0")),
-        "{text}"
-    );
-    assert!(
-        text.lines()
-            .any(|l| l.trim_start().starts_with("shard 0/64:") && l.contains("pending 0")),
-        "{text}"
-    );
+    assert_has_line(&text, log_mode);
+    assert_has_line(&text, pending_is(0));
+    assert_has_line(&text, |l| {
+        l.trim_start().starts_with("shard 0/64:") && l.contains("pending 0")
+    });
     let out = relay(&["dead", "list"]).args(log_args).output().unwrap();
     assert_success(&out, "dead list");
     assert!(String::from_utf8_lossy(&out.stdout).contains("(no dead letters)"));
@@ -390,16 +345,7 @@ async fn dead_commands<S: Store + DeadLetterStore>(args: &[&str], store: &S, ids
     // list with filters.
     let out = run(&["list", "--type", "order.created", "--json"]);
     assert_success(&out, "dead list --type");
-    let listed: Vec<String> = stdout(&out)
-        .lines()
-        .map(|l| {
-            serde_json::from_str::<serde_json::Value>(l).unwrap()["id"]
-                .as_str()
-                .unwrap()
-                .to_owned()
-        })
-        .collect();
-    assert_eq!(listed, vec![a.to_string(), b.to_string()]);
+    assert_eq!(jsonl_ids(&stdout(&out)), vec![a, b]);
     let out = run(&[
         "list",
         "--key",
@@ -471,7 +417,7 @@ async fn dead_commands<S: Store + DeadLetterStore>(args: &[&str], store: &S, ids
 async fn dead_show_list_purge_and_retry_with_filters() {
     use outbox_postgres::{PgStore, PgStoreOptions};
     let url = database_url();
-    let (schema, pool) = fresh_schema("outbox_clidead").await;
+    let (schema, pool) = migrated_queue("outbox_clidead").await;
     let args = [
         "--store",
         &url,
@@ -480,8 +426,6 @@ async fn dead_show_list_purge_and_retry_with_filters() {
         "--pg-mode",
         "queue",
     ];
-    let out = relay(&["migrate"]).args(args).output().unwrap();
-    assert_success(&out, "migrate");
     let store = PgStore::connect(
         PgStoreOptions::new(&url).with_schema(Ident::new(schema.clone()).unwrap()),
     )

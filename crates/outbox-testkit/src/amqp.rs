@@ -2,6 +2,7 @@
 //! to it per test, a publisher configured for them, and a reader.
 
 use crate::broker::{amqp_url, first_socket_addr, unique_suffix, Received};
+use crate::publisher::PublisherHarness;
 use outbox_amqp::lapin::options::{
     BasicGetOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -212,6 +213,57 @@ impl AmqpFixture {
             .exchange_delete(&self.exchange, ExchangeDeleteOptions::default())
             .await;
         let _ = self.connection.close(200, "test done").await;
+    }
+}
+
+/// The fixture is the publisher conformance suite's harness: a proxied
+/// sink connects with two short attempts and waits 5 s for a confirm; an
+/// unreachable one is built lazily with a 1 s connect timeout.
+impl PublisherHarness for AmqpFixture {
+    type Sink = AmqpPublisher;
+
+    fn topic(&self) -> String {
+        AmqpFixture::topic(self)
+    }
+
+    fn unknown_topic(&self) -> String {
+        AmqpFixture::unknown_topic(self)
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        MAX_MESSAGE_BYTES
+    }
+
+    fn broker_addr(&self) -> SocketAddr {
+        AmqpFixture::broker_addr(self)
+    }
+
+    async fn sink(&self) -> AmqpPublisher {
+        AmqpFixture::sink(self).await
+    }
+
+    async fn sink_via(&self, addr: SocketAddr) -> AmqpPublisher {
+        let config = self
+            .config_for(&self.url_via(addr))
+            .with_connect_attempts(2)
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_confirm_timeout(Duration::from_secs(5));
+        AmqpPublisher::connect(config).await.unwrap()
+    }
+
+    async fn sink_unreachable(&self, addr: SocketAddr) -> AmqpPublisher {
+        let config = self
+            .config_for(&self.url_via(addr))
+            .with_connect_timeout(Duration::from_secs(1));
+        AmqpPublisher::lazy(config)
+    }
+
+    async fn consume(&self, n: usize) -> Vec<Received> {
+        self.next(n).await
+    }
+
+    async fn cleanup(&self) {
+        AmqpFixture::cleanup(self).await;
     }
 }
 

@@ -8,8 +8,10 @@
 //!   [`store_conformance_tests!`]; each case becomes its own `#[test]` named
 //!   `conformance::<case>`.
 //! - [`publisher`]: the broker [`Sink`](outbox_core::Sink) suite. A publisher
-//!   crate implements [`publisher::PublisherHarness`] and invokes
-//!   [`publisher_conformance_tests!`].
+//!   crate invokes [`publisher_conformance_tests!`] with a
+//!   [`publisher::PublisherHarness`]: the NATS and RabbitMQ fixtures are
+//!   harnesses themselves; Kafka's test file builds its own (it needs a
+//!   dedicated broker for the proxy case).
 //!
 //! One fixture per broker (its topology for one test, a configured
 //! publisher, a consumer reading back what arrived), shared by that
@@ -23,7 +25,8 @@
 //! forwarder that can cut and refuse connections, for broker and database
 //! outages), [`process`] (signals, bounded waits, a guard that kills a
 //! child process), [`logs::LogCapture`] (what `tracing` logged),
-//! [`tls::TestPki`] (a CA and a server certificate made by the test).
+//! [`tls::TestPki`] (a CA and a server certificate made by the test),
+//! [`sink::CountingSink`] and [`sink::fast_retry`] for relays under test.
 //!
 //! This crate is test support: it panics on failures by design.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -39,6 +42,7 @@ pub mod nats;
 pub mod process;
 pub mod proxy;
 pub mod publisher;
+pub mod sink;
 pub mod store;
 pub mod tls;
 

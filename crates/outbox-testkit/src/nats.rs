@@ -2,6 +2,7 @@
 //! a publisher configured for it, and a reader of what the stream holds.
 
 use crate::broker::{first_socket_addr, nats_url, unique_suffix, Received};
+use crate::publisher::PublisherHarness;
 use outbox_nats::async_nats::{self, jetstream};
 use outbox_nats::{
     NatsConfig, NatsPublisher, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY, HEADER_MSG_ID,
@@ -172,6 +173,59 @@ impl NatsFixture {
     /// Deletes the stream.
     pub async fn cleanup(&self) {
         let _ = self.js.delete_stream(&self.stream).await;
+    }
+}
+
+/// The fixture is the publisher conformance suite's harness: a proxied
+/// sink ignores the servers a cluster advertises, waits 2 s for a PubAck and
+/// reconnects at most 300 ms apart; an unreachable one is built lazily with
+/// a 500 ms connect timeout.
+impl PublisherHarness for NatsFixture {
+    type Sink = NatsPublisher;
+
+    fn topic(&self) -> String {
+        NatsFixture::topic(self)
+    }
+
+    fn unknown_topic(&self) -> String {
+        NatsFixture::unknown_topic(self)
+    }
+
+    fn max_payload_bytes(&self) -> usize {
+        self.max_payload()
+    }
+
+    fn broker_addr(&self) -> SocketAddr {
+        NatsFixture::broker_addr(self)
+    }
+
+    async fn sink(&self) -> NatsPublisher {
+        NatsFixture::sink(self).await
+    }
+
+    async fn sink_via(&self, addr: SocketAddr) -> NatsPublisher {
+        let config = self
+            .config_for(&format!("nats://{addr}"))
+            .with_ignore_discovered_servers(true)
+            .with_ack_timeout(Duration::from_secs(2))
+            .with_reconnect_delay_max(Duration::from_millis(300));
+        NatsPublisher::connect(config).await.unwrap()
+    }
+
+    async fn sink_unreachable(&self, addr: SocketAddr) -> NatsPublisher {
+        let config = self
+            .config_for(&format!("nats://{addr}"))
+            .with_ignore_discovered_servers(true)
+            .with_connect_timeout(Duration::from_millis(500));
+        NatsPublisher::lazy(config).await.unwrap()
+    }
+
+    async fn consume(&self, n: usize) -> Vec<Received> {
+        self.next(n).await
+    }
+
+    async fn cleanup(&self) {
+        NatsFixture::cleanup(self).await;
     }
 }
 

@@ -15,6 +15,8 @@ mod relay;
 mod relay_fault_tests;
 #[cfg(all(test, feature = "sqlite"))]
 mod relay_tests;
+#[cfg(test)]
+mod test_support;
 
 pub use breaker::{SinkHealth, SinkState, SinkStatus};
 pub use control::{PauseHandle, PauseStatus};

@@ -6,13 +6,14 @@
 //! are in `relay_tests.rs` and `tests/relay_reliability.rs`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use crate::test_support::logged;
 use crate::{HandlerRegistry, Progress, Relay, RelayOptions, RelaySummary, SinkState};
 use chrono::Utc;
 use outbox_core::{
-    Claim, ClaimRequest, DeliveryError, ErrorCode, Event, EventId, FencingToken, Jitter, LastError,
-    Outcome, Rejected, Resolution, RetryPolicy, Retryable, SettleReport, Settlement, Sink, Stats,
-    Store,
+    Claim, ClaimRequest, DeliveryError, ErrorCode, Event, EventId, FencingToken, LastError,
+    Outcome, Rejected, Resolution, Retryable, SettleReport, Settlement, Sink, Stats, Store,
 };
+use outbox_testkit::sink::{fast_retry, CountingSink};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
@@ -279,56 +280,11 @@ impl Store for MemStore {
 
 // ------------------------------------------------------------- the sinks
 
-/// Delivers everything, counting deliveries per id; optionally slow.
-#[derive(Clone, Default)]
-struct Counting {
-    delay: Duration,
-    seen: Arc<Mutex<HashMap<EventId, u32>>>,
-}
-
-impl Sink for Counting {
-    async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
-        if !self.delay.is_zero() {
-            tokio::time::sleep(self.delay).await;
-        }
-        let mut seen = self.seen.lock().unwrap();
-        for e in events {
-            *seen.entry(e.id).or_default() += 1;
-        }
-        vec![Outcome::Delivered; events.len()]
-    }
-}
-
-impl Counting {
-    fn counts(&self) -> HashMap<EventId, u32> {
-        self.seen.lock().unwrap().clone()
-    }
-}
-
 fn options() -> RelayOptions {
     RelayOptions::default()
         .with_poll_interval(Duration::from_millis(200))
         .with_lock_timeout(Duration::from_secs(1))
-        .with_retry(
-            RetryPolicy::new(
-                Duration::from_millis(10),
-                Duration::from_millis(40),
-                4,
-                Jitter::None,
-            )
-            .unwrap(),
-        )
-}
-
-type Log = Arc<Mutex<Vec<Progress>>>;
-
-fn logged<Si: Sink>(relay: Relay<MemStore, Si>) -> (Relay<MemStore, Si>, Log) {
-    let log: Log = Arc::default();
-    let l = Arc::clone(&log);
-    (
-        relay.with_listener(move |p| l.lock().unwrap().push(p.clone())),
-        log,
-    )
+        .with_retry(fast_retry(4))
 }
 
 async fn idle<Si: Sink>(relay: Relay<MemStore, Si>) -> RelaySummary {
@@ -378,7 +334,7 @@ async fn a_retryable_settle_error_is_retried_and_the_batch_recorded_once() {
     let store = MemStore::default();
     let ids = store.add(3, 3);
     store.with(|st| st.settle_faults.extend([busy(), busy()]));
-    let sink = Counting::default();
+    let sink = CountingSink::default();
     let summary = idle(Relay::new(store.clone(), sink.clone(), options()).unwrap()).await;
     assert_eq!(summary.delivered, 3);
     assert_eq!(store.with(|st| st.settles), 3, "one settle, retried twice");
@@ -392,7 +348,7 @@ async fn a_non_retryable_settle_error_is_logged_once_and_not_retried() {
     let store = MemStore::default();
     let ids = store.add(2, 2);
     store.with(|st| st.settle_faults.push_back(broken()));
-    let sink = Counting::default();
+    let sink = CountingSink::default();
     let summary = idle(Relay::new(store.clone(), sink.clone(), options()).unwrap()).await;
     // The failed settlement was not retried: the events came back after
     // their lease and were delivered (at least once) and settled then.
@@ -409,7 +365,7 @@ async fn settle_retries_stop_when_the_lease_would_run_out() {
     // 1 s lease: retries at +50, +100, +200, +400 ms; the next (800 ms)
     // would outlive the lease, so the 5th error ends the loop.
     store.with(|st| st.settle_faults.extend(std::iter::repeat_n(busy(), 5)));
-    let sink = Counting::default();
+    let sink = CountingSink::default();
     let summary = idle(Relay::new(store.clone(), sink.clone(), options()).unwrap()).await;
     assert_eq!(store.with(|st| st.settles), 6);
     assert!(
@@ -430,7 +386,8 @@ async fn claim_errors_back_off_and_a_non_retryable_one_logs_error_once() {
         st.claim_faults
             .extend([broken(), broken(), broken(), busy()])
     });
-    let summary = idle(Relay::new(store.clone(), Counting::default(), options()).unwrap()).await;
+    let summary =
+        idle(Relay::new(store.clone(), CountingSink::default(), options()).unwrap()).await;
     assert_eq!(summary.delivered, 1);
     assert_eq!(captured.lines("ERROR", "claim failed"), 1);
     assert_eq!(captured.lines("WARN", "claim still failing"), 2);
@@ -447,7 +404,8 @@ async fn rejected_events_are_reported_with_the_reason() {
         st.reject
             .insert(ids[1], "dead letter id already exists".into())
     });
-    let (relay, log) = logged(Relay::new(store.clone(), Counting::default(), options()).unwrap());
+    let (relay, log) =
+        logged(Relay::new(store.clone(), CountingSink::default(), options()).unwrap());
     let summary = idle(relay).await;
     assert_eq!((summary.delivered, summary.rejected), (2, 1));
     assert!(log.lock().unwrap().iter().any(|p| matches!(p,
@@ -460,10 +418,7 @@ async fn leases_are_renewed_while_a_slow_batch_is_delivered() {
     let store = MemStore::default();
     let ids = store.add(4, 4);
     // 3.5 s per batch, 1 s lease.
-    let sink = Counting {
-        delay: Duration::from_millis(3500),
-        ..Counting::default()
-    };
+    let sink = CountingSink::default().with_delay(Duration::from_millis(3500));
     let opts = options().with_batch_size(2);
     let summary = idle(Relay::new(store.clone(), sink.clone(), opts).unwrap()).await;
     assert_eq!((summary.delivered, summary.lease_lost), (4, 0));
@@ -481,10 +436,7 @@ async fn a_prefetched_batch_whose_lease_was_lost_is_never_delivered() {
     let ids = store.add(4, 4);
     // The second claim (made ahead, in drain mode) loses its lease.
     store.with(|st| st.steal_claim = Some(2));
-    let sink = Counting {
-        delay: Duration::from_millis(1500),
-        ..Counting::default()
-    };
+    let sink = CountingSink::default().with_delay(Duration::from_millis(1500));
     let (relay, log) =
         logged(Relay::new(store.clone(), sink.clone(), options().with_batch_size(2)).unwrap());
     let summary = idle(relay).await;
@@ -563,7 +515,7 @@ async fn a_delivery_that_outlives_the_timeout_is_cancelled_and_released() {
 async fn idle_polling_starts_fast_and_backs_off_to_the_poll_interval() {
     let store = MemStore::default();
     let opts = options().with_poll_interval(Duration::from_secs(1));
-    let sink = Counting::default();
+    let sink = CountingSink::default();
     let relay = Relay::new(store.clone(), sink.clone(), opts).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(relay.run(async {
@@ -593,7 +545,7 @@ async fn the_store_wakeup_cuts_the_idle_wait_short() {
     let store = MemStore::default();
     // A poll interval of an hour: only the wake-up can explain a quick claim.
     let opts = options().with_poll_interval(Duration::from_secs(3600));
-    let sink = Counting::default();
+    let sink = CountingSink::default();
     let relay = Relay::new(store.clone(), sink.clone(), opts).unwrap();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let run = tokio::spawn(relay.run(async {

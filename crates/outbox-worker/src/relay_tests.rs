@@ -1,13 +1,15 @@
 //! Relay loop tests against the real SQLite store.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
+use crate::test_support::logged;
 use crate::{HandlerError, HandlerRegistry, Progress, Relay, RelayOptions, RelaySummary};
 use outbox_core::{
-    ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Jitter, NewEvent, RelayId,
-    RetryPolicy, Settlement, Sink, Store,
+    ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId,
+    Settlement, Sink, Store,
 };
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::logs::LogCapture;
+use outbox_testkit::sink::fast_retry;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -41,26 +43,7 @@ fn fast(max_attempts: u32) -> RelayOptions {
     RelayOptions::default()
         .with_poll_interval(Duration::from_millis(20))
         .with_lock_timeout(Duration::from_secs(5))
-        .with_retry(
-            RetryPolicy::new(
-                Duration::from_millis(10),
-                Duration::from_millis(40),
-                max_attempts,
-                Jitter::None,
-            )
-            .unwrap(),
-        )
-}
-
-type Log = Arc<Mutex<Vec<Progress>>>;
-
-fn with_log<Si: Sink>(relay: Relay<SqliteStore, Si>) -> (Relay<SqliteStore, Si>, Log) {
-    let log: Log = Arc::default();
-    let l = Arc::clone(&log);
-    (
-        relay.with_listener(move |p| l.lock().unwrap().push(p.clone())),
-        log,
-    )
+        .with_retry(fast_retry(max_attempts))
 }
 
 async fn run_idle<Si: Sink>(relay: Relay<SqliteStore, Si>) -> RelaySummary {
@@ -99,7 +82,7 @@ async fn delivers_retries_and_dead_letters_with_the_right_codes() {
         .with_handler("order.bad", |_| async {
             Err(HandlerError::permanent("malformed order"))
         });
-    let (relay, log) = with_log(Relay::new(db.store.clone(), handlers, fast(8)).unwrap());
+    let (relay, log) = logged(Relay::new(db.store.clone(), handlers, fast(8)).unwrap());
     let summary = run_idle(relay).await;
 
     assert_eq!(summary.delivered, 2);
@@ -168,7 +151,7 @@ async fn a_panicking_handler_is_a_retryable_failure() {
     let handlers = HandlerRegistry::new().with_handler("boom", |_| async {
         panic!("handler bug");
     });
-    let (relay, log) = with_log(Relay::new(db.store.clone(), handlers, fast(2)).unwrap());
+    let (relay, log) = logged(Relay::new(db.store.clone(), handlers, fast(2)).unwrap());
     let summary = run_idle(relay).await;
     assert_eq!((summary.retried, summary.dead), (1, 1));
     assert!(log.lock().unwrap().iter().any(|p| matches!(p, Progress::Retried { error, .. }
@@ -215,7 +198,7 @@ async fn later_events_of_a_failed_key_wait_for_it() {
                 Ok(())
             }
         });
-    let (relay, log) = with_log(Relay::new(db.store.clone(), handlers, fast(8)).unwrap());
+    let (relay, log) = logged(Relay::new(db.store.clone(), handlers, fast(8)).unwrap());
     let summary = run_idle(relay).await;
     assert_eq!(summary.delivered, 3);
     let order = order.lock().unwrap().clone();
@@ -272,7 +255,7 @@ async fn shutdown_releases_a_batch_that_outlives_the_grace_period() {
     let ids = enqueue(&db.store, vec![ev("a", "1"), ev("a", "2"), ev("a", "3")]).await;
     let (sink, started, _gate) = gated();
     let options = fast(8).with_shutdown_grace(Duration::from_millis(50));
-    let (relay, log) = with_log(Relay::new(db.store.clone(), sink, options).unwrap());
+    let (relay, log) = logged(Relay::new(db.store.clone(), sink, options).unwrap());
     let summary = tokio::time::timeout(
         Duration::from_secs(30),
         relay.run(async {
@@ -332,7 +315,7 @@ async fn lost_lease_changes_nothing_and_is_logged_and_counted() {
     let db = db().await;
     let ids = enqueue(&db.store, vec![ev("a", "1"), ev("a", "2")]).await;
     let (sink, started, gate) = gated();
-    let (relay, log) = with_log(Relay::new(db.store.clone(), sink, fast(8)).unwrap());
+    let (relay, log) = logged(Relay::new(db.store.clone(), sink, fast(8)).unwrap());
     let store = db.store.clone();
     let expected = ids.clone();
     let thief = async move {

@@ -13,8 +13,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use outbox_worker::core::{
-    DeadLetterQuery, DeadLetterStore, DeliveryError, ErrorCode, Event, EventId, Jitter, NewEvent,
-    Outcome, RelayId, RetryPolicy, Sink, Store,
+    DeadLetterQuery, DeadLetterStore, DeliveryError, ErrorCode, Event, EventId, NewEvent, Outcome,
+    RelayId, Sink, Store,
 };
 use outbox_worker::{
     HandlerRegistry, Progress, Relay, RelayOptions, RelaySummary, SinkHealth, SinkState,
@@ -23,6 +23,14 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+// The relay's unit tests' helpers (`logged`): the same file, so that this
+// test sees the relay exactly as they do.
+#[path = "../src/test_support.rs"]
+mod test_support;
+
+use outbox_testkit::sink::{fast_retry, CountingSink};
+use test_support::logged;
 
 // ---------------------------------------------------------------- fixtures
 
@@ -123,6 +131,36 @@ mod postgres {
     }
 }
 
+/// One case as two tests: `$sqlite` on a fresh SQLite file and `$postgres`
+/// (feature `postgres`) in a fresh schema named after `$label`, skipped
+/// when no server answers and dropped after the case. `$body` sees the
+/// database as `$db` (both `Db`s have `enqueue` and `store`).
+macro_rules! on_both_stores {
+    (
+        #[$test:meta]
+        $sqlite:ident,
+        $postgres:ident,
+        $label:literal,
+        |$db:ident| $body:block
+    ) => {
+        #[$test]
+        async fn $sqlite() {
+            let $db = sqlite::Db::new().await;
+            $body
+        }
+
+        #[cfg(feature = "postgres")]
+        #[$test]
+        async fn $postgres() {
+            let Some($db) = postgres::Db::new($label).await else {
+                return;
+            };
+            $body
+            $db.drop_schema().await;
+        }
+    };
+}
+
 fn events(n: usize, keys: usize, event_type: &str) -> Vec<NewEvent> {
     (0..n)
         .map(|i| {
@@ -136,57 +174,17 @@ fn options(id: &str) -> RelayOptions {
     RelayOptions::default()
         .with_relay_id(RelayId::new(id))
         .with_poll_interval(Duration::from_millis(50))
-        .with_retry(
-            RetryPolicy::new(
-                Duration::from_millis(10),
-                Duration::from_millis(40),
-                4,
-                Jitter::None,
-            )
-            .unwrap(),
-        )
-}
-
-type Log = Arc<Mutex<Vec<Progress>>>;
-
-fn logged<St: Store, Si: Sink>(relay: Relay<St, Si>) -> (Relay<St, Si>, Log) {
-    let log: Log = Arc::default();
-    let l = Arc::clone(&log);
-    (
-        relay.with_listener(move |p| l.lock().unwrap().push(p.clone())),
-        log,
-    )
+        .with_retry(fast_retry(4))
 }
 
 // ------------------------------------- a sink slower than the lock timeout
-
-/// Counts deliveries per event id; each call takes `delay`.
-#[derive(Clone, Default)]
-struct Slow {
-    delay: Duration,
-    seen: Arc<Mutex<HashMap<EventId, u32>>>,
-}
-
-impl Sink for Slow {
-    async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
-        tokio::time::sleep(self.delay).await;
-        let mut seen = self.seen.lock().unwrap();
-        for e in events {
-            *seen.entry(e.id).or_default() += 1;
-        }
-        vec![Outcome::Delivered; events.len()]
-    }
-}
 
 /// Two relays, lock timeout 1 s (the smallest allowed), every batch takes
 /// 2.5 s, full batches so drain mode claims the next batch ahead and holds
 /// it for a whole delivery: without lease renewal both the batch in
 /// delivery and the one waiting lose their lease and are delivered twice.
 async fn slower_than_the_lease<S: Store>(a: S, b: S, ids: Vec<EventId>) {
-    let sink = Slow {
-        delay: Duration::from_millis(2500),
-        ..Slow::default()
-    };
+    let sink = CountingSink::default().with_delay(Duration::from_millis(2500));
     let opts = |id| {
         options(id)
             .with_batch_size(3)
@@ -200,7 +198,7 @@ async fn slower_than_the_lease<S: Store>(a: S, b: S, ids: Vec<EventId>) {
     .await
     .expect("relays did not drain the outbox within 120 s");
 
-    let seen = sink.seen.lock().unwrap().clone();
+    let seen = sink.counts();
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "delivered more than once: {twice:?}");
     assert_eq!(seen.len(), ids.len(), "not every event was delivered");
@@ -210,22 +208,15 @@ async fn slower_than_the_lease<S: Store>(a: S, b: S, ids: Vec<EventId>) {
     assert!(s1.delivered > 0 && s2.delivered > 0, "{s1:?} {s2:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_sink_two_relays_deliver_every_event_exactly_once_sqlite() {
-    let db = sqlite::Db::new().await;
-    let ids = db.enqueue(events(18, 18, "slow")).await;
-    slower_than_the_lease(db.store().await, db.store().await, ids).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_sink_two_relays_deliver_every_event_exactly_once_postgres() {
-    let Some(db) = postgres::Db::new("slow_sink_two_relays").await else {
-        return;
-    };
-    let ids = db.enqueue(events(18, 18, "slow")).await;
-    slower_than_the_lease(db.store().await, db.store().await, ids).await;
-    db.drop_schema().await;
+on_both_stores! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    slow_sink_two_relays_deliver_every_event_exactly_once_sqlite,
+    slow_sink_two_relays_deliver_every_event_exactly_once_postgres,
+    "slow_sink_two_relays",
+    |db| {
+        let ids = db.enqueue(events(18, 18, "slow")).await;
+        slower_than_the_lease(db.store().await, db.store().await, ids).await;
+    }
 }
 
 // ------------------------------------------------------------ sink outage
@@ -375,26 +366,17 @@ fn running_dead(log: &[Progress]) -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_outage_counts_no_attempt_and_delivers_everything_after_sqlite() {
-    let db = sqlite::Db::new().await;
-    let ids = db.enqueue(events(40, 5, "order.created")).await;
-    let store = db.store().await;
-    outage_costs_nothing(store.clone(), ids).await;
-    assert_empty_without_dead_letters(&store).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sink_outage_counts_no_attempt_and_delivers_everything_after_postgres() {
-    let Some(db) = postgres::Db::new("sink_outage").await else {
-        return;
-    };
-    let ids = db.enqueue(events(40, 5, "order.created")).await;
-    let store = db.store().await;
-    outage_costs_nothing(store.clone(), ids).await;
-    assert_empty_without_dead_letters(&store).await;
-    db.drop_schema().await;
+on_both_stores! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    sink_outage_counts_no_attempt_and_delivers_everything_after_sqlite,
+    sink_outage_counts_no_attempt_and_delivers_everything_after_postgres,
+    "sink_outage",
+    |db| {
+        let ids = db.enqueue(events(40, 5, "order.created")).await;
+        let store = db.store().await;
+        outage_costs_nothing(store.clone(), ids).await;
+        assert_empty_without_dead_letters(&store).await;
+    }
 }
 
 // ------------------------------------------- a synchronous handler panic
@@ -443,20 +425,13 @@ fn panic_events() -> Vec<NewEvent> {
     all
 }
 
-#[tokio::test]
-async fn a_synchronous_handler_panic_is_retried_then_dead_lettered_sqlite() {
-    let db = sqlite::Db::new().await;
-    let ids = db.enqueue(panic_events()).await;
-    synchronous_panic(db.store().await, ids).await;
-}
-
-#[cfg(feature = "postgres")]
-#[tokio::test]
-async fn a_synchronous_handler_panic_is_retried_then_dead_lettered_postgres() {
-    let Some(db) = postgres::Db::new("synchronous_panic").await else {
-        return;
-    };
-    let ids = db.enqueue(panic_events()).await;
-    synchronous_panic(db.store().await, ids).await;
-    db.drop_schema().await;
+on_both_stores! {
+    #[tokio::test]
+    a_synchronous_handler_panic_is_retried_then_dead_lettered_sqlite,
+    a_synchronous_handler_panic_is_retried_then_dead_lettered_postgres,
+    "synchronous_panic",
+    |db| {
+        let ids = db.enqueue(panic_events()).await;
+        synchronous_panic(db.store().await, ids).await;
+    }
 }

@@ -88,24 +88,29 @@ pub fn assert_success(out: &Output, what: &str) {
     );
 }
 
+/// The `id` of each JSON-lines record in `text`, in order (a `jsonl:`
+/// sink's file, `dead list --json`); a line that is not (yet) a whole JSON
+/// document is skipped. Panics on a record without an event id.
+pub fn jsonl_ids(text: &str) -> Vec<EventId> {
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| {
+            v["id"]
+                .as_str()
+                .expect("an id")
+                .parse()
+                .expect("an event id")
+        })
+        .collect()
+}
+
 /// Polls the JSON-lines `file` of a `jsonl:` sink until it holds at least
 /// `expected` events or 60 s passed; returns their ids in file order.
 /// Panics when `relay` exits meanwhile.
 pub async fn wait_jsonl_ids(file: &Path, expected: usize, relay: &mut ChildGuard) -> Vec<EventId> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let text = std::fs::read_to_string(file).unwrap_or_default();
-        let ids: Vec<EventId> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-            .map(|v| {
-                v["id"]
-                    .as_str()
-                    .expect("an id")
-                    .parse()
-                    .expect("an event id")
-            })
-            .collect();
+        let ids = jsonl_ids(&std::fs::read_to_string(file).unwrap_or_default());
         if ids.len() >= expected || Instant::now() > deadline {
             return ids;
         }

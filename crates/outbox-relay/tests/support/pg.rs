@@ -29,6 +29,16 @@ pub async fn fresh_schema(prefix: &str) -> (String, sqlx::PgPool) {
 /// [`fresh_schema`] with the event log (the default mode) created in it by
 /// `outbox-relay migrate`.
 pub async fn migrated_log(prefix: &str) -> (String, sqlx::PgPool) {
+    migrated(prefix, &[]).await
+}
+
+/// [`fresh_schema`] with a queue-mode outbox created in it by
+/// `outbox-relay migrate --pg-mode queue`.
+pub async fn migrated_queue(prefix: &str) -> (String, sqlx::PgPool) {
+    migrated(prefix, &["--pg-mode", "queue"]).await
+}
+
+async fn migrated(prefix: &str, mode: &[&str]) -> (String, sqlx::PgPool) {
     let (schema, pool) = fresh_schema(prefix).await;
     let out = relay(&[
         "migrate",
@@ -37,6 +47,7 @@ pub async fn migrated_log(prefix: &str) -> (String, sqlx::PgPool) {
         "--pg-schema",
         &schema,
     ])
+    .args(mode)
     .output()
     .expect("run outbox-relay migrate");
     assert_success(&out, "migrate");
