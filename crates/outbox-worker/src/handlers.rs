@@ -269,23 +269,13 @@ impl Sink for HandlerRegistry {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use chrono::Utc;
-    use outbox_core::EventId;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
     fn event(event_type: &str) -> Event {
         Event {
-            id: EventId::new(),
-            key: Some("same".into()),
             event_type: event_type.into(),
-            topic: "orders".into(),
-            payload: Vec::new(),
-            headers: Default::default(),
-            created_at: Utc::now(),
-            attempts: 1,
-            next_attempt_at: Utc::now(),
-            last_error: None,
+            ..outbox_testkit::publisher::event("orders", Some("same"), Vec::new())
         }
     }
 

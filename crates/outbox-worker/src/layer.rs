@@ -229,24 +229,12 @@ fn complete(mut outcomes: Vec<Outcome>, n: usize) -> Vec<Outcome> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use chrono::Utc;
     use outbox_core::{DeliveryError, ErrorCode, EventId};
     use std::collections::HashSet;
     use std::sync::Mutex;
 
     fn event(key: &str) -> Event {
-        Event {
-            id: EventId::new(),
-            key: Some(key.to_owned()),
-            event_type: "t".into(),
-            topic: "orders".into(),
-            payload: Vec::new(),
-            headers: Default::default(),
-            created_at: Utc::now(),
-            attempts: 1,
-            next_attempt_at: Utc::now(),
-            last_error: None,
-        }
+        outbox_testkit::publisher::event("orders", Some(key), Vec::new())
     }
 
     /// Records every call and answers from a table of per-event outcomes
