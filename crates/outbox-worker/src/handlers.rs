@@ -1,6 +1,7 @@
 //! [`HandlerRegistry`]: a [`Sink`] that dispatches events to in-process async handlers.
 
 use futures::stream::{self, StreamExt};
+use futures::FutureExt;
 use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
 use std::any::Any;
 use std::collections::HashMap;
@@ -71,14 +72,18 @@ type Handler = Arc<dyn Fn(Event) -> BoxFuture + Send + Sync>;
 /// - a handler's [`HandlerError`] maps to `HANDLER_TEMPORARY_FAILURE` or
 ///   `HANDLER_PERMANENT_FAILURE`;
 /// - a handler that panics fails retryably with `HANDLER_PANICKED`, whether
-///   it panics inside its future (each future runs in its own tokio task, so
-///   the panic is caught as a `JoinError`) or synchronously, before it
-///   returns its future (caught with [`std::panic::catch_unwind`]): it is
-///   retried like any retryable failure and dead-lettered after
-///   `max_attempts`; the relay never dies of it.
+///   it panics inside its future or synchronously, before it returns its
+///   future (both caught with [`std::panic::catch_unwind`]): it is retried
+///   like any retryable failure and dead-lettered after `max_attempts`; the
+///   relay never dies of it.
 ///
 /// One [`Sink::deliver`] call runs its events concurrently, at most
-/// [`HandlerRegistry::with_concurrency`] at a time (default 16). Per-key
+/// [`HandlerRegistry::with_concurrency`] at a time (default 16). By default
+/// the handlers' futures are polled by the delivery itself (no task per
+/// event: a handler that returns at once costs no spawn, no cross-thread
+/// wake-up); a handler that burns CPU between its awaits should run on its
+/// own tokio task, so several of them use several cores:
+/// [`HandlerRegistry::with_task_per_event`]. Per-key
 /// order is not this sink's job: the [`Relay`](crate::Relay) puts every sink
 /// behind [`KeyOrder`](crate::KeyOrder), which hands it at most one event of
 /// a key per call and holds back the later events of a key whose event
@@ -91,6 +96,7 @@ type Handler = Arc<dyn Fn(Event) -> BoxFuture + Send + Sync>;
 pub struct HandlerRegistry {
     handlers: HashMap<String, Handler>,
     concurrency: usize,
+    task_per_event: bool,
 }
 
 impl Default for HandlerRegistry {
@@ -106,6 +112,7 @@ impl fmt::Debug for HandlerRegistry {
         f.debug_struct("HandlerRegistry")
             .field("event_types", &types)
             .field("concurrency", &self.concurrency)
+            .field("task_per_event", &self.task_per_event)
             .finish()
     }
 }
@@ -116,7 +123,19 @@ impl HandlerRegistry {
         Self {
             handlers: HashMap::new(),
             concurrency: 16,
+            task_per_event: false,
         }
+    }
+
+    /// Whether each handler future runs on its own tokio task (default
+    /// `false`: the delivery polls them itself). Turn it on for handlers
+    /// that do CPU-heavy work between awaits, so the runtime spreads them
+    /// over its worker threads; it costs a spawn and a wake-up per event.
+    /// Either way a panic is the event's `HANDLER_PANICKED` failure and a
+    /// dropped delivery cancels the handlers still running.
+    pub fn with_task_per_event(mut self, on: bool) -> Self {
+        self.task_per_event = on;
+        self
     }
 
     /// Most handlers running at the same time within one delivery (default
@@ -170,7 +189,8 @@ impl HandlerRegistry {
         self.handlers.is_empty()
     }
 
-    /// Runs the handler of one event in its own task.
+    /// Runs the handler of one event (on its own task if
+    /// [`task_per_event`](Self::with_task_per_event)).
     async fn handle(&self, event: Event) -> Outcome {
         let Some(handler) = self.handlers.get(&event.event_type).cloned() else {
             return Outcome::Failed(DeliveryError::permanent(
@@ -189,10 +209,16 @@ impl HandlerRegistry {
                 Ok(future) => future,
                 Err(payload) => return panicked(payload.as_ref()),
             };
-        let task = AbortOnDrop(tokio::spawn(future.instrument(span)));
+        let future = future.instrument(span);
+        if !self.task_per_event {
+            return match AssertUnwindSafe(future).catch_unwind().await {
+                Ok(result) => finished(result),
+                Err(payload) => panicked(payload.as_ref()),
+            };
+        }
+        let task = AbortOnDrop(tokio::spawn(future));
         match task.join().await {
-            Ok(Ok(())) => Outcome::Delivered,
-            Ok(Err(e)) => Outcome::Failed(e.into()),
+            Ok(result) => finished(result),
             Err(join) if join.is_panic() => panicked(join.into_panic().as_ref()),
             Err(_) => Outcome::Failed(DeliveryError::retryable(
                 ErrorCode::HANDLER_PANICKED,
@@ -223,6 +249,14 @@ fn delivery_span(event: &Event) -> tracing::Span {
         span.record("trace_id", tracing::field::display(trace_id));
     }
     span
+}
+
+/// The outcome of a handler that returned `result`.
+fn finished(result: Result<(), HandlerError>) -> Outcome {
+    match result {
+        Ok(()) => Outcome::Delivered,
+        Err(e) => Outcome::Failed(e.into()),
+    }
 }
 
 /// The outcome of a handler that panicked with `payload`.
@@ -281,8 +315,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_synchronous_panic_is_caught_like_an_async_one() {
+        for task_per_event in [false, true] {
+            panics_are_failures(task_per_event).await;
+        }
+    }
+
+    async fn panics_are_failures(task_per_event: bool) {
         #[allow(unreachable_code, clippy::diverging_sub_expression)]
         let handlers = HandlerRegistry::new()
+            .with_task_per_event(task_per_event)
             .with_handler("sync", |_| {
                 panic!("before the future");
                 async { Ok(()) }
@@ -307,10 +348,17 @@ mod tests {
 
     #[tokio::test]
     async fn runs_the_events_it_is_given_concurrently_up_to_the_limit() {
+        for task_per_event in [false, true] {
+            concurrency_is_bounded(task_per_event).await;
+        }
+    }
+
+    async fn concurrency_is_bounded(task_per_event: bool) {
         let running = Arc::new(AtomicUsize::new(0));
         let peak = Arc::new(AtomicUsize::new(0));
         let (r, p) = (Arc::clone(&running), Arc::clone(&peak));
         let handlers = HandlerRegistry::new()
+            .with_task_per_event(task_per_event)
             .with_concurrency(3)
             .with_handler("slow", move |_| {
                 let (r, p) = (Arc::clone(&r), Arc::clone(&p));
@@ -327,5 +375,32 @@ mod tests {
         assert_eq!(outcomes, vec![Outcome::Delivered; 8]);
         let peak = peak.load(Ordering::SeqCst);
         assert!((2..=3).contains(&peak), "peak concurrency {peak}");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_delivery_cancels_the_handlers_still_running() {
+        for task_per_event in [false, true] {
+            let finished = Arc::new(AtomicUsize::new(0));
+            let f = Arc::clone(&finished);
+            let handlers = HandlerRegistry::new()
+                .with_task_per_event(task_per_event)
+                .with_handler("slow", move |_| {
+                    let f = Arc::clone(&f);
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        f.fetch_add(1, Ordering::SeqCst);
+                        Ok(())
+                    }
+                });
+            let events: Vec<Event> = (0..4).map(|_| event("slow")).collect();
+            let cut = tokio::time::timeout(Duration::from_millis(20), handlers.deliver(&events));
+            assert!(cut.await.is_err(), "the delivery outran its timeout");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            assert_eq!(
+                finished.load(Ordering::SeqCst),
+                0,
+                "a handler ran on after its delivery was dropped (task_per_event = {task_per_event})"
+            );
+        }
     }
 }

@@ -1134,6 +1134,14 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             .map(|r| (r.id, r.reason.as_str()))
             .collect();
         let mut released: Vec<EventId> = Vec::new();
+        // Resolved once per batch, not per event: the batch settled at once.
+        let process_seconds = started.map(|s| {
+            (
+                metrics::histogram!(m::EVENT_PROCESS_SECONDS),
+                s.elapsed().as_secs_f64(),
+            )
+        });
+        let mut delivered: u64 = 0;
         for (event, fate) in claim.events.iter().zip(fates) {
             if fenced.contains(&event.id) {
                 continue;
@@ -1154,15 +1162,13 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 continue;
             }
             if !matches!(fate, Fate::Released(_)) {
-                if let Some(started) = started {
-                    metrics::histogram!(m::EVENT_PROCESS_SECONDS)
-                        .record(started.elapsed().as_secs_f64());
+                if let Some((histogram, seconds)) = &process_seconds {
+                    histogram.record(*seconds);
                 }
             }
             match fate {
                 Fate::Delivered => {
-                    summary.delivered += 1;
-                    metrics::counter!(m::EVENTS_DELIVERED).increment(1);
+                    delivered += 1;
                     debug!(event_id = %event.id, attempts = event.attempts, "delivered");
                     self.notify(|| Progress::Delivered {
                         id: event.id,
@@ -1203,6 +1209,10 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     released.push(event.id);
                 }
             }
+        }
+        if delivered > 0 {
+            summary.delivered += delivered;
+            metrics::counter!(m::EVENTS_DELIVERED).increment(delivered);
         }
         if !released.is_empty() {
             summary.released += released.len() as u64;
