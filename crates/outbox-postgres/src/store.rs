@@ -775,17 +775,21 @@ fn server_name(o: &PgConnectOptions) -> String {
 /// password), `jit = off` (JIT compilation costs tens of milliseconds per
 /// claim and buys nothing for these small, index-driven statements), a
 /// first connection tried until `connect_timeout` ([`first_connection`]),
-/// then a lazy pool of `max_connections` (both from `settings`).
+/// then a lazy pool of `max_connections` (both from `settings`). `session`:
+/// more settings of the pool's sessions.
 pub(crate) async fn connect_pool(
     url: Option<&str>,
     settings: &PoolSettings,
+    session: &[(&str, &str)],
 ) -> Result<PgPool, StoreError> {
     let url =
         url.ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
     let connect: PgConnectOptions = url
         .parse()
         .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?;
-    let connect = connect.options([("jit", "off")]);
+    let connect = connect
+        .options([("jit", "off")])
+        .options(session.iter().copied());
     first_connection(&connect, settings.connect_timeout, url).await?;
     Ok(PgPoolOptions::new()
         .max_connections(settings.max_connections)
@@ -862,7 +866,7 @@ impl PgStore {
     /// last attempt's cause ("connection refused", an authentication failure,
     /// a missing database...), never the password.
     pub async fn connect(options: PgStoreOptions) -> Result<Self, StoreError> {
-        let pool = connect_pool(options.url.as_deref(), &options.pool).await?;
+        let pool = connect_pool(options.url.as_deref(), &options.pool, &[]).await?;
         Self::from_pool(pool, options).await
     }
 

@@ -11,6 +11,7 @@ use outbox_core::{
     LastError, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
 };
 use outbox_postgres::{DeadHeadPolicy, PgLogStore};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(600);
@@ -712,4 +713,139 @@ async fn a_given_up_batch_comes_back_to_a_relay_group_member() {
     let db = LogDb::new().await;
     let store = db.store_with(db.options().with_dynamic_shards(true)).await;
     a_given_up_batch_comes_back(&db, &store).await;
+}
+
+/// The relay's pipeline at the store: the settlement of one batch and the
+/// claim of the next run at once (neither holds the cursor's state while its
+/// statement runs), with deliveries, retries and releases mixed. Every
+/// event is delivered exactly once and each key in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settling_while_the_next_claim_runs_loses_nothing_and_keeps_key_order() {
+    let db = LogDb::new().await;
+    let store = db.store().await;
+    let (keys, per_key) = (40, 30);
+    let mut events = Vec::new();
+    for n in 0..per_key {
+        for k in 0..keys {
+            events.push(ev(&format!("k{k}"), n));
+        }
+    }
+    let all: HashSet<EventId> = db.enqueue(events).await.into_iter().collect();
+
+    let mut delivered: HashSet<EventId> = HashSet::new();
+    let mut seqs: HashMap<String, Vec<usize>> = HashMap::new();
+    let (mut retried, mut released) = (0, 0);
+    let mut held = claim(&store, "relay", 64).await;
+    let mut hist: HashMap<EventId, Vec<(usize, usize, u32, usize)>> = HashMap::new();
+    for round in 0..5_000usize {
+        if delivered.len() == all.len() {
+            break;
+        }
+        if held.events.is_empty() {
+            held = claim(&store, "relay", 64).await;
+            continue;
+        }
+        let mut s = Settlement::new();
+        // As the relay's per-key order layer does: once an event of a key
+        // is not delivered, the batch's later events of that key are
+        // given back unattempted.
+        let mut stopped: HashSet<&str> = HashSet::new();
+        for (i, e) in held.events.iter().enumerate() {
+            let key = e.key.as_deref().unwrap();
+            let fate = if stopped.contains(key) {
+                1
+            } else {
+                (round * 31 + i * 7) % 10
+            };
+            if fate < 2 {
+                stopped.insert(key);
+            }
+            hist.entry(e.id)
+                .or_default()
+                .push((round, fate.min(2), e.attempts, i));
+            let r = match fate {
+                0 => {
+                    retried += 1;
+                    Resolution::Retry {
+                        delay: Duration::ZERO,
+                        error: temporary(),
+                    }
+                }
+                1 => {
+                    released += 1;
+                    Resolution::Released
+                }
+                _ => {
+                    assert!(
+                        delivered.insert(e.id),
+                        "{} delivered twice: {:?} {:?}",
+                        e.id,
+                        hist.get(&e.id),
+                        String::from_utf8_lossy(&e.payload)
+                    );
+                    let text = String::from_utf8(e.payload.clone()).unwrap();
+                    let (key, n) = text.rsplit_once('-').unwrap();
+                    seqs.entry(key.to_owned())
+                        .or_default()
+                        .push(n.parse().unwrap());
+                    Resolution::Delivered
+                }
+            };
+            s = s.with(e.id, r);
+        }
+        let next = req("relay", 64);
+        // Either one starts first (each unlocks the state for its statement).
+        let (report, next) = if round % 2 == 0 {
+            tokio::join!(store.settle(held.token, &s), store.claim(&next))
+        } else {
+            let (next, report) = tokio::join!(store.claim(&next), store.settle(held.token, &s));
+            (report, next)
+        };
+        let report = report.unwrap();
+        assert!(report.all_applied(), "{report:?}");
+        held = next.unwrap();
+    }
+    assert!(retried > 0 && released > 0, "both slower paths ran");
+    assert_eq!(delivered, all, "every event delivered");
+    for (key, got) in &seqs {
+        let want: Vec<usize> = (0..per_key).collect();
+        assert_eq!(got, &want, "key {key} out of order");
+    }
+    assert_counts(&store, (0, 0, 0)).await;
+}
+
+/// The store's own pool (`PgLogStore::connect`) runs prepared statements
+/// with their generic plan (the claim is planned once per connection, not
+/// at every claim), and its claims keep commit order and per-key order
+/// under that plan. A pool handed to `from_pool` keeps its own setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stores_own_pool_claims_with_generic_plans() {
+    let db = LogDb::new().await;
+    let own = PgLogStore::connect(db.options()).await.unwrap();
+    let show = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, String>("SHOW plan_cache_mode")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(show(own.pool().clone()).await, "force_generic_plan");
+    assert_eq!(show(db.store().await.pool().clone()).await, "auto");
+
+    let mut all = Vec::new();
+    for n in 0..5 {
+        all.extend(db.enqueue(vec![ev("a", n), ev("b", n), loose(n)]).await);
+    }
+    // Claims of two: more claims than the five custom plans PostgreSQL
+    // makes before it weighs a generic one.
+    let mut order = Vec::new();
+    for _ in 0..50 {
+        let c = claim(&own, "relay", 2).await;
+        if c.events.is_empty() {
+            break;
+        }
+        order.extend(ids(&c));
+        deliver(&own, &c).await;
+    }
+    assert_eq!(order, all, "commit order");
+    assert_counts(&own, (0, 0, 0)).await;
 }
