@@ -69,6 +69,12 @@ pub(super) fn record_shard_lag(
 /// How long a relay's announcement lasts without renewal, at least.
 const MIN_ALIVE: Duration = Duration::from_secs(2);
 
+/// A relay below its fair share rebalances this often a fraction of the
+/// rebalance interval: a join takes two rounds (the holder above its share
+/// gives cursors back at its next rebalance, the relay below it takes them
+/// at its own), and the second no longer waits a whole interval.
+const SHORT_RECHECK: u32 = 8;
+
 /// One relay's place in its relay group (in this process).
 #[derive(Default)]
 pub(crate) struct Membership {
@@ -80,6 +86,10 @@ pub(crate) struct Membership {
     /// Above its share: the set whose shards go back once its batches are
     /// settled (not claimed from meanwhile).
     shrinking: Option<CursorKey>,
+    /// Below its share at the last rebalance, with no free cursor to take:
+    /// it looks again sooner (see [`SHORT_RECHECK`]) for the cursors a
+    /// relay above its share gives back.
+    short: bool,
     /// Its fair share and the virtual shard count at the last rebalance.
     quota: u32,
     total: u32,
@@ -211,9 +221,12 @@ impl PgLogStore {
     pub(super) async fn claim_dynamic(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let cell = self.membership(&req.relay_id);
         let mut m = cell.lock().await;
-        let due = m.shrinking.is_some()
-            || m.checked
-                .is_none_or(|t| t.elapsed() >= self.inner.rebalance_every);
+        let every = if m.short {
+            self.inner.rebalance_every / SHORT_RECHECK
+        } else {
+            self.inner.rebalance_every
+        };
+        let due = m.shrinking.is_some() || m.checked.is_none_or(|t| t.elapsed() >= every);
         if due {
             self.rebalance(&mut m, req).await?;
         }
@@ -378,6 +391,7 @@ impl PgLogStore {
         }
         self.merge_idle_sets(m, req.lease).await?;
         let held = m.held();
+        m.short = held.len() < quota;
         metrics::gauge!(crate::log::SHARDS_HELD, "group" => self.inner.group.clone())
             .set(held.len() as f64);
         m.quota = u32::try_from(quota).unwrap_or(total);
