@@ -144,6 +144,21 @@ fn noop_handlers() -> Arc<HandlerRegistry> {
     Arc::new(HandlerRegistry::new().with_handler(EVENT_TYPE, |_event: Event| async { Ok(()) }))
 }
 
+/// A no-op registry that records the id of every event its handler ran
+/// for (what reached a handler, whether or not its settlement was reported).
+fn recording_handlers(
+    seen: Arc<Mutex<std::collections::HashSet<outbox_core::EventId>>>,
+) -> Arc<HandlerRegistry> {
+    Arc::new(
+        HandlerRegistry::new().with_handler(EVENT_TYPE, move |event: Event| {
+            seen.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(event.id);
+            async { Ok(()) }
+        }),
+    )
+}
+
 /// Adds the usage of a drain to a row.
 fn with_usage(row: Row, d: &Drained) -> Row {
     let per_event_us = if d.delivered > 0 {
