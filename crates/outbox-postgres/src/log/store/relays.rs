@@ -69,10 +69,10 @@ pub(super) fn record_shard_lag(
 /// How long a relay's announcement lasts without renewal, at least.
 const MIN_ALIVE: Duration = Duration::from_secs(2);
 
-/// A relay below its fair share rebalances this often a fraction of the
-/// rebalance interval: a join takes two rounds (the holder above its share
-/// gives cursors back at its next rebalance, the relay below it takes them
-/// at its own), and the second no longer waits a whole interval.
+/// A relay below its fair share rebalances again after 1/`SHORT_RECHECK`
+/// of the rebalance interval: a join takes two rounds (the holder above its
+/// share gives cursors back at its next rebalance, the relay below it takes
+/// them at its own), and the second no longer waits a whole interval.
 const SHORT_RECHECK: u32 = 8;
 
 /// One relay's place in its relay group (in this process).
