@@ -839,3 +839,77 @@ async fn the_stores_own_pool_claims_with_generic_plans() {
     assert_eq!(order, all, "commit order");
     assert_counts(&own, (0, 0, 0)).await;
 }
+
+/// During a backlog the store starts the next claim ahead, behind the keys
+/// of the batch it just returned. The relay's next claim is served from it
+/// only when exactly those keys are in flight then: with the batch before
+/// it settled, a later event of that batch's key goes out; with it still
+/// in flight, the claim stops before that event, as a fresh claim does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_made_ahead_serves_only_the_state_it_was_made_for() {
+    for settle_first in [true, false] {
+        let db = LogDb::new().await;
+        let store = db.store().await;
+        // Distinct keys, except that event 12 shares event 3's key.
+        let all = db
+            .enqueue(
+                (0..20)
+                    .map(|i| ev(&format!("k{}", if i == 12 { 3 } else { i }), i))
+                    .collect(),
+            )
+            .await;
+        let c1 = claim(&store, "relay", 5).await;
+        assert_eq!(ids(&c1), all[..5]);
+        let c2 = claim(&store, "relay", 5).await;
+        assert_eq!(ids(&c2), all[5..10]);
+        if settle_first {
+            deliver(&store, &c1).await;
+        }
+        let c3 = claim(&store, "relay", 5).await;
+        if settle_first {
+            assert_eq!(ids(&c3), all[10..15], "k3's first event is delivered");
+        } else {
+            assert_eq!(ids(&c3), all[10..12], "stops before k3's second event");
+            assert!(c3.more);
+            deliver(&store, &c1).await;
+        }
+        deliver(&store, &c2).await;
+        deliver(&store, &c3).await;
+        let rest = drain_in_order(&store, 10).await;
+        let mut got = [ids(&c1), ids(&c2), ids(&c3), rest].concat();
+        assert_eq!(got.len(), all.len(), "each event exactly once");
+        got.sort();
+        let mut want = all.clone();
+        want.sort();
+        assert_eq!(got, want);
+        assert_counts(&store, (0, 0, 0)).await;
+    }
+}
+
+/// A claim started ahead read past a batch whose tail the relay then gave
+/// back: the next claim starts at the tail, not where the claim ahead began.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_tail_comes_before_what_a_claim_ahead_read() {
+    let db = LogDb::new().await;
+    let store = db.store().await;
+    let all = db.enqueue((0..30).map(loose).collect()).await;
+    let c1 = claim(&store, "relay", 10).await;
+    assert_eq!(ids(&c1), all[..10]);
+    assert!(c1.more);
+    let s = all[..10]
+        .iter()
+        .enumerate()
+        .fold(Settlement::new(), |s, (i, id)| {
+            s.with(
+                *id,
+                if i < 5 {
+                    Resolution::Delivered
+                } else {
+                    Resolution::Released
+                },
+            )
+        });
+    assert!(store.settle(c1.token, &s).await.unwrap().all_applied());
+    assert_eq!(drain_in_order(&store, 10).await, all[5..]);
+    assert_counts(&store, (0, 0, 0)).await;
+}
