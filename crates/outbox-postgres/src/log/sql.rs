@@ -56,11 +56,6 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// were running at the lower snapshot are read one by one (`LATERAL`), so
 /// a huge transaction is read in slices too.
 ///
-/// The store's own pool runs this under a generic plan (parameters are not
-/// folded into constants): a cast of a text parameter in a row filter
-/// (`$7::pg_snapshot`) would be parsed for every row, so such values are
-/// written as scalar subqueries, evaluated once per execution.
-///
 /// `$1` group, `$2`/`$3` shard total and indexes (a cursor reads the keys of
 /// one shard, or of a set of virtual shards that share one position), `$4`/`$5` where the range of
 /// (lo, hi) resumes (max of (xmax(lo), 0) and the read position), `$6`
@@ -88,7 +83,7 @@ lane_keys AS MATERIALIZED (
 old AS MATERIALIZED (
     (SELECT 1 AS w, e.* FROM {{log}} e
       WHERE (e.txid, e.seq) > ($4::xid8, $5::bigint)
-        AND pg_visible_in_snapshot(e.txid, (SELECT $7::pg_snapshot))
+        AND pg_visible_in_snapshot(e.txid, $7::pg_snapshot)
         {{shard}}
         {{skip}}
       ORDER BY e.txid, e.seq LIMIT $11)
@@ -569,7 +564,7 @@ impl Sql {
                     .replace("{{lane_shard}}", lane_shard)
                     .replace(
                         "{{skip}}",
-                        "AND ((SELECT cardinality($14::text[]) = 0) OR (e.txid, e.seq) NOT IN \
+                        "AND (cardinality($14::text[]) = 0 OR (e.txid, e.seq) NOT IN \
                          (SELECT * FROM UNNEST($14::xid8[], $15::bigint[])))",
                     ),
             )

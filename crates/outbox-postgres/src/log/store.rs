@@ -149,8 +149,6 @@ struct CursorState {
     /// How far a claim behind keys in flight can expect to read before the
     /// first row of a held key (see [`KeySpread`]).
     spread: KeySpread,
-    /// The next claim, started ahead (see [`Prefetch`]).
-    prefetch: Option<Prefetch>,
 }
 
 /// An estimate of how many distinct keys a stretch of the log spreads
@@ -439,114 +437,28 @@ fn xid(text: &str) -> Result<u64, StoreError> {
         .map_err(|_| decode_err(format!("malformed xid8 {text:?}")))
 }
 
-/// The keys of the events `batches` hold (given to the relay, not settled).
-fn keys_held<'a>(batches: impl Iterator<Item = &'a Batch>) -> HashSet<String> {
-    batches
-        .flat_map(Batch::held)
-        .filter_map(|i| i.key.clone())
-        .collect()
-}
-
-/// An event of a claim whose row is not decoded yet (see
-/// [`PgLogStore::claim_once`]).
-struct Pending {
-    /// Its row of the claim's result.
-    row: usize,
+/// The event of a claim row (lane rows and log rows share the columns:
+/// 8 type, 9 topic, 10 payload, 12 `created_at`, 14 due time).
+fn claimed_event(
+    row: &PgRow,
     id: EventId,
     key: Option<String>,
     headers: BTreeMap<String, String>,
     attempts: u32,
     last_error: Option<LastError>,
-}
-
-impl Pending {
-    /// The event (lane rows and log rows share the columns: 8 type, 9
-    /// topic, 10 payload, 12 `created_at`, 14 due time).
-    fn event(self, row: &PgRow) -> Result<Event, StoreError> {
-        Ok(Event {
-            id: self.id,
-            key: self.key,
-            event_type: row.try_get(8)?,
-            topic: row.try_get(9)?,
-            payload: row.try_get(10)?,
-            headers: self.headers,
-            created_at: row.try_get(12)?,
-            attempts: self.attempts,
-            next_attempt_at: row.try_get(14)?,
-            last_error: self.last_error,
-        })
-    }
-}
-
-/// A claim statement's arguments, owned: a claim made ahead
-/// ([`Prefetch`]) runs on a task of its own. See the CLAIM SQL for each.
-struct ClaimArgs {
-    /// `ShardSpec::ALL` (the statement without the key-hash filter).
-    all: bool,
-    grp: String,
-    total: i64,
-    indexes: Vec<i32>,
-    start_txid: String,
-    start_seq: i64,
-    finished: Vec<String>,
-    hi: String,
-    after_txid: String,
-    after_seq: i64,
-    xip: Vec<String>,
-    scan: i64,
-    held_ords: Vec<i64>,
-    held_keys: Vec<String>,
-    skip_txids: Vec<String>,
-    skip_seqs: Vec<i64>,
-    epoch: i64,
-    hi_xmax: String,
-    upto: Option<String>,
-}
-
-impl ClaimArgs {
-    async fn fetch(&self, pool: &PgPool, sql: &Sql) -> Result<Vec<PgRow>, sqlx::Error> {
-        let text = if self.all { &sql.claim_all } else { &sql.claim };
-        sqlx::query(text)
-            .bind(&self.grp)
-            .bind(self.total)
-            .bind(&self.indexes)
-            .bind(&self.start_txid)
-            .bind(self.start_seq)
-            .bind(&self.finished)
-            .bind(&self.hi)
-            .bind(&self.after_txid)
-            .bind(self.after_seq)
-            .bind(&self.xip)
-            .bind(self.scan)
-            .bind(&self.held_ords)
-            .bind(&self.held_keys)
-            .bind(&self.skip_txids)
-            .bind(&self.skip_seqs)
-            .bind(self.epoch)
-            .bind(&self.hi_xmax)
-            .bind(self.upto.as_deref())
-            .fetch_all(pool)
-            .await
-    }
-}
-
-/// A claim started ahead, when the previous one of its cursor left a
-/// backlog: the server reads the next batch while the relay decodes,
-/// delivers and settles the current one. The relay's next claim is served
-/// from it only if it starts from the same state: read position, epoch,
-/// batch size, and the same keys in flight (the relay's pipeline: the batch
-/// before is settled, the one it was started behind is not). Then it is
-/// the claim the relay would have made, read a little earlier. Otherwise
-/// it is dropped. A settlement that does more than move the position (a
-/// retry, a dead letter, a lane row, a release) drops it too: the claim
-/// did not see those events' new state.
-struct Prefetch {
-    read: Position,
-    epoch: i64,
-    limit: u32,
-    scan: u32,
-    held_keys: HashSet<String>,
-    rows: tokio::task::JoinHandle<Result<Vec<PgRow>, sqlx::Error>>,
+) -> Result<Event, StoreError> {
+    Ok(Event {
+        id,
+        key,
+        event_type: row.try_get(8)?,
+        topic: row.try_get(9)?,
+        payload: row.try_get(10)?,
+        headers,
+        created_at: row.try_get(12)?,
+        attempts,
+        next_attempt_at: row.try_get(14)?,
+        last_error,
+    })
 }
 
 /// A cursor row's skip list (transactions passed out of order): the
@@ -766,7 +678,6 @@ impl PgLogStore {
                 persisted_skip: Vec::new(),
                 last_cur: None,
                 spread: KeySpread::default(),
-                prefetch: None,
             }))
         }))
     }
@@ -790,7 +701,6 @@ impl PgLogStore {
         self.forget_tokens(&tokens);
         st.batches.clear();
         st.epoch = None;
-        st.prefetch = None;
     }
 
     fn cursor_binds(&self, key: &CursorKey) -> (String, i32, Vec<i32>) {
@@ -991,19 +901,18 @@ impl PgLogStore {
         Ok(Some(empty_claim(st.lease_until)))
     }
 
-    /// The claim statement's arguments for `st`'s read position, and what
-    /// decoding its rows needs: the keys it stops before (`cut`, by default
-    /// every key held by an outstanding batch) and the rows asked for.
-    fn claim_args(
+    async fn claim_once(
         &self,
         key: &CursorKey,
-        st: &CursorState,
-        epoch: i64,
+        st: &mut CursorState,
         limit: u32,
         upto: Option<&str>,
-        cut: Option<HashSet<String>>,
-    ) -> (ClaimArgs, HashSet<String>, u32) {
-        let read = &st.read;
+    ) -> Result<Step, StoreError> {
+        let Some(epoch) = st.epoch else {
+            return Ok(Step::Nothing);
+        };
+        let grp = &self.inner.group;
+        let read = st.read.clone();
         let held_ords: Vec<i64> = st
             .batches
             .iter()
@@ -1013,116 +922,58 @@ impl PgLogStore {
                 Src::Log { .. } => None,
             })
             .collect();
-        let held_keys = keys_held(st.batches.iter());
-        let cut = cut.unwrap_or_else(|| held_keys.clone());
+        let held_keys: HashSet<String> = st
+            .batches
+            .iter()
+            .flat_map(|b| b.held())
+            .filter_map(|i| i.key.clone())
+            .collect();
         // Rows to read: all `limit` unless keys are in flight (see KeySpread).
-        let scan = st.spread.scan_limit(limit, cut.len());
-        let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
-        // Where the range part of (lo, hi) resumes.
-        let (start_txid, start_seq) = read.after.unwrap_or((0, 0)).max((read.lo.xmax, 0));
-        let args = ClaimArgs {
-            all: key.total == 1,
-            grp: self.inner.group.clone(),
-            total: i64::from(key.total),
-            indexes: key.indexes(),
-            start_txid: start_txid.to_string(),
-            start_seq,
-            finished: read
-                .lo
-                .finished_by(&read.hi)
-                .iter()
-                .map(u64::to_string)
-                .collect(),
-            hi: read.hi.to_string(),
-            after_txid: after_txid.to_string(),
-            after_seq,
-            xip: read.hi.xip.iter().map(u64::to_string).collect(),
-            scan: i64::from(scan),
-            held_ords,
-            held_keys: held_keys.iter().cloned().collect(),
-            skip_txids: st.inherited.iter().map(|(t, _)| t.to_string()).collect(),
-            skip_seqs: st.inherited.iter().map(|(_, s)| *s).collect(),
-            epoch,
-            hi_xmax: read.hi.xmax.to_string(),
-            upto: upto.map(str::to_owned),
-        };
-        (args, cut, scan)
-    }
-
-    /// Starts the next claim of `st` on a task of its own, for the relay's
-    /// next call to find (see [`Prefetch`]): only while the pool has a
-    /// connection to spare for the settlements meanwhile.
-    fn prefetch(&self, key: &CursorKey, st: &mut CursorState, epoch: i64, limit: u32) {
-        let pool = &self.inner.pool;
-        let idle = u32::try_from(pool.num_idle()).unwrap_or(u32::MAX);
-        let busy = pool.size().saturating_sub(idle);
-        if busy + 2 > pool.options().get_max_connections() {
-            return;
-        }
-        // It stops before the keys of the batch just claimed: the relay's
-        // next claim comes once the batches before it are settled, and is
-        // served from this one only if exactly these keys are held then.
-        let cut = keys_held(st.batches.back().into_iter());
-        let (args, held_keys, scan) = self.claim_args(key, st, epoch, limit, None, Some(cut));
-        let (pool, sql) = (pool.clone(), Arc::clone(&self.inner.sql));
-        let rows = tokio::spawn(async move { args.fetch(&pool, &sql).await });
-        st.prefetch = Some(Prefetch {
-            read: st.read.clone(),
-            epoch,
-            limit,
-            scan,
-            held_keys,
-            rows,
-        });
-    }
-
-    async fn claim_once(
-        &self,
-        key: &CursorKey,
-        st: &mut CursorState,
-        limit: u32,
-        upto: Option<&str>,
-    ) -> Result<Step, StoreError> {
-        let Some(epoch) = st.epoch else {
-            st.prefetch = None;
-            return Ok(Step::Nothing);
-        };
-        let read = st.read.clone();
+        let scan = st.spread.scan_limit(limit, held_keys.len());
         // A shared snapshot that is not clearly later than where this cursor
         // read to could move it back: ignore it then (a later snapshot never
         // has a lower xmax; with an equal one, only the same snapshot is safe).
         let upto = upto.filter(|u| snap(u).is_ok_and(|u| u.xmax > read.hi.xmax || u == read.hi));
-        // The claim started ahead, if it was made from this very state.
-        let ahead = match st.prefetch.take() {
-            Some(p)
-                if upto.is_none()
-                    && p.epoch == epoch
-                    && p.limit == limit
-                    && p.read == read
-                    && p.held_keys == keys_held(st.batches.iter()) =>
-            {
-                match p.rows.await {
-                    Ok(Ok(rows)) => Some((rows, p.held_keys, p.scan)),
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "a claim made ahead failed: claiming again");
-                        None
-                    }
-                    Err(_) => None,
-                }
-            }
-            _ => None,
+        let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
+        // Where the range part of (lo, hi) resumes.
+        let (start_txid, start_seq) = read.after.unwrap_or((0, 0)).max((read.lo.xmax, 0));
+        let sql = if key.total == 1 {
+            &self.inner.sql.claim_all
+        } else {
+            &self.inner.sql.claim
         };
-        let (rows, held_keys, scan) = match ahead {
-            Some(fetched) => fetched,
-            None => {
-                let (args, held_keys, scan) = self.claim_args(key, st, epoch, limit, upto, None);
-                (
-                    args.fetch(&self.inner.pool, &self.inner.sql).await?,
-                    held_keys,
-                    scan,
-                )
-            }
-        };
+        let rows = sqlx::query(sql)
+            .bind(grp)
+            .bind(i64::from(key.total))
+            .bind(key.indexes())
+            .bind(start_txid.to_string())
+            .bind(start_seq)
+            .bind(
+                read.lo
+                    .finished_by(&read.hi)
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>(),
+            )
+            .bind(read.hi.to_string())
+            .bind(after_txid.to_string())
+            .bind(after_seq)
+            .bind(read.hi.xip.iter().map(u64::to_string).collect::<Vec<_>>())
+            .bind(i64::from(scan))
+            .bind(held_ords)
+            .bind(held_keys.iter().cloned().collect::<Vec<_>>())
+            .bind(
+                st.inherited
+                    .iter()
+                    .map(|(t, _)| t.to_string())
+                    .collect::<Vec<_>>(),
+            )
+            .bind(st.inherited.iter().map(|(_, s)| *s).collect::<Vec<_>>())
+            .bind(epoch)
+            .bind(read.hi.xmax.to_string())
+            .bind(upto)
+            .fetch_all(&self.inner.pool)
+            .await?;
         let Some(first) = rows.first() else {
             return Ok(Step::Nothing);
         };
@@ -1148,14 +999,10 @@ impl PgLogStore {
             order.push((w, ord, txid, seq, i));
         }
         order.sort_unstable();
-        let asked = limit;
         let limit = limit as usize;
         let scan = scan as usize;
         let mut items: Vec<Item> = Vec::new();
-        // The events to give the relay, decoded after the batch is recorded
-        // (and the next claim started ahead): row, id, key, headers,
-        // attempts, last error.
-        let mut events: Vec<Pending> = Vec::new();
+        let mut events: Vec<Event> = Vec::new();
         let mut writes = ClaimWrites::default();
         let mut last: Option<(i32, u64, i64)> = None;
         let mut log_rows = 0usize;
@@ -1178,14 +1025,14 @@ impl PgLogStore {
                 };
                 match headers_strict(&headers) {
                     Ok(headers) if events.len() < limit => {
-                        events.push(Pending {
-                            row: i,
+                        events.push(claimed_event(
+                            row,
                             id,
-                            key: key_text.clone(),
+                            key_text.clone(),
                             headers,
-                            attempts: u32::try_from(stored).unwrap_or(0) + 1,
-                            last_error: last_error(row.try_get(15)?, row.try_get(16)?),
-                        });
+                            u32::try_from(stored).unwrap_or(0) + 1,
+                            last_error(row.try_get(15)?, row.try_get(16)?),
+                        )?);
                         items.push(Item {
                             id,
                             key: key_text,
@@ -1237,14 +1084,7 @@ impl PgLogStore {
                 match headers_strict(&headers) {
                     Ok(headers) => (
                         Kind::Deliver,
-                        Some(Pending {
-                            row: i,
-                            id,
-                            key: key_text.clone(),
-                            headers,
-                            attempts: 1,
-                            last_error: None,
-                        }),
+                        Some(claimed_event(row, id, key_text.clone(), headers, 1, None)?),
                     ),
                     Err(reason) => {
                         tracing::warn!(event_id = %id, %reason, "undecodable outbox row dead-lettered");
@@ -1341,7 +1181,7 @@ impl PgLogStore {
         st.batches.push_back(Batch {
             token,
             epoch,
-            start: read.clone(),
+            start: read,
             end: end.clone(),
             next_hi: cur,
             items,
@@ -1354,29 +1194,6 @@ impl PgLogStore {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(token, key.clone());
-        // A backlog: the next claim runs on the server while this one's
-        // events are decoded, delivered and settled.
-        if more && upto.is_none() {
-            self.prefetch(key, st, epoch, asked);
-        }
-        let events = match events
-            .into_iter()
-            .map(|p| {
-                let row = &rows[p.row];
-                p.event(row)
-            })
-            .collect::<Result<Vec<Event>, StoreError>>()
-        {
-            Ok(events) => events,
-            Err(e) => {
-                // Not given to the relay: as if never claimed.
-                st.prefetch = None;
-                st.batches.pop_back();
-                st.read = read;
-                self.forget_tokens([&token]);
-                return Err(e);
-            }
-        };
         self.inner.probe_delay_us.store(
             u64::try_from(self.inner.probe_min.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
@@ -1649,12 +1466,8 @@ impl PgLogStore {
         let skip = skip_list(&st, bi, &plan, pops, advance_to.as_ref());
         let skip_arg = (skip != st.persisted_skip).then_some(skip.as_slice());
 
-        let simple = plan.to_lane.is_empty() && plan.to_dead.is_empty() && plan.lane_ops.is_empty();
-        if !simple || plan.rewound {
-            // A claim made ahead did not see these events' new state.
-            st.prefetch = None;
-        }
         let mut conn = self.inner.pool.acquire().await?;
+        let simple = plan.to_lane.is_empty() && plan.to_dead.is_empty() && plan.lane_ops.is_empty();
         let mut replaced_ids = Vec::new();
         if simple {
             if !self

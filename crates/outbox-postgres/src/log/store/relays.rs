@@ -69,14 +69,10 @@ pub(super) fn record_shard_lag(
 /// How long a relay's announcement lasts without renewal, at least.
 const MIN_ALIVE: Duration = Duration::from_secs(2);
 
-/// A relay whose group is not settled rebalances again after
-/// 1/`SHORT_RECHECK` of the rebalance interval: when it is below its fair
-/// share, or when its last rebalance saw the group change (a relay joined
-/// or left) or changed what it holds. A join takes two rounds (the holder
-/// above its share gives cursors back at its next rebalance, the relay
-/// below it takes them at its own): neither waits a whole interval, and
-/// relays started together (a deployment) find each other within a short
-/// recheck of the first one taking every cursor.
+/// A relay below its fair share rebalances again after 1/`SHORT_RECHECK`
+/// of the rebalance interval: a join takes two rounds (the holder above its
+/// share gives cursors back at its next rebalance, the relay below it takes
+/// them at its own), and the second no longer waits a whole interval.
 const SHORT_RECHECK: u32 = 8;
 
 /// One relay's place in its relay group (in this process).
@@ -90,11 +86,10 @@ pub(crate) struct Membership {
     /// Above its share: the set whose shards go back once its batches are
     /// settled (not claimed from meanwhile).
     shrinking: Option<CursorKey>,
-    /// Below its share at the last rebalance, or the group or its holding
-    /// changed then: it looks again sooner (see [`SHORT_RECHECK`]).
+    /// Below its share at the last rebalance, with no free cursor to take:
+    /// it looks again sooner (see [`SHORT_RECHECK`]) for the cursors a
+    /// relay above its share gives back.
     short: bool,
-    /// The other relays of the group at the last rebalance, sorted.
-    others: Vec<String>,
     /// Its fair share and the virtual shard count at the last rebalance.
     quota: u32,
     total: u32,
@@ -372,8 +367,7 @@ impl PgLogStore {
             .bind(total_i)
             .fetch_one(&self.inner.pool)
             .await?;
-        let mut others: Vec<String> = row.try_get(0)?;
-        others.sort_unstable();
+        let others: Vec<String> = row.try_get(0)?;
         let present: i64 = row.try_get(1)?;
         if present < i64::from(total) {
             self.create_virtual_cursors(total).await?;
@@ -386,7 +380,6 @@ impl PgLogStore {
             .set(quota as f64);
 
         self.renew_idle_sets(m, req.lease).await?;
-        let before = m.held();
         let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
         if held > quota {
             self.shrink(m, held - quota).await?;
@@ -398,8 +391,7 @@ impl PgLogStore {
         }
         self.merge_idle_sets(m, req.lease).await?;
         let held = m.held();
-        m.short = held.len() < quota || held != before || others != m.others;
-        m.others = others;
+        m.short = held.len() < quota;
         metrics::gauge!(crate::log::SHARDS_HELD, "group" => self.inner.group.clone())
             .set(held.len() as f64);
         m.quota = u32::try_from(quota).unwrap_or(total);
