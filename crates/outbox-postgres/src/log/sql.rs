@@ -42,10 +42,16 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// the events parked behind it go out in one batch, in order, instead of
 /// one per key per round trip), then the log from
 /// the read position: the rest of window (lo, hi), then, if that has fewer
-/// than `$11` rows, the new window (hi, now). See the module docs. Rows
-/// come unsorted: each branch is ordered and limited, and the store sorts
-/// by (branch, ord / txid, seq); in a window, the running-at-lo
-/// transactions all precede the range.
+/// than `$11` rows, the new window (hi, now). See the module docs.
+///
+/// The log branches are written in delivery order (in a window, the
+/// transactions running at its lower snapshot precede its range) under one
+/// `LIMIT $11`: PostgreSQL's `Append` runs its branches in order and the
+/// limit stops it, so the new window is not read at all while the old one
+/// fills the batch, and no branch is materialized to be counted. The rows
+/// are a prefix of the delivery order; the store still sorts them by
+/// (branch, ord / txid, seq), as the lane rows and the snapshot row come
+/// first in no particular order.
 ///
 /// Every log branch is an ordered index scan that stops after `$11` rows,
 /// whatever the statistics say: a range branch starts at one row
@@ -54,7 +60,11 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// makes the planner, on a table never analyzed, pick a bitmap scan and a
 /// sort of the whole window (a quadratic drain). The transactions that
 /// were running at the lower snapshot are read one by one (`LATERAL`), so
-/// a huge transaction is read in slices too.
+/// a huge transaction is read in slices too. A snapshot parameter is cast
+/// once (`(SELECT $7::pg_snapshot)`), not once per row.
+///
+/// The first output row that has a snapshot (`cur_text`) carries the
+/// snapshot and the lease check; every other row is an event (`w` set).
 ///
 /// `$1` group, `$2`/`$3` shard total and indexes (a cursor reads the keys of
 /// one shard, or of a set of virtual shards that share one position), `$4`/`$5` where the range of
@@ -62,7 +72,8 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// xip(lo) finished by hi, `$7` hi, `$8`/`$9` (txid, seq) read so far in
 /// (lo, hi), `$10` xip(hi), `$11` limit, `$12` lane ords held by
 /// outstanding batches, `$13` keys held by outstanding batches, `$14`/`$15`
-/// (txid, seq) of rows to skip (settled before a change of holder), `$16`
+/// (txid, seq) of rows to skip (settled before a change of holder; only the
+/// statements rendered with a skip filter read them), `$16`
 /// our epoch (`lease_ok` is false when the lease ran out or moved: the rows
 /// are then ignored and the lease taken again), `$17` xmax(hi), `$18` the
 /// snapshot that ends the new window (NULL: the current one; a relay that
@@ -70,7 +81,7 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// cursors that catch up end at the same position and can be merged).
 const CLAIM: &str = "\
 WITH snap AS MATERIALIZED (
-    SELECT COALESCE($18::pg_snapshot, pg_current_snapshot()) AS cur, now() AS now,
+    SELECT COALESCE($18::pg_snapshot, pg_current_snapshot()) AS cur,
            (SELECT count(*) FROM {{cursors}}
              WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[])
                AND epoch = $16 AND lease_until > now()) = cardinality($3::int[]) AS lease_ok
@@ -80,42 +91,42 @@ lane_keys AS MATERIALIZED (
     UNION
     SELECT key FROM {{dead}} WHERE grp = $1 AND blocking AND key IS NOT NULL
 ),
-old AS MATERIALIZED (
-    (SELECT 1 AS w, e.* FROM {{log}} e
-      WHERE (e.txid, e.seq) > ($4::xid8, $5::bigint)
-        AND pg_visible_in_snapshot(e.txid, $7::pg_snapshot)
-        {{shard}}
-        {{skip}}
-      ORDER BY e.txid, e.seq LIMIT $11)
-    UNION ALL
-    (SELECT 1 AS w, e.* FROM unnest($6::xid8[]) AS x(t) CROSS JOIN LATERAL (
-        SELECT e.* FROM {{log}} e
-        WHERE e.txid = x.t AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
-          {{shard}}
-          {{skip}}
-        ORDER BY e.txid, e.seq LIMIT $11) e
-      ORDER BY e.txid, e.seq LIMIT $11)
-),
-new AS (
-    (SELECT 2 AS w, e.* FROM {{log}} e, snap
-      WHERE (SELECT count(*) FROM old) < $11
-        AND (e.txid, e.seq) > ($17::xid8, 0::bigint)
-        AND pg_visible_in_snapshot(e.txid, snap.cur)
-        {{shard}}
-        {{skip}}
-      ORDER BY e.txid, e.seq LIMIT $11)
-    UNION ALL
-    (SELECT 2 AS w, e.* FROM snap, unnest($10::xid8[]) AS x(t) CROSS JOIN LATERAL (
-        SELECT e.* FROM {{log}} e
-        WHERE e.txid = x.t
-          {{shard}}
-          {{skip}}
-        ORDER BY e.txid, e.seq LIMIT $11) e
-      WHERE (SELECT count(*) FROM old) < $11 AND pg_visible_in_snapshot(x.t, snap.cur)
-      ORDER BY e.txid, e.seq LIMIT $11)
-),
 logged AS (
-    SELECT * FROM old UNION ALL SELECT * FROM new
+    SELECT * FROM (
+        (SELECT 1 AS w, {{cols}}
+           FROM unnest($6::xid8[]) AS x(t) CROSS JOIN LATERAL (
+            SELECT e.* FROM {{log}} e
+            WHERE e.txid = x.t AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
+              {{shard}}
+              {{skip}}
+            ORDER BY e.txid, e.seq LIMIT $11) e
+          ORDER BY e.txid, e.seq LIMIT $11)
+        UNION ALL
+        (SELECT 1, {{cols}} FROM {{log}} e
+          WHERE (e.txid, e.seq) > ($4::xid8, $5::bigint)
+            AND pg_visible_in_snapshot(e.txid, (SELECT $7::pg_snapshot))
+            {{shard}}
+            {{skip}}
+          ORDER BY e.txid, e.seq LIMIT $11)
+        UNION ALL
+        (SELECT 2, {{cols}}
+           FROM snap, unnest($10::xid8[]) AS x(t) CROSS JOIN LATERAL (
+            SELECT e.* FROM {{log}} e
+            WHERE e.txid = x.t
+              {{shard}}
+              {{skip}}
+            ORDER BY e.txid, e.seq LIMIT $11) e
+          WHERE pg_visible_in_snapshot(x.t, snap.cur)
+          ORDER BY e.txid, e.seq LIMIT $11)
+        UNION ALL
+        (SELECT 2, {{cols}} FROM {{log}} e
+          WHERE (e.txid, e.seq) > ($17::xid8, 0::bigint)
+            AND pg_visible_in_snapshot(e.txid, (SELECT cur FROM snap))
+            {{shard}}
+            {{skip}}
+          ORDER BY e.txid, e.seq LIMIT $11)
+    ) branches
+    LIMIT $11
 ),
 blocked AS MATERIALIZED (
     SELECT key, min(ord) AS ord FROM {{lane}}
@@ -133,25 +144,32 @@ due AS (
             AND NOT EXISTS (SELECT 1 FROM {{dead}} d
                             WHERE d.grp = l.grp AND d.key = l.key AND d.blocking)))
     ORDER BY l.ord LIMIT $11
-),
-rows AS (
-    SELECT 0 AS w, NULL::xid8 AS txid, NULL::bigint AS seq, d.ord, d.id, d.key, d.event_type,
-           d.topic, d.payload, d.headers::text AS headers, d.created_at, d.attempts,
-           d.next_attempt_at, d.last_error_code, d.last_error_message, false AS parked
-    FROM due d
-    UNION ALL
-    SELECT g.w, g.txid, g.seq, NULL::bigint, g.id, g.key, g.event_type,
-           g.topic, g.payload, g.headers::text, g.created_at, 0,
-           g.created_at, NULL::text, NULL::text,
-           (g.key IS NOT NULL AND g.key IN (SELECT key FROM lane_keys))
-             -- A delayed event not due yet parks (into the lane, due at deliver_at).
-             OR coalesce(g.deliver_at > now(), false)
-    FROM logged g
 )
-SELECT s.cur_text, s.lease_ok, r.w, r.txid, r.seq, r.ord, r.id, r.key, r.event_type, r.topic,
-       r.payload, r.headers, r.created_at, r.attempts, r.next_attempt_at,
-       r.last_error_code, r.last_error_message, r.parked
-FROM (SELECT cur::text AS cur_text, lease_ok FROM snap) s LEFT JOIN rows r ON true";
+SELECT cur::text AS cur_text, lease_ok, NULL::int AS w, NULL::xid8, NULL::bigint, NULL::bigint,
+       NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::text, NULL::timestamptz,
+       NULL::int, NULL::timestamptz, NULL::text, NULL::text, NULL::boolean
+FROM snap
+UNION ALL
+SELECT NULL, NULL, 0, NULL, NULL, d.ord, d.id, d.key, d.event_type,
+       d.topic, d.payload, d.headers::text, d.created_at, d.attempts,
+       d.next_attempt_at, d.last_error_code, d.last_error_message, false
+FROM due d
+UNION ALL
+SELECT NULL, NULL, g.w, g.txid, g.seq, NULL, g.id, g.key, g.event_type,
+       g.topic, g.payload, g.headers::text, g.created_at, 0,
+       g.created_at, NULL, NULL,
+       (g.key IS NOT NULL AND g.key IN (SELECT key FROM lane_keys))
+         -- A delayed event not due yet parks (into the lane, due at deliver_at).
+         OR coalesce(g.deliver_at > now(), false)
+FROM logged g";
+
+/// The log columns a claim reads (`e`: a log row).
+const CLAIM_COLS: &str = "e.txid, e.seq, e.id, e.key, e.event_type, e.topic, e.payload, \
+                          e.headers, e.created_at, e.deliver_at";
+
+/// The claim's filter of rows settled before a change of holder (`$14`/`$15`).
+const CLAIM_SKIP: &str =
+    "AND (e.txid, e.seq) NOT IN (SELECT * FROM UNNEST($14::xid8[], $15::bigint[]))";
 
 /// Copies log rows into the retry lane, in the order given (the `ord`
 /// default is evaluated row by row in that order). `$1` group, `$2`/`$3`
@@ -519,8 +537,12 @@ pub(crate) struct Sql {
     pub(crate) create_cursor: String,
     pub(crate) group_starts: String,
     pub(crate) origin: String,
-    pub(crate) claim: String,
-    pub(crate) claim_all: String,
+    /// The claim of a cursor that reads some shards, without and with the
+    /// skip filter ([`Sql::claim`]).
+    claim_some: [String; 2],
+    /// The claim of a cursor that reads every key (`ShardSpec::ALL`: no
+    /// shard filter), without and with the skip filter.
+    claim_all: [String; 2],
     pub(crate) log_to_lane: String,
     pub(crate) log_to_dead: String,
     pub(crate) lane_settle: String,
@@ -554,20 +576,30 @@ pub(crate) struct Sql {
 }
 
 impl Sql {
+    /// The claim statement for a cursor: `all` when it reads every key,
+    /// `skip` when it has rows to skip (`$14`/`$15` not empty).
+    pub(crate) fn claim(&self, all: bool, skip: bool) -> &str {
+        let set = if all {
+            &self.claim_all
+        } else {
+            &self.claim_some
+        };
+        &set[usize::from(skip)]
+    }
+
     pub(crate) fn new(names: &LogNames) -> Self {
         let dead =
             |sql: &str| names.render(&sql.replace("{{filter}}", &crate::store::dead_filter_sql(2)));
         let claim = |shard: &str, lane_shard: &str| {
-            names.render(
-                &CLAIM
-                    .replace("{{shard}}", shard)
-                    .replace("{{lane_shard}}", lane_shard)
-                    .replace(
-                        "{{skip}}",
-                        "AND (cardinality($14::text[]) = 0 OR (e.txid, e.seq) NOT IN \
-                         (SELECT * FROM UNNEST($14::xid8[], $15::bigint[])))",
-                    ),
-            )
+            [false, true].map(|skip| {
+                names.render(
+                    &CLAIM
+                        .replace("{{cols}}", CLAIM_COLS)
+                        .replace("{{shard}}", shard)
+                        .replace("{{lane_shard}}", lane_shard)
+                        .replace("{{skip}}", if skip { CLAIM_SKIP } else { "" }),
+                )
+            })
         };
         let per_partition = |template: &str| -> Vec<String> {
             (0..PARTITIONS)
@@ -579,16 +611,15 @@ impl Sql {
             create_cursor: names.render(CREATE_CURSOR),
             group_starts: names.render(GROUP_STARTS),
             origin: names.render(ORIGIN),
-            claim: claim(
+            claim_some: claim(
                 "AND e.key_hash % $2::bigint = ANY($3::int[])",
                 "AND l.key_hash % $2::bigint = ANY($3::int[])",
             ),
-            // ShardSpec::ALL: no modulo (its generic selectivity estimate
-            // would skew the plan), the parameters still typed.
-            claim_all: claim(
-                "AND $2::bigint IS NOT NULL AND $3::int[] IS NOT NULL",
-                "AND $2::bigint IS NOT NULL AND $3::int[] IS NOT NULL",
-            ),
+            // ShardSpec::ALL: no shard filter at all (a modulo's generic
+            // selectivity estimate would skew the plan, and a filter on the
+            // parameters alone puts a projecting node over every scan);
+            // `$2`/`$3` are still read by the lease check.
+            claim_all: claim("", ""),
             log_to_lane: names.render(LOG_TO_LANE),
             log_to_dead: names.render(LOG_TO_DEAD),
             lane_settle: names.render(LANE_SETTLE),

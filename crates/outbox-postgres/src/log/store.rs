@@ -937,11 +937,10 @@ impl PgLogStore {
         let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
         // Where the range part of (lo, hi) resumes.
         let (start_txid, start_seq) = read.after.unwrap_or((0, 0)).max((read.lo.xmax, 0));
-        let sql = if key.total == 1 {
-            &self.inner.sql.claim_all
-        } else {
-            &self.inner.sql.claim
-        };
+        let sql = self
+            .inner
+            .sql
+            .claim(key.total == 1, !st.inherited.is_empty());
         let rows = sqlx::query(sql)
             .bind(grp)
             .bind(i64::from(key.total))
@@ -974,10 +973,17 @@ impl PgLogStore {
             .bind(upto)
             .fetch_all(&self.inner.pool)
             .await?;
-        let Some(first) = rows.first() else {
+        // The snapshot row (see the claim's docs): the first with a snapshot.
+        let mut first = None;
+        for row in &rows {
+            if let Some(cur_text) = row.try_get::<Option<String>, _>(0)? {
+                first = Some((row, cur_text));
+                break;
+            }
+        }
+        let Some((first, cur_text)) = first else {
             return Ok(Step::Nothing);
         };
-        let cur_text: String = first.try_get(0)?;
         let cur = snap(&cur_text)?;
         self.saw(&cur_text);
         st.last_cur = Some(cur_text);

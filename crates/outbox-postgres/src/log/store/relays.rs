@@ -69,10 +69,14 @@ pub(super) fn record_shard_lag(
 /// How long a relay's announcement lasts without renewal, at least.
 const MIN_ALIVE: Duration = Duration::from_secs(2);
 
-/// A relay below its fair share rebalances again after 1/`SHORT_RECHECK`
-/// of the rebalance interval: a join takes two rounds (the holder above its
-/// share gives cursors back at its next rebalance, the relay below it takes
-/// them at its own), and the second no longer waits a whole interval.
+/// A relay rebalances again after 1/`SHORT_RECHECK` of the rebalance
+/// interval while its group is changing: when it is below its fair share,
+/// or when its shards or the other relays changed at its last rebalance. A
+/// join takes two rounds (the holder above its share gives cursors back at
+/// its next rebalance, the relay below it takes them at its own): the
+/// second no longer waits a whole interval, and relays that start together
+/// (each first sees fewer members than there are) settle within a few
+/// short rounds. A group that stays the same rebalances at the interval.
 const SHORT_RECHECK: u32 = 8;
 
 /// One relay's place in its relay group (in this process).
@@ -86,10 +90,12 @@ pub(crate) struct Membership {
     /// Above its share: the set whose shards go back once its batches are
     /// settled (not claimed from meanwhile).
     shrinking: Option<CursorKey>,
-    /// Below its share at the last rebalance, with no free cursor to take:
-    /// it looks again sooner (see [`SHORT_RECHECK`]) for the cursors a
-    /// relay above its share gives back.
+    /// Below its share at the last rebalance, with no free cursor to take,
+    /// or its shards or the other relays changed then: it looks again
+    /// sooner (see [`SHORT_RECHECK`]).
     short: bool,
+    /// The other relays of the group at the last rebalance.
+    others: Vec<String>,
     /// Its fair share and the virtual shard count at the last rebalance.
     quota: u32,
     total: u32,
@@ -380,6 +386,7 @@ impl PgLogStore {
             .set(quota as f64);
 
         self.renew_idle_sets(m, req.lease).await?;
+        let before = m.held();
         let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
         if held > quota {
             self.shrink(m, held - quota).await?;
@@ -391,7 +398,8 @@ impl PgLogStore {
         }
         self.merge_idle_sets(m, req.lease).await?;
         let held = m.held();
-        m.short = held.len() < quota;
+        m.short = held.len() < quota || held != before || others != m.others;
+        m.others = others;
         metrics::gauge!(crate::log::SHARDS_HELD, "group" => self.inner.group.clone())
             .set(held.len() as f64);
         m.quota = u32::try_from(quota).unwrap_or(total);
