@@ -612,6 +612,46 @@ async fn shards_progress_independently() {
     assert_eq!(store.cursors().await.unwrap().len(), 2);
 }
 
+/// A shard's claim reads exactly its keys, in both renderings of the shard
+/// filter: the bit mask (64 shards: bits in every byte of it) and the list
+/// used above the mask's limit (100,000 shards).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shards_claim_reads_exactly_its_keys_in_both_filter_renderings() {
+    for total in [64u32, 100_000] {
+        let db = LogDb::new().await;
+        let store = db.store().await;
+        let events: Vec<NewEvent> = (0..200).map(|i| ev(&format!("key-{i}"), i)).collect();
+        let owner: Vec<u32> = events.iter().map(|e| e.key_hash() % total).collect();
+        let all = db.enqueue(events).await;
+        // Shards with events, including the highest index that has one.
+        let mut shards: Vec<u32> = owner.clone();
+        shards.sort_unstable();
+        shards.dedup();
+        let picked = [
+            shards[0],
+            shards[shards.len() / 2],
+            shards[shards.len() - 1],
+        ];
+        for index in picked {
+            let c = store
+                .claim(&ClaimRequest {
+                    shard: ShardSpec::new(index, total).unwrap(),
+                    ..req(&format!("relay-{index}"), 500)
+                })
+                .await
+                .unwrap();
+            let want: Vec<EventId> = all
+                .iter()
+                .zip(&owner)
+                .filter(|(_, o)| **o == index)
+                .map(|(id, _)| *id)
+                .collect();
+            assert!(!want.is_empty());
+            assert_eq!(ids(&c), want, "shard {index}/{total}");
+        }
+    }
+}
+
 /// `Claim::more` tells the relay whether to claim again at once: a claim
 /// that stopped at its batch size, or before a key that is still in
 /// flight, says so; one that read everything committed does not.

@@ -78,7 +78,9 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// are then ignored and the lease taken again), `$17` xmax(hi), `$18` the
 /// snapshot that ends the new window (NULL: the current one; a relay that
 /// reads several cursors passes the one its first claim of a round took, so
-/// cursors that catch up end at the same position and can be merged).
+/// cursors that catch up end at the same position and can be merged),
+/// `$19` the shards read as a bit mask ([`shard_mask`]; only the rendering
+/// that tests keys against it reads it).
 const CLAIM: &str = "\
 WITH snap AS MATERIALIZED (
     SELECT COALESCE($18::pg_snapshot, pg_current_snapshot()) AS cur,
@@ -537,8 +539,12 @@ pub(crate) struct Sql {
     pub(crate) create_cursor: String,
     pub(crate) group_starts: String,
     pub(crate) origin: String,
-    /// The claim of a cursor that reads some shards, without and with the
-    /// skip filter ([`Sql::claim`]).
+    /// The claim of a cursor that reads some shards, its keys tested against
+    /// a bit mask of the shards (`$19`), without and with the skip filter
+    /// ([`Sql::claim`]).
+    claim_mask: [String; 2],
+    /// The same, the shards as a list (`= ANY($3)`): for layouts too large
+    /// for a mask ([`MASK_MAX_SHARDS`]).
     claim_some: [String; 2],
     /// The claim of a cursor that reads every key (`ShardSpec::ALL`: no
     /// shard filter), without and with the skip filter.
@@ -575,12 +581,33 @@ pub(crate) struct Sql {
     pub(crate) oldest_writer: &'static str,
 }
 
+/// The largest shard layout whose claim tests keys against a bit mask
+/// (`$19`, `total` bits: 8 KiB here); larger layouts pass a list.
+pub(crate) const MASK_MAX_SHARDS: u32 = 65_536;
+
+/// The claim's `$19`: bit `i` (PostgreSQL's `get_bit` order: the low bit of
+/// byte `i / 8` first) set for each of `shards`; empty above
+/// [`MASK_MAX_SHARDS`] (that rendering does not read it).
+pub(crate) fn shard_mask(total: u32, shards: &[u32]) -> Vec<u8> {
+    if total > MASK_MAX_SHARDS {
+        return Vec::new();
+    }
+    let mut mask = vec![0u8; total.div_ceil(8) as usize];
+    for &i in shards.iter().filter(|i| **i < total) {
+        mask[(i / 8) as usize] |= 1 << (i % 8);
+    }
+    mask
+}
+
 impl Sql {
-    /// The claim statement for a cursor: `all` when it reads every key,
-    /// `skip` when it has rows to skip (`$14`/`$15` not empty).
-    pub(crate) fn claim(&self, all: bool, skip: bool) -> &str {
-        let set = if all {
+    /// The claim statement for a cursor of `held` shards of `total` (all of
+    /// them: it reads every key, no filter), `skip` when it has rows to skip
+    /// (`$14`/`$15` not empty).
+    pub(crate) fn claim(&self, total: u32, held: usize, skip: bool) -> &str {
+        let set = if usize::try_from(total).is_ok_and(|t| t <= held) {
             &self.claim_all
+        } else if total <= MASK_MAX_SHARDS {
+            &self.claim_mask
         } else {
             &self.claim_some
         };
@@ -611,6 +638,14 @@ impl Sql {
             create_cursor: names.render(CREATE_CURSOR),
             group_starts: names.render(GROUP_STARTS),
             origin: names.render(ORIGIN),
+            // A bit test per row, whatever the number of shards held: a
+            // list parameter is searched element by element (a generic
+            // plan never hashes it), 4x the cost of one comparison per row
+            // with 32 shards held (BENCHMARKS.md).
+            claim_mask: claim(
+                "AND get_bit($19::bytea, (e.key_hash % $2::bigint)::int) = 1",
+                "AND l.key_hash % $2::bigint = ANY($3::int[])",
+            ),
             claim_some: claim(
                 "AND e.key_hash % $2::bigint = ANY($3::int[])",
                 "AND l.key_hash % $2::bigint = ANY($3::int[])",
@@ -651,5 +686,21 @@ impl Sql {
             lane_gauges: names.render(LANE_GAUGES),
             oldest_writer: OLDEST_WRITER,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_mask_sets_one_bit_per_shard_in_get_bit_order() {
+        let mask = shard_mask(64, &[0, 9, 63]);
+        assert_eq!(mask, [1, 2, 0, 0, 0, 0, 0, 0x80]);
+        // Not a multiple of 8: the last byte is partial; out of range ignored.
+        assert_eq!(shard_mask(10, &[8, 9, 10]), [0, 3]);
+        // Too many shards for a mask: the list rendering is used instead.
+        assert!(shard_mask(MASK_MAX_SHARDS + 1, &[0]).is_empty());
+        assert_eq!(shard_mask(MASK_MAX_SHARDS, &[0]).len(), 8_192);
     }
 }

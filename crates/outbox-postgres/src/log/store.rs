@@ -58,6 +58,11 @@ struct Inner {
     seen: Mutex<String>,
     /// Current probe delay in µs (reset to the minimum by a non-empty claim).
     probe_delay_us: AtomicU64,
+    /// When a relay-group member of this store that is not settled (below
+    /// its fair share, or its holding or its group just changed) wants to
+    /// rebalance again: the wake-up fires then, whatever the log did, so an
+    /// idle member does not wait out its idle backoff to take its share.
+    recheck_at: Mutex<Option<Instant>>,
     /// Relays claiming `ShardSpec::ALL` join the group's relay group.
     dynamic: bool,
     rebalance_every: Duration,
@@ -621,6 +626,7 @@ impl PgLogStore {
                 probe_delay_us: AtomicU64::new(
                     u64::try_from(options.probe_min.as_micros()).unwrap_or(u64::MAX),
                 ),
+                recheck_at: Mutex::new(None),
                 dynamic: options.dynamic_shards,
                 rebalance_every: options.rebalance_every,
                 members: Mutex::new(HashMap::new()),
@@ -940,7 +946,7 @@ impl PgLogStore {
         let sql = self
             .inner
             .sql
-            .claim(key.total == 1, !st.inherited.is_empty());
+            .claim(key.total, key.shards.len(), !st.inherited.is_empty());
         let rows = sqlx::query(sql)
             .bind(grp)
             .bind(i64::from(key.total))
@@ -971,6 +977,7 @@ impl PgLogStore {
             .bind(epoch)
             .bind(read.hi.xmax.to_string())
             .bind(upto)
+            .bind(super::sql::shard_mask(key.total, &key.shards))
             .fetch_all(&self.inner.pool)
             .await?;
         // The snapshot row (see the claim's docs): the first with a snapshot.
@@ -2249,7 +2256,12 @@ impl Store for PgLogStore {
         async move {
             loop {
                 let us = store.inner.probe_delay_us.load(Ordering::Relaxed);
-                tokio::time::sleep(Duration::from_micros(us)).await;
+                let delay = Duration::from_micros(us);
+                if let Some(left) = store.recheck_within(delay) {
+                    tokio::time::sleep(left).await;
+                    return;
+                }
+                tokio::time::sleep(delay).await;
                 let max = u64::try_from(store.inner.probe_max.as_micros()).unwrap_or(u64::MAX);
                 store
                     .inner

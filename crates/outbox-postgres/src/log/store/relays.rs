@@ -236,6 +236,12 @@ impl PgLogStore {
         if due {
             self.rebalance(&mut m, req).await?;
         }
+        if m.short {
+            // Not settled: the wake-up brings this relay back for its next
+            // rebalance even if it holds nothing to read meanwhile.
+            let since = m.checked.unwrap_or_else(Instant::now);
+            self.recheck_by(since + self.inner.rebalance_every / SHORT_RECHECK);
+        }
         let n = m.sets.len();
         let mut upto: Option<String> = None;
         let mut lost = Vec::new();
@@ -282,6 +288,32 @@ impl PgLogStore {
             more,
             ..empty_claim(Utc::now())
         }))
+    }
+
+    /// Asks the wake-up to fire by `at` (the earliest of the requests).
+    fn recheck_by(&self, at: Instant) {
+        let mut due = self
+            .inner
+            .recheck_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        *due = Some(due.map_or(at, |d| d.min(at)));
+    }
+
+    /// The time left until a requested recheck, when it comes within
+    /// `window`; the request is then taken (it fires once).
+    pub(super) fn recheck_within(&self, window: Duration) -> Option<Duration> {
+        let mut due = self
+            .inner
+            .recheck_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let left = due.map(|d| d.saturating_duration_since(Instant::now()))?;
+        if left > window {
+            return None;
+        }
+        *due = None;
+        Some(left)
     }
 
     /// Renews a set's leases (the set's claim path). False: the set is lost.
@@ -385,8 +417,9 @@ impl PgLogStore {
         metrics::gauge!(crate::log::SHARDS_QUOTA, "group" => self.inner.group.clone())
             .set(quota as f64);
 
-        self.renew_idle_sets(m, req.lease).await?;
+        // Before the renewals: a lease lost while renewing is a change too.
         let before = m.held();
+        self.renew_idle_sets(m, req.lease).await?;
         let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
         if held > quota {
             self.shrink(m, held - quota).await?;
