@@ -66,6 +66,10 @@ pub(super) fn record_shard_lag(
     }
 }
 
+/// How often a cursor set's per-shard lag gauges are set, at most: a gauge
+/// read every few seconds by a scraper needs no update per batch.
+pub(super) const LAG_EVERY: Duration = Duration::from_secs(1);
+
 /// How long a relay's announcement lasts without renewal, at least.
 const MIN_ALIVE: Duration = Duration::from_secs(2);
 
@@ -270,7 +274,9 @@ impl PgLogStore {
                 }
                 Some(empty) => {
                     more |= empty.more;
-                    record_shard_lag(&self.inner.group, &key, &[], Utc::now());
+                    if st.lag_due() {
+                        record_shard_lag(&self.inner.group, &key, &[], Utc::now());
+                    }
                     if upto.is_none() {
                         upto.clone_from(&st.last_cur);
                     }
