@@ -41,12 +41,13 @@ pub(crate) struct Sizes {
     /// Duration of each producer-overhead variant, and rounds of the three.
     pub(crate) producer: Duration,
     pub(crate) producer_rounds: u32,
-    /// Backlog of the REPEATABLE READ and fan-out scenarios.
+    /// Backlog of the REPEATABLE READ scenarios.
     pub(crate) side_backlog: u64,
-    /// Backlog of `log-scale-out`: long enough that the relay group's
-    /// one-off start-up (reported apart as `fair_share_after_ms`) does not
-    /// decide the steady rate it compares.
-    pub(crate) scale_backlog: u64,
+    /// Backlog of `log-scale-out` and `fan-out`: long enough that a relay
+    /// group's one-off start-up (reported apart as `fair_share_after_ms`)
+    /// does not decide the steady rate compared, and that a drain lasts
+    /// seconds, not a fraction of one.
+    pub(crate) group_backlog: u64,
     /// Rounds of the event-log comparison (the median is reported).
     pub(crate) log_rounds: u32,
     /// Time cap of any single drain.
@@ -77,7 +78,7 @@ impl Sizes {
                 producer: Duration::from_secs(1),
                 producer_rounds: 1,
                 side_backlog: 3_000,
-                scale_backlog: 3_000,
+                group_backlog: 3_000,
                 log_rounds: 1,
                 cap: Duration::from_secs(60),
                 group_rounds: 1,
@@ -98,7 +99,7 @@ impl Sizes {
                 producer: Duration::from_secs(5),
                 producer_rounds: 1,
                 side_backlog: 50_000,
-                scale_backlog: 200_000,
+                group_backlog: 200_000,
                 log_rounds: 3,
                 cap: Duration::from_secs(90),
                 group_rounds: 1,
@@ -119,7 +120,7 @@ impl Sizes {
                 producer: Duration::from_secs(10),
                 producer_rounds: 2,
                 side_backlog: 200_000,
-                scale_backlog: 1_000_000,
+                group_backlog: 1_000_000,
                 log_rounds: 3,
                 cap: Duration::from_secs(600),
                 group_rounds: 3,

@@ -218,7 +218,7 @@ impl Ctx {
     /// `log-scale-out`: static shards vs a relay group at 1, 2 and 4 relays
     /// (median of the rounds; static and dynamic alternate first).
     pub(super) async fn log_scale_out(&mut self) -> Result<()> {
-        let n = self.sizes.scale_backlog;
+        let n = self.sizes.group_backlog;
         let rounds = self.sizes.group_rounds.max(1);
         let mut runs: HashMap<(u32, bool), Vec<GroupDrain>> = HashMap::new();
         for round in 0..rounds {
@@ -535,7 +535,7 @@ impl Ctx {
     /// backlog size (fresh schemas), then the producer's cost on the
     /// outboxes with one and with two groups.
     pub(super) async fn fan_out(&mut self) -> Result<()> {
-        let n = self.sizes.side_backlog;
+        let n = self.sizes.group_backlog;
         // One group.
         let one = fresh_schema(&mut self.res, "fan1")?;
         let loader = open_pg_log(&self.services, &one, 2, |o| o).await?;
