@@ -586,10 +586,12 @@ pub(crate) struct Sql {
 pub(crate) const MASK_MAX_SHARDS: u32 = 65_536;
 
 /// The claim's `$19`: bit `i` (PostgreSQL's `get_bit` order: the low bit of
-/// byte `i / 8` first) set for each of `shards`; empty above
-/// [`MASK_MAX_SHARDS`] (that rendering does not read it).
+/// byte `i / 8` first) set for each of `shards`; empty when
+/// [`Sql::claim`] picks a rendering that does not read it (every shard
+/// held, or more than [`MASK_MAX_SHARDS`]), so no claim ships a mask it
+/// ignores.
 pub(crate) fn shard_mask(total: u32, shards: &[u32]) -> Vec<u8> {
-    if total > MASK_MAX_SHARDS {
+    if total > MASK_MAX_SHARDS || reads_every_shard(total, shards.len()) {
         return Vec::new();
     }
     let mut mask = vec![0u8; total.div_ceil(8) as usize];
@@ -599,12 +601,17 @@ pub(crate) fn shard_mask(total: u32, shards: &[u32]) -> Vec<u8> {
     mask
 }
 
+/// A cursor holding `held` of `total` shards reads every key (no filter).
+fn reads_every_shard(total: u32, held: usize) -> bool {
+    usize::try_from(total).is_ok_and(|t| t <= held)
+}
+
 impl Sql {
     /// The claim statement for a cursor of `held` shards of `total` (all of
     /// them: it reads every key, no filter), `skip` when it has rows to skip
     /// (`$14`/`$15` not empty).
     pub(crate) fn claim(&self, total: u32, held: usize, skip: bool) -> &str {
-        let set = if usize::try_from(total).is_ok_and(|t| t <= held) {
+        let set = if reads_every_shard(total, held) {
             &self.claim_all
         } else if total <= MASK_MAX_SHARDS {
             &self.claim_mask
@@ -701,6 +708,9 @@ mod tests {
         assert_eq!(shard_mask(10, &[8, 9, 10]), [0, 3]);
         // Too many shards for a mask: the list rendering is used instead.
         assert!(shard_mask(MASK_MAX_SHARDS + 1, &[0]).is_empty());
+        // Every shard held: the claim reads no filter, so no mask is sent.
+        assert!(shard_mask(2, &[0, 1]).is_empty());
+        assert!(shard_mask(1, &[0]).is_empty());
         assert_eq!(shard_mask(MASK_MAX_SHARDS, &[0]).len(), 8_192);
     }
 }
