@@ -136,11 +136,14 @@ async fn drop_group(log: &outbox_postgres::PgLogStore, args: &DropArgs) -> anyho
         "would drop group {name:?}: {} cursor(s), {} retry-lane row(s), {} dead letter(s)",
         what.cursors, what.lane, what.dead
     );
-    if !what.leased_by.is_empty() && !args.force {
-        bail!(
+    let refuse = |by: &[String]| {
+        anyhow::anyhow!(
             "relay(s) {} hold leases on group {name:?}'s cursors: stop them first (a running relay starts the group again at once), or pass --force",
-            what.leased_by.join(", ")
-        );
+            by.join(", ")
+        )
+    };
+    if !what.leased_by.is_empty() && !args.force {
+        return Err(refuse(&what.leased_by));
     }
     if !args.yes {
         if !std::io::stdin().is_terminal() {
@@ -153,10 +156,17 @@ async fn drop_group(log: &outbox_postgres::PgLogStore, args: &DropArgs) -> anyho
             return Ok(());
         }
     }
-    let done = log
-        .drop_group(name)
+    // The lease check is repeated inside the drop's own transaction: a
+    // relay that took a lease since the question above keeps its group.
+    let done = match log
+        .drop_group(name, args.force)
         .await
-        .context("cannot drop the consumer group")?;
+        .context("cannot drop the consumer group")?
+    {
+        outbox_postgres::log::GroupDrop::Dropped(done) => done,
+        outbox_postgres::log::GroupDrop::Leased { by } => return Err(refuse(&by)),
+        other => bail!("unexpected outcome of dropping group {name:?}: {other:?}"),
+    };
     println!(
         "dropped group {name:?}: {} cursor(s), {} retry-lane row(s), {} dead letter(s)",
         done.cursors, done.lane, done.dead

@@ -168,6 +168,21 @@ impl GroupContents {
     }
 }
 
+/// What [`PgLogStore::drop_group`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum GroupDrop {
+    /// The group was deleted: what it held (`leased_by`: the relays that
+    /// held a current lease, only with `force`).
+    Dropped(GroupContents),
+    /// Nothing changed: these relays hold a current lease on the group's
+    /// cursors (stop them first, or force the drop).
+    Leased {
+        /// The lease holders.
+        by: Vec<String>,
+    },
+}
+
 /// A relay, as the cursor rows show it (see [`PgLogStore::relays`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -429,19 +444,30 @@ impl PgLogStore {
     }
 
     /// Deletes `group`'s cursors, retry lane and dead letters in one
-    /// transaction, and returns what was deleted. The group no longer holds
-    /// rotation back; a relay of the group still running loses its lease
-    /// (its settles are fenced) and starts the group again as new (see
-    /// [`PgLogOptions::with_new_group_start`]): stop its relays first.
-    pub async fn drop_group(&self, group: &str) -> Result<GroupContents, StoreError> {
+    /// fenced step: one transaction locks the group's cursor rows, reads
+    /// who leases them and, unless a relay holds a current lease and
+    /// `force` is false, deletes everything. A relay renewing or taking a
+    /// lease meanwhile waits for that transaction and then finds no cursor
+    /// (its settles are fenced). With `force`, a running relay of the group
+    /// loses its lease and starts the group again as new (see
+    /// [`PgLogOptions::with_new_group_start`]).
+    pub async fn drop_group(&self, group: &str, force: bool) -> Result<GroupDrop, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let leased_by: Vec<String> = sqlx::query_scalar(&self.render(
-            "SELECT DISTINCT owner FROM {{cursors}}
-             WHERE grp = $1 AND owner IS NOT NULL AND lease_until > now() ORDER BY 1",
+        let owners: Vec<(Option<String>, bool)> = sqlx::query_as(&self.render(
+            "SELECT owner, coalesce(lease_until > now(), false) FROM {{cursors}}
+             WHERE grp = $1 ORDER BY owner FOR UPDATE",
         ))
         .bind(group)
         .fetch_all(&mut *tx)
         .await?;
+        let mut leased_by: Vec<String> = owners
+            .into_iter()
+            .filter_map(|(owner, current)| owner.filter(|_| current))
+            .collect();
+        leased_by.dedup();
+        if !leased_by.is_empty() && !force {
+            return Ok(GroupDrop::Leased { by: leased_by });
+        }
         let mut deleted = [0u64; 3];
         for (i, table) in ["{{cursors}}", "{{lane}}", "{{dead}}"].iter().enumerate() {
             deleted[i] = sqlx::query(&self.render(&format!("DELETE FROM {table} WHERE grp = $1")))
@@ -452,12 +478,12 @@ impl PgLogStore {
         }
         tx.commit().await?;
         tracing::info!(%group, cursors = deleted[0], lane = deleted[1], dead = deleted[2], "dropped consumer group");
-        Ok(GroupContents {
+        Ok(GroupDrop::Dropped(GroupContents {
             cursors: deleted[0],
             lane: deleted[1],
             dead: deleted[2],
             leased_by,
-        })
+        }))
     }
 
     /// The relays holding a current lease on a cursor, from the cursor rows

@@ -28,6 +28,11 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
         name: "0004_control",
         template: include_str!("../../../../migrations/postgres-log/0004_control.sql"),
     },
+    Migration {
+        version: 5,
+        name: "0005_insertion_order",
+        template: include_str!("../../../../migrations/postgres-log/0005_insertion_order.sql"),
+    },
 ];
 
 /// First key of the advisory lock: ASCII "olog" (the queue mode uses "obox").

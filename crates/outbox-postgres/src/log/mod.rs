@@ -214,6 +214,10 @@ pub use migrate::LOG_MIGRATIONS;
 /// Counter: rotations of the event log (a partition truncated and reused),
 /// counted by the process that rotated.
 pub const ROTATIONS: &str = "outbox_log_rotations_total";
+/// Counter: times this process found the database to be a new incarnation
+/// (crash recovery or a promoted standby) and dropped the positions it held
+/// in memory, counted once per cursor.
+pub const INCARNATION_CHANGES: &str = "outbox_log_incarnation_changes_total";
 /// Gauge, label `group`: events in the retry lane (retrying, released, or
 /// parked behind an earlier event of their key). Updated by the background
 /// rotation task.
@@ -231,7 +235,7 @@ pub const SHARD_LAG: &str = "outbox_virtual_shard_lag_seconds";
 /// Gauge, label `group`: the relay's fair share of the virtual shards.
 pub const SHARDS_QUOTA: &str = "outbox_relay_shards_fair_share";
 pub use groups::{
-    GroupContents, GroupName, GroupStatus, Horizon, InvalidGroupName, OldTransaction, RelayLease,
+    GroupContents, GroupDrop, GroupName, GroupStatus, Horizon, InvalidGroupName, OldTransaction, RelayLease,
     SlotHold, MAX_GROUP_NAME_BYTES,
 };
 pub use options::{

@@ -31,6 +31,8 @@ const OBJECTS: &[(&str, &str, bool)] = &[
     ("{{log_2}}", "_log_2", true),
     ("{{gen}}", "_log_gen", true),
     ("{{seq}}", "_log_seq", true),
+    ("{{order_seq}}", "_log_order", true),
+    ("{{boot}}", "_log_boot", true),
     ("{{meta}}", "_log_meta", true),
     ("{{cursors}}", "_log_cursors", true),
     ("{{relays}}", "_log_relays", true),
@@ -44,6 +46,7 @@ const OBJECTS: &[(&str, &str, bool)] = &[
     ("{{queue_history}}", "_migrations", true),
     ("{{queue_control}}", "_control", true),
     ("{{log_idx}}", "_log_idx", false),
+    ("{{log_seq_idx}}", "_log_seq_idx", false),
     ("{{lane_key_idx}}", "_log_lane_key_idx", false),
     ("{{lane_id_idx}}", "_log_lane_id_idx", false),
     ("{{dead_code_idx}}", "_log_dead_code_idx", false),
@@ -70,6 +73,7 @@ impl LogNames {
         for (placeholder, suffix) in [
             ("{{gen_lit}}", "_log_gen"),
             ("{{seq_lit}}", "_log_seq"),
+            ("{{order_lit}}", "_log_order"),
             ("{{lane_ord_lit}}", "_log_lane_ord"),
         ] {
             replacements.push((

@@ -4,16 +4,40 @@
 use std::fmt;
 
 /// A `pg_snapshot`: every transaction below `xmin` has ended, none at or
-/// above `xmax` had started, and `xip` lists the ones in between that were
+/// above `xmax` had completed, and `xip` lists the ones in between that were
 /// still running. A transaction is visible (committed before the snapshot,
 /// or aborted, whose rows nobody sees anyway) when it is below `xmax` and
-/// not in `xip`.
-#[derive(Clone, PartialEq, Eq, Hash)]
+/// not in `xip`. (A transaction at or above `xmax` may have started before
+/// the snapshot: `xmax` is one past the latest *completed* id.)
+///
+/// `floor` is what this process knows of the log's insertion order at the
+/// snapshot: every event of a transaction at or above `xmax` has a `seq`
+/// above it. 0 (what [`Snap::parse`] gives) is always true; a window read
+/// from a higher floor scans fewer rows (see the claim's docs). Equality
+/// and hashing ignore it: it is knowledge about the snapshot, not part of it.
+#[derive(Clone)]
 pub(crate) struct Snap {
     pub(crate) xmin: u64,
     pub(crate) xmax: u64,
     /// Sorted, no duplicates, all in `xmin..xmax`.
     pub(crate) xip: Vec<u64>,
+    pub(crate) floor: i64,
+}
+
+impl PartialEq for Snap {
+    fn eq(&self, other: &Self) -> bool {
+        self.xmin == other.xmin && self.xmax == other.xmax && self.xip == other.xip
+    }
+}
+
+impl Eq for Snap {}
+
+impl std::hash::Hash for Snap {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.xmin.hash(state);
+        self.xmax.hash(state);
+        self.xip.hash(state);
+    }
 }
 
 impl Snap {
@@ -33,7 +57,18 @@ impl Snap {
         if xmin > xmax || xip.iter().any(|x| *x < xmin || *x >= xmax) {
             return Err(bad());
         }
-        Ok(Self { xmin, xmax, xip })
+        Ok(Self {
+            xmin,
+            xmax,
+            xip,
+            floor: 0,
+        })
+    }
+
+    /// The same snapshot with seq floor `floor` (negative reads as 0).
+    pub(crate) fn with_floor(mut self, floor: i64) -> Self {
+        self.floor = floor.max(0);
+        self
     }
 
     /// `pg_visible_in_snapshot(x, self)`.
@@ -67,8 +102,16 @@ impl Snap {
         xip.dedup();
         // Transactions in [xmin, xmax) that some snapshot saw as running
         // are in `xip`; the ones below another snapshot's xmin but at or
-        // above this xmin, and visible everywhere, stay visible.
-        Some(Snap { xmin, xmax, xip })
+        // above this xmin, and visible everywhere, stay visible. The floor
+        // of the snapshot with the lowest xmax holds for the result; the
+        // lowest floor is below it.
+        let floor = snaps.iter().map(|s| s.floor).min().unwrap_or(0);
+        Some(Snap {
+            xmin,
+            xmax,
+            xip,
+            floor,
+        })
     }
 }
 
@@ -93,8 +136,9 @@ impl fmt::Debug for Snap {
 
 /// A place in the log, for one shard: every event visible in `lo` is
 /// behind it; of the events in the window `(lo, hi)` (visible in `hi`, not
-/// in `lo`), the ones up to `after` in `(txid, seq)` order are behind it
-/// too. `(hi, hi, None)` is the normal form of "window `(lo, hi)` done".
+/// in `lo`), the ones up to `after` in `seq` (insertion) order are behind
+/// it too (`after` keeps the last one's txid for the record; only its seq
+/// orders). `(hi, hi, None)` is the normal form of "window `(lo, hi)` done".
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub(crate) struct Position {
     pub(crate) lo: Snap,
@@ -115,7 +159,7 @@ impl Position {
     /// Whether the event `(txid, seq)` is behind this position.
     pub(crate) fn passed(&self, txid: u64, seq: i64) -> bool {
         self.lo.visible(txid)
-            || (self.hi.visible(txid) && self.after.is_some_and(|a| (txid, seq) <= a))
+            || (self.hi.visible(txid) && self.after.is_some_and(|a| seq <= a.1))
     }
 }
 
@@ -203,10 +247,12 @@ mod tests {
             after: Some((20, 5)),
         };
         assert!(p.passed(11, 1)); // visible in lo
-        assert!(p.passed(12, 1)); // in the window, before `after`
+        assert!(p.passed(12, 1)); // in the window, inserted before `after`
         assert!(p.passed(20, 5));
         assert!(!p.passed(20, 6));
-        assert!(!p.passed(24, 1));
+        assert!(p.passed(24, 4), "a later transaction id inserted earlier");
+        assert!(!p.passed(24, 6));
+        assert!(!p.passed(12, 9), "an earlier transaction id inserted later");
         assert!(!p.passed(25, 1)); // after hi
         let start = Position::at(Snap::parse("10:10:").unwrap());
         assert!(start.passed(9, 1) && !start.passed(10, 1));

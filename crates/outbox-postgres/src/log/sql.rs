@@ -19,11 +19,11 @@ WITH u AS (
     WHERE grp = $1 AND shard_total = $2 AND shard_index = $3
       AND (owner = $4 OR lease_until IS NULL OR lease_until <= now())
     RETURNING epoch, lease_until, lo::text AS lo, hi::text AS hi, pos_txid::text AS pos_txid, pos_seq,
-              skip_txid::text[] AS skip_txid, skip_seq
+              skip_txid::text[] AS skip_txid, skip_seq, lo_floor, hi_floor
 )
 SELECT u.epoch, u.lease_until, u.lo, u.hi, u.pos_txid, u.pos_seq, now(),
        EXISTS (SELECT 1 FROM {{cursors}} WHERE grp = $1 AND shard_total = $2 AND shard_index = $3),
-       u.skip_txid, u.skip_seq
+       u.skip_txid, u.skip_seq, u.lo_floor, u.hi_floor, (SELECT token::text FROM {{boot}})
 FROM (SELECT 1) one LEFT JOIN u ON true";
 
 /// Creates a cursor at `$4` (a snapshot: nothing visible in it is delivered).
@@ -66,27 +66,57 @@ const ORIGIN: &str = "SELECT origin::text FROM {{meta}}";
 /// The first output row that has a snapshot (`cur_text`) carries the
 /// snapshot and the lease check; every other row is an event (`w` set).
 ///
+/// **Order inside a window is `seq`, the order of the INSERTs** (one
+/// uncached sequence): a transaction takes its id at its first write, so
+/// (txid, seq) order would put the event of a transaction that wrote
+/// something, then waited for its aggregate's lock, before the event of
+/// the transaction it waited for. A window's events are found by two
+/// kinds of branch: the transactions running at its lower snapshot (by
+/// their ids, index `(txid, seq)`), for their events at or below the lower
+/// snapshot's *seq floor*; and a range scan in seq order (index `(seq)`)
+/// from the floor, filtered by visibility in both snapshots. The floor of
+/// a snapshot is a seq below every event of a transaction at or above its
+/// xmax: each claim reads the sequence's last value and THEN takes a
+/// transaction id of its own (`pg_current_xact_id()`, in that order in
+/// one target list), so every transaction with a later id inserts above
+/// that value; once the claim has completed its id is below the xmax of
+/// every later snapshot, so the value is a floor for those (the store
+/// keeps the latest one, see `PgLogStore`). Transactions running at the
+/// lower snapshot with an id below its xmax are in its xip and are read by
+/// id; all others are above the floor. The branches of a window are
+/// disjoint (at or below the floor / above it) and each is in seq order,
+/// so their concatenation is the window in seq order. The claim's own
+/// transaction id commits asynchronously (it writes nothing).
+///
+/// The snapshot row also carries the database's incarnation token
+/// (`{{boot}}`, unlogged: empty after crash recovery or on a promoted
+/// standby) and the sequence value read.
+///
 /// `$1` group, `$2`/`$3` shard total and indexes (a cursor reads the keys of
-/// one shard, or of a set of virtual shards that share one position), `$4`/`$5` where the range of
-/// (lo, hi) resumes (max of (xmax(lo), 0) and the read position), `$6`
-/// xip(lo) finished by hi, `$7` hi, `$8`/`$9` (txid, seq) read so far in
-/// (lo, hi), `$10` xip(hi), `$11` limit, `$12` lane ords held by
-/// outstanding batches, `$13` keys held by outstanding batches, `$14`/`$15`
-/// (txid, seq) of rows to skip (settled before a change of holder; only the
-/// statements rendered with a skip filter read them), `$16`
-/// our epoch (`lease_ok` is false when the lease ran out or moved: the rows
-/// are then ignored and the lease taken again), `$17` xmax(hi), `$18` the
-/// snapshot that ends the new window (NULL: the current one; a relay that
-/// reads several cursors passes the one its first claim of a round took, so
-/// cursors that catch up end at the same position and can be merged),
-/// `$19` the shards read as a bit mask ([`shard_mask`]; only the rendering
-/// that tests keys against it reads it).
+/// one shard, or of a set of virtual shards that share one position), `$4`
+/// lo, `$5` where the range of (lo, hi) resumes (max of lo's floor and the
+/// read position's seq), `$6` xip(lo) finished by hi, `$7` hi, `$8` lo's
+/// floor, `$9` the seq read so far in (lo, hi) (0: none), `$10` xip(hi),
+/// `$11` limit, `$12` lane ords held by outstanding batches, `$13` keys held
+/// by outstanding batches, `$14`/`$15` (txid, seq) of rows to skip (settled
+/// before a change of holder; only the statements rendered with a skip
+/// filter read them), `$16` our epoch (`lease_ok` is false when the lease
+/// ran out or moved: the rows are then ignored and the lease taken again),
+/// `$17` hi's floor, `$18` the snapshot that ends the new window (NULL:
+/// the current one; a relay that reads several cursors passes the one its
+/// first claim of a round took, so cursors that catch up end at the same
+/// position and can be merged), `$19` the shards read as a bit mask
+/// ([`shard_mask`]; only the rendering that tests keys against it reads it).
 const CLAIM: &str = "\
 WITH snap AS MATERIALIZED (
     SELECT COALESCE($18::pg_snapshot, pg_current_snapshot()) AS cur,
            (SELECT count(*) FROM {{cursors}}
              WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[])
-               AND epoch = $16 AND lease_until > now()) = cardinality($3::int[]) AS lease_ok
+               AND epoch = $16 AND lease_until > now()) = cardinality($3::int[]) AS lease_ok,
+           (SELECT token::text FROM {{boot}}) AS boot,
+           -- The sequence first, then our own transaction id: see above.
+           coalesce(pg_sequence_last_value('{{order_lit}}'), 0) AS obs,
+           pg_current_xact_id() AS obs_xid
 ),
 lane_keys AS MATERIALIZED (
     SELECT key FROM {{lane}} WHERE grp = $1 AND key IS NOT NULL
@@ -98,35 +128,37 @@ logged AS (
         (SELECT 1 AS w, {{cols}}
            FROM unnest($6::xid8[]) AS x(t) CROSS JOIN LATERAL (
             SELECT e.* FROM {{log}} e
-            WHERE e.txid = x.t AND (e.txid, e.seq) > ($8::xid8, $9::bigint)
+            WHERE e.txid = x.t AND e.seq > $9::bigint AND e.seq <= $8::bigint
               {{shard}}
               {{skip}}
             ORDER BY e.txid, e.seq LIMIT $11) e
-          ORDER BY e.txid, e.seq LIMIT $11)
+          ORDER BY e.seq LIMIT $11)
         UNION ALL
         (SELECT 1, {{cols}} FROM {{log}} e
-          WHERE (e.txid, e.seq) > ($4::xid8, $5::bigint)
+          WHERE e.seq > $5::bigint
             AND pg_visible_in_snapshot(e.txid, (SELECT $7::pg_snapshot))
+            AND NOT pg_visible_in_snapshot(e.txid, (SELECT $4::pg_snapshot))
             {{shard}}
             {{skip}}
-          ORDER BY e.txid, e.seq LIMIT $11)
+          ORDER BY e.seq LIMIT $11)
         UNION ALL
         (SELECT 2, {{cols}}
            FROM snap, unnest($10::xid8[]) AS x(t) CROSS JOIN LATERAL (
             SELECT e.* FROM {{log}} e
-            WHERE e.txid = x.t
+            WHERE e.txid = x.t AND e.seq <= $17::bigint
               {{shard}}
               {{skip}}
             ORDER BY e.txid, e.seq LIMIT $11) e
           WHERE pg_visible_in_snapshot(x.t, snap.cur)
-          ORDER BY e.txid, e.seq LIMIT $11)
+          ORDER BY e.seq LIMIT $11)
         UNION ALL
         (SELECT 2, {{cols}} FROM {{log}} e
-          WHERE (e.txid, e.seq) > ($17::xid8, 0::bigint)
+          WHERE e.seq > $17::bigint
             AND pg_visible_in_snapshot(e.txid, (SELECT cur FROM snap))
+            AND NOT pg_visible_in_snapshot(e.txid, (SELECT $7::pg_snapshot))
             {{shard}}
             {{skip}}
-          ORDER BY e.txid, e.seq LIMIT $11)
+          ORDER BY e.seq LIMIT $11)
     ) branches
     LIMIT $11
 ),
@@ -149,12 +181,12 @@ due AS (
 )
 SELECT cur::text AS cur_text, lease_ok, NULL::int AS w, NULL::xid8, NULL::bigint, NULL::bigint,
        NULL::uuid, NULL::text, NULL::text, NULL::text, NULL::bytea, NULL::text, NULL::timestamptz,
-       NULL::int, NULL::timestamptz, NULL::text, NULL::text, NULL::boolean
+       NULL::int, NULL::timestamptz, NULL::text, NULL::text, NULL::boolean, boot, obs
 FROM snap
 UNION ALL
 SELECT NULL, NULL, 0, NULL, NULL, d.ord, d.id, d.key, d.event_type,
        d.topic, d.payload, d.headers::text, d.created_at, d.attempts,
-       d.next_attempt_at, d.last_error_code, d.last_error_message, false
+       d.next_attempt_at, d.last_error_code, d.last_error_message, false, NULL::text, NULL::bigint
 FROM due d
 UNION ALL
 SELECT NULL, NULL, g.w, g.txid, g.seq, NULL, g.id, g.key, g.event_type,
@@ -162,7 +194,8 @@ SELECT NULL, NULL, g.w, g.txid, g.seq, NULL, g.id, g.key, g.event_type,
        g.created_at, NULL, NULL,
        (g.key IS NOT NULL AND g.key IN (SELECT key FROM lane_keys))
          -- A delayed event not due yet parks (into the lane, due at deliver_at).
-         OR coalesce(g.deliver_at > now(), false)
+         OR coalesce(g.deliver_at > now(), false),
+       NULL::text, NULL::bigint
 FROM logged g";
 
 /// The log columns a claim reads (`e`: a log row).
@@ -258,27 +291,42 @@ buried AS (
 SELECT id, replaced FROM buried";
 
 /// The fence of every settle: bumps nothing, but only matches while the
-/// epoch is ours (and row-locks the cursor until the transaction ends).
-/// With `$5` set, also moves the settled position; with `$9`/`$10` set,
-/// replaces the skip list; with `$11` set, commits the transaction with
-/// that `synchronous_commit` (see `PgLogOptions::with_durable_progress`).
+/// epoch is ours and the database is the incarnation we read our windows
+/// in (`$14`, see [`BOOT`]), and row-locks the cursor until the
+/// transaction ends. With `$5` set, also moves the settled position (with
+/// the floors `$12`/`$13`); with `$9`/`$10` set, replaces the skip list;
+/// with `$11` set, commits the transaction with that `synchronous_commit`
+/// (see `PgLogOptions::with_durable_progress`).
 const ADVANCE: &str = "\
 UPDATE {{cursors}}
 SET lo = COALESCE($5::pg_snapshot, lo),
     hi = COALESCE($6::pg_snapshot, hi),
     pos_txid = CASE WHEN $5 IS NULL THEN pos_txid ELSE $7::xid8 END,
     pos_seq = CASE WHEN $5 IS NULL THEN pos_seq ELSE $8::bigint END,
+    lo_floor = CASE WHEN $5 IS NULL THEN lo_floor ELSE $12::bigint END,
+    hi_floor = CASE WHEN $5 IS NULL THEN hi_floor ELSE $13::bigint END,
     skip_txid = COALESCE($9::xid8[], skip_txid),
     skip_seq = COALESCE($10::bigint[], skip_seq),
     updated_at = now()
 WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4
+  AND EXISTS (SELECT 1 FROM {{boot}} WHERE token = $14::uuid)
   AND ($11::text IS NULL OR set_config('synchronous_commit', $11::text, true) IS NOT NULL)
 RETURNING epoch";
 
 const RENEW: &str = "\
 UPDATE {{cursors}} SET lease_until = now() + $5 * interval '1 microsecond'
 WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4
+  AND EXISTS (SELECT 1 FROM {{boot}} WHERE token = $6::uuid)
 RETURNING lease_until";
+
+/// The database's incarnation token: `{{boot}}` is UNLOGGED, so crash
+/// recovery empties it and a promoted standby has it empty. A store that
+/// finds it empty writes a new token (the first writer wins) and reads it.
+const BOOT: &str = "\
+WITH ins AS (
+    INSERT INTO {{boot}} (token) VALUES ($1::uuid) ON CONFLICT DO NOTHING RETURNING token
+)
+SELECT token::text FROM ins UNION ALL SELECT token::text FROM {{boot}} LIMIT 1";
 
 /// Renews the lease of a set of virtual-shard cursors a relay holds, while
 /// it has not run out. `$1` group, `$2` total, `$3` indexes, `$4` epoch,
@@ -287,6 +335,7 @@ const RENEW_SET: &str = "\
 UPDATE {{cursors}} SET lease_until = now() + $5 * interval '1 microsecond'
 WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch = $4
   AND owner = $6 AND lease_until > now()
+  AND EXISTS (SELECT 1 FROM {{boot}} WHERE token = $7::uuid)
 RETURNING lease_until, now()";
 
 /// A relay of a group says it is alive (until `now() + $3` µs) and reads
@@ -332,7 +381,8 @@ FROM (SELECT coalesce(max(epoch), 0) + 1 AS e FROM {{cursors}} WHERE grp = $1) n
 WHERE c.grp = $1 AND c.shard_total = $2 AND c.shard_index = ANY($3::int[])
   AND (c.lease_until IS NULL OR c.lease_until <= now() OR c.owner = $4)
 RETURNING c.shard_index, c.epoch, c.lease_until, c.lo::text, c.hi::text, c.pos_txid::text,
-          c.pos_seq, c.skip_txid::text[], c.skip_seq, now()";
+          c.pos_seq, c.skip_txid::text[], c.skip_seq, now(), c.lo_floor, c.hi_floor,
+          (SELECT token::text FROM {{boot}})";
 
 /// Gives cursors back (a relay above its fair share, or leaving): their
 /// position stays, the next holder continues from it. `$1` group, `$2`
@@ -344,14 +394,17 @@ WHERE grp = $1 AND shard_total = $2 AND shard_index = ANY($3::int[]) AND epoch =
 /// Merges cursors a relay holds at the same settled position into one set:
 /// one new epoch, the position written to all. `$1` group, `$2` total,
 /// `$3`/`$4` (index, epoch) pairs, `$5` relay, `$6`/`$7` lo/hi, `$8`/`$9`
-/// (txid, seq), `$10` lease µs. One row per cursor merged.
+/// (txid, seq), `$10` lease µs, `$11`/`$12` the floors of lo/hi, `$13` the
+/// incarnation the position was read in. One row per cursor merged.
 const MERGE_SET: &str = "\
 UPDATE {{cursors}} c
 SET epoch = n.e, lo = $6::pg_snapshot, hi = $7::pg_snapshot, pos_txid = $8::xid8,
     pos_seq = $9::bigint, skip_txid = '{}', skip_seq = '{}', updated_at = now(),
-    lease_until = now() + $10 * interval '1 microsecond'
+    lease_until = now() + $10 * interval '1 microsecond',
+    lo_floor = $11::bigint, hi_floor = $12::bigint
 FROM (SELECT coalesce(max(epoch), 0) + 1 AS e FROM {{cursors}} WHERE grp = $1) n
 WHERE c.grp = $1 AND c.shard_total = $2 AND c.owner = $5 AND c.lease_until > now()
+  AND EXISTS (SELECT 1 FROM {{boot}} WHERE token = $13::uuid)
   AND (c.shard_index, c.epoch) IN (SELECT * FROM UNNEST($3::int[], $4::bigint[]))
 RETURNING c.epoch, c.lease_until";
 
@@ -378,7 +431,7 @@ pend AS (
         WHERE e.txid >= pg_snapshot_xmin(c.lo) AND NOT pg_visible_in_snapshot(e.txid, c.lo)
           AND e.key_hash % c.shard_total = c.shard_index
           AND NOT (pg_visible_in_snapshot(e.txid, c.hi) AND c.pos_txid IS NOT NULL
-                   AND (e.txid, e.seq) <= (c.pos_txid, c.pos_seq))
+                   AND e.seq <= c.pos_seq)
     ) e
     UNION ALL
     SELECT e.created_at FROM {{log}} e, {{meta}} m
@@ -466,12 +519,12 @@ pub(crate) const BEHIND_PARTITION: &str = "(
                    WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.hi))))
         OR EXISTS (SELECT 1 FROM {{part}} e
                    WHERE e.txid >= pg_snapshot_xmax(c.lo)
-                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))
+                     AND (c.pos_seq IS NULL OR e.seq > c.pos_seq)
                      AND pg_visible_in_snapshot(e.txid, c.hi))
         OR EXISTS (SELECT 1 FROM {{part}} e
                    WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.lo)))
                      AND pg_visible_in_snapshot(e.txid, c.hi)
-                     AND (c.pos_txid IS NULL OR (e.txid, e.seq) > (c.pos_txid, c.pos_seq))))";
+                     AND (c.pos_seq IS NULL OR e.seq > c.pos_seq)))";
 
 const ROTATE_DONE: &str = "\
 UPDATE {{meta}} SET switched_at = now(), rotations = rotations + 1 RETURNING rotations";
@@ -511,7 +564,7 @@ CROSS JOIN LATERAL (
     WHERE e.txid >= pg_snapshot_xmin(c.lo) AND NOT pg_visible_in_snapshot(e.txid, c.lo)
       AND e.key_hash % c.shard_total = c.shard_index
       AND NOT (pg_visible_in_snapshot(e.txid, c.hi) AND c.pos_txid IS NOT NULL
-               AND (e.txid, e.seq) <= (c.pos_txid, c.pos_seq))
+               AND e.seq <= c.pos_seq)
 ) p
 WHERE c.grp = $1
 ORDER BY c.shard_total, c.shard_index";
@@ -554,6 +607,7 @@ pub(crate) struct Sql {
     pub(crate) lane_settle: String,
     pub(crate) advance: String,
     pub(crate) renew: String,
+    pub(crate) boot: String,
     pub(crate) renew_set: String,
     pub(crate) heartbeat: String,
     pub(crate) free_shards: String,
@@ -572,6 +626,9 @@ pub(crate) struct Sql {
     pub(crate) rotate_due: String,
     pub(crate) rotate_check: Vec<String>,
     pub(crate) rotate_lock: Vec<String>,
+    /// Per partition: does another session hold a lock on it stronger than
+    /// ACCESS SHARE (a writer whose transaction is still open)?
+    pub(crate) rotate_writer: Vec<String>,
     pub(crate) rotate_truncate: Vec<String>,
     pub(crate) rotate_done: String,
     pub(crate) rotate_bump: String,
@@ -667,6 +724,7 @@ impl Sql {
             lane_settle: names.render(LANE_SETTLE),
             advance: names.render(ADVANCE),
             renew: names.render(RENEW),
+            boot: names.render(BOOT),
             renew_set: names.render(RENEW_SET),
             heartbeat: names.render(HEARTBEAT),
             free_shards: names.render(FREE_SHARDS),
@@ -684,7 +742,12 @@ impl Sql {
             purge_dead: dead(PURGE_DEAD),
             rotate_due: names.render(ROTATE_DUE),
             rotate_check: per_partition(&ROTATE_CHECK.replace("{{behind}}", BEHIND_PARTITION)),
-            rotate_lock: per_partition("LOCK TABLE {{part}} IN ACCESS EXCLUSIVE MODE NOWAIT"),
+            rotate_lock: per_partition("LOCK TABLE {{part}} IN ACCESS EXCLUSIVE MODE"),
+            rotate_writer: per_partition(
+                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' \
+                 AND relation = '{{part}}'::regclass AND mode <> 'AccessShareLock' \
+                 AND pid <> pg_backend_pid())",
+            ),
             rotate_truncate: per_partition("TRUNCATE {{part}}"),
             rotate_done: names.render(ROTATE_DONE),
             rotate_bump: names.render(ROTATE_BUMP),

@@ -73,6 +73,10 @@ struct Inner {
     holdings: Mutex<HashMap<RelayId, LeaseHolding>>,
     /// The outbox's virtual shard count, read once.
     virtual_shards: tokio::sync::OnceCell<u32>,
+    /// The latest seq observation of a completed claim, with the database
+    /// incarnation it was made in: a floor for every snapshot taken after
+    /// it (see the CLAIM SQL). Used only under the same incarnation.
+    observed: Mutex<Option<(String, i64)>>,
     /// Held for its `Drop`: stops the background rotation with the last clone.
     _tasks: BackgroundTasks,
 }
@@ -148,15 +152,20 @@ struct CursorState {
     inherited: Vec<(u64, i64)>,
     /// The skip list as stored.
     persisted_skip: Vec<(u64, i64)>,
-    /// The snapshot the last claim read up to (shared with the next
-    /// cursors of a relay group's round).
-    last_cur: Option<String>,
+    /// The snapshot the last claim read up to, with its seq floor (shared
+    /// with the next cursors of a relay group's round).
+    last_cur: Option<Snap>,
     /// How far a claim behind keys in flight can expect to read before the
     /// first row of a held key (see [`KeySpread`]).
     spread: KeySpread,
     /// When the per-shard lag gauges of this set were last set (see
     /// [`CursorState::lag_due`]).
     lag_at: Option<Instant>,
+    /// The database incarnation (see [`PgLogStore::incarnation`]) this
+    /// state was read in: positions, windows and the lease held in memory
+    /// are used only while the database is still that incarnation. `None`
+    /// until a lease is taken.
+    boot: Option<String>,
 }
 
 /// An estimate of how many distinct keys a stretch of the log spreads
@@ -242,6 +251,9 @@ struct Item {
 struct Batch {
     token: FencingToken,
     epoch: i64,
+    /// The database incarnation it was claimed in (checked by its settle
+    /// and renewals).
+    boot: String,
     start: Position,
     end: Position,
     /// The snapshot that closes the batch's second window (`start.hi`
@@ -504,9 +516,11 @@ fn shard_spec(index: i32, total: i32) -> ShardSpec {
     .unwrap_or(ShardSpec::ALL)
 }
 
+/// A stored position: `(lo, hi)` with their seq floors, and the last
+/// settled `(txid, seq)` of the window.
 fn position(
-    lo: &str,
-    hi: &str,
+    (lo, lo_floor): (&str, i64),
+    (hi, hi_floor): (&str, i64),
     pos_txid: Option<String>,
     pos_seq: Option<i64>,
 ) -> Result<Position, StoreError> {
@@ -515,8 +529,8 @@ fn position(
         _ => None,
     };
     Ok(Position {
-        lo: snap(lo)?,
-        hi: snap(hi)?,
+        lo: snap(lo)?.with_floor(lo_floor),
+        hi: snap(hi)?.with_floor(hi_floor),
         after,
     })
 }
@@ -648,6 +662,7 @@ impl PgLogStore {
                 members: Mutex::new(HashMap::new()),
                 holdings: Mutex::new(HashMap::new()),
                 virtual_shards: tokio::sync::OnceCell::new(),
+                observed: Mutex::new(None),
                 _tasks: tasks,
             }),
         })
@@ -686,6 +701,7 @@ impl PgLogStore {
                 xmin: 0,
                 xmax: 0,
                 xip: Vec::new(),
+                floor: 0,
             });
             Arc::new(tokio::sync::Mutex::new(CursorState {
                 epoch: None,
@@ -701,6 +717,7 @@ impl PgLogStore {
                 last_cur: None,
                 spread: KeySpread::default(),
                 lag_at: None,
+                boot: None,
             }))
         }))
     }
@@ -793,6 +810,14 @@ impl PgLogStore {
             let present: bool = row.try_get(7)?;
             let epoch: Option<i64> = row.try_get(0)?;
             match epoch {
+                Some(epoch) if st.epoch == Some(epoch) && st.boot.is_none() => {
+                    // Our in-memory state lost its incarnation (see
+                    // `claim_once`) but the stored lease is still ours with
+                    // the same epoch: take it again under a new epoch, so
+                    // batches claimed before are void.
+                    st.epoch = None;
+                    continue;
+                }
                 Some(epoch) => {
                     let lease_until: DateTime<Utc> = row.try_get(1)?;
                     if st.epoch != Some(epoch) {
@@ -800,7 +825,13 @@ impl PgLogStore {
                         self.lose(st);
                         let lo: String = row.try_get(2)?;
                         let hi: String = row.try_get(3)?;
-                        let done = position(&lo, &hi, row.try_get(4)?, row.try_get(5)?)?;
+                        let done = position(
+                            (&lo, row.try_get(10)?),
+                            (&hi, row.try_get(11)?),
+                            row.try_get(4)?,
+                            row.try_get(5)?,
+                        )?;
+                        st.boot = Some(self.incarnation(row.try_get(12)?).await?);
                         st.read = done.clone();
                         st.done = done;
                         st.epoch = Some(epoch);
@@ -837,6 +868,51 @@ impl PgLogStore {
         Err(decode_err(
             "the cursor row vanished while it was being created".to_owned(),
         ))
+    }
+
+    /// The database incarnation: the token in the unlogged `{{boot}}` table
+    /// as a statement read it (`read`), or, when crash recovery or a
+    /// promotion emptied the table, a new token written now (the first
+    /// writer wins; every store reads the winner's).
+    async fn incarnation(&self, read: Option<String>) -> Result<String, StoreError> {
+        if let Some(token) = read {
+            return Ok(token);
+        }
+        let token: String = sqlx::query_scalar(&self.inner.sql.boot)
+            .bind(Uuid::new_v4())
+            .fetch_one(&self.inner.pool)
+            .await?;
+        tracing::info!(group = %self.inner.group, incarnation = %token, "database incarnation recorded");
+        Ok(token)
+    }
+
+    /// A seq floor for a snapshot a claim is about to take, under
+    /// incarnation `boot`: the latest observation of a completed claim of
+    /// this store, or `fallback` (the floor of an earlier snapshot, always
+    /// valid for a later one), whichever is higher.
+    fn floor_for_new_snapshot(&self, boot: Option<&str>, fallback: i64) -> i64 {
+        let observed = self
+            .inner
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match (observed.as_ref(), boot) {
+            (Some((b, s)), Some(boot)) if b == boot => (*s).max(fallback),
+            _ => fallback,
+        }
+    }
+
+    /// Records a completed claim's seq observation under incarnation `boot`.
+    fn observe(&self, boot: &str, seq: i64) {
+        let mut observed = self
+            .inner
+            .observed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match observed.as_mut() {
+            Some((b, s)) if b == boot => *s = (*s).max(seq),
+            _ => *observed = Some((boot.to_owned(), seq)),
+        }
     }
 
     async fn claim_inner(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
@@ -878,7 +954,7 @@ impl PgLogStore {
         key: &CursorKey,
         st: &mut CursorState,
         req: &ClaimRequest,
-        upto: Option<&str>,
+        upto: Option<&Snap>,
     ) -> Result<Option<Claim>, StoreError> {
         if st.has_abandoned_batch() {
             tracing::warn!(
@@ -929,7 +1005,7 @@ impl PgLogStore {
         key: &CursorKey,
         st: &mut CursorState,
         limit: u32,
-        upto: Option<&str>,
+        upto: Option<&Snap>,
     ) -> Result<Step, StoreError> {
         let Some(epoch) = st.epoch else {
             return Ok(Step::Nothing);
@@ -956,10 +1032,16 @@ impl PgLogStore {
         // A shared snapshot that is not clearly later than where this cursor
         // read to could move it back: ignore it then (a later snapshot never
         // has a lower xmax; with an equal one, only the same snapshot is safe).
-        let upto = upto.filter(|u| snap(u).is_ok_and(|u| u.xmax > read.hi.xmax || u == read.hi));
-        let (after_txid, after_seq) = read.after.unwrap_or((0, 0));
-        // Where the range part of (lo, hi) resumes.
-        let (start_txid, start_seq) = read.after.unwrap_or((0, 0)).max((read.lo.xmax, 0));
+        let upto = upto.filter(|u| u.xmax > read.hi.xmax || *u == &read.hi);
+        // The seq floor of the snapshot this claim takes (a shared one
+        // comes with its own).
+        let cur_floor = match upto {
+            Some(u) => u.floor,
+            None => self.floor_for_new_snapshot(st.boot.as_deref(), read.hi.floor),
+        };
+        let after_seq = read.after.map_or(0, |a| a.1);
+        // Where the range part of (lo, hi) resumes (in seq order).
+        let start_seq = after_seq.max(read.lo.floor);
         let sql = self
             .inner
             .sql
@@ -968,7 +1050,7 @@ impl PgLogStore {
             .bind(grp)
             .bind(i64::from(key.total))
             .bind(key.indexes())
-            .bind(start_txid.to_string())
+            .bind(read.lo.to_string())
             .bind(start_seq)
             .bind(
                 read.lo
@@ -978,7 +1060,7 @@ impl PgLogStore {
                     .collect::<Vec<_>>(),
             )
             .bind(read.hi.to_string())
-            .bind(after_txid.to_string())
+            .bind(read.lo.floor)
             .bind(after_seq)
             .bind(read.hi.xip.iter().map(u64::to_string).collect::<Vec<_>>())
             .bind(i64::from(scan))
@@ -992,8 +1074,8 @@ impl PgLogStore {
             )
             .bind(st.inherited.iter().map(|(_, s)| *s).collect::<Vec<_>>())
             .bind(epoch)
-            .bind(read.hi.xmax.to_string())
-            .bind(upto)
+            .bind(read.hi.floor)
+            .bind(upto.map(Snap::to_string))
             .bind(super::sql::shard_mask(key.total, &key.shards))
             .fetch_all(&self.inner.pool)
             .await?;
@@ -1008,25 +1090,45 @@ impl PgLogStore {
         let Some((first, cur_text)) = first else {
             return Ok(Step::Nothing);
         };
-        let cur = snap(&cur_text)?;
+        // Positions, windows and the lease in memory hold only within the
+        // incarnation they were read in: after a crash restart or a
+        // failover, transaction ids are handed out again below the xmax of
+        // our windows. Drop them and resume from the stored position.
+        let boot = self.incarnation(first.try_get(18)?).await?;
+        if st.boot.as_deref() != Some(boot.as_str()) {
+            tracing::warn!(
+                group = %grp,
+                shard = %key.shard(),
+                relay = %key.relay,
+                "the database is a new incarnation (crash recovery or failover): \
+                 positions held in memory are dropped; resuming from the stored position"
+            );
+            metrics::counter!(super::INCARNATION_CHANGES).increment(1);
+            self.lose(st);
+            st.boot = None;
+            return Ok(Step::Relapse);
+        }
+        self.observe(&boot, first.try_get(19)?);
+        let cur = snap(&cur_text)?.with_floor(cur_floor);
         self.saw(&cur_text);
-        st.last_cur = Some(cur_text);
+        st.last_cur = Some(cur.clone());
         if !first.try_get::<bool, _>(1)? {
             return Ok(Step::Relapse);
         }
 
-        // Branch order: lane rows by `ord`, then the log by (window, txid, seq).
-        let mut order: Vec<(i32, i64, u64, i64, usize)> = Vec::with_capacity(rows.len());
+        // Branch order: lane rows by `ord`, then the log by (window, seq):
+        // a window in insertion order.
+        let mut order: Vec<(i32, i64, i64, u64, usize)> = Vec::with_capacity(rows.len());
         for (i, row) in rows.iter().enumerate() {
             let Some(w) = row.try_get::<Option<i32>, _>(2)? else {
                 continue;
             };
-            let (ord, txid, seq) = if w == 0 {
+            let (ord, seq, txid) = if w == 0 {
                 (row.try_get::<i64, _>(5)?, 0, 0)
             } else {
-                (0, row.try_get::<Xid8, _>(3)?.0, row.try_get::<i64, _>(4)?)
+                (0, row.try_get::<i64, _>(4)?, row.try_get::<Xid8, _>(3)?.0)
             };
-            order.push((w, ord, txid, seq, i));
+            order.push((w, ord, seq, txid, i));
         }
         order.sort_unstable();
         let limit = limit as usize;
@@ -1041,7 +1143,7 @@ impl PgLogStore {
         let mut held_cut: Option<usize> = None;
         let mut parked_now: HashSet<String> = HashSet::new();
         let mut delivering: HashSet<String> = HashSet::new();
-        for &(w, _, txid, seq, i) in &order {
+        for &(w, _, seq, txid, i) in &order {
             let row = &rows[i];
             let id = EventId::from_uuid(row.try_get::<Uuid, _>(6)?);
             let key_text: Option<String> = row.try_get(7)?;
@@ -1053,7 +1155,12 @@ impl PgLogStore {
                     ord,
                     attempts: stored,
                 };
+                let behind_dead = key_text.as_ref().is_some_and(|k| parked_now.contains(k));
                 match headers_strict(&headers) {
+                    // Behind a blocking dead letter written by this claim:
+                    // it stays in the lane until the dead letter is retried
+                    // or purged.
+                    Ok(_) if behind_dead => {}
                     Ok(headers) if events.len() < limit => {
                         events.push(claimed_event(
                             row,
@@ -1073,7 +1180,12 @@ impl PgLogStore {
                         });
                     }
                     Ok(_) => {}
-                    Err(reason) => writes.dead_lane.push((ord, stored, reason)),
+                    Err(reason) => {
+                        if self.inner.dead_head == DeadHeadPolicy::Block {
+                            parked_now.extend(key_text.clone());
+                        }
+                        writes.dead_lane.push((ord, stored, reason));
+                    }
                 }
                 continue;
             }
@@ -1118,6 +1230,12 @@ impl PgLogStore {
                     ),
                     Err(reason) => {
                         tracing::warn!(event_id = %id, %reason, "undecodable outbox row dead-lettered");
+                        if self.inner.dead_head == DeadHeadPolicy::Block {
+                            // Policy `block`: the key's later events in this
+                            // claim park behind the dead letter, as later
+                            // claims' do.
+                            parked_now.extend(key_text.clone());
+                        }
                         writes.dead_log.push((txid, seq, reason));
                         (Kind::Undecodable, None)
                     }
@@ -1179,7 +1297,7 @@ impl PgLogStore {
                     .collect();
                 let skip = (kept != st.persisted_skip).then_some(kept.as_slice());
                 let fenced = !self
-                    .write_claim(key, epoch, advance.then_some(&end), skip, &writes)
+                    .write_claim(key, epoch, &boot, advance.then_some(&end), skip, &writes)
                     .await?;
                 if fenced {
                     self.lose(st);
@@ -1203,7 +1321,11 @@ impl PgLogStore {
                 Step::Nothing
             });
         }
-        if consumed && !self.write_claim(key, epoch, None, None, &writes).await? {
+        if consumed
+            && !self
+                .write_claim(key, epoch, &boot, None, None, &writes)
+                .await?
+        {
             self.lose(st);
             return Ok(Step::Nothing);
         }
@@ -1211,6 +1333,7 @@ impl PgLogStore {
         st.batches.push_back(Batch {
             token,
             epoch,
+            boot,
             start: read,
             end: end.clone(),
             next_hi: cur,
@@ -1252,13 +1375,17 @@ impl PgLogStore {
         &self,
         key: &CursorKey,
         epoch: i64,
+        boot: &str,
         advance: Option<&Position>,
         skip: Option<&[(u64, i64)]>,
         writes: &ClaimWrites,
     ) -> Result<bool, StoreError> {
         let mut conn = self.inner.pool.acquire().await?;
         let mut tx = conn.begin().await?;
-        if !self.advance(&mut tx, key, epoch, advance, skip).await? {
+        if !self
+            .advance(&mut tx, key, (epoch, boot), advance, skip)
+            .await?
+        {
             return Ok(false);
         }
         if !writes.park.is_empty() {
@@ -1308,12 +1435,13 @@ impl PgLogStore {
         Ok(true)
     }
 
-    /// The fence (and optional position move) of every write.
+    /// The fence (and optional position move) of every write: our `epoch`
+    /// under incarnation `boot`.
     async fn advance(
         &self,
         conn: &mut sqlx::PgConnection,
         key: &CursorKey,
-        epoch: i64,
+        (epoch, boot): (i64, &str),
         to: Option<&Position>,
         skip: Option<&[(u64, i64)]>,
     ) -> Result<bool, StoreError> {
@@ -1327,6 +1455,7 @@ impl PgLogStore {
             ),
             None => (None, None, None, None),
         };
+        let boot = Uuid::parse_str(boot).unwrap_or_default();
         let row = sqlx::query(&self.inner.sql.advance)
             .bind(&grp)
             .bind(total)
@@ -1339,6 +1468,9 @@ impl PgLogStore {
             .bind(skip.map(|s| s.iter().map(|(t, _)| t.to_string()).collect::<Vec<_>>()))
             .bind(skip.map(|s| s.iter().map(|(_, q)| *q).collect::<Vec<_>>()))
             .bind((!self.inner.durable_progress).then_some("off"))
+            .bind(to.map_or(0, |p| p.lo.floor))
+            .bind(to.map_or(0, |p| p.hi.floor))
+            .bind(boot)
             .fetch_all(&mut *conn)
             .await?;
         Ok(row.len() == key.shards.len())
@@ -1462,7 +1594,8 @@ impl PgLogStore {
             return Ok(all_fenced());
         };
         let epoch = st.batches[bi].epoch;
-        if st.epoch != Some(epoch) {
+        let boot = st.batches[bi].boot.clone();
+        if st.epoch != Some(epoch) || st.boot.as_deref() != Some(boot.as_str()) {
             return Ok(all_fenced());
         }
         let plan = plan_settle(&st, bi, settlement);
@@ -1501,7 +1634,7 @@ impl PgLogStore {
         let mut replaced_ids = Vec::new();
         if simple {
             if !self
-                .advance(&mut conn, &key, epoch, advance_to.as_ref(), skip_arg)
+                .advance(&mut conn, &key, (epoch, &boot), advance_to.as_ref(), skip_arg)
                 .await?
             {
                 self.lose(&mut st);
@@ -1510,7 +1643,7 @@ impl PgLogStore {
         } else {
             let mut tx = conn.begin().await?;
             if !self
-                .advance(&mut tx, &key, epoch, advance_to.as_ref(), skip_arg)
+                .advance(&mut tx, &key, (epoch, &boot), advance_to.as_ref(), skip_arg)
                 .await?
             {
                 drop(tx);
@@ -1585,7 +1718,8 @@ impl PgLogStore {
         };
         let held = batch.held().count() as u64;
         let epoch = batch.epoch;
-        if held == 0 || st.epoch != Some(epoch) {
+        let boot = Uuid::parse_str(&batch.boot).unwrap_or_default();
+        if held == 0 || st.epoch != Some(epoch) || st.boot.as_deref() != Some(batch.boot.as_str()) {
             return Ok(0);
         }
         let (grp, total, indexes) = self.cursor_binds(&key);
@@ -1595,6 +1729,7 @@ impl PgLogStore {
             .bind(indexes)
             .bind(epoch)
             .bind(micros(lease)?)
+            .bind(boot)
             .fetch_all(&self.inner.pool)
             .await?;
         let until = (renewed.len() == key.shards.len())
@@ -2126,8 +2261,22 @@ async fn rotate_once(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Rot
     if let Some(reason) = rotate_check(&mut tx, sql, target).await? {
         return Ok(Rotation::Blocked(reason));
     }
-    // No open transaction may still write to (or read) it: NOWAIT, so
-    // producers and claims never queue behind this lock.
+    // A transaction that wrote to it and is still open: its rows may not
+    // be passed yet (the check above could not see them). Not waited for.
+    let writer: bool = sqlx::query_scalar(&sql.rotate_writer[target])
+        .fetch_one(&mut *tx)
+        .await?;
+    if writer {
+        return Ok(Rotation::Blocked(format!(
+            "partition {target} is in use: a transaction that wrote to it is still open"
+        )));
+    }
+    // Claims and status queries hold ACCESS SHARE on every partition for
+    // a few milliseconds each; with several relays claiming back to back
+    // there is rarely a moment with none, so a NOWAIT lock starved the
+    // rotation. The lock is queued instead: claims that start meanwhile
+    // wait behind it for at most ROTATE_LOCK_TIMEOUT (then it gives up).
+    sqlx::query(ROTATE_LOCK_TIMEOUT).execute(&mut *tx).await?;
     match sqlx::query(&sql.rotate_lock[target])
         .execute(&mut *tx)
         .await
@@ -2191,6 +2340,13 @@ async fn rotate_check(
     })
 }
 
+/// How long a rotation's lock waits for the claims (and other readers)
+/// holding the partition before it gives up: 500 ms.
+const ROTATE_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '500ms'";
+/// After a rotation postponed because its lock was busy, the next attempt
+/// comes this soon (not a whole check interval later).
+const ROTATE_RETRY_BUSY: Duration = Duration::from_secs(1);
+
 fn lock_busy(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
@@ -2202,8 +2358,10 @@ async fn rotate_forever(
     interval: Duration,
     every: Duration,
 ) {
+    let mut wait = every;
     loop {
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(wait).await;
+        wait = every;
         // The retry lane is small by design: counting it is cheap.
         match sqlx::query_as::<_, (i64, i64)>(&sql.lane_gauges)
             .bind(&group)
@@ -2219,6 +2377,9 @@ async fn rotate_forever(
         match rotate_once(&pool, &sql, interval).await {
             Ok(Rotation::Blocked(reason)) => {
                 tracing::debug!(%reason, "outbox event-log rotation postponed");
+                if reason.ends_with("is in use") || reason.starts_with("another rotation") {
+                    wait = every.min(ROTATE_RETRY_BUSY);
+                }
             }
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "outbox event-log rotation failed"),
@@ -2388,6 +2549,7 @@ mod tests {
             xmin: x,
             xmax: x,
             xip: Vec::new(),
+            floor: 0,
         }
     }
 

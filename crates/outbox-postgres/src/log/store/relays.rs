@@ -27,6 +27,7 @@
 //! sets that catch up end at the same position and are merged when idle.
 
 use super::{empty_claim, micros, position, row_skip_list, CursorKey, CursorState, PgLogStore};
+use crate::log::snapshot::Snap;
 use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, ClaimRequest, RelayId};
@@ -34,6 +35,7 @@ use sqlx::Row;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 /// Sets `outbox_virtual_shard_lag_seconds{group, shard}` for the virtual
 /// shards of `key` that `events` (a claimed batch) has events of: the age of
@@ -247,7 +249,7 @@ impl PgLogStore {
             self.recheck_by(since + self.inner.rebalance_every / SHORT_RECHECK);
         }
         let n = m.sets.len();
-        let mut upto: Option<String> = None;
+        let mut upto: Option<Snap> = None;
         let mut lost = Vec::new();
         let mut found = None;
         // A set whose next events wait behind keys in flight.
@@ -265,7 +267,7 @@ impl PgLogStore {
             let mut st = st_cell.lock().await;
             // Only a snapshot taken by this round's claims is shared.
             st.last_cur = None;
-            match self.claim_key(&key, &mut st, req, upto.as_deref()).await? {
+            match self.claim_key(&key, &mut st, req, upto.as_ref()).await? {
                 None => lost.push(key),
                 Some(claim) if !claim.events.is_empty() => {
                     m.next = (idx + 1) % n;
@@ -333,6 +335,9 @@ impl PgLogStore {
             return Ok(false);
         };
         let (grp, total, indexes) = self.cursor_binds(key);
+        // No incarnation (dropped after a crash restart or failover): the
+        // renewal fails and the set is taken again from its stored position.
+        let boot = st.boot.as_deref().and_then(|b| Uuid::parse_str(b).ok());
         let rows = sqlx::query(&self.inner.sql.renew_set)
             .bind(&grp)
             .bind(total)
@@ -340,6 +345,7 @@ impl PgLogStore {
             .bind(epoch)
             .bind(micros(lease)?)
             .bind(key.relay.as_str())
+            .bind(boot)
             .fetch_all(&self.inner.pool)
             .await?;
         if rows.len() != key.shards.len() {
@@ -606,11 +612,12 @@ impl PgLogStore {
             let epoch: i64 = r.try_get(1)?;
             let lease_until: DateTime<Utc> = r.try_get(2)?;
             let done = position(
-                &r.try_get::<String, _>(3)?,
-                &r.try_get::<String, _>(4)?,
+                (&r.try_get::<String, _>(3)?, r.try_get(10)?),
+                (&r.try_get::<String, _>(4)?, r.try_get(11)?),
                 r.try_get(5)?,
                 r.try_get(6)?,
             )?;
+            let boot = self.incarnation(r.try_get(12)?).await?;
             let skip = row_skip_list(&r, 7, 8)?;
             let key = CursorKey {
                 total,
@@ -623,6 +630,7 @@ impl PgLogStore {
             let mut st = cell.lock().await;
             self.lose(&mut st);
             st.epoch = Some(epoch);
+            st.boot = Some(boot);
             st.lease_until = lease_until;
             st.lease_len = req.lease;
             st.renewed_at = Instant::now();
@@ -681,7 +689,13 @@ impl PgLogStore {
         let Some(cell) = self.cell(&first.1) else {
             return Ok(());
         };
-        let read = cell.lock().await.read.clone();
+        let (read, boot) = {
+            let st = cell.lock().await;
+            (st.read.clone(), st.boot.clone())
+        };
+        let Some(boot) = boot else {
+            return Ok(());
+        };
         let mut indexes = Vec::new();
         let mut epochs = Vec::new();
         let mut shards = Vec::new();
@@ -704,6 +718,9 @@ impl PgLogStore {
             .bind(read.after.map(|a| a.0.to_string()))
             .bind(read.after.map(|a| a.1))
             .bind(micros(lease)?)
+            .bind(read.lo.floor)
+            .bind(read.hi.floor)
+            .bind(Uuid::parse_str(&boot).unwrap_or_default())
             .fetch_all(&self.inner.pool)
             .await?;
         if rows.len() != indexes.len() {
@@ -737,6 +754,7 @@ impl PgLogStore {
         let mut st = cell.lock().await;
         self.lose(&mut st);
         st.epoch = Some(epoch);
+        st.boot = Some(boot);
         st.lease_until = lease_until;
         st.lease_len = lease;
         st.renewed_at = Instant::now();
@@ -751,12 +769,45 @@ impl PgLogStore {
     }
 
     /// Gives every cursor of `relay` back and leaves the relay group.
+    /// Gives back the static shards `relay` holds (a clean stop): the next
+    /// relay of a shard takes it at once instead of after the lock timeout.
+    /// A shard with a batch still unsettled keeps its lease (it runs out).
+    async fn release_static(&self, relay: &RelayId) -> Result<(), StoreError> {
+        let cells: Vec<(CursorKey, Arc<tokio::sync::Mutex<CursorState>>)> = {
+            let map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            map.iter()
+                .filter(|(k, _)| !k.dynamic && &k.relay == relay)
+                .map(|(k, v)| (k.clone(), Arc::clone(v)))
+                .collect()
+        };
+        for (key, cell) in cells {
+            let mut st = cell.lock().await;
+            let Some(epoch) = st.epoch else { continue };
+            if st.batches.iter().any(|b| b.held().next().is_some()) {
+                continue;
+            }
+            let (grp, total, indexes) = self.cursor_binds(&key);
+            sqlx::query(&self.inner.sql.release_set)
+                .bind(&grp)
+                .bind(total)
+                .bind(indexes)
+                .bind(epoch)
+                .bind(relay.as_str())
+                .execute(&self.inner.pool)
+                .await?;
+            self.lose(&mut st);
+            tracing::info!(group = %grp, shard = %key.shard(), %relay, "released the shard's lease (clean stop)");
+        }
+        Ok(())
+    }
+
     pub(super) async fn leave_inner(&self, relay: &RelayId) -> Result<(), StoreError> {
         self.inner
             .holdings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(relay);
+        self.release_static(relay).await?;
         if !self.inner.dynamic {
             return Ok(());
         }
