@@ -55,7 +55,9 @@ struct Inner {
 /// row with `seq <= v` is committed and visible, or gone, so the bound
 /// becomes `min(v + 1, the smallest pending seq)`. A long transaction holds
 /// the candidate back (the bound stays where it was); a pending row found
-/// below the bound lowers it at the next refresh.
+/// below the bound lowers it at the next refresh. A failed claim (the
+/// database may have crashed and restarted, handing out sequence values and
+/// transaction ids again) resets it to 0.
 #[derive(Default)]
 struct SeqFloor {
     state: Mutex<FloorState>,
@@ -1263,7 +1265,20 @@ impl Store for PgStore {
             .bind(walk_limit(req.batch_size))
             .bind(floor)
             .fetch_all(&self.inner.pool)
-            .await?;
+            .await
+            .inspect_err(|_| {
+                // The floor is the only state this store keeps across
+                // statements. A failed claim may mean a database crash
+                // restart, after which sequence values and transaction ids
+                // are handed out again below it: walk from the start until
+                // the next refresh has a bound read in this incarnation.
+                *self
+                    .inner
+                    .floor
+                    .state
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = FloorState::default();
+            })?;
         let mut lease_until: Option<DateTime<Utc>> = None;
         let mut ordered = Vec::with_capacity(rows.len());
         let mut bad = Vec::new();

@@ -123,7 +123,11 @@ async fn a_large_window_read_in_slices_keeps_every_keys_insertion_order() {
         }
         // ...then the waiting ones enqueue and commit, last taken first.
         while let Some((key, mut tx)) = waiting.pop() {
-            let id = db.log.enqueue(&mut tx, ev(&key, round * 2 + 1)).await.unwrap();
+            let id = db
+                .log
+                .enqueue(&mut tx, ev(&key, round * 2 + 1))
+                .await
+                .unwrap();
             tx.commit().await.unwrap();
             want.entry(key).or_default().push(id);
         }
@@ -216,7 +220,11 @@ async fn a_new_incarnation_resumes_from_the_stored_position() {
 
     let second = db.enqueue(vec![ev("k", 3)]).await;
     let again = drain(&store, "relay", 10).await;
-    assert_eq!(again, [first, second].concat(), "redelivered from the stored position");
+    assert_eq!(
+        again,
+        [first, second].concat(),
+        "redelivered from the stored position"
+    );
     let boot: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", db.table("_boot")))
         .fetch_one(&db.pool)
         .await
@@ -237,7 +245,11 @@ async fn a_batch_claimed_before_a_new_incarnation_is_fenced() {
     let now = cursor_row(&db).await;
     simulate_crash(&db, &now).await;
 
-    assert_eq!(store.renew(c.token, LEASE).await.unwrap(), 0, "renewal fenced");
+    assert_eq!(
+        store.renew(c.token, LEASE).await.unwrap(),
+        0,
+        "renewal fenced"
+    );
     let s = ids(&c)
         .into_iter()
         .fold(Settlement::new(), |s, id| s.with(id, Resolution::Delivered));
@@ -299,7 +311,10 @@ async fn block_applies_inside_the_claim_that_dead_letters_the_head() {
     assert_eq!(ids(&c), vec![later[1]], "k's later event waits");
     deliver(&store, &c).await;
     assert!(drain(&store, "relay", 10).await.is_empty());
-    let dead = store.count_dead(&DeadLetterFilter::default()).await.unwrap();
+    let dead = store
+        .count_dead(&DeadLetterFilter::default())
+        .await
+        .unwrap();
     assert_eq!(dead, 1);
     let listed = store
         .list_dead(&outbox_core::DeadLetterQuery::default())
@@ -308,7 +323,13 @@ async fn block_applies_inside_the_claim_that_dead_letters_the_head() {
     assert_eq!(listed[0].event.id, bad);
     assert_eq!(listed[0].error.code, ErrorCode::UNDECODABLE);
 
-    assert_eq!(store.purge_dead(&DeadLetterFilter::default()).await.unwrap(), 1);
+    assert_eq!(
+        store
+            .purge_dead(&DeadLetterFilter::default())
+            .await
+            .unwrap(),
+        1
+    );
     assert_eq!(drain(&store, "relay", 10).await, vec![later[0]]);
 }
 
@@ -346,7 +367,10 @@ async fn rotation_waits_for_a_reader_instead_of_giving_up() {
     let store = db.store().await;
     assert!(claim(&store, "relay", 10).await.events.is_empty());
     // Make sure rotation is otherwise possible.
-    assert!(matches!(store.rotate_now().await.unwrap(), Rotation::Rotated { .. }));
+    assert!(matches!(
+        store.rotate_now().await.unwrap(),
+        Rotation::Rotated { .. }
+    ));
 
     let mut reader = db.pool.begin().await.unwrap();
     sqlx::query(&format!("SELECT count(*) FROM {}", db.table("")))
@@ -360,5 +384,9 @@ async fn rotation_waits_for_a_reader_instead_of_giving_up() {
     let started = Instant::now();
     let r = store.rotate_now().await.unwrap();
     release.await.unwrap();
-    assert!(matches!(r, Rotation::Rotated { .. }), "{r:?} after {:?}", started.elapsed());
+    assert!(
+        matches!(r, Rotation::Rotated { .. }),
+        "{r:?} after {:?}",
+        started.elapsed()
+    );
 }

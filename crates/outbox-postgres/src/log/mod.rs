@@ -1,7 +1,7 @@
 //! The event-log mode: an append-only, commit-ordered outbox read in
 //! snapshot windows, progress kept by one fenced cursor per shard, old
-//! events removed by truncating whole partitions (opt-in for now:
-//! [`PgLogStore`] beside the queue-table [`PgStore`](crate::PgStore)).
+//! events removed by truncating whole partitions: [`PgLogStore`], the
+//! default mode (the queue-table mode is [`PgStore`](crate::PgStore)).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -29,7 +29,9 @@
 //!
 //! **Enqueue is one INSERT, nothing else.** Column defaults record the
 //! producer's transaction id (`pg_current_xact_id()`, xid8), an insertion
-//! sequence number, and the partition (`slot`). No trigger, no function
+//! sequence number (`seq`, from one uncached sequence: the global order of
+//! the INSERTs; the transaction id is taken first, so a transaction's
+//! events are numbered after its id exists), and the partition (`slot`). No trigger, no function
 //! call of ours, no NOTIFY, no ticker process. The log is a table
 //! partitioned by `LIST (slot)` into three partitions; the `slot` default
 //! reads a *sequence* (`pg_sequence_last_value(<table>_log_gen) % 3`).
@@ -42,15 +44,21 @@
 //! **A batch is a snapshot window.** A cursor position is `(lo, hi, after)`:
 //! every event of a transaction visible in snapshot `lo` is behind it; of
 //! the window "visible in `hi`, not visible in `lo`", the events up to
-//! `after` in `(txid, seq)` order are behind it too. A claim reads the rest
-//! of the current window and, when that has fewer rows than the batch
+//! `after` in `seq` (insertion) order are behind it too. A claim reads the
+//! rest of the current window and, when that has fewer rows than the batch
 //! size, the next window `(hi, pg_current_snapshot())`, in one statement.
-//! Each window is found as PgQ does it: a range scan `xmax(lo) <= txid <
-//! xmax(hi)` filtered by visibility in `hi`, plus an index lookup of the
-//! transactions that were running at `lo` and finished by `hi` (computed
-//! in Rust from the snapshot text). A transaction that stays open for
-//! hours delays only its own events, and no claim scans the range it holds
-//! back. The shard filter (`key_hash % total = index`) is in the query.
+//! Each window is found in two parts: an index lookup of the transactions
+//! that were running at `lo` and finished by `hi` (computed in Rust from
+//! the snapshot text), for their events up to `lo`'s *seq floor*, and a
+//! range scan in seq order from that floor, filtered by visibility in both
+//! snapshots. The floor of a snapshot is a seq below every event of a
+//! transaction at or above its xmax: every claim reads the sequence, then
+//! takes a transaction id of its own, so every later transaction inserts
+//! above the value read; snapshots taken after that claim completed use it
+//! (see the claim's SQL docs for the argument). A transaction that stays
+//! open for hours delays only its own events, and no claim scans what it
+//! wrote before the window began. The shard filter (`key_hash % total =
+//! index`) is in the query.
 //!
 //! **Plans that do not depend on statistics.** The log is append-only, so
 //! autovacuum may never analyze it (and benchmarks run with autovacuum
@@ -65,17 +73,18 @@
 //! (so one huge transaction is read in slices too).
 //!
 //! **Order.** Across windows: commit order (a window holds exactly the
-//! transactions that committed between two snapshots). Inside one window
-//! the order of commits is unknowable from snapshots; events are ordered by
-//! `(txid, seq)`: insertion order inside a transaction, and transactions by
-//! the moment they got their id. PgQ orders a window by its event sequence
-//! instead; we chose `(txid, seq)` because it is the key of the one index,
-//! so a claim is a keyset range scan of `batch size` rows whatever the
-//! window's size (a relay that was down for an hour opens one huge window;
-//! sorting it per claim would make draining quadratic). Relays poll every
-//! few milliseconds while busy, so windows stay small and "same window,
-//! reversed commit order" needs two transactions committing within
-//! milliseconds of each other in the opposite order of their first writes.
+//! transactions that committed between two snapshots). Inside one window:
+//! the order of the INSERTs (`seq`), as PgQ orders a batch. That is the
+//! per-key promise: when the second event of a key was inserted after the
+//! first one's transaction committed (both lock the key's aggregate, say),
+//! the first is either in an earlier window or earlier in the same one.
+//! Ordering a window by transaction id instead broke it for the usual
+//! service shape: a transaction takes its id at its first write (its
+//! business row), then waits for the aggregate's lock held by a later
+//! transaction id. Both parts of a window are read as keyset scans of at
+//! most `batch size` rows (index `(txid, seq)` per running transaction,
+//! index `(seq)` for the range), so a huge window (a relay away for an
+//! hour) is read in slices, never sorted per claim.
 //!
 //! **Progress is a cursor row per (consumer group, shard)**: its settled
 //! position, its lease owner, its lease end (database clock) and a fencing
@@ -107,6 +116,21 @@
 //! events themselves are committed by the producers' own transactions.
 //! This saves a WAL flush per batch (a settle went from ~2 ms to ~0.4 ms).
 //!
+//! **Incarnations.** Crash recovery hands out again the transaction ids
+//! whose WAL never reached disk (and a promoted asynchronous standby is
+//! behind its primary), so a window, a seq floor or a lease held in memory
+//! across a crash restart could make a claim count a new transaction as
+//! already read. The unlogged table `<table>_log_boot` holds a random
+//! token: crash recovery empties unlogged tables and a standby has it
+//! empty. Every claim reads it (and writes a new one when it is empty),
+//! every fenced write (settle, renewal, relay-group merge) requires the
+//! token its state was read under, and a lease taken records it. When it
+//! changed, the store drops its windows, leases and seq observations and
+//! resumes from the stored position (metric
+//! [`INCARNATION_CHANGES`]); what the lost asynchronous settles covered is
+//! delivered again. A clean restart keeps unlogged tables, and loses
+//! nothing to reuse.
+//!
 //! **The retry lane** (`<table>_log_lane`) holds the few events that
 //! cannot simply be passed: a retry (eligible at the database's `now()` +
 //! delay, attempts counted), an event released mid-batch, and events
@@ -134,10 +158,16 @@
 //! oldest) is truncated and becomes current, if (1) every cursor of every
 //! group has passed all of its rows (checked against the rows themselves,
 //! not a timeline, so even a straggling producer that routed late is safe),
-//! (2) every group has a cursor for each of its shards, and (3) `LOCK
-//! TABLE ... NOWAIT` succeeds: no open transaction holds the partition
-//! (nobody can still write to it), and nobody queues behind the lock.
-//! Otherwise it is postponed. The generation sequence moves after the
+//! (2) every group has a cursor for each of its shards, (3) no other
+//! session holds a lock on the partition stronger than `ACCESS SHARE` (an
+//! open writer: its rows may not be passed yet), and (4) `LOCK TABLE` gets
+//! the partition within 500 ms (`lock_timeout`): claims and status queries
+//! hold `ACCESS SHARE` on every partition for milliseconds, and with
+//! several relays claiming back to back there is rarely a moment with
+//! none, so the lock is queued (claims that start meanwhile wait behind
+//! it) rather than tried with `NOWAIT`, which starved rotation. The check
+//! (1) is repeated under the lock. Otherwise it is postponed (a busy lock:
+//! the next attempt within a second). The generation sequence moves after the
 //! commit, so producers never wait for the truncation. Delivered events
 //! stay readable for one to two rotation intervals (the retention). With
 //! nothing ever updated or deleted, event partitions have no dead tuples
@@ -189,7 +219,9 @@
 //! - [`Claim::lease_until`](outbox_core::Claim::lease_until) is the cursor
 //!   lease as stored; it is renewed when half of it has passed, so it is
 //!   not always `now() + lease` of this claim.
-//! - Order inside one snapshot window is `(txid, seq)`, not commit order.
+//! - Order inside one snapshot window is insertion order (`seq`), not
+//!   commit order: two transactions that do not serialise on anything may
+//!   commit in the opposite order of their INSERTs.
 //! - Rolled-back enqueues leave dead tuples in the current partition until
 //!   it is truncated.
 //! - Old shard layouts: a group's cursors of a shard layout no relay uses
@@ -235,8 +267,8 @@ pub const SHARD_LAG: &str = "outbox_virtual_shard_lag_seconds";
 /// Gauge, label `group`: the relay's fair share of the virtual shards.
 pub const SHARDS_QUOTA: &str = "outbox_relay_shards_fair_share";
 pub use groups::{
-    GroupContents, GroupDrop, GroupName, GroupStatus, Horizon, InvalidGroupName, OldTransaction, RelayLease,
-    SlotHold, MAX_GROUP_NAME_BYTES,
+    GroupContents, GroupDrop, GroupName, GroupStatus, Horizon, InvalidGroupName, OldTransaction,
+    RelayLease, SlotHold, MAX_GROUP_NAME_BYTES,
 };
 pub use options::{
     DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_GROUP, DEFAULT_REBALANCE_INTERVAL,

@@ -158,8 +158,7 @@ impl Position {
 
     /// Whether the event `(txid, seq)` is behind this position.
     pub(crate) fn passed(&self, txid: u64, seq: i64) -> bool {
-        self.lo.visible(txid)
-            || (self.hi.visible(txid) && self.after.is_some_and(|a| seq <= a.1))
+        self.lo.visible(txid) || (self.hi.visible(txid) && self.after.is_some_and(|a| seq <= a.1))
     }
 }
 

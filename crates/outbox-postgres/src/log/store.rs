@@ -1634,7 +1634,13 @@ impl PgLogStore {
         let mut replaced_ids = Vec::new();
         if simple {
             if !self
-                .advance(&mut conn, &key, (epoch, &boot), advance_to.as_ref(), skip_arg)
+                .advance(
+                    &mut conn,
+                    &key,
+                    (epoch, &boot),
+                    advance_to.as_ref(),
+                    skip_arg,
+                )
                 .await?
             {
                 self.lose(&mut st);
