@@ -862,7 +862,11 @@ fn markdown(summary: &Value) -> String {
                 r["duplicate_allowance"],
                 r["unexpected"],
                 r["order_violations"],
-                kinds.join(", "),
+                if kinds.is_empty() {
+                    "-".to_owned()
+                } else {
+                    kinds.join(", ")
+                },
                 f64_of(&r["latency_ms"]["p50"]),
                 f64_of(&r["latency_ms"]["p99"]),
                 sink_up_cell(&r["sink_up"]),
