@@ -9,22 +9,34 @@
 //! lost, reordered or invented an event, or duplicated more than one batch
 //! per kill / lease loss and per cut of the broker connection.
 //!
-//! - `--quick` (in `cargo xtask ci`, about 5 minutes): PostgreSQL + NATS,
+//! - `--quick` (in `cargo xtask ci`, about 6 minutes): PostgreSQL + NATS,
 //!   PostgreSQL + RabbitMQ, SQLite + NATS, and PostgreSQL + Kafka when the
 //!   Kafka broker answers; one mixed run each with every applicable fault.
+//!   Then PostgreSQL + NATS twice more: the `contended` producer with relay
+//!   kills (per-key order when every task writes every key, DESIGN.md
+//!   invariant 12) and one `pg-crash` (a PostgreSQL backend killed: the
+//!   cluster's crash recovery, invariant 14). `cargo xtask ci` runs the
+//!   quick suite after every test, alone: the one place a CI run crashes
+//!   the shared cluster.
 //! - `--medium`: every store x broker, each fault kind alone and mixed,
-//!   shorter than full (the size RELIABILITY.md reports).
+//!   shorter than full (the size RELIABILITY.md reports); and for
+//!   PostgreSQL with each broker the `contended` producer alone and with
+//!   relay kills, `pg-crash` alone and with the `contended` producer.
 //! - `--full`: the same with the issue's 60 s outages and 2 s-every-5 s
 //!   flaps at 2,000 events/s, >= 1M events and >= 100 faults in total
 //!   (about an hour with Kafka); `--allow-pg-restart` adds PostgreSQL
 //!   restarts.
+//!
+//! `--no-pg-crash` leaves the `pg-crash` runs out of any mode (they crash
+//! the machine's PostgreSQL under every session on it).
 //!
 //! Relays grow their batches through a backlog up to 200 events (quick),
 //! 500 (medium) or 1,000 (full, the binary's default); the duplicate
 //! allowance per kill is one such batch. `--full` runs release builds of
 //! the relay and the harness (`--release` asks for them in other modes).
 //!
-//! Other flags: `--only pg-nats,sq-amqp,...` (store-broker pairs),
+//! Other flags: `--only pg-nats,sq-amqp,pg-nats-pg-crash,...` (store-broker
+//! pairs, or runs by their label: `<pair>[-contended]-<faults>`),
 //! `--keep` (keep each run's schema / stream / queue / topic and records),
 //! `--dry-run` (print the plan only).
 
@@ -72,8 +84,21 @@ struct Scenario {
     /// Least seconds between a fault step's end and the next step.
     recovery_room_s: u64,
     allow_pg_restart: bool,
+    /// Whether the plan crashes PostgreSQL (`pg-crash`).
+    allow_pg_crash: bool,
+    /// The producer's shape: `partitioned` or `contended` (see outbox-chaos's
+    /// producer.rs).
+    producer: &'static str,
     /// The relays' `--max-batch-size`.
     max_batch: u32,
+}
+
+/// The steps of a plan, `none` and empty ones left out.
+fn plan_steps(faults: &str) -> impl Iterator<Item = &str> {
+    faults
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "none")
 }
 
 impl Scenario {
@@ -90,13 +115,18 @@ impl Scenario {
                 }
             })
             .collect();
-        format!("{store}-{}-{faults}", self.broker)
+        let producer = if self.producer == "contended" {
+            "-contended"
+        } else {
+            ""
+        };
+        format!("{store}-{}{producer}-{faults}", self.broker)
     }
 
     /// Seconds the faults take when run back to back (upper bound).
     fn fault_time_s(&self) -> u64 {
         let mut total = 0;
-        for step in self.faults.split(',') {
+        for step in plan_steps(&self.faults) {
             let (step, times) = step
                 .rsplit_once('*')
                 .map_or((step, 1), |(s, n)| (s, n.parse().unwrap_or(1)));
@@ -109,6 +139,8 @@ impl Scenario {
                         (u64::from(self.flap_cycles) * (self.flap_down_ms + self.flap_up_ms)) / 1000
                     }
                     "pg-restart" => 10,
+                    // Crash recovery: 1-5 s here.
+                    "pg-crash" => 8,
                     // A RabbitMQ node takes 5-10 s to stop and boot again.
                     "broker-restart" if self.broker == "amqp" => 12,
                     "broker-restart" => 2,
@@ -123,8 +155,7 @@ impl Scenario {
 
     /// Steps of the plan (`a+b` is one step, `a*3` three).
     fn step_count(&self) -> u64 {
-        self.faults
-            .split(',')
+        plan_steps(&self.faults)
             .map(|step| {
                 step.rsplit_once('*')
                     .map_or(1, |(_, n)| n.parse().unwrap_or(1))
@@ -133,8 +164,7 @@ impl Scenario {
     }
 
     fn fault_count(&self) -> u64 {
-        self.faults
-            .split(',')
+        plan_steps(&self.faults)
             .map(|step| {
                 let (step, times) = step
                     .rsplit_once('*')
@@ -178,7 +208,7 @@ const SINGLE_FAULTS: &[&str] = &[
 /// Seconds added to a quick run per step, for the step's recovery.
 const QUICK_RECOVERY_ROOM_S: u64 = 5;
 
-fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
+fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool, pg_crash: bool) -> Vec<Scenario> {
     let base = |store: &'static str, broker: &'static str| Scenario {
         store,
         broker,
@@ -194,6 +224,8 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
         stop_extra_ms: 1500,
         recovery_room_s: 0,
         allow_pg_restart: false,
+        allow_pg_crash: false,
+        producer: "partitioned",
         max_batch: match mode {
             Mode::Quick => 200,
             Mode::Medium => 500,
@@ -220,6 +252,24 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 // most 5 s), so that the next fault does not start inside it.
                 s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
                 // And a step that outlasts its slot still leaves it.
+                s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+                out.push(s);
+            }
+            // Per-key order with every task writing every key, through
+            // relay kills; then the cluster's crash recovery. About 40 s
+            // each, with the run's set-up.
+            let mut s = base("postgres", "nats");
+            s.producer = "contended";
+            s.faults = "kill*2".to_owned();
+            s.duration_s = 12 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+            s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+            out.push(s);
+            if pg_crash {
+                let mut s = base("postgres", "nats");
+                s.faults = "pg-crash".to_owned();
+                s.allow_pg_crash = true;
+                // The target is lease + 5 s after the database is back.
+                s.duration_s = 10 + s.fault_time_s() + 2 * QUICK_RECOVERY_ROOM_S;
                 s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
                 out.push(s);
             }
@@ -294,6 +344,41 @@ fn plan(mode: Mode, kafka: bool, allow_pg_restart: bool) -> Vec<Scenario> {
                 s.allow_pg_restart = allow_pg_restart && full;
                 out.push(s);
             }
+            // PostgreSQL with each broker: the contended producer alone and
+            // with relay kills; pg-crash alone and with the contended
+            // producer.
+            let brokers: &[&'static str] = if kafka {
+                &["nats", "amqp", "kafka"]
+            } else {
+                &["nats", "amqp"]
+            };
+            for broker in brokers {
+                let rows: [(&str, &str); 4] = [
+                    ("contended", "none"),
+                    ("contended", "kill*3"),
+                    ("partitioned", "pg-crash*2"),
+                    ("contended", "pg-crash*2"),
+                ];
+                for (producer, faults) in rows {
+                    let crash = faults.starts_with("pg-crash");
+                    if crash && !pg_crash {
+                        continue;
+                    }
+                    let mut s = base("postgres", broker);
+                    s.producer = producer;
+                    s.faults = faults.to_owned();
+                    s.relays = 3;
+                    s.lease_ms = 5000;
+                    s.rate = if full { 1000 } else { 500 };
+                    s.allow_pg_crash = crash;
+                    // Room after each step for its recovery (lease + 5 s
+                    // after a crash, lease + 1 s after a kill).
+                    let room = if crash { 12 } else { 6 };
+                    s.duration_s = (10 + s.fault_time_s() + room * s.step_count()).max(30);
+                    s.recovery_room_s = 5;
+                    out.push(s);
+                }
+            }
         }
     }
     out
@@ -310,6 +395,7 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     };
     let keep = rest.iter().any(|a| a == "--keep");
     let allow_pg_restart = rest.iter().any(|a| a == "--allow-pg-restart");
+    let pg_crash = !rest.iter().any(|a| a == "--no-pg-crash");
     if allow_pg_restart && mode != Mode::Full {
         bail!("--allow-pg-restart is for --full only (it restarts the machine's PostgreSQL)");
     }
@@ -326,12 +412,23 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         Some(crate::services::ensure_all()?)
     };
     let kafka = kafka_up();
-    let mut scenarios = plan(mode, kafka, allow_pg_restart);
+    let mut scenarios = plan(mode, kafka, allow_pg_restart, pg_crash);
     if let Some(only) = &only {
         scenarios.retain(|s| {
             let store = if s.store == "postgres" { "pg" } else { "sq" };
-            only.iter().any(|o| *o == format!("{store}-{}", s.broker))
+            let pair = format!("{store}-{}", s.broker);
+            only.iter().any(|o| *o == pair || *o == s.label())
         });
+        if scenarios.is_empty() {
+            let labels: Vec<String> = plan(mode, kafka, allow_pg_restart, pg_crash)
+                .iter()
+                .map(Scenario::label)
+                .collect();
+            bail!(
+                "--only matches no run of this mode; its runs: {}",
+                labels.join(", ")
+            );
+        }
     }
     let events: u64 = scenarios
         .iter()
@@ -354,8 +451,15 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     if dry_run {
         for s in &scenarios {
             println!(
-                "  {} + {}: {} ({} ev/s for {} s, {} relays)",
-                s.store, s.broker, s.faults, s.rate, s.duration_s, s.relays
+                "  {} + {}: {} ({} producer, {} ev/s for {} s, {} relays)  [{}]",
+                s.store,
+                s.broker,
+                s.faults,
+                s.producer,
+                s.rate,
+                s.duration_s,
+                s.relays,
+                s.label()
             );
         }
         return Ok(());
@@ -386,15 +490,17 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         let out = out_root.join(s.label());
         let _ = std::fs::remove_dir_all(&out);
         println!(
-            "\n==> chaos [{}/{}] {} + {}: faults {}, {} ev/s for {} s, {} relays",
+            "\n==> chaos [{}/{}] {} + {}: faults {}, {} producer, {} ev/s for {} s, {} relays ({})",
             i + 1,
             scenarios.len(),
             s.store,
             s.broker,
             s.faults,
+            s.producer,
             s.rate,
             s.duration_s,
-            s.relays
+            s.relays,
+            s.label()
         );
         match run_one(&chaos, &relay, s, &out, keep) {
             Ok(report) => {
@@ -420,6 +526,7 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
                 r["scenario"]["store"].clone(),
                 r["scenario"]["broker"].clone(),
                 r["scenario"]["faults"].clone(),
+                producer_of(r).to_owned(),
             )
         };
         if let Ok(old) = std::fs::read(&summary_path) {
@@ -582,12 +689,16 @@ fn run_one(chaos: &Path, relay: &Path, s: &Scenario, out: &Path, keep: bool) -> 
         .args(["--stop-extra-ms", &s.stop_extra_ms.to_string()])
         .args(["--recovery-room-s", &s.recovery_room_s.to_string()])
         .args(["--max-batch-size", &s.max_batch.to_string()])
+        .args(["--producer", s.producer])
         .process_group(0);
     if keep {
         cmd.arg("--keep");
     }
     if s.allow_pg_restart {
         cmd.arg("--allow-pg-restart");
+    }
+    if s.allow_pg_crash {
+        cmd.arg("--allow-pg-crash");
     }
     // The run bounds itself; this is the backstop.
     let bound = Duration::from_secs(s.duration_s + s.fault_time_s() + 240);
@@ -627,6 +738,12 @@ fn run_one(chaos: &Path, relay: &Path, s: &Scenario, out: &Path, keep: bool) -> 
 
 fn f64_of(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
+}
+
+/// A report's producer shape (`partitioned` in reports from before it was
+/// recorded).
+fn producer_of(r: &Value) -> &str {
+    r["scenario"]["producer"].as_str().unwrap_or("partitioned")
 }
 
 /// The RELIABILITY.md tables: one per store x broker, a row per run.
@@ -703,12 +820,39 @@ fn markdown(summary: &Value) -> String {
                 if !interrupted.is_empty() {
                     let _ = write!(shown, " ({} interrupted)", interrupted.len());
                 }
+                if k == "pg-crash" {
+                    // From the database accepting connections again: the
+                    // last event committed before delivered (above), and the
+                    // relays caught up (lag < 1 s).
+                    let down = of_kind
+                        .iter()
+                        .map(|g| f64_of(&g["db_down_s"]))
+                        .fold(0.0, f64::max);
+                    let caught = if of_kind.iter().any(|g| g["caught_up_s"].is_null()) {
+                        "never".to_owned()
+                    } else {
+                        let c = of_kind
+                            .iter()
+                            .map(|g| f64_of(&g["caught_up_s"]))
+                            .fold(0.0, f64::max);
+                        format!("{c:.1} s")
+                    };
+                    let _ = write!(
+                        shown,
+                        " after the database was back (down {down:.1} s), caught up {caught}"
+                    );
+                }
                 kinds.push(format!("{k} {shown}{target}"));
             }
             let _ = writeln!(
                 md,
-                "| `{}` | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} | {} |",
+                "| `{}`{} | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} | {} |",
                 r["scenario"]["faults"].as_str().unwrap_or("?"),
+                if producer_of(r) == "contended" {
+                    ", contended producer"
+                } else {
+                    ""
+                },
                 r["scenario"]["relays"],
                 r["committed"],
                 fs.len(),
@@ -718,7 +862,11 @@ fn markdown(summary: &Value) -> String {
                 r["duplicate_allowance"],
                 r["unexpected"],
                 r["order_violations"],
-                kinds.join(", "),
+                if kinds.is_empty() {
+                    "-".to_owned()
+                } else {
+                    kinds.join(", ")
+                },
                 f64_of(&r["latency_ms"]["p50"]),
                 f64_of(&r["latency_ms"]["p99"]),
                 sink_up_cell(&r["sink_up"]),
@@ -771,10 +919,19 @@ fn today() -> String {
 mod tests {
     use super::*;
 
+    /// The runs of a plan that are not the issue-34 rows (the contended
+    /// producer, a database crash).
+    fn mixed(p: &[Scenario]) -> Vec<&Scenario> {
+        p.iter()
+            .filter(|s| s.producer == "partitioned" && !s.faults.contains("pg-crash"))
+            .collect()
+    }
+
     #[test]
     fn quick_covers_the_required_pairs_within_budget() {
-        let p = plan(Mode::Quick, false, false);
-        let pairs: Vec<(&str, &str)> = p.iter().map(|s| (s.store, s.broker)).collect();
+        let p = plan(Mode::Quick, false, false, true);
+        let m = mixed(&p);
+        let pairs: Vec<(&str, &str)> = m.iter().map(|s| (s.store, s.broker)).collect();
         assert_eq!(
             pairs,
             vec![
@@ -783,11 +940,11 @@ mod tests {
                 ("sqlite", "nats")
             ]
         );
-        let secs: u64 = p.iter().map(|s| s.duration_s + 15).sum();
+        let secs: u64 = m.iter().map(|s| s.duration_s + 15).sum();
         assert!(secs <= 300, "quick mode takes {secs} s");
-        assert!(!p[2].faults.contains("pg-") && !p[2].faults.contains("db-"));
-        let with_kafka = plan(Mode::Quick, true, false);
-        let kafka = with_kafka.last().unwrap();
+        assert!(!m[2].faults.contains("pg-") && !m[2].faults.contains("db-"));
+        let with_kafka = plan(Mode::Quick, true, false, true);
+        let kafka = mixed(&with_kafka).last().copied().unwrap();
         assert_eq!((kafka.store, kafka.broker), ("postgres", "kafka"));
         assert!(
             kafka.faults.contains("broker-outage") && kafka.faults.contains("kill+broker-flap"),
@@ -797,8 +954,53 @@ mod tests {
     }
 
     #[test]
+    fn quick_adds_one_contended_and_one_crash_run_within_three_minutes() {
+        let p = plan(Mode::Quick, true, false, true);
+        let added: Vec<&Scenario> = p
+            .iter()
+            .filter(|s| s.producer == "contended" || s.faults.contains("pg-crash"))
+            .collect();
+        let labels: Vec<String> = added.iter().map(|s| s.label()).collect();
+        assert_eq!(
+            labels,
+            vec!["pg-nats-contended-kill_2", "pg-nats-pg-crash"],
+            "{labels:?}"
+        );
+        assert!(added[1].allow_pg_crash && !added[0].allow_pg_crash);
+        let secs: u64 = added.iter().map(|s| s.duration_s + 15).sum();
+        assert!(secs <= 180, "the added quick runs take {secs} s");
+        // `--no-pg-crash` leaves the crash out.
+        assert!(!plan(Mode::Quick, true, false, false)
+            .iter()
+            .any(|s| s.faults.contains("pg-crash")));
+    }
+
+    #[test]
+    fn medium_has_the_contended_and_crash_rows_for_each_postgres_pair() {
+        let p = plan(Mode::Medium, true, false, true);
+        for broker in ["nats", "amqp", "kafka"] {
+            let labels: Vec<String> = p
+                .iter()
+                .filter(|s| s.store == "postgres" && s.broker == broker)
+                .map(Scenario::label)
+                .collect();
+            for want in [
+                format!("pg-{broker}-contended-none"),
+                format!("pg-{broker}-contended-kill_3"),
+                format!("pg-{broker}-pg-crash_2"),
+                format!("pg-{broker}-contended-pg-crash_2"),
+            ] {
+                assert!(labels.contains(&want), "{want} not in {labels:?}");
+            }
+        }
+        let none = p.iter().find(|s| s.faults == "none").unwrap();
+        assert_eq!((none.fault_count(), none.step_count()), (0, 0));
+        assert_eq!(none.fault_time_s(), 0);
+    }
+
+    #[test]
     fn full_is_at_least_a_million_events_and_a_hundred_faults() {
-        let p = plan(Mode::Full, true, false);
+        let p = plan(Mode::Full, true, false, true);
         let events: u64 = p.iter().map(|s| u64::from(s.rate) * s.duration_s).sum();
         let faults: u64 = p.iter().map(Scenario::fault_count).sum();
         assert!(events >= 1_000_000, "{events} events");

@@ -53,7 +53,8 @@ fn print_help() {
          \x20          then the quick chaos suite (`--no-chaos` skips it)\n\
          tidy       dependency direction, each backend feature alone, generated docs current,\n\
          \x20          deploy/ alert rules and dashboard (metric names, shape; promtool when on PATH)\n\
-         chaos      [--quick|--medium|--full] [--only pg-nats,...] [--keep] [--allow-pg-restart] [--dry-run]:\n\
+         chaos      [--quick|--medium|--full] [--only pg-nats,<run label>,...] [--keep] [--allow-pg-restart]\n\
+         \x20          [--no-pg-crash] [--dry-run]:\n\
          \x20          producer, relays, consumers and faults; lost / duplicated / order (RELIABILITY.md)\n\
          services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\
          \x20          `--hold` keeps what it started running until Ctrl-C\n\

@@ -41,8 +41,16 @@ pub(crate) struct Scenario {
     pub(crate) lease_ms: u64,
     /// The fault plan as given.
     pub(crate) faults: String,
+    /// The producer's shape: `partitioned` (each task its keys) or
+    /// `contended` (every task every key, sequence from the aggregate row).
+    #[serde(default = "partitioned")]
+    pub(crate) producer: String,
     /// Run start, microseconds since the epoch.
     pub(crate) start_us: i64,
+}
+
+fn partitioned() -> String {
+    "partitioned".to_owned()
 }
 
 /// Percentiles in milliseconds.
@@ -89,7 +97,22 @@ pub(crate) struct FaultResult {
     pub(crate) extra_copies: u64,
     /// Whether a duplicate batch is allowed after it.
     pub(crate) may_duplicate: bool,
+    /// After a `pg-crash`: seconds from the kill until the database
+    /// accepted connections again (its crash recovery). `recovery_s` is
+    /// then measured from that moment: the last event committed before it
+    /// delivered.
+    #[serde(default)]
+    pub(crate) db_down_s: Option<f64>,
+    /// After a `pg-crash`: seconds from the database accepting connections
+    /// again until the relays had caught up, the first moment from which
+    /// every event committed more than 1 s earlier had arrived (and at
+    /// least 1 s after the database was back); `None` if never.
+    #[serde(default)]
+    pub(crate) caught_up_s: Option<f64>,
 }
+
+/// The lag under which the relays count as caught up after a crash.
+const CAUGHT_UP_LAG_US: i64 = 1_000_000;
 
 /// Below this share of the steady rate a sink-up span is reported `slow`.
 pub(crate) const MIN_SINK_UP_RATIO: f64 = 0.8;
@@ -352,6 +375,29 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         (last != i64::MAX).then(|| secs((last - t).max(0)))
     };
 
+    // Caught up at T: every event committed at or before T - lag arrived by
+    // T. The first such T from `from + lag` on, in steps of 10 ms.
+    // (Past the last commit and the last arrival it holds, unless an event
+    // was lost.)
+    let horizon = by_commit.last().map_or(i64::MIN, |(c, _)| *c).max(
+        prefix_max
+            .last()
+            .copied()
+            .filter(|m| *m != i64::MAX)
+            .unwrap_or(i64::MIN),
+    );
+    let caught_up_after = |from: i64| -> Option<f64> {
+        let mut t = from + CAUGHT_UP_LAG_US;
+        while t <= horizon.saturating_add(CAUGHT_UP_LAG_US) {
+            let n = by_commit.partition_point(|(c, _)| *c <= t - CAUGHT_UP_LAG_US);
+            if n == 0 || prefix_max[n - 1] <= t {
+                return Some(secs(t - from));
+            }
+            t += 10_000;
+        }
+        None
+    };
+
     let mut faults_sorted: Vec<&FaultRecord> = input.faults.iter().collect();
     faults_sorted.sort_by_key(|f| f.start_us);
     extra_at.sort_unstable();
@@ -403,10 +449,25 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
                 interrupted_after_s,
                 extra_copies: extra,
                 may_duplicate: f.may_duplicate,
+                db_down_s: f.db_ready_us.map(|r| secs(r - f.start_us)),
+                caught_up_s: f.db_ready_us.and_then(caught_up_after),
             }
         })
         .collect();
-    let dup_faults = input.faults.iter().filter(|f| f.may_duplicate).count() as u64;
+    // A crash of the database ends every relay's session at once: one batch
+    // per relay; any other fault that may duplicate: one batch.
+    let dup_faults: u64 = input
+        .faults
+        .iter()
+        .filter(|f| f.may_duplicate)
+        .map(|f| {
+            if f.kind == "pg-crash" {
+                u64::from(input.scenario.relays.max(1))
+            } else {
+                1
+            }
+        })
+        .sum();
     let broker_cuts: u64 = input.faults.iter().map(|f| u64::from(f.broker_cuts)).sum();
     let duplicate_allowance = (dup_faults + broker_cuts) * u64::from(input.scenario.max_batch_size);
     let drain_s = match prefix_max.last() {
@@ -455,7 +516,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     }
     if extra_copies > duplicate_allowance {
         failures.push(format!(
-            "{extra_copies} extra copies, more than one batch (up to {}) per kill / lease loss ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
+            "{extra_copies} extra copies, more than one batch (up to {}) per kill / lease loss / relay in a database crash ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
             input.scenario.max_batch_size
         ));
     }
@@ -501,6 +562,9 @@ fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
     match kind {
         "kill" | "stop" => Some(lease_ms as f64 / 1000.0 + 1.0),
         "broker-outage" | "broker-flap" | "broker-restart" => Some(5.0),
+        // Every event delivered within lease + 5 s of the database
+        // accepting connections again.
+        "pg-crash" => Some(lease_ms as f64 / 1000.0 + 5.0),
         _ => None,
     }
 }
@@ -732,6 +796,7 @@ mod tests {
             max_batch_size: 2,
             lease_ms: 1000,
             faults: String::new(),
+            producer: partitioned(),
             start_us: 0,
         }
     }
@@ -921,6 +986,7 @@ mod tests {
             may_duplicate: false,
             broker_cuts: u32::try_from(sink_down.len()).unwrap(),
             sink_down,
+            db_ready_us: None,
         }
     }
 
@@ -1024,6 +1090,50 @@ mod tests {
         assert_eq!(up.steady_rate, None);
         assert!(up.windows[0].rate.is_some());
         assert_eq!(up.windows[0].verdict, "n/a: no steady rate (warm-up < 2 s)");
+    }
+
+    #[test]
+    fn a_database_crash_is_measured_from_the_database_back_and_allows_a_batch_per_relay() {
+        // Crash at 2 s, the database back at 3 s; one event a second before
+        // the crash, delivered at 5 s; new events every 100 ms after 3 s
+        // (each its own key), each delivered 2.5 s after its commit until
+        // 4.5 s, then after 50 ms.
+        let mut produced = vec![p("a", 1, TxOutcome::Committed, S)];
+        let mut arrivals = vec![a(&produced[0], 5 * S)];
+        for i in 0..60 {
+            let at = 3 * S + (i + 1) * S / 10;
+            let e = p(&format!("b{i}"), 1, TxOutcome::Committed, at);
+            let lag = if at < 4 * S + S / 2 {
+                5 * S / 2
+            } else {
+                S / 20
+            };
+            arrivals.push(a(&e, at + lag));
+            produced.push(e);
+        }
+        arrivals.sort_by_key(|a| a.at_us);
+        // Two relays (scenario()): 2 batches of 2 copies allowed.
+        for e in &produced[1..5] {
+            arrivals.push(a(e, 9 * S));
+        }
+        let faults = vec![FaultRecord {
+            may_duplicate: true,
+            db_ready_us: Some(3 * S),
+            ..fault("pg-crash", 2 * S, 3 * S, Vec::new())
+        }];
+        let r = run(&produced, &arrivals, &faults, 9 * S);
+        assert!(r.passed, "{:?}", r.failures);
+        let f = &r.faults[0];
+        assert_eq!(f.db_down_s, Some(1.0));
+        assert_eq!(f.recovery_s, Some(2.0), "the pre-crash event, 2 s after");
+        // lease 1 s + 5 s.
+        assert_eq!(f.recovery_target_s, Some(6.0));
+        // Events committed before 4.5 s arrive 2.5 s late (the last at
+        // 6.9 s); from there every event older than 1 s has arrived:
+        // 6.9 s = 3.9 s after the database was back.
+        let c = f.caught_up_s.unwrap();
+        assert!((c - 3.9).abs() < 0.011, "{c}");
+        assert_eq!((r.extra_copies, r.duplicate_allowance), (4, 4));
     }
 
     #[test]

@@ -32,6 +32,9 @@ pub(crate) enum FaultKind {
     PgTerminate,
     /// `pg_ctlcluster <v> main restart` (opt-in).
     PgRestart,
+    /// `kill -9` of one PostgreSQL backend: the postmaster ends every
+    /// session and the cluster goes through crash recovery (opt-in).
+    PgCrash,
     /// The broker unreachable (cut + refused) for the outage time.
     BrokerOutage,
     /// The broker connection cut and refused repeatedly.
@@ -47,11 +50,12 @@ pub(crate) enum FaultKind {
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 9] = [
+    pub(crate) const ALL: [FaultKind; 10] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
         Self::PgRestart,
+        Self::PgCrash,
         Self::BrokerOutage,
         Self::BrokerFlap,
         Self::BrokerRestart,
@@ -66,6 +70,7 @@ impl FaultKind {
             Self::Stop => "stop",
             Self::PgTerminate => "pg-terminate",
             Self::PgRestart => "pg-restart",
+            Self::PgCrash => "pg-crash",
             Self::BrokerOutage => "broker-outage",
             Self::BrokerFlap => "broker-flap",
             Self::BrokerRestart => "broker-restart",
@@ -139,8 +144,12 @@ pub(crate) struct Targets {
     pub(crate) db_proxy: Option<Arc<TcpProxy>>,
     /// A direct admin connection and the relays' `application_name`.
     pub(crate) pg_admin: Option<(PgPool, String)>,
+    /// The PostgreSQL URL (direct), for `pg-crash`'s fresh connections.
+    pub(crate) database_url: Option<String>,
     /// Whether `pg-restart` may run.
     pub(crate) allow_pg_restart: bool,
+    /// Whether `pg-crash` may run.
+    pub(crate) allow_pg_crash: bool,
     /// The run's own broker, which `broker-restart` restarts.
     pub(crate) broker_server: Option<Arc<Mutex<PrivateBroker>>>,
 }
@@ -214,6 +223,16 @@ impl Targets {
             FaultKind::PgRestart if !self.allow_pg_restart || self.pg_admin.is_none() => {
                 bail!("pg-restart needs the PostgreSQL store and --allow-pg-restart")
             }
+            FaultKind::PgCrash
+                if !self.allow_pg_crash
+                    || self.pg_admin.is_none()
+                    || self.database_url.is_none() =>
+            {
+                bail!(
+                    "pg-crash needs the PostgreSQL store and --allow-pg-crash (or \
+                     --allow-pg-restart): it crashes the machine's cluster under every session"
+                )
+            }
             FaultKind::BrokerOutage | FaultKind::BrokerFlap if self.broker_proxy.is_none() => {
                 bail!(
                     "{} needs a broker proxy (for Kafka: the run's private broker)",
@@ -284,12 +303,13 @@ async fn inject(
     t: &Targets,
     times: &FaultTimes,
 ) -> Result<FaultRecord> {
-    let start_us = now_us();
+    let mut start_us = now_us();
     let mut target = String::new();
     let mut may_duplicate = false;
     let mut recovery_from_us = None;
     let mut broker_cuts = 0;
     let mut sink_down = Vec::new();
+    let mut db_ready_us = None;
     match kind {
         FaultKind::Kill => {
             t.relays.lock().await.kill_and_restart(relay).await?;
@@ -319,6 +339,20 @@ async fn inject(
         FaultKind::PgRestart => {
             pg_restart().await?;
             target = "postgresql".to_owned();
+        }
+        FaultKind::PgCrash => {
+            let url = t
+                .database_url
+                .as_deref()
+                .context("pg-crash without a database URL")?;
+            let app = t.pg_admin.as_ref().map_or("", |(_, app)| app.as_str());
+            let crash = pg_crash(url, app).await?;
+            start_us = crash.killed_us;
+            db_ready_us = Some(crash.ready_us);
+            target = crash.target;
+            // Every relay's session ends at once: each may have delivered a
+            // batch it could not record (the checker allows one per relay).
+            may_duplicate = true;
         }
         FaultKind::BrokerOutage | FaultKind::DbOutage => {
             let (proxy, what) = proxy_of(kind, t)?;
@@ -373,11 +407,12 @@ async fn inject(
         kind: kind.name().to_owned(),
         target,
         start_us,
-        end_us: now_us(),
+        end_us: db_ready_us.unwrap_or_else(now_us),
         recovery_from_us,
         may_duplicate,
         broker_cuts,
         sink_down,
+        db_ready_us,
     })
 }
 
@@ -419,6 +454,113 @@ async fn pg_restart() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     Ok(())
+}
+
+/// What [`pg_crash`] did.
+#[derive(Debug)]
+struct Crash {
+    /// The backend killed, as reported.
+    target: String,
+    /// When `kill -9` was sent.
+    killed_us: i64,
+    /// When a fresh connection answered again.
+    ready_us: i64,
+}
+
+/// `kill -9` of one PostgreSQL client backend (preferably one of the run's:
+/// `application_name` starting with `app`, else one of the database's):
+/// the postmaster then ends every session of the cluster and runs crash
+/// recovery, which hands out again the transaction ids whose WAL never
+/// reached disk. Returns when a fresh connection answers again.
+///
+/// Refused unless `restart_after_crash` is on (else the cluster would stay
+/// down) and the backend is a process of this machine.
+async fn pg_crash(url: &str, app: &str) -> Result<Crash> {
+    use sqlx::Connection as _;
+    let mut conn = sqlx::PgConnection::connect(url)
+        .await
+        .context("pg-crash: connecting to PostgreSQL")?;
+    let (restart,): (String,) = sqlx::query_as("SELECT current_setting('restart_after_crash')")
+        .fetch_one(&mut conn)
+        .await?;
+    if restart != "on" {
+        let _ = conn.close().await;
+        bail!("pg-crash refused: restart_after_crash is {restart:?}, the cluster would stay down");
+    }
+    // A backend can end between the look-up and the kill: try a few.
+    let mut killed = None;
+    for _ in 0..5 {
+        let row: Option<(i32, String)> = sqlx::query_as(
+            "SELECT pid, application_name FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() \
+             ORDER BY ($1 <> '' AND left(application_name, length($1)) = $1) DESC, \
+                      (datname = current_database()) DESC, random() \
+             LIMIT 1",
+        )
+        .bind(app)
+        .fetch_optional(&mut conn)
+        .await?;
+        let Some((pid, name)) = row else {
+            bail!("pg-crash: no other client backend to kill");
+        };
+        let proc_dir = format!("/proc/{pid}");
+        let cmdline = std::fs::read(format!("{proc_dir}/cmdline")).unwrap_or_default();
+        if !String::from_utf8_lossy(&cmdline).contains("postgres") {
+            // Not on this machine (or gone already).
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            continue;
+        }
+        let killed_us = now_us();
+        let status = tokio::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status()
+            .await
+            .context("running kill")?;
+        if status.success() {
+            killed = Some((pid, name, killed_us, proc_dir));
+            break;
+        }
+    }
+    // The session is gone with the cluster's others: no close handshake.
+    drop(conn);
+    let Some((pid, name, killed_us, proc_dir)) = killed else {
+        bail!("pg-crash: no PostgreSQL backend of this machine could be killed (is the database local?)");
+    };
+    // Until the postmaster reaped it (and so began ending every session),
+    // a new connection could still reach the old incarnation.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Path::new(&proc_dir).exists() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let ready_us = loop {
+        let attempt = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut c = sqlx::PgConnection::connect(url).await?;
+            sqlx::query("SELECT 1").execute(&mut c).await?;
+            let _ = c.close().await;
+            Ok::<_, sqlx::Error>(())
+        })
+        .await;
+        if matches!(attempt, Ok(Ok(()))) {
+            break now_us();
+        }
+        if Instant::now() > deadline {
+            bail!("PostgreSQL did not accept connections within 120 s of the crash");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let whose = if !app.is_empty() && name.starts_with(app) {
+        format!("the run's {name}")
+    } else if name.is_empty() {
+        "another session".to_owned()
+    } else {
+        format!("another session's {name}")
+    };
+    Ok(Crash {
+        target: format!("backend {pid} ({whose})"),
+        killed_us,
+        ready_us,
+    })
 }
 
 #[cfg(test)]

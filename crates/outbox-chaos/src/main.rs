@@ -37,7 +37,7 @@ use faults::{FaultKind, FaultTimes, PrivateBroker, Targets};
 use kafka::PrivateKafka;
 use nats::PrivateNats;
 use outbox_testkit::proxy::TcpProxy;
-use producer::{AppDb, ProducerConfig};
+use producer::{AppDb, ProducerConfig, ProducerMode};
 use rabbit::PrivateRabbit;
 use rand::Rng;
 use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
@@ -158,7 +158,14 @@ struct RunArgs {
     /// Producer tasks (connections).
     #[arg(long, default_value_t = 4)]
     tasks: usize,
-    /// Keys per producer task.
+    /// The producer's shape: `partitioned` (each task its own keys, numbered
+    /// by the task) or `contended` (PostgreSQL: every task writes every key;
+    /// each transaction writes its business row, then locks the key's
+    /// aggregate row and takes the key's next sequence number from it; see
+    /// producer.rs).
+    #[arg(long, value_enum, default_value_t = ProducerMode::Partitioned)]
+    producer: ProducerMode,
+    /// Keys per producer task (`partitioned`), or in all (`contended`).
     #[arg(long, default_value_t = 16)]
     keys: usize,
     /// Most events per transaction.
@@ -201,9 +208,14 @@ struct RunArgs {
     /// topic of a private Kafka broker, which keeps it in memory).
     #[arg(long)]
     keep: bool,
-    /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL).
+    /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL);
+    /// also allows `pg-crash`.
     #[arg(long)]
     allow_pg_restart: bool,
+    /// Allow the `pg-crash` fault (`kill -9` of a PostgreSQL backend: the
+    /// machine's cluster ends every session and runs crash recovery).
+    #[arg(long)]
+    allow_pg_crash: bool,
     /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
     #[arg(long)]
     timeout_s: Option<u64>,
@@ -536,10 +548,16 @@ async fn run_created(
 
     let app_db = match args.store {
         StoreKind::Postgres => {
+            // Tagged, so that `pg-crash` can pick one of the run's sessions.
+            let opts = args
+                .database_url
+                .parse::<sqlx::postgres::PgConnectOptions>()
+                .context("parsing the PostgreSQL URL")?
+                .application_name(&format!("{name}-app"));
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(u32::try_from(args.tasks).unwrap_or(4) + 1)
                 .acquire_timeout(Duration::from_secs(10))
-                .connect(&args.database_url)
+                .connect_with(opts)
                 .await
                 .context("the application cannot connect to PostgreSQL")?;
             let outbox = outbox_postgres::PgOutbox::in_mode(
@@ -551,6 +569,7 @@ async fn run_created(
                 pool,
                 outbox,
                 business: format!("\"{name}\".chaos_orders"),
+                aggregates: format!("\"{name}\".chaos_aggregates"),
             }
         }
         StoreKind::Sqlite => {
@@ -568,7 +587,19 @@ async fn run_created(
             AppDb::Sqlite { pool }
         }
     };
-    app_db.prepare().await?;
+    let producer_cfg = ProducerConfig {
+        rate: args.rate,
+        duration: Duration::from_secs(args.duration_s),
+        tasks: args.tasks,
+        mode: args.producer,
+        keys: args.keys,
+        max_events_per_tx: args.max_per_tx,
+        rollback_one_in: args.rollback_one_in,
+        pad: args.pad,
+        topic,
+        seed,
+    };
+    app_db.prepare(&producer_cfg).await?;
     let pg_admin = match &app_db {
         AppDb::Postgres { pool, .. } => Some((pool.clone(), name.to_owned())),
         AppDb::Sqlite { .. } => None,
@@ -605,7 +636,9 @@ async fn run_created(
         broker_proxy: broker_proxy.clone(),
         db_proxy: db_proxy.clone(),
         pg_admin,
+        database_url: (args.store == StoreKind::Postgres).then(|| args.database_url.clone()),
         allow_pg_restart: args.allow_pg_restart,
+        allow_pg_crash: args.allow_pg_crash || args.allow_pg_restart,
         broker_server,
     };
     for k in steps.iter().flatten() {
@@ -620,21 +653,7 @@ async fn run_created(
 
     let start_us = now_us();
     let start = Instant::now();
-    let producer = tokio::spawn(producer::run(
-        app_db.clone(),
-        ProducerConfig {
-            rate: args.rate,
-            duration: Duration::from_secs(args.duration_s),
-            tasks: args.tasks,
-            keys_per_task: args.keys,
-            max_events_per_tx: args.max_per_tx,
-            rollback_one_in: args.rollback_one_in,
-            pad: args.pad,
-            topic,
-            seed,
-        },
-        ledger.clone(),
-    ));
+    let producer = tokio::spawn(producer::run(app_db.clone(), producer_cfg, ledger.clone()));
     let warmup = Duration::from_secs(args.warmup_s.min(args.duration_s / 2));
     let spacing = if steps.is_empty() {
         Duration::ZERO
@@ -686,6 +705,24 @@ async fn run_created(
     let produce_end_us = now_us();
     let fault_records = faults_done.unwrap_or_default();
 
+    // Unknown outcomes (a `COMMIT` cut by a fault): the business row says
+    // whether it committed. Those that did must arrive like the others:
+    // the drain waits for them too.
+    let unknown_txs: Vec<uuid::Uuid> = produced
+        .iter()
+        .filter(|p| p.outcome == TxOutcome::Unknown)
+        .map(|p| p.tx)
+        .collect();
+    let resolved_committed = app_db
+        .committed_among(&unknown_txs)
+        .await
+        .context("resolving unknown commits")?;
+    for p in &produced {
+        if p.outcome == TxOutcome::Unknown && resolved_committed.contains(&p.tx) {
+            ledger.committed(p.id);
+        }
+    }
+
     // Drain: until every committed event arrived, or the timeout; then a
     // quiet period for late copies.
     let drain_deadline = Instant::now() + Duration::from_secs(args.drain_timeout_s);
@@ -706,16 +743,6 @@ async fn run_created(
         .context("the consumer did not stop")?
         .context("consumer panicked")??;
 
-    // Unknown outcomes: the business row says whether it committed.
-    let unknown_txs: Vec<uuid::Uuid> = produced
-        .iter()
-        .filter(|p| p.outcome == TxOutcome::Unknown)
-        .map(|p| p.tx)
-        .collect();
-    let resolved_committed = app_db
-        .committed_among(&unknown_txs)
-        .await
-        .context("resolving unknown commits")?;
     if let AppDb::Postgres { pool, .. } = &app_db {
         pool.close().await;
     }
@@ -740,6 +767,7 @@ async fn run_created(
             max_batch_size: args.max_batch_size.max(args.batch_size),
             lease_ms: args.lease_ms,
             faults: args.faults.clone(),
+            producer: args.producer.name().to_owned(),
             start_us,
         },
         produce_end_us,
@@ -827,8 +855,8 @@ fn check_dir(dir: &Path) -> Result<bool> {
 fn print_summary(r: &checker::Report) {
     let s = &r.scenario;
     println!(
-        "{} ({}+{}, {} relays): committed {} (rolled back {}, unknown {}), received {} ({} distinct)",
-        s.name, s.store, s.broker, s.relays, r.committed, r.rolled_back, r.unknown, r.messages, r.distinct
+        "{} ({}+{}, {} relays, {} producer): committed {} (rolled back {}, unknown {}, of which committed {}), received {} ({} distinct)",
+        s.name, s.store, s.broker, s.relays, s.producer, r.committed, r.rolled_back, r.unknown, r.unknown_committed, r.messages, r.distinct
     );
     println!(
         "  lost {}  duplicated {} (+{} copies, allowance {})  unexpected {}  order violations {}  latency p50 {:.1} ms p99 {:.1} ms max {:.1} ms  drain {}",
@@ -843,6 +871,12 @@ fn print_summary(r: &checker::Report) {
         r.latency_ms.max,
         r.drain_s.map_or("never".to_owned(), |d| format!("{d:.1} s"))
     );
+    if !r.order_sample.is_empty() {
+        println!(
+            "  order violations, first ones: {}",
+            r.order_sample.join("; ")
+        );
+    }
     for f in &r.faults {
         println!(
             "  fault {:<14} {:<26} at {:>6.1} s for {:>5.1} s: recovery {:>7}{}  extra copies {}",
@@ -857,6 +891,14 @@ fn print_summary(r: &checker::Report) {
             )),
             f.extra_copies
         );
+        if let Some(down) = f.db_down_s {
+            println!(
+                "    the database accepted connections {down:.2} s after the crash; from then: every event committed before it delivered after {} (target {}), caught up (lag < 1 s) after {}",
+                f.recovery_s.map_or("NEVER".to_owned(), |r| format!("{r:.2} s")),
+                f.recovery_target_s.map_or("-".to_owned(), |t| format!("{t:.0} s")),
+                f.caught_up_s.map_or("NEVER".to_owned(), |c| format!("{c:.2} s")),
+            );
+        }
     }
     for (kind, k) in checker::by_kind(r) {
         println!(

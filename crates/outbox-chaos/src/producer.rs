@@ -1,11 +1,29 @@
 //! The producer application: business transactions that write a row and
 //! enqueue 1..N events through the public API (`PgOutbox::enqueue` /
 //! `enqueue_batch`, `SqliteOutbox::enqueue` / `enqueue_batch`), some rolled
-//! back on purpose, at a steady offered rate. Each key belongs to one task,
-//! so a key's sequence numbers follow its commit order.
+//! back on purpose, at a steady offered rate.
+//!
+//! Two shapes ([`ProducerMode`]):
+//!
+//! - `partitioned` (the default): each key belongs to one task, which
+//!   numbers its events itself, so a key's sequence numbers follow its
+//!   commit order.
+//! - `contended` (PostgreSQL): every task writes every key, the way an
+//!   application serializes the writers of one aggregate. A transaction
+//!   inserts its business row first, THEN locks each of its keys' aggregate
+//!   rows (`SELECT ... FOR UPDATE`, keys in sorted order so two transactions
+//!   never deadlock) and takes the key's next sequence number from it
+//!   (`UPDATE ... SET seq = seq + 1 RETURNING seq`), enqueues the events and
+//!   commits. The aggregate's lock is held until the commit, so a key's
+//!   sequence numbers are its commit order; but the transaction took its id
+//!   at its first write, before it waited for the lock: a transaction that
+//!   waited behind a younger one has the smaller id and the larger sequence
+//!   number. A store that orders a window by transaction id delivers those
+//!   two out of order (DESIGN.md, invariant 12); one that orders by the
+//!   moment of the INSERT does not.
 
 use crate::record::{now_us, payload, Ledger, Produced, TxOutcome};
-use anyhow::{Context as _, Result};
+use anyhow::{bail, Context as _, Result};
 use outbox_core::{EventId, NewEvent};
 use outbox_postgres::PgOutbox;
 use outbox_sqlite::SqliteOutbox;
@@ -19,30 +37,77 @@ use std::time::Duration;
 use tokio::time::Instant;
 use uuid::Uuid;
 
+/// How the producer's tasks share the keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ProducerMode {
+    /// Each task owns its keys and numbers their events itself.
+    Partitioned,
+    /// Every task writes every key; the sequence number comes from the
+    /// key's aggregate row, locked after the business row was written
+    /// (PostgreSQL only; see the module docs).
+    Contended,
+}
+
+impl ProducerMode {
+    /// The name used on the command line and in reports.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Partitioned => "partitioned",
+            Self::Contended => "contended",
+        }
+    }
+}
+
 /// The application's database.
 #[derive(Debug, Clone)]
 pub(crate) enum AppDb {
-    /// PostgreSQL: the outbox handle and the business table (qualified).
+    /// PostgreSQL: the outbox handle, the business table and the
+    /// aggregates table (both qualified).
     Postgres {
         pool: PgPool,
         outbox: PgOutbox,
         business: String,
+        aggregates: String,
     },
     /// SQLite: the default outbox table and `chaos_orders`.
     Sqlite { pool: SqlitePool },
 }
 
 impl AppDb {
-    /// Creates the business table.
-    pub(crate) async fn prepare(&self) -> Result<()> {
+    /// Creates the business table; in `contended` mode also the aggregates
+    /// table with a row (sequence 0) per key.
+    pub(crate) async fn prepare(&self, cfg: &ProducerConfig) -> Result<()> {
         match self {
-            Self::Postgres { pool, business, .. } => {
+            Self::Postgres {
+                pool,
+                business,
+                aggregates,
+                ..
+            } => {
                 sqlx::query(&format!(
                     "CREATE TABLE IF NOT EXISTS {business} (tx uuid PRIMARY KEY, events int NOT NULL, created_at timestamptz NOT NULL DEFAULT now())"
                 ))
                 .execute(pool)
                 .await
                 .context("creating the business table")?;
+                if cfg.mode == ProducerMode::Contended {
+                    sqlx::query(&format!(
+                        "CREATE TABLE IF NOT EXISTS {aggregates} (key text PRIMARY KEY, seq bigint NOT NULL DEFAULT 0)"
+                    ))
+                    .execute(pool)
+                    .await
+                    .context("creating the aggregates table")?;
+                    sqlx::query(&format!(
+                        "INSERT INTO {aggregates} (key) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING"
+                    ))
+                    .bind(keys(cfg, 0))
+                    .execute(pool)
+                    .await
+                    .context("filling the aggregates table")?;
+                }
+            }
+            Self::Sqlite { .. } if cfg.mode == ProducerMode::Contended => {
+                bail!("the contended producer needs PostgreSQL (SQLite runs one writer at a time)")
             }
             Self::Sqlite { pool } => {
                 sqlx::query(
@@ -97,8 +162,10 @@ pub(crate) struct ProducerConfig {
     pub(crate) duration: Duration,
     /// Concurrent application tasks (connections).
     pub(crate) tasks: usize,
-    /// Keys per task.
-    pub(crate) keys_per_task: usize,
+    /// How the tasks share the keys.
+    pub(crate) mode: ProducerMode,
+    /// Keys per task (`partitioned`), or in all (`contended`).
+    pub(crate) keys: usize,
     /// Most events per transaction.
     pub(crate) max_events_per_tx: usize,
     /// One transaction in this many is rolled back.
@@ -131,6 +198,15 @@ pub(crate) async fn run(
     Ok(all)
 }
 
+/// The keys task `t` writes: its own (`partitioned`), or every task's
+/// shared ones (`contended`).
+fn keys(cfg: &ProducerConfig, t: usize) -> Vec<String> {
+    match cfg.mode {
+        ProducerMode::Partitioned => (0..cfg.keys).map(|i| format!("k{t}-{i}")).collect(),
+        ProducerMode::Contended => (0..cfg.keys).map(|i| format!("k{i}")).collect(),
+    }
+}
+
 async fn task(
     t: usize,
     db: AppDb,
@@ -139,9 +215,7 @@ async fn task(
     started: Instant,
 ) -> Vec<Produced> {
     let mut rng = StdRng::seed_from_u64(cfg.seed.wrapping_add(t as u64 * 7919));
-    let keys: Vec<String> = (0..cfg.keys_per_task)
-        .map(|i| format!("k{t}-{i}"))
-        .collect();
+    let keys = keys(&cfg, t);
     let mut next_seq = vec![1u64; keys.len()];
     let per_task = f64::from(cfg.rate.max(1)) / cfg.tasks.max(1) as f64;
     let mut sent = 0u64;
@@ -155,30 +229,54 @@ async fn task(
         tokio::time::sleep_until(due).await;
         let n = rng.random_range(1..=cfg.max_events_per_tx.max(1));
         let tx = Uuid::now_v7();
-        let mut events = Vec::with_capacity(n);
-        let mut meta = Vec::with_capacity(n);
-        for _ in 0..n {
-            let k = rng.random_range(0..keys.len());
-            let seq = next_seq[k];
-            next_seq[k] += 1;
-            let id = EventId::new();
-            let body = payload(id.as_uuid(), &keys[k], seq, cfg.pad);
-            events.push(
-                NewEvent::new("chaos.order", cfg.topic.clone(), body)
-                    .with_key(keys[k].clone())
-                    .with_id(id),
-            );
-            meta.push((id.as_uuid(), k, seq));
-        }
+        let mut picks: Vec<usize> = (0..n).map(|_| rng.random_range(0..keys.len())).collect();
         let rollback = rng.random_ratio(1, cfg.rollback_one_in.max(1));
         let batch = rng.random_bool(0.5);
-        let outcome = match &db {
-            AppDb::Postgres {
-                pool,
-                outbox,
-                business,
-            } => pg_tx(pool, outbox, business, tx, events, rollback, batch).await,
-            AppDb::Sqlite { pool } => sqlite_tx(pool, tx, events, rollback, batch).await,
+        // The events written: key index, id, sequence number. A contended
+        // transaction makes each event once it holds the key's lock (as an
+        // application builds it then), so it lists only those it reached.
+        let mut made: Vec<(usize, EventId, u64)> = Vec::with_capacity(n);
+        let outcome = match (&db, cfg.mode) {
+            (
+                AppDb::Postgres {
+                    pool,
+                    outbox,
+                    business,
+                    aggregates,
+                },
+                ProducerMode::Contended,
+            ) => {
+                // Locks in key order: two transactions never deadlock.
+                picks.sort_unstable();
+                let c = Contended {
+                    pool,
+                    outbox,
+                    business,
+                    aggregates,
+                    keys: &keys,
+                    cfg: &cfg,
+                };
+                c.tx(tx, &picks, &mut made, rollback, batch).await
+            }
+            (db, _) => {
+                let mut events = Vec::with_capacity(n);
+                for k in &picks {
+                    let seq = next_seq[*k];
+                    next_seq[*k] += 1;
+                    let id = EventId::new();
+                    made.push((*k, id, seq));
+                    events.push(event(&cfg, id, &keys[*k], seq));
+                }
+                match db {
+                    AppDb::Postgres {
+                        pool,
+                        outbox,
+                        business,
+                        ..
+                    } => pg_tx(pool, outbox, business, tx, events, rollback, batch).await,
+                    AppDb::Sqlite { pool } => sqlite_tx(pool, tx, events, rollback, batch).await,
+                }
+            }
         };
         let at = now_us();
         let outcome = match outcome {
@@ -190,12 +288,12 @@ async fn task(
             }
             Err(TxError::AtCommit) => TxOutcome::Unknown,
         };
-        for (id, k, seq) in meta {
+        for (k, id, seq) in made {
             if outcome == TxOutcome::Committed {
-                ledger.committed(id);
+                ledger.committed(id.as_uuid());
             }
             out.push(Produced {
-                id,
+                id: id.as_uuid(),
                 key: keys[k].clone(),
                 seq,
                 tx,
@@ -206,6 +304,18 @@ async fn task(
         sent += n as u64;
     }
     out
+}
+
+/// The event the producer writes: its id, key and sequence number in the
+/// payload ([`payload`]).
+fn event(cfg: &ProducerConfig, id: EventId, key: &str, seq: u64) -> NewEvent {
+    NewEvent::new(
+        "chaos.order",
+        cfg.topic.clone(),
+        payload(id.as_uuid(), key, seq, cfg.pad),
+    )
+    .with_key(key.to_owned())
+    .with_id(id)
 }
 
 enum TxError {
@@ -290,4 +400,72 @@ async fn sqlite_tx(
         .map_err(|_| TxError::Before)?;
     enqueue_all!(outbox, tx, events, batch);
     finish(tx, rollback).await
+}
+
+/// A `contended` transaction's handles (see the module docs).
+struct Contended<'a> {
+    pool: &'a PgPool,
+    outbox: &'a PgOutbox,
+    business: &'a str,
+    aggregates: &'a str,
+    keys: &'a [String],
+    cfg: &'a ProducerConfig,
+}
+
+impl Contended<'_> {
+    /// One transaction: the business row, then per key (`picks`, sorted)
+    /// the aggregate row locked and one sequence number per event taken
+    /// from it, the event made then (pushed to `made`), then the events
+    /// enqueued, then the commit (or the rollback).
+    async fn tx(
+        &self,
+        tx_id: Uuid,
+        picks: &[usize],
+        made: &mut Vec<(usize, EventId, u64)>,
+        rollback: bool,
+        batch: bool,
+    ) -> Result<TxOutcome, TxError> {
+        let mut tx = self.pool.begin().await.map_err(|_| TxError::Before)?;
+        // The first write: the transaction takes its id here, before it
+        // waits for any aggregate's lock.
+        sqlx::query(&format!(
+            "INSERT INTO {} (tx, events) VALUES ($1, $2)",
+            self.business
+        ))
+        .bind(tx_id)
+        .bind(i32::try_from(picks.len()).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await
+        .map_err(|_| TxError::Before)?;
+        let mut events = Vec::with_capacity(picks.len());
+        let mut locked = None;
+        for k in picks {
+            let key = &self.keys[*k];
+            if locked != Some(*k) {
+                sqlx::query(&format!(
+                    "SELECT seq FROM {} WHERE key = $1 FOR UPDATE",
+                    self.aggregates
+                ))
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(|_| TxError::Before)?;
+                locked = Some(*k);
+            }
+            let (seq,): (i64,) = sqlx::query_as(&format!(
+                "UPDATE {} SET seq = seq + 1 WHERE key = $1 RETURNING seq",
+                self.aggregates
+            ))
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(|_| TxError::Before)?;
+            let seq = u64::try_from(seq).unwrap_or(0);
+            let id = EventId::new();
+            made.push((*k, id, seq));
+            events.push(event(self.cfg, id, key, seq));
+        }
+        enqueue_all!(self.outbox, tx, events, batch);
+        finish(tx, rollback).await
+    }
 }

@@ -116,6 +116,10 @@ pub(crate) struct FaultRecord {
     /// fault's whole span as one outage.
     #[serde(default)]
     pub(crate) sink_down: Vec<(i64, i64)>,
+    /// When the database accepted connections again after a `pg-crash`
+    /// (a fresh connection answered `SELECT 1`); also the fault's `end_us`.
+    #[serde(default)]
+    pub(crate) db_ready_us: Option<i64>,
 }
 
 impl FaultRecord {
