@@ -72,6 +72,10 @@ const SCENARIOS: &[(&str, &str)] = &[
         "event log: 5k events/s offered for 10 min (quick 60 s), snapshot held in the middle: p50/p99 commit -> handler and log size per window",
     ),
     (
+        "rotation-under-load",
+        "event log: 4 relays drain a backlog while producers commit, background rotation every 5 s (full 20 s): lateness of each rotation, the log's size",
+    ),
+    (
         "log-scale-out",
         "event log: 1, 2, 4 relays with static shards i/n vs a relay group (dynamic shards), and the group's time to settle",
     ),
