@@ -20,6 +20,7 @@ mod report;
 mod run;
 mod scenarios;
 mod setup;
+mod trace;
 
 use anyhow::{bail, Result};
 use clap::Parser;
@@ -69,6 +70,10 @@ const SCENARIOS: &[(&str, &str)] = &[
     (
         "sustained",
         "event log: 5k events/s offered for 10 min (quick 60 s), snapshot held in the middle: p50/p99 commit -> handler and log size per window",
+    ),
+    (
+        "rotation-under-load",
+        "event log: 4 relays drain a backlog while producers commit, background rotation every 5 s (full 20 s): lateness of each rotation, the log's size",
     ),
     (
         "log-scale-out",
@@ -171,13 +176,22 @@ fn main() -> Result<()> {
             .filter(|n| v.contains(n))
             .collect()
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("OUTBOX_BENCH_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,sqlx::query=error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        use tracing_subscriber::util::SubscriberInitExt as _;
+        use tracing_subscriber::Layer as _;
+        let printed = tracing_subscriber::EnvFilter::try_from_env("OUTBOX_BENCH_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,sqlx::query=error"));
+        tracing_subscriber::registry()
+            .with(
+                tracing_subscriber::fmt::layer()
+                    .with_writer(std::io::stderr)
+                    .with_filter(printed),
+            )
+            // Counts the background rotation's outcomes (rotation-under-load).
+            .with(trace::RotationLog.with_filter(trace::filter()))
+            .init();
+    }
     let out_dir = cli
         .out_dir
         .clone()

@@ -1,9 +1,11 @@
 //! The eight scenarios of issue 6, the event-log comparison, issue 11's
-//! event-log targets (in [`log_targets`]), and the relay and consumer
-//! groups of issue 12 (in [`groups`]).
+//! event-log targets (in [`log_targets`]), the relay and consumer groups
+//! of issue 12 (in [`groups`]), and the event log's rotation under load
+//! (issue 34, in [`rotation`]).
 
 mod groups;
 mod log_targets;
+mod rotation;
 
 use crate::probe::Machine;
 use crate::report::Row;
@@ -63,6 +65,13 @@ pub(crate) struct Sizes {
     pub(crate) sustained: Duration,
     pub(crate) sustained_window: Duration,
     pub(crate) sustained_hold: (Duration, Duration),
+    /// `rotation-under-load`: the preloaded backlog, the events/s the
+    /// producers offer, how long they do, and the rotation interval of the
+    /// relays' stores.
+    pub(crate) rotation_backlog: u64,
+    pub(crate) rotation_rate: u64,
+    pub(crate) rotation_run: Duration,
+    pub(crate) rotation_interval: Duration,
 }
 
 impl Sizes {
@@ -87,6 +96,10 @@ impl Sizes {
                 sustained: Duration::from_secs(4),
                 sustained_window: Duration::from_secs(1),
                 sustained_hold: (Duration::from_secs(1), Duration::from_secs(3)),
+                rotation_backlog: 3_000,
+                rotation_rate: 500,
+                rotation_run: Duration::from_secs(6),
+                rotation_interval: Duration::from_secs(1),
             }
         } else if quick {
             Self {
@@ -108,6 +121,10 @@ impl Sizes {
                 sustained: Duration::from_secs(60),
                 sustained_window: Duration::from_secs(10),
                 sustained_hold: (Duration::from_secs(20), Duration::from_secs(40)),
+                rotation_backlog: 100_000,
+                rotation_rate: 2_000,
+                rotation_run: Duration::from_secs(40),
+                rotation_interval: Duration::from_secs(5),
             }
         } else {
             Self {
@@ -129,6 +146,10 @@ impl Sizes {
                 sustained: Duration::from_secs(600),
                 sustained_window: Duration::from_secs(60),
                 sustained_hold: (Duration::from_secs(180), Duration::from_secs(480)),
+                rotation_backlog: 1_000_000,
+                rotation_rate: 5_000,
+                rotation_run: Duration::from_secs(180),
+                rotation_interval: Duration::from_secs(20),
             }
         }
     }
@@ -257,6 +278,7 @@ impl Ctx {
             "event-log" => self.event_log().await,
             "log-held-snapshot" => self.log_held_snapshot().await,
             "sustained" => self.sustained().await,
+            "rotation-under-load" => self.rotation_under_load().await,
             "log-scale-out" => self.log_scale_out().await,
             "rebalance" => self.rebalance().await,
             "fan-out" => self.fan_out().await,
