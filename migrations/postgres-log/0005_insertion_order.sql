@@ -46,3 +46,12 @@ CREATE UNLOGGED TABLE {{boot}} (
 );
 COMMENT ON TABLE {{boot}} IS
     'outbox event-log database incarnation (unlogged: emptied by crash recovery and on a promoted standby); managed by outbox-postgres';
+
+-- 4. Rotation. The generation a rotation truncates for is the one in the
+-- meta row, updated by the rotation under the row's lock; the sequence that
+-- producers route by catches up with it after the commit (and at the next
+-- rotation if a rotator died in between). Read from the sequence, a second
+-- rotator could read the old generation between a rotation's commit and
+-- its bump, and truncate the same partition again.
+ALTER TABLE {{meta}} ADD COLUMN generation bigint NOT NULL DEFAULT 0;
+UPDATE {{meta}} SET generation = coalesce(pg_sequence_last_value('{{gen_lit}}'), 0);

@@ -493,8 +493,7 @@ const PURGE_DEAD: &str = "DELETE FROM {{dead}} WHERE grp = $1 AND {{filter}}";
 /// which generation is current. Locks the meta row (NOWAIT: another store
 /// rotating right now makes this one skip).
 const ROTATE_DUE: &str = "\
-SELECT switched_at + $1 * interval '1 microsecond' <= now(),
-       pg_sequence_last_value('{{gen_lit}}')
+SELECT switched_at + $1 * interval '1 microsecond' <= now(), generation
 FROM {{meta}} FOR UPDATE NOWAIT";
 
 /// Rotation, step 2: may partition `{{part}}` be truncated? `cursors`: how
@@ -514,22 +513,47 @@ SELECT (SELECT count(*) FROM {{cursors}}),
 /// [`ROTATE_CHECK`]); also used per group by `outbox-relay status` / `group
 /// list` to say which group holds rotation back.
 pub(crate) const BEHIND_PARTITION: &str = "(
-           EXISTS (SELECT 1 FROM {{part}} e WHERE e.txid >= pg_snapshot_xmax(c.hi))
-        OR EXISTS (SELECT 1 FROM {{part}} e
-                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.hi))))
-        OR EXISTS (SELECT 1 FROM {{part}} e
-                   WHERE e.txid >= pg_snapshot_xmax(c.lo)
-                     AND (c.pos_seq IS NULL OR e.seq > c.pos_seq)
-                     AND pg_visible_in_snapshot(e.txid, c.hi))
-        OR EXISTS (SELECT 1 FROM {{part}} e
-                   WHERE e.txid = ANY (ARRAY(SELECT pg_snapshot_xip(c.lo)))
-                     AND pg_visible_in_snapshot(e.txid, c.hi)
-                     AND (c.pos_seq IS NULL OR e.seq > c.pos_seq)))";
+           (SELECT true FROM {{part}} e WHERE e.txid >= pg_snapshot_xmax(c.hi)
+             ORDER BY e.txid, e.seq LIMIT 1) IS NOT NULL
+        OR (SELECT true FROM pg_snapshot_xip(c.hi) AS x(t) CROSS JOIN LATERAL (
+              SELECT 1 FROM {{part}} e WHERE e.txid = x.t ORDER BY e.txid, e.seq LIMIT 1) e
+            LIMIT 1) IS NOT NULL
+        OR (SELECT true FROM {{part}} e
+             WHERE e.txid >= pg_snapshot_xmax(c.lo)
+               AND (c.pos_seq IS NULL OR e.seq > c.pos_seq)
+               AND pg_visible_in_snapshot(e.txid, c.hi)
+             ORDER BY e.txid, e.seq LIMIT 1) IS NOT NULL
+        OR (SELECT true FROM pg_snapshot_xip(c.lo) AS x(t) CROSS JOIN LATERAL (
+              SELECT 1 FROM {{part}} e
+               WHERE e.txid = x.t AND (c.pos_seq IS NULL OR e.seq > c.pos_seq)
+               ORDER BY e.txid, e.seq LIMIT 1) e
+            WHERE pg_visible_in_snapshot(x.t, c.hi)
+            LIMIT 1) IS NOT NULL)";
 
+/// Rotation, last step (in the rotation transaction, under the meta row's
+/// lock): the new generation is recorded with the rotation. `switched_at`
+/// is the end of the rotation, not its start (`now()`): a rotation that
+/// took longer than the interval does not make the next one due at once.
 const ROTATE_DONE: &str = "\
-UPDATE {{meta}} SET switched_at = now(), rotations = rotations + 1 RETURNING rotations";
+UPDATE {{meta}} SET switched_at = clock_timestamp(), rotations = rotations + 1,
+                    generation = generation + 1
+RETURNING rotations, generation";
 
-const ROTATE_BUMP: &str = "SELECT nextval('{{gen_lit}}')";
+/// After the rotation committed (so producers never wait for the
+/// truncation): the generation sequence, which producers route by, catches
+/// up with the committed generation. Idempotent: a rotator that died
+/// between its commit and this is caught up by the next rotation's
+/// [`ROTATE_CATCH_UP`].
+const ROTATE_BUMP: &str = "\
+SELECT setval('{{gen_lit}}', $1::bigint)
+WHERE coalesce(pg_sequence_last_value('{{gen_lit}}'), 0) < $1::bigint";
+
+/// Rotation, step 1b (under the meta row's lock): the generation sequence
+/// catches up with the committed generation, if a rotator has not bumped
+/// it yet.
+const ROTATE_CATCH_UP: &str = "\
+SELECT setval('{{gen_lit}}', m.generation) FROM {{meta}} m
+WHERE coalesce(pg_sequence_last_value('{{gen_lit}}'), 0) < m.generation";
 
 /// The partitions as the statistics collector sees them. `$1` schema,
 /// `$2` the partitions' names in slot order.
@@ -632,6 +656,7 @@ pub(crate) struct Sql {
     pub(crate) rotate_truncate: Vec<String>,
     pub(crate) rotate_done: String,
     pub(crate) rotate_bump: String,
+    pub(crate) rotate_catch_up: String,
     pub(crate) partitions_info: String,
     pub(crate) status: String,
     pub(crate) lane_gauges: String,
@@ -751,6 +776,7 @@ impl Sql {
             rotate_truncate: per_partition("TRUNCATE {{part}}"),
             rotate_done: names.render(ROTATE_DONE),
             rotate_bump: names.render(ROTATE_BUMP),
+            rotate_catch_up: names.render(ROTATE_CATCH_UP),
             partitions_info: names.render(PARTITIONS_INFO),
             status: names.render(STATUS),
             lane_gauges: names.render(LANE_GAUGES),

@@ -2257,11 +2257,15 @@ async fn rotate_once(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Rot
         Err(e) => return Err(e.into()),
     };
     let is_due: bool = due.try_get(0)?;
-    let generation: Option<i64> = due.try_get(1)?;
+    let generation: i64 = due.try_get(1)?;
+    // The generation is the committed one (the meta row's): a rotation
+    // that committed but has not bumped the sequence yet is not undone by
+    // truncating its partition again.
+    sqlx::query(&sql.rotate_catch_up).execute(&mut *tx).await?;
     if !is_due {
+        tx.commit().await?;
         return Ok(Rotation::NotDue);
     }
-    let generation = generation.unwrap_or(0);
     let target = usize::try_from((generation + 1).rem_euclid(PARTITIONS as i64)).unwrap_or(0);
 
     if let Some(reason) = rotate_check(&mut tx, sql, target).await? {
@@ -2299,14 +2303,14 @@ async fn rotate_once(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Rot
     sqlx::query(&sql.rotate_truncate[target])
         .execute(&mut *tx)
         .await?;
-    let rotations: i64 = sqlx::query_scalar(&sql.rotate_done)
-        .fetch_one(&mut *tx)
-        .await?;
+    let (rotations, generation): (i64, i64) =
+        sqlx::query_as(&sql.rotate_done).fetch_one(&mut *tx).await?;
     tx.commit().await?;
     // After the commit: producers that see the new generation write into
     // the truncated partition without waiting for this transaction.
-    let generation: i64 = sqlx::query_scalar(&sql.rotate_bump)
-        .fetch_one(&mut *conn)
+    sqlx::query(&sql.rotate_bump)
+        .bind(generation)
+        .execute(&mut *conn)
         .await?;
     tracing::debug!(
         generation,
