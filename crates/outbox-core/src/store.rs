@@ -10,11 +10,24 @@ use uuid::Uuid;
 
 /// Identifies one relay instance (recorded as the lease owner). Free text,
 /// e.g. `hostname:pid`.
+///
+/// Two relays running with the same id are one lease owner to a store:
+/// each may renew, settle or rebalance what the other holds. An id an
+/// operator configures (`outbox-relay run --relay-id`) is therefore made
+/// unique per process with [`RelayId::unique`] (`relay-a#3f09c2`), and
+/// [`RelayId::configured`] gives back the configured part for display.
 #[derive(Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(transparent)]
 pub struct RelayId(String);
 
+/// Random hex digits [`RelayId::unique`] appends.
+const INSTANCE_DIGITS: usize = 6;
+
 impl RelayId {
+    /// Separates a configured id from the per-instance suffix that
+    /// [`RelayId::unique`] appends.
+    pub const INSTANCE_SEPARATOR: char = '#';
+
     /// A relay id from any text.
     pub fn new(id: impl Into<String>) -> Self {
         Self(id.into())
@@ -24,6 +37,47 @@ impl RelayId {
     pub fn generate() -> Self {
         let suffix = Uuid::new_v4().simple().to_string();
         Self(format!("relay-{}-{}", std::process::id(), &suffix[..8]))
+    }
+
+    /// `configured` followed by `#` and 6 random lowercase hex digits, e.g.
+    /// `relay-a#3f09c2`: every call (so every relay process) gets its own
+    /// lease owner id, while the configured part stays readable in logs,
+    /// `outbox-relay status` and the store's tables. 24 random bits: two
+    /// processes started with the same configured id collide with odds of
+    /// one in 16.7 million.
+    ///
+    /// ```
+    /// use outbox_core::RelayId;
+    ///
+    /// let (a, b) = (RelayId::unique("relay-a"), RelayId::unique("relay-a"));
+    /// assert_ne!(a, b);
+    /// assert!(a.as_str().starts_with("relay-a#"));
+    /// assert_eq!((a.configured(), b.configured()), ("relay-a", "relay-a"));
+    /// ```
+    pub fn unique(configured: impl Into<String>) -> Self {
+        let mut id = configured.into();
+        let random = Uuid::new_v4().simple().to_string();
+        id.push(Self::INSTANCE_SEPARATOR);
+        // The first 12 hex digits of a v4 UUID are all random.
+        id.push_str(&random[..INSTANCE_DIGITS]);
+        Self(id)
+    }
+
+    /// The id without the suffix [`RelayId::unique`] appends
+    /// (`relay-a#3f09c2` -> `relay-a`); an id that does not end in `#` and 6
+    /// lowercase hex digits is returned whole.
+    pub fn configured(&self) -> &str {
+        match self.0.rsplit_once(Self::INSTANCE_SEPARATOR) {
+            Some((configured, suffix))
+                if suffix.len() == INSTANCE_DIGITS
+                    && suffix
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) =>
+            {
+                configured
+            }
+            _ => &self.0,
+        }
     }
 
     /// The id as text.
@@ -528,5 +582,35 @@ pub trait Sink: Send + Sync + 'static {
 impl<S: Sink> Sink for Arc<S> {
     fn deliver(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send {
         (**self).deliver(events)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RelayId;
+
+    #[test]
+    fn a_unique_relay_id_keeps_the_configured_part_and_differs_per_call() {
+        let a = RelayId::unique("relay-a");
+        let b = RelayId::unique("relay-a");
+        assert_ne!(a, b, "two processes of one configured id: two owners");
+        for id in [&a, &b] {
+            let (configured, suffix) = id.as_str().split_once('#').unwrap();
+            assert_eq!(configured, "relay-a");
+            assert_eq!(suffix.len(), 6);
+            assert!(suffix
+                .bytes()
+                .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)));
+            assert_eq!(id.configured(), "relay-a");
+            assert_eq!(id.to_string(), id.as_str());
+        }
+        // A configured id with a `#` of its own keeps it.
+        assert_eq!(RelayId::unique("a#b").configured(), "a#b");
+        assert_eq!(RelayId::unique("x#abcdef").configured(), "x#abcdef");
+        // Ids not made by `unique` are their own configured part.
+        for plain in ["relay-a", "a#b", "a#ABCDEF", "a#abcdefa", "", "#"] {
+            assert_eq!(RelayId::new(plain).configured(), plain);
+        }
+        assert_eq!(RelayId::new("a#012abc").configured(), "a");
     }
 }

@@ -95,7 +95,10 @@ const RELAY: &[Setting] = &[
     )
     .with_default("oldest")
     .with_value_name("START"),
-    Setting::text("relay_id", "Lease owner id.")
+    Setting::text(
+        "relay_id",
+        "Lease owner id. The relay appends `#` and 6 random hex digits per process (`relay-a#3f09c2`), so two processes started with the same id never share leases; logs and `status` show the full id.",
+    )
         .with_default("relay-<pid>-<random>")
         .with_value_name("ID"),
     Setting::bool("drain", "Claim again at once after a full batch.").with_default("true"),
@@ -721,7 +724,13 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
         .with_delivery_timeout(ms("delivery_timeout_ms", defaults.delivery_timeout())?)
         .with_max_rate(r.parse::<u32>("max_rate")?);
     if let Some(id) = r.text("relay_id") {
-        options = options.with_relay_id(RelayId::new(id));
+        // Unique per process: two relays started with one `--relay-id`
+        // (a copy-pasted manifest, a restart while the old process still
+        // runs) would otherwise be ONE lease owner to the store, each
+        // renewing and settling what the other holds. The configured part
+        // stays readable (`RelayId::configured`); no metric is labelled by
+        // the relay id, so the suffix adds no series.
+        options = options.with_relay_id(RelayId::unique(id));
     }
     options.validate().context("invalid relay settings")?;
     Ok(RunConfig {
@@ -783,6 +792,25 @@ mod tests {
             format!("{err:#}").contains("max batch size (10) must be at least the batch size (50)"),
             "{err:#}"
         );
+    }
+
+    #[test]
+    fn a_configured_relay_id_gets_a_per_process_suffix() {
+        // Two `run`s with the same configured id (two processes): two lease
+        // owners, one configured name for display.
+        let r = resolved("sink = \"stdout\"\nrelay_id = \"relay-a\"").unwrap();
+        let (first, second) = (run_config(&r).unwrap(), run_config(&r).unwrap());
+        let (a, b) = (first.options.relay_id(), second.options.relay_id());
+        assert_ne!(a, b);
+        for id in [a, b] {
+            assert!(id.as_str().starts_with("relay-a#"), "{id}");
+            assert_eq!(id.as_str().len(), "relay-a#".len() + 6, "{id}");
+            assert_eq!(id.configured(), "relay-a");
+        }
+        // Not configured: the generated default, unique already, no suffix.
+        let d = run_config(&resolved("sink = \"stdout\"").unwrap()).unwrap();
+        assert!(d.options.relay_id().as_str().starts_with("relay-"));
+        assert!(!d.options.relay_id().as_str().contains('#'));
     }
 
     #[test]

@@ -39,6 +39,24 @@
 //! a tokio `TcpListener` (`GET` and `HEAD` only, one request per
 //! connection, `Connection: close`). That keeps hyper's server out of the
 //! binary's own code and is all a scraper or a kubelet probe needs.
+//!
+//! **Limits.** The listener must not let a client (a port scanner, a
+//! half-dead load balancer, a slow-loris) hold the process's file
+//! descriptors or tasks:
+//!
+//! | limit | value | then |
+//! |-------|-------|------|
+//! | connections open at once | 64 ([`MAX_CONNECTIONS`]) | a connection accepted beyond it is closed at once, unanswered (logged at WARN at most once a minute, with the count) |
+//! | reading the request head (request line and headers, at most 8 KiB) | 5 s ([`READ_TIMEOUT`]), in all: a client that trickles a byte at a time gets no more time than a silent one | the connection is closed unanswered |
+//! | writing the response (and closing) | 5 s ([`WRITE_TIMEOUT`]) | the connection is closed |
+//!
+//! Closing over-limit connections at once, rather than leaving them in the
+//! kernel's accept queue until a slot frees: a prober gets a prompt
+//! failure it can retry instead of a hang behind every queued idle
+//! connection, and the process never holds more than the cap. An answer
+//! takes microseconds, so 64 slots are only all taken by connections that
+//! send nothing, and those are gone after the read timeout: the endpoints
+//! answer again within 5 s of such a flood stopping.
 
 use crate::report::scrub;
 use outbox_core::{
@@ -50,12 +68,36 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// Longest request head read (request line and headers).
 const MAX_HEAD: usize = 8 * 1024;
-/// How long a client may take to send its request head.
-const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more are closed at once (module docs).
+pub(crate) const MAX_CONNECTIONS: usize = 64;
+/// How long a client may take to send its whole request head.
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long writing one response (and closing the connection) may take.
+pub(crate) const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Least time between two WARN lines about refused connections.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(60);
+
+/// The listener's limits (see the module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Limits {
+    max_connections: usize,
+    read_timeout: Duration,
+    write_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_connections: MAX_CONNECTIONS,
+            read_timeout: READ_TIMEOUT,
+            write_timeout: WRITE_TIMEOUT,
+        }
+    }
+}
 
 /// A claim unanswered for this long makes the relay unready: the store is
 /// not answering (a pool waiting for a connection, a lock, a dead host).
@@ -520,18 +562,52 @@ fn readiness(
     Response::json(503, &body)
 }
 
-/// Serves `endpoints` on `listener` until the runtime stops.
+/// Serves `endpoints` on `listener` until the runtime stops, within the
+/// default [`Limits`].
 pub(crate) fn spawn(listener: TcpListener, endpoints: Endpoints) {
     let endpoints = Arc::new(endpoints);
+    serve_on(listener, Limits::default(), move |method, target| {
+        endpoints.respond(method, target)
+    });
+}
+
+/// The accept loop: every connection within `limits` gets its own task,
+/// answered by `respond(method, target)`; one beyond the connection cap is
+/// closed at once.
+fn serve_on(
+    listener: TcpListener,
+    limits: Limits,
+    respond: impl Fn(&str, &str) -> Response + Send + Sync + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let respond = Arc::new(respond);
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
+        let mut refused: u64 = 0;
+        let mut last_warned: Option<Instant> = None;
         loop {
             match listener.accept().await {
-                Ok((stream, _)) => {
-                    let endpoints = endpoints.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = serve(stream, &endpoints).await {
-                            debug!(error = %e, "HTTP connection ended with an error");
+                Ok((stream, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        // Dropped: closed at once, unanswered.
+                        refused += 1;
+                        debug!(%peer, "HTTP connection limit reached; connection closed");
+                        if last_warned.is_none_or(|t| t.elapsed() >= REFUSED_LOG_EVERY) {
+                            warn!(
+                                limit = limits.max_connections,
+                                refused,
+                                "HTTP endpoint: connection limit reached; new connections are closed until open ones finish or time out"
+                            );
+                            last_warned = Some(Instant::now());
+                            refused = 0;
                         }
+                        continue;
+                    };
+                    let respond = respond.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = serve(stream, limits, &*respond).await {
+                            debug!(%peer, error = %e, "HTTP connection ended with an error");
+                        }
+                        drop(slot);
                     });
                 }
                 // E.g. too many open files: wait instead of spinning.
@@ -541,18 +617,23 @@ pub(crate) fn spawn(listener: TcpListener, endpoints: Endpoints) {
                 }
             }
         }
-    });
+    })
 }
 
-/// Reads one request head and writes one response.
-async fn serve(mut stream: TcpStream, endpoints: &Endpoints) -> std::io::Result<()> {
-    let head = tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream))
+/// Reads one request head and writes one response, each within its timeout.
+async fn serve(
+    mut stream: TcpStream,
+    limits: Limits,
+    respond: &(impl Fn(&str, &str) -> Response + ?Sized),
+) -> std::io::Result<()> {
+    let timed_out = |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, what.to_owned());
+    let head = tokio::time::timeout(limits.read_timeout, read_head(&mut stream))
         .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "request head"))??;
+        .map_err(|_| timed_out("reading the request head"))??;
     let mut parts = head.split_ascii_whitespace();
     let (method, response) = match (parts.next(), parts.next(), parts.next()) {
         (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
-            (method, endpoints.respond(method, target))
+            (method, respond(method, target))
         }
         _ => ("GET", Response::text(400, "bad request\n")),
     };
@@ -570,8 +651,12 @@ async fn serve(mut stream: TcpStream, endpoints: &Endpoints) -> std::io::Result<
     if method != "HEAD" {
         out.push_str(&response.body);
     }
-    stream.write_all(out.as_bytes()).await?;
-    stream.shutdown().await
+    tokio::time::timeout(limits.write_timeout, async {
+        stream.write_all(out.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await
+    .map_err(|_| timed_out("writing the response"))?
 }
 
 /// The request line, once the whole head (up to the blank line) was read.
@@ -800,6 +885,148 @@ mod tests {
         let r = readiness(&closed, &StoreState::Ok, Some(&paused), None, &[]);
         assert_eq!(r.status, 503);
         assert_eq!(body(&r)["pause"]["last_error"], "pool timed out");
+    }
+
+    // ------------------------------------------------ the listener's limits
+
+    /// Serves `/big` (64 MiB, more than loopback socket buffers hold) and
+    /// `ok` on every other path, within `limits`.
+    async fn listening(limits: Limits) -> std::net::SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        serve_on(listener, limits, |_, target| {
+            if target == "/big" {
+                Response::text(200, "x".repeat(64 << 20))
+            } else {
+                Response::text(200, "ok\n")
+            }
+        });
+        addr
+    }
+
+    fn limits(max_connections: usize, read_ms: u64, write_ms: u64) -> Limits {
+        Limits {
+            max_connections,
+            read_timeout: Duration::from_millis(read_ms),
+            write_timeout: Duration::from_millis(write_ms),
+        }
+    }
+
+    /// `GET path`: the status, `None` when closed without an answer.
+    async fn get(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+            .await
+            .ok()?
+            .ok()?;
+        String::from_utf8_lossy(&raw)
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    }
+
+    /// `GET path` until it answers 200 (every 50 ms, at most `bound`).
+    async fn answers_within(addr: std::net::SocketAddr, path: &str, bound: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + bound;
+        while tokio::time::Instant::now() < deadline {
+            if get(addr, path).await == Some(200) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
+    /// Waits (at most `bound`) for the server to close `s`: what it had
+    /// sent by then, `None` if still open.
+    async fn closed_by_server(s: &mut TcpStream, bound: Duration) -> Option<Vec<u8>> {
+        let mut got = Vec::new();
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut buf = [0u8; 4096];
+        loop {
+            match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+                Err(_) => return None,
+                Ok(Ok(0)) | Ok(Err(_)) => return Some(got),
+                Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    /// Still open: nothing to read and no end of stream.
+    fn is_open(s: &TcpStream) -> bool {
+        let mut buf = [0u8; 1];
+        matches!(s.try_read(&mut buf), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    #[tokio::test]
+    async fn connections_beyond_the_cap_are_closed_at_once_and_it_answers_again() {
+        let addr = listening(limits(2, 2_000, 5_000)).await;
+        assert_eq!(get(addr, "/healthz").await, Some(200));
+        // Two idle connections take both slots...
+        let idle = [
+            TcpStream::connect(addr).await.unwrap(),
+            TcpStream::connect(addr).await.unwrap(),
+        ];
+        // ... so a third one is closed unanswered while they are still open
+        // (they last until the 2 s read timeout).
+        let mut over = TcpStream::connect(addr).await.unwrap();
+        let _ = over.write_all(b"GET /healthz HTTP/1.1\r\n\r\n").await;
+        let got = closed_by_server(&mut over, Duration::from_secs(30)).await;
+        assert_eq!(got.as_deref(), Some(&[][..]), "closed, no answer");
+        assert!(
+            idle.iter().all(is_open),
+            "the idle connections were not what kept the third one out"
+        );
+        // Once the read timeout closed them, the endpoint answers again.
+        assert!(answers_within(addr, "/healthz", Duration::from_secs(30)).await);
+        for mut s in idle {
+            let got = closed_by_server(&mut s, Duration::from_secs(30)).await;
+            assert_eq!(got.as_deref(), Some(&[][..]), "idle: closed unanswered");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_silent_or_trickling_client_is_closed_after_the_read_timeout() {
+        let addr = listening(limits(4, 300, 5_000)).await;
+        let mut silent = TcpStream::connect(addr).await.unwrap();
+        let got = closed_by_server(&mut silent, Duration::from_secs(30)).await;
+        assert_eq!(got.as_deref(), Some(&[][..]), "silent: closed unanswered");
+
+        // One byte every 50 ms: each read succeeds, the head never ends in
+        // time; the deadline is for the whole head.
+        let trickle = TcpStream::connect(addr).await.unwrap();
+        let (mut rd, mut wr) = trickle.into_split();
+        let writer = tokio::spawn(async move {
+            for b in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: 123456789\r\n\r\n" {
+                if wr.write_all(&[*b]).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let mut raw = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(30), rd.read_to_end(&mut raw)).await;
+        assert!(read.is_ok(), "the trickling client was not closed");
+        assert!(raw.is_empty(), "{}", String::from_utf8_lossy(&raw));
+        writer.abort();
+        // Meanwhile a prompt client is answered.
+        assert_eq!(get(addr, "/healthz").await, Some(200));
+    }
+
+    #[tokio::test]
+    async fn a_client_that_does_not_read_is_closed_after_the_write_timeout() {
+        // One slot: a client that asks for a big answer and never reads it
+        // would hold it for ever without the write timeout.
+        let addr = listening(limits(1, 5_000, 300)).await;
+        let mut stuck = TcpStream::connect(addr).await.unwrap();
+        stuck.write_all(b"GET /big HTTP/1.1\r\n\r\n").await.unwrap();
+        assert!(answers_within(addr, "/healthz", Duration::from_secs(30)).await);
+        drop(stuck);
     }
 
     fn group(held: u32, fair_share: u32, none_for: Option<u64>) -> Leases {

@@ -243,6 +243,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         store = %redact_url(&url),
         sink = %redact_url(&cfg.sink),
         relay_id = %cfg.options.relay_id(),
+        configured_relay_id = cfg.options.relay_id().configured(),
         shard = %cfg.options.shard(),
         group = %scope_name(&store),
         batch_size = cfg.options.batch_size(),

@@ -13,10 +13,16 @@
 //! computes `now() + lease` later than the request left), so the relay can
 //! use it as the deadline for retrying a settlement without ever relying on
 //! its clock for the lease itself.
+//!
+//! A renewal that finds a lease lost marks it and wakes [`Leases::lost`]:
+//! the relay awaits that next to the delivery of the batch and stops the
+//! delivery the moment the loss is known (see the relay's docs, "A lease
+//! lost during delivery").
 
 use outbox_core::FencingToken;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Whether a held claim is being delivered or waits its turn.
@@ -32,7 +38,8 @@ pub(crate) enum Use {
 struct Lease {
     events: u64,
     until: Instant,
-    lost: bool,
+    /// Once a renewal found the lease lost: the events it still held then.
+    lost: Option<u64>,
     usage: Use,
 }
 
@@ -60,6 +67,8 @@ pub(crate) enum Renewed {
 #[derive(Debug, Default)]
 pub(crate) struct Leases {
     held: Mutex<HashMap<FencingToken, Lease>>,
+    /// Woken whenever a renewal marks a lease lost.
+    lost: Notify,
 }
 
 impl Leases {
@@ -81,7 +90,7 @@ impl Leases {
                 Lease {
                     events: events as u64,
                     until,
-                    lost: false,
+                    lost: None,
                     usage,
                 },
             )
@@ -99,7 +108,30 @@ impl Leases {
 
     /// Whether a renewal found the claim's lease lost.
     pub(crate) fn is_lost(&self, token: FencingToken) -> bool {
-        self.with(|m| m.get(&token).is_some_and(|l| l.lost))
+        self.lost_holding(token).is_some()
+    }
+
+    /// When a renewal found the claim's lease lost: the events it still held.
+    fn lost_holding(&self, token: FencingToken) -> Option<u64> {
+        self.with(|m| m.get(&token).and_then(|l| l.lost))
+    }
+
+    /// Completes once a renewal finds the lease of `token` lost (at once if
+    /// one already did), with the number of its events the claim still
+    /// held then (0: every one was taken over). Never completes for a
+    /// claim that stays held or is no longer tracked.
+    pub(crate) async fn lost(&self, token: FencingToken) -> u64 {
+        loop {
+            // Registered before the check: a loss marked in between still
+            // wakes this waiter.
+            let notified = self.lost.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(held) = self.lost_holding(token) {
+                return held;
+            }
+            notified.await;
+        }
     }
 
     /// Stops tracking (and renewing) a claim; returns its lease deadline.
@@ -109,31 +141,41 @@ impl Leases {
 
     /// The claims to renew now.
     pub(crate) fn tokens(&self) -> Vec<FencingToken> {
-        self.with(|m| m.iter().filter(|(_, l)| !l.lost).map(|(t, _)| *t).collect())
+        self.with(|m| {
+            m.iter()
+                .filter(|(_, l)| l.lost.is_none())
+                .map(|(t, _)| *t)
+                .collect()
+        })
     }
 
     /// Records a renewal of `token` that found `held` events still held;
     /// `until` is the new deadline if it was held in full.
+    /// A lease found lost wakes every [`Leases::lost`] waiter.
     pub(crate) fn renewed(&self, token: FencingToken, held: u64, until: Instant) -> Renewed {
-        self.with(|m| {
+        let renewed = self.with(|m| {
             let Some(lease) = m.get_mut(&token) else {
                 return Renewed::Ignored;
             };
-            if lease.lost {
+            if lease.lost.is_some() {
                 return Renewed::Ignored;
             }
             if held >= lease.events {
                 lease.until = lease.until.max(until);
                 Renewed::Held
             } else {
-                lease.lost = true;
+                lease.lost = Some(held);
                 Renewed::Lost {
                     claimed: lease.events,
                     held,
                     usage: lease.usage,
                 }
             }
-        })
+        });
+        if matches!(renewed, Renewed::Lost { .. }) {
+            self.lost.notify_waiters();
+        }
+        renewed
     }
 }
 
@@ -173,5 +215,26 @@ mod tests {
         );
         leases.delivering(b);
         assert_eq!(leases.remove(b), Some(t0));
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_waiter_learns_of_the_loss_with_the_events_still_held() {
+        use futures::FutureExt;
+        let leases = Leases::default();
+        let (a, b) = (FencingToken::new(), FencingToken::new());
+        let t0 = Instant::now();
+        leases.insert(a, 3, t0, Use::Delivering);
+        leases.insert(b, 2, t0, Use::Delivering);
+        let mut lost_a = std::pin::pin!(leases.lost(a));
+        assert_eq!(lost_a.as_mut().now_or_never(), None, "held: nothing yet");
+        assert_eq!(leases.renewed(a, 3, t0), Renewed::Held);
+        assert_eq!(lost_a.as_mut().now_or_never(), None, "renewed in full");
+        assert!(matches!(leases.renewed(a, 1, t0), Renewed::Lost { .. }));
+        assert_eq!(lost_a.await, 1, "woken, with the one event still held");
+        // Asked after the loss: at once; another claim is not affected.
+        assert_eq!(leases.lost(a).now_or_never(), Some(1));
+        assert_eq!(leases.lost(b).now_or_never(), None);
+        // Untracked: never.
+        assert_eq!(leases.lost(FencingToken::new()).now_or_never(), None);
     }
 }

@@ -17,7 +17,9 @@ pub const LEASE_LOST: &str = "outbox_lease_lost_total";
 /// attempt not counted). Reasons: `sink_unavailable` (the sink was down),
 /// `not_attempted` (held back by the per-key order layer), `delivery_timeout`,
 /// `shutdown`, `missing_outcome` (a sink bug), `lease_renewal` (a prefetched
-/// batch whose lease could not be kept).
+/// batch whose lease could not be kept), `lease_lost` (the events a claim
+/// still held when its delivery was stopped because the rest of its lease
+/// was lost; see [`LEASE_LOST_DELIVERIES_STOPPED`]).
 pub const EVENTS_RELEASED: &str = "outbox_events_released_total";
 /// Counter: events a settlement could not record as asked (the store
 /// reported them `rejected`, with a reason logged at WARN).
@@ -26,6 +28,15 @@ pub const EVENTS_REJECTED: &str = "outbox_events_rejected_total";
 pub const STORE_ERRORS: &str = "outbox_store_errors_total";
 /// Counter: batches whose delivery was cancelled after the delivery timeout.
 pub const DELIVERY_TIMEOUTS: &str = "outbox_delivery_timeouts_total";
+/// Counter, label `stage`: batches the relay stopped delivering, or never
+/// handed to the sink, because a lease renewal found their lease lost
+/// (another relay holds the events now and delivers them from the stored
+/// position). `stage`: `delivering` (the delivery in flight was stopped:
+/// nothing more of the batch went to the sink once the loss was known) or
+/// `claimed_ahead` (claimed but not yet handed to the sink: drain mode's
+/// batch claimed ahead, or one waiting for the rate limit). The events
+/// taken over are counted in [`LEASE_LOST`].
+pub const LEASE_LOST_DELIVERIES_STOPPED: &str = "outbox_lease_lost_deliveries_stopped_total";
 /// Gauge: the sink's circuit breaker: 0 closed (delivering), 1 half-open
 /// (probing with one small batch), 2 open (the sink is unavailable; not
 /// claiming).
@@ -77,6 +88,10 @@ pub fn describe_metrics() {
     describe_counter!(
         DELIVERY_TIMEOUTS,
         "Deliveries cancelled after the delivery timeout"
+    );
+    describe_counter!(
+        LEASE_LOST_DELIVERIES_STOPPED,
+        "Batches not delivered further because their lease was lost, by stage"
     );
     describe_gauge!(
         SINK_STATE,

@@ -129,6 +129,9 @@ pub struct RelaySummary {
     pub rejected: u64,
     /// Deliveries cancelled after the delivery timeout.
     pub delivery_timeouts: u64,
+    /// Batches whose delivery was stopped (or never started) because a
+    /// lease renewal found their lease lost.
+    pub deliveries_stopped: u64,
     /// Times the sink's circuit breaker opened from closed (sink outages).
     pub sink_outages: u64,
 }
@@ -165,6 +168,24 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// timeout (see the lease module), including the batch claimed ahead in
 /// drain mode, so a slow sink does not let a lease run out and another relay
 /// (or this one) deliver the batch twice.
+///
+/// **A lease lost during delivery** (a renewal finds that the claim holds
+/// fewer events than it claimed: the relay stalled past its lease and
+/// another relay took the events over) stops the delivery at once: the
+/// delivery future is dropped (a broker publisher sends nothing more, a
+/// handler still running is aborted), so nothing more of the batch reaches
+/// the sink once the loss is known. The new holder delivers the events again
+/// from the stored position; a late publish of `K#1` by the old relay could
+/// otherwise reach the broker after the new holder's `K#2`. The batch is
+/// not settled (every event taken over would be fenced): its events count in
+/// `outbox_lease_lost_total` and [`Progress::LeaseLost`]. Only when the
+/// claim still holds some of its events (a partial loss) is the batch
+/// settled, all `Released`, so those come back at once instead of after the
+/// lock timeout (the others are fenced). One WARN per batch;
+/// `outbox_lease_lost_deliveries_stopped_total{stage="delivering"}` counts
+/// it. A batch claimed ahead whose lease is lost before it goes to the sink
+/// is never delivered: it is given back (`stage="claimed_ahead"`). The relay
+/// then claims on as usual.
 ///
 /// Between batches: a full batch in drain mode was already followed by an
 /// overlapping claim; otherwise the relay waits a few milliseconds, and after
@@ -228,6 +249,7 @@ enum ReleaseReason {
     Shutdown,
     MissingOutcome,
     LeaseRenewal,
+    LeaseLost,
 }
 
 impl ReleaseReason {
@@ -239,8 +261,18 @@ impl ReleaseReason {
             ReleaseReason::Shutdown => "shutdown",
             ReleaseReason::MissingOutcome => "missing_outcome",
             ReleaseReason::LeaseRenewal => "lease_renewal",
+            ReleaseReason::LeaseLost => "lease_lost",
         }
     }
+}
+
+/// The level fenced ids of a settlement are logged at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FencedLog {
+    /// WARN: the first news of the lost lease.
+    Warn,
+    /// DEBUG: the loss was logged at WARN already (a stopped delivery).
+    Quiet,
 }
 
 /// What the relay decided for one event of a batch.
@@ -281,6 +313,10 @@ enum Delivery {
     Panicked(String),
     TimedOut,
     Abandoned,
+    /// A renewal found the lease lost; the claim still held this many events.
+    LeaseLost {
+        still_held: u64,
+    },
 }
 
 /// What processing one batch means for the loop.
@@ -296,6 +332,9 @@ struct Processed {
     /// cursor over both instead of copying the older one's events into its
     /// retry lane (which would park those keys on its slower path).
     deferred: Option<Deferred>,
+    /// The delivery was stopped because the lease was lost (a half-open
+    /// probe stopped that way proves nothing about the sink).
+    lease_lost: bool,
 }
 
 /// A processed batch whose settlement waits for the loop.
@@ -694,6 +733,9 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             if leases.is_lost(held.claim.token) {
                 // Claimed ahead, and its lease could not be kept while it
                 // waited: another relay may have it now. Never deliver it.
+                summary.deliveries_stopped += 1;
+                metrics::counter!(m::LEASE_LOST_DELIVERIES_STOPPED, "stage" => "claimed_ahead")
+                    .increment(1);
                 self.give_back(held, leases, ReleaseReason::LeaseRenewal, &mut summary)
                     .await;
                 continue;
@@ -757,7 +799,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     }
                 }
                 None => {
-                    if probing {
+                    if probing && !processed.lease_lost {
                         if let Some(from) = self.breaker.close() {
                             self.notify(|| Progress::SinkStateChanged {
                                 from,
@@ -802,6 +844,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             released = summary.released,
             rejected = summary.rejected,
             delivery_timeouts = summary.delivery_timeouts,
+            deliveries_stopped = summary.deliveries_stopped,
             sink_outages = summary.sink_outages,
             "relay stopped"
         );
@@ -894,15 +937,18 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                             held,
                             usage,
                         } => {
-                            let what = match usage {
+                            match usage {
+                                // The delivery in flight stops now and
+                                // logs it (once, at WARN); a batch already
+                                // delivered finds out at its settlement
+                                // (fenced, logged at WARN there).
                                 Use::Delivering => {
-                                    "lease lost while the batch was being delivered; its outcome will not be recorded"
+                                    debug!(%token, claimed, held, "lease lost on the batch being delivered");
                                 }
                                 Use::Prefetched => {
-                                    "lease lost on the batch claimed ahead; it will be given back, not delivered"
+                                    warn!(%token, claimed, held, lock_timeout = ?lease, "lease lost on the batch claimed ahead; it will be given back, not delivered");
                                 }
-                            };
-                            warn!(%token, claimed, held, lock_timeout = ?lease, "{what}");
+                            }
                         }
                     },
                     Err(err) => {
@@ -950,24 +996,40 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             let timeout = self.options.delivery_timeout();
             let deadline = tokio::time::Instant::now() + timeout;
             let delivery = AssertUnwindSafe(self.sink.deliver(&claim.events)).catch_unwind();
-            let mut delivery = std::pin::pin!(tokio::time::timeout_at(deadline, delivery));
-            let finished = |r: Result<Result<Vec<Outcome>, _>, _>| match r {
-                Ok(Ok(outcomes)) => Delivery::Outcomes(outcomes),
-                Ok(Err(panic)) => Delivery::Panicked(panic_message(panic)),
-                Err(_) => Delivery::TimedOut,
-            };
-            let (delivery, stop) = tokio::select! {
-                biased;
-                r = delivery.as_mut() => (finished(r), false),
-                () = shutdown.as_mut() => {
-                    let grace = self.options.shutdown_grace();
-                    info!(grace = ?grace, "shutdown requested; waiting for the in-flight batch");
-                    let until = deadline.min(tokio::time::Instant::now() + grace);
-                    match tokio::time::timeout_at(until, delivery.as_mut()).await {
-                        Ok(r) => (finished(r), true),
-                        Err(_) => {
-                            warn!("in-flight batch did not finish within the shutdown grace period; releasing it");
-                            (Delivery::Abandoned, true)
+            let delivery = tokio::time::timeout_at(deadline, delivery);
+            // The lease renewal (on this task) may find the lease lost
+            // meanwhile. Looked at first at every poll: once the loss is
+            // known the delivery is never polled again, and dropping it
+            // stops the sink (no further send, handler tasks aborted).
+            let lost = leases.lost(claim.token);
+            // In a block of its own: the delivery future is dropped (a
+            // stopped or abandoned one cancelled, its handler tasks aborted)
+            // before the batch is settled.
+            let (delivery, stop) = {
+                let mut delivery = std::pin::pin!(async {
+                    tokio::select! {
+                        biased;
+                        still_held = lost => Delivery::LeaseLost { still_held },
+                        r = delivery => match r {
+                            Ok(Ok(outcomes)) => Delivery::Outcomes(outcomes),
+                            Ok(Err(panic)) => Delivery::Panicked(panic_message(panic)),
+                            Err(_) => Delivery::TimedOut,
+                        },
+                    }
+                });
+                tokio::select! {
+                    biased;
+                    d = delivery.as_mut() => (d, false),
+                    () = shutdown.as_mut() => {
+                        let grace = self.options.shutdown_grace();
+                        info!(grace = ?grace, "shutdown requested; waiting for the in-flight batch");
+                        let until = deadline.min(tokio::time::Instant::now() + grace);
+                        match tokio::time::timeout_at(until, delivery.as_mut()).await {
+                            Ok(d) => (d, true),
+                            Err(_) => {
+                                warn!("in-flight batch did not finish within the shutdown grace period; releasing it");
+                                (Delivery::Abandoned, true)
+                            }
                         }
                     }
                 }
@@ -976,6 +1038,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 stop,
                 sink_down: None,
                 deferred: None,
+                lease_lost: false,
             };
             let fates: Vec<Fate> = match delivery {
                 Delivery::Outcomes(outcomes) => {
@@ -1005,12 +1068,18 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 Delivery::Abandoned => {
                     vec![Fate::Released(ReleaseReason::Shutdown); claim.events.len()]
                 }
+                Delivery::LeaseLost { still_held } => {
+                    // Not settled as delivered, failed or retried: another
+                    // relay holds the events now.
+                    processed.lease_lost = true;
+                    self.stop_lost(&claim, still_held, held.until, leases, started, summary)
+                        .await;
+                    return processed;
+                }
             };
             if processed.sink_down.is_some() {
-                // A copy: the cancelled delivery future still borrows `claim`
-                // (only on this outage path).
                 processed.deferred = Some(Deferred {
-                    claim: claim.clone(),
+                    claim,
                     fates,
                     started,
                     until: held.until,
@@ -1031,6 +1100,46 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         }
         .instrument(span)
         .await
+    }
+
+    /// The delivery of `claim` was stopped because a renewal found its
+    /// lease lost with `still_held` of its events: logs it (the one WARN
+    /// of the batch), counts it, and reports the events taken over as lost.
+    /// Nothing is settled unless the claim still holds events: those are
+    /// released so they come back at once, not after the lock timeout.
+    async fn stop_lost(
+        &self,
+        claim: &Claim,
+        still_held: u64,
+        until: Instant,
+        leases: &Leases,
+        started: Instant,
+        summary: &mut RelaySummary,
+    ) {
+        let events = claim.events.len();
+        summary.deliveries_stopped += 1;
+        metrics::counter!(m::LEASE_LOST_DELIVERIES_STOPPED, "stage" => "delivering").increment(1);
+        warn!(
+            token = %claim.token,
+            events,
+            still_held,
+            after = ?started.elapsed(),
+            lock_timeout = ?self.options.lock_timeout(),
+            "lease lost while the batch was being delivered: delivery stopped, nothing more of it goes to the sink; the relay that holds it now delivers it again"
+        );
+        let until = leases.remove(claim.token).unwrap_or(until);
+        if still_held == 0 {
+            // Every event was taken over: a settlement would be fenced in
+            // full (and cost a round trip to a store that may be struggling).
+            let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+            summary.lease_lost += events as u64;
+            metrics::counter!(m::LEASE_LOST).increment(events as u64);
+            self.notify(|| Progress::LeaseLost { ids });
+        } else {
+            let fates = vec![Fate::Released(ReleaseReason::LeaseLost); events];
+            self.settle_report(claim, &fates, until, None, FencedLog::Quiet, summary)
+                .await;
+        }
     }
 
     /// Settles a batch whose settlement [`process`](Self::process) deferred.
@@ -1119,6 +1228,21 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         started: Option<Instant>,
         summary: &mut RelaySummary,
     ) {
+        self.settle_report(claim, fates, lease_until, started, FencedLog::Warn, summary)
+            .await;
+    }
+
+    /// [`settle_and_report`](Self::settle_and_report), with fenced ids
+    /// logged at the level `fenced_log` says.
+    async fn settle_report(
+        &self,
+        claim: &Claim,
+        fates: &[Fate],
+        lease_until: Instant,
+        started: Option<Instant>,
+        fenced_log: FencedLog,
+        summary: &mut RelaySummary,
+    ) {
         let mut settlement = Settlement::new();
         for (event, fate) in claim.events.iter().zip(fates) {
             settlement.push(event.id, fate.resolution());
@@ -1127,7 +1251,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             return;
         };
         let fenced: HashSet<EventId> = report.fenced.iter().copied().collect();
-        self.lease_lost(&report, summary);
+        self.lease_lost(&report, fenced_log, summary);
         let rejected: HashMap<EventId, &str> = report
             .rejected
             .iter()
@@ -1294,18 +1418,21 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     }
 
     /// Logs and counts fenced-out events.
-    fn lease_lost(&self, report: &SettleReport, summary: &mut RelaySummary) {
+    fn lease_lost(&self, report: &SettleReport, log: FencedLog, summary: &mut RelaySummary) {
         if report.fenced.is_empty() {
             return;
         }
         summary.lease_lost += report.fenced.len() as u64;
         metrics::counter!(m::LEASE_LOST).increment(report.fenced.len() as u64);
-        warn!(
-            lost = %join_ids(&report.fenced),
-            count = report.fenced.len(),
-            lock_timeout = ?self.options.lock_timeout(),
-            "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed"
-        );
+        let lost = join_ids(&report.fenced);
+        let count = report.fenced.len();
+        const LOST: &str = "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed";
+        match log {
+            FencedLog::Warn => {
+                warn!(%lost, count, lock_timeout = ?self.options.lock_timeout(), "{LOST}");
+            }
+            FencedLog::Quiet => debug!(%lost, count, "{LOST}"),
+        }
         self.notify(|| Progress::LeaseLost {
             ids: report.fenced.clone(),
         });

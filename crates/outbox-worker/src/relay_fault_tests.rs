@@ -72,7 +72,12 @@ struct State {
     /// The n-th non-empty claim (1-based) loses its lease at its first
     /// renewal, as if the relay had stalled and another relay re-claimed it.
     steal_claim: Option<u32>,
+    /// How many events of the stolen claim the other relay takes (all
+    /// when `None`).
+    steal_rows: Option<usize>,
     stolen: HashSet<FencingToken>,
+    /// When each renewal that lost a lease answered.
+    lost_at: Vec<Instant>,
     nonempty_claims: u32,
     tokens: Vec<FencingToken>,
     /// Tokens in the order their settlements arrived.
@@ -237,12 +242,20 @@ impl Store for MemStore {
             st.renews += 1;
             let now = Instant::now();
             if st.stolen.remove(&token) {
-                // Another relay took these events over.
-                for row in st.rows.iter_mut().filter(|r| r.token == Some(token)) {
+                // Another relay took these events over (and its lease ran
+                // out at once: they can be claimed again).
+                let take = st.steal_rows.unwrap_or(usize::MAX);
+                for row in st
+                    .rows
+                    .iter_mut()
+                    .filter(|r| r.token == Some(token))
+                    .take(take)
+                {
                     row.token = Some(FencingToken::new());
                     row.until = now;
                     row.event.attempts -= 1;
                 }
+                st.lost_at.push(now);
             }
             let mut held = 0;
             for row in st.rows.iter_mut().filter(|r| r.token == Some(token)) {
@@ -456,6 +469,204 @@ async fn a_prefetched_batch_whose_lease_was_lost_is_never_delivered() {
     assert_eq!(
         captured.lines("WARN", "lease lost on the batch claimed ahead"),
         1
+    );
+    assert_eq!(summary.deliveries_stopped, 1);
+}
+
+/// Sends the events of a batch one at a time, `per_event` apart, and
+/// records each send: (call number, when, event).
+#[derive(Clone)]
+struct OneByOne {
+    per_event: Duration,
+    calls: Arc<AtomicU32>,
+    sent: Arc<Mutex<Vec<(u32, Instant, EventId)>>>,
+}
+
+impl OneByOne {
+    fn new(per_event: Duration) -> Self {
+        Self {
+            per_event,
+            calls: Arc::default(),
+            sent: Arc::default(),
+        }
+    }
+
+    fn sent(&self) -> Vec<(u32, Instant, EventId)> {
+        self.sent.lock().unwrap().clone()
+    }
+}
+
+impl Sink for OneByOne {
+    async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
+        let call = self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut outcomes = Vec::with_capacity(events.len());
+        for e in events {
+            tokio::time::sleep(self.per_event).await;
+            self.sent.lock().unwrap().push((call, Instant::now(), e.id));
+            outcomes.push(Outcome::Delivered);
+        }
+        outcomes
+    }
+}
+
+/// The sum of counter `name` with label `stage` = `stage`.
+fn stopped_counter(
+    snapshot: &[(
+        metrics_util::CompositeKey,
+        Option<metrics::Unit>,
+        Option<metrics::SharedString>,
+        metrics_util::debugging::DebugValue,
+    )],
+    stage: &str,
+) -> u64 {
+    snapshot
+        .iter()
+        .filter(|(k, _, _, _)| {
+            k.key().name() == crate::metrics::LEASE_LOST_DELIVERIES_STOPPED
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "stage" && l.value() == stage)
+        })
+        .map(|(_, _, _, v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// The lease of the batch being delivered is lost (a renewal finds the
+/// events taken over) while a slow sink sends it one event at a time: the
+/// delivery stops at once, nothing more of that batch reaches the sink, the
+/// batch is not settled, the stop is counted and logged once, and the relay
+/// goes on claiming (and delivers the events again once they are free).
+#[test]
+fn a_lost_lease_stops_the_delivery_in_flight() {
+    use metrics_util::debugging::DebuggingRecorder;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(4, 4);
+    // The first claim loses its lease at its first renewal (1 s lease:
+    // renewed after 333 ms), while the sink sends one event every 200 ms.
+    store.with(|st| st.steal_claim = Some(1));
+    let sink = OneByOne::new(Duration::from_millis(200));
+    let (summary, log) = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let (relay, log) = logged(Relay::new(store.clone(), sink.clone(), options()).unwrap());
+            (idle(relay).await, log)
+        })
+    });
+
+    let lost_at = store.with(|st| st.lost_at.clone());
+    assert_eq!(lost_at.len(), 1, "one lease lost");
+    let sent = sink.sent();
+    // The first delivery (call 0) sent the first event before the loss and
+    // nothing after it.
+    let first: Vec<_> = sent.iter().filter(|(call, _, _)| *call == 0).collect();
+    assert_eq!(first.len(), 1, "{sent:?}");
+    assert!(first.iter().all(|(_, at, _)| *at < lost_at[0]), "{sent:?}");
+    assert_eq!(first[0].2, ids[0]);
+    // No event of the stopped batch was sent between the loss and the
+    // relay's next claim of it (every later send is a later call, after
+    // the loss).
+    assert!(
+        sent.iter()
+            .filter(|(_, at, _)| *at >= lost_at[0])
+            .all(|(call, _, _)| *call > 0),
+        "{sent:?}"
+    );
+    // Not settled: the stopped claim's token never reached the store.
+    let (tokens, settled, claims) =
+        store.with(|st| (st.tokens.clone(), st.settled.clone(), st.claims));
+    assert!(!settled.contains(&tokens[0]), "{settled:?}");
+    // The relay went on claiming and delivered every event afterwards.
+    assert!(claims >= 2, "{claims} claims");
+    for id in &ids {
+        assert!(
+            sent.iter()
+                .any(|(call, at, e)| e == id && *call > 0 && *at > lost_at[0]),
+            "{id} not delivered after the loss: {sent:?}"
+        );
+    }
+    assert_eq!(summary.delivered, 4);
+    assert_eq!(summary.deliveries_stopped, 1);
+    assert_eq!(summary.lease_lost, 4);
+    assert!(log
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|p| matches!(p, Progress::LeaseLost { ids: lost } if lost.len() == 4)));
+    assert_eq!(captured.lines("WARN", "delivery stopped"), 1);
+    assert_eq!(
+        captured.lines("WARN", "lease lost"),
+        1,
+        "one WARN per batch"
+    );
+    let snapshot = snapshotter.snapshot().into_vec();
+    assert_eq!(stopped_counter(&snapshot, "delivering"), 1);
+    assert_eq!(stopped_counter(&snapshot, "claimed_ahead"), 0);
+}
+
+/// A partial loss (the claim still holds some events): the delivery stops
+/// all the same; the events still held are released at once (not after
+/// the lock timeout) and the ones taken over are fenced, with one WARN.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_partly_lost_lease_stops_the_delivery_and_releases_what_it_still_holds() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(4, 4);
+    store.with(|st| {
+        st.steal_claim = Some(1);
+        st.steal_rows = Some(2);
+    });
+    let sink = OneByOne::new(Duration::from_millis(200));
+    let (relay, log) = logged(Relay::new(store.clone(), sink.clone(), options()).unwrap());
+    let summary = idle(relay).await;
+    let lost_at = store.with(|st| st.lost_at[0]);
+    let sent = sink.sent();
+    assert_eq!(
+        sent.iter().filter(|(call, _, _)| *call == 0).count(),
+        1,
+        "{sent:?}"
+    );
+    assert!(sent
+        .iter()
+        .filter(|(_, at, _)| *at >= lost_at)
+        .all(|(call, _, _)| *call > 0));
+    assert_eq!(summary.deliveries_stopped, 1);
+    assert_eq!(summary.lease_lost, 2, "the two taken over are fenced");
+    assert_eq!(summary.delivered, 4);
+    // The two still held were released by the stopped batch's settlement
+    // (attempt not counted).
+    let log = log.lock().unwrap().clone();
+    assert!(log
+        .iter()
+        .any(|p| matches!(p, Progress::Released { ids: r } if r.len() == 2)));
+    for id in &ids {
+        assert!(log
+            .iter()
+            .any(|p| matches!(p, Progress::Delivered { id: d, attempts: 1, .. } if d == id)));
+    }
+    // Released, not left leased until the lock timeout: the next claim
+    // took all four again (the two taken over were free at once).
+    assert_eq!(
+        sent.iter().filter(|(call, _, _)| *call == 1).count(),
+        4,
+        "{sent:?}"
+    );
+    assert_eq!(
+        captured.lines("WARN", "lease lost"),
+        1,
+        "one WARN per batch"
     );
 }
 
