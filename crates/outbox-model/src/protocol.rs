@@ -1,0 +1,1391 @@
+//! The event-log protocol as a transition system: producers, the database
+//! (xids, the seq sequence, commits, durability, crash restarts), the cursor
+//! row (stored position, epoch, lease), relays (claims, deliveries, settles)
+//! and the broker. See the crate docs for what each step means.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use crate::config::{
+    CommitModes, Config, ConfigError, Durability, Key, Recovery, SharedSnapshots, MAX_BATCH,
+    MAX_EVENTS_PER_PRODUCER, MAX_KEYS, MAX_PRODUCERS, MAX_RELAYS,
+};
+use crate::explore::{Invariant, Log, Model, Violation};
+use crate::snapshot::{Seq, Snapshot, Xid, MAX_XID};
+
+/// Most events a model holds (`producer * 2 + index`).
+const MAX_EVENTS: usize = MAX_PRODUCERS * MAX_EVENTS_PER_PRODUCER;
+/// Epochs are indexes into [`State::epoch_settler`].
+const MAX_EPOCH: u8 = 15;
+/// The largest seq value handed out before the model reports a bound.
+const MAX_SEQ: Seq = 200;
+/// Steps a drain may take before it is reported as not terminating.
+const DRAIN_STEPS: usize = 80;
+
+/// A cursor position `(lo, hi, after, floor_lo, floor_hi)`: every event of
+/// a transaction visible in `lo` is behind it; of the window "visible in
+/// `hi`, not visible in `lo`", the events up to `after` are behind it too.
+/// `floor_*` is a seq floor of each snapshot: every transaction whose xid
+/// is at least the snapshot's `xmax` inserted only events above it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct Position {
+    /// The lower snapshot.
+    pub lo: Snapshot,
+    /// The upper snapshot.
+    pub hi: Snapshot,
+    /// Read position in the window: its seq (0: nothing read).
+    pub after_seq: Seq,
+    /// Read position's txid (only the `order_by_txid` variant reads it).
+    pub after_txid: Xid,
+    /// Seq floor of `lo`.
+    pub floor_lo: Seq,
+    /// Seq floor of `hi`.
+    pub floor_hi: Seq,
+}
+
+impl Position {
+    fn at(snapshot: Snapshot, floor: Seq) -> Self {
+        Position {
+            lo: snapshot,
+            hi: snapshot,
+            after_seq: 0,
+            after_txid: 0,
+            floor_lo: floor,
+            floor_hi: floor,
+        }
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "(lo {}, hi {}, after ", self.lo, self.hi)?;
+        if self.after_txid != 0 {
+            write!(f, "x{}/", self.after_txid)?;
+        }
+        if self.after_seq == 0 {
+            f.write_str("-")?;
+        } else {
+            write!(f, "s{}", self.after_seq)?;
+        }
+        write!(f, ", floors {}/{})", self.floor_lo, self.floor_hi)
+    }
+}
+
+/// Where a producer transaction is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+enum Status {
+    /// Not begun (it may begin at any time, also after a crash).
+    #[default]
+    Idle,
+    /// Begun: holds locks, maybe an xid and rows.
+    Running,
+    /// Committed, commit not yet flushed.
+    Committed,
+    /// Committed and flushed.
+    Durable,
+    /// Rolled back (or running at a crash).
+    Aborted,
+    /// Committed, then forgotten by a crash (its commit was not flushed).
+    Lost,
+}
+
+impl Status {
+    fn committed(self) -> bool {
+        matches!(self, Status::Committed | Status::Durable)
+    }
+
+    fn finished(self) -> bool {
+        !matches!(self, Status::Idle | Status::Running)
+    }
+}
+
+/// A producer transaction.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Txn {
+    status: Status,
+    /// 0: no xid yet.
+    xid: Xid,
+    /// Events inserted so far.
+    inserted: u8,
+    /// Seq of each inserted event.
+    seqs: [Seq; MAX_EVENTS_PER_PRODUCER],
+    /// Wrote its business row.
+    business: bool,
+    /// Bit k: holds the lock of key k.
+    locks: u8,
+}
+
+/// A relay process's in-memory state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Relay {
+    /// The epoch it believes it holds (0: none; it must acquire).
+    epoch: u8,
+    /// The database incarnation its windows were read in (recorded by its
+    /// acquisition, as the store's `st.boot`).
+    token: u8,
+    /// Its read position (meaningful while `epoch != 0`).
+    pos: Position,
+    /// The read position moved past what this relay last settled or loaded
+    /// (an empty claim may settle it: the store's idle progress).
+    unsettled: bool,
+    /// The latest observation of a completed claim statement, keyed by the
+    /// incarnation it was made in: `S`, the sequence's last value read
+    /// before that statement took its xid (the highest one seen, as the
+    /// store's `observe`).
+    obs: Option<(u8, Seq)>,
+    /// A snapshot an earlier claim of this round (of another set of the
+    /// relay) took, with its floor and the incarnation it was taken in.
+    upto: Option<(Snapshot, Seq, u8)>,
+    /// The batch in flight: event ids, how many, how many published.
+    batch: [u8; MAX_BATCH],
+    batch_len: u8,
+    sent: u8,
+    in_flight: bool,
+}
+
+impl Relay {
+    /// Loses its lease: the batch in flight and the read position go.
+    fn lose_lease(&mut self) {
+        self.epoch = 0;
+        self.pos = Position::default();
+        self.unsettled = false;
+        self.batch = [0; MAX_BATCH];
+        self.batch_len = 0;
+        self.sent = 0;
+        self.in_flight = false;
+    }
+
+    /// Drops what it read in another incarnation: windows, batch, epoch.
+    /// (Its observation is keyed by the old incarnation and so is never
+    /// used again; dropping it here only merges equivalent states.)
+    fn forget_all(&mut self) {
+        self.lose_lease();
+        self.obs = None;
+    }
+}
+
+/// The cursor row of the one shard.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Cursor {
+    /// The stored position (as the database holds it now).
+    pos: Position,
+    /// The stored position as of the last flush (what a crash returns to).
+    durable_pos: Position,
+    /// Fencing epoch (bumped by every acquisition).
+    epoch: u8,
+    /// Lease owner: relay + 1, 0 none.
+    owner: u8,
+    /// The lease has not run out.
+    lease_valid: bool,
+}
+
+/// What the last flush made durable.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+struct Flushed {
+    next_xid: Xid,
+    next_seq: Seq,
+    max_commit_xid: Xid,
+}
+
+/// One state of the whole system.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct State {
+    next_xid: Xid,
+    next_seq: Seq,
+    latest_completed: Xid,
+    max_commit_xid: Xid,
+    incarnation: u8,
+    flushed: Flushed,
+    cursor: Cursor,
+    /// Per key: the producer holding its lock, + 1.
+    locks: [u8; MAX_KEYS],
+    txns: [Txn; MAX_PRODUCERS],
+    relays: [Relay; MAX_RELAYS],
+    /// Per event: the events that must be delivered (first) before it.
+    pred: [u8; MAX_EVENTS],
+    /// Bit e: event e was delivered at least once.
+    delivered: u8,
+    /// Per epoch: the relay (+1) whose settle succeeded under it.
+    epoch_settler: [u8; MAX_EPOCH as usize + 1],
+    crashes_left: u8,
+    expiries_left: u8,
+    claims_left: u8,
+}
+
+/// Packs a position into two words.
+fn position_words(p: &Position) -> (u64, u64) {
+    (
+        u64::from(p.lo.xip) | u64::from(p.hi.xip) << 32,
+        u64::from(p.lo.xmax)
+            | u64::from(p.hi.xmax) << 8
+            | u64::from(p.after_seq) << 16
+            | u64::from(p.after_txid) << 24
+            | u64::from(p.floor_lo) << 32
+            | u64::from(p.floor_hi) << 40,
+    )
+}
+
+/// Packs up to 8 bytes into a word (no iterator: this runs for every
+/// state, in debug builds too).
+fn bytes_word(bytes: &[u8]) -> u64 {
+    let mut word = [0u8; 8];
+    let n = bytes.len().min(8);
+    word[..n].copy_from_slice(&bytes[..n]);
+    u64::from_le_bytes(word)
+}
+
+impl Hash for State {
+    /// By hand, a few words per actor: the derived hash of the nested
+    /// structs was most of the explorer's time in a debug build. Every field
+    /// is hashed, so equal states hash equally.
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        h.write_u64(bytes_word(&[
+            self.next_xid,
+            self.next_seq,
+            self.latest_completed,
+            self.max_commit_xid,
+            self.incarnation,
+            self.flushed.next_xid,
+            self.flushed.next_seq,
+            self.flushed.max_commit_xid,
+        ]));
+        let c = &self.cursor;
+        let (a, b) = position_words(&c.pos);
+        h.write_u64(a);
+        h.write_u64(b);
+        let (a, b) = position_words(&c.durable_pos);
+        h.write_u64(a);
+        h.write_u64(b);
+        h.write_u64(bytes_word(&[
+            c.epoch,
+            c.owner,
+            u8::from(c.lease_valid),
+            self.locks[0],
+            self.locks[1],
+            self.locks[2],
+            self.locks[3],
+            self.delivered,
+        ]));
+        for t in &self.txns {
+            h.write_u64(bytes_word(&[
+                t.status as u8,
+                t.xid,
+                t.inserted,
+                t.seqs[0],
+                t.seqs[1],
+                u8::from(t.business),
+                t.locks,
+            ]));
+        }
+        for r in &self.relays {
+            let (a, b) = position_words(&r.pos);
+            h.write_u64(a);
+            h.write_u64(b);
+            let (obs_set, obs_token, obs_seq) = match r.obs {
+                Some((t, s)) => (1, t, s),
+                None => (0, 0, 0),
+            };
+            h.write_u64(bytes_word(&[
+                r.epoch,
+                r.token,
+                u8::from(r.unsettled) | obs_set << 1 | u8::from(r.in_flight) << 2,
+                obs_token,
+                obs_seq,
+                r.batch_len,
+                r.sent,
+            ]));
+            h.write_u64(bytes_word(&r.batch));
+            if let Some((snap, floor, token)) = r.upto {
+                h.write_u64(u64::from(snap.xip) | u64::from(snap.xmax) << 32);
+                h.write_u64(u64::from(floor) | u64::from(token) << 8);
+            }
+        }
+        h.write_u64(bytes_word(&self.pred));
+        h.write_u64(bytes_word(&self.epoch_settler[..8]));
+        h.write_u64(bytes_word(&self.epoch_settler[8..]));
+        h.write_u64(bytes_word(&[
+            self.crashes_left,
+            self.expiries_left,
+            self.claims_left,
+        ]));
+    }
+}
+
+/// One atomic step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// Producer writes its business row (takes its xid).
+    Write(u8),
+    /// Producer takes the lock of its next event's key.
+    Lock(u8),
+    /// Producer inserts its next event (takes an xid if it has none, then
+    /// a seq).
+    Insert(u8),
+    /// Producer commits, synchronously or not.
+    Commit(u8, Durability),
+    /// Producer rolls back.
+    Abort(u8),
+    /// Relay takes the lease (synchronous commit) and reads the stored
+    /// position.
+    Acquire(u8),
+    /// Relay runs one claim statement.
+    Claim(u8),
+    /// Relay publishes the next event of its batch.
+    Deliver(u8),
+    /// Relay settles its fully published batch, or the position an empty
+    /// claim reached (asynchronous commit, fenced by epoch and incarnation).
+    Settle(u8),
+    /// Relay learns (a failed renewal) that another relay took its lease.
+    LearnLost(u8),
+    /// Relay group round: a claim of another set of the relay, earlier in
+    /// the round, comes back empty and leaves its snapshot to share.
+    OtherClaim(u8),
+    /// The lease holder pauses past its lease: the lease runs out.
+    Expire,
+    /// The WAL is flushed (the WAL writer, or anyone's synchronous commit).
+    Flush,
+    /// The database crashes and restarts.
+    Crash,
+}
+
+/// An event row as a claim reads it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Row {
+    id: u8,
+    xid: Xid,
+    seq: Seq,
+}
+
+fn bound(what: &str) -> Violation {
+    Violation::new(Invariant::Bound, what)
+}
+
+/// The protocol model: a [`Config`] and the transition rules.
+#[derive(Clone, Debug)]
+pub struct Protocol {
+    config: Config,
+}
+
+impl Protocol {
+    /// The model of `config`, if it fits the model's bounds.
+    pub fn new(config: Config) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Protocol { config })
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    fn key(&self, event: u8) -> Key {
+        let (p, i) = split(event);
+        self.config
+            .producers
+            .get(p)
+            .and_then(|spec| spec.keys.get(i))
+            .copied()
+            .unwrap_or(Key::MAX)
+    }
+
+    fn name(&self, s: &State, event: u8) -> String {
+        let (p, i) = split(event);
+        let t = &s.txns[p];
+        format!(
+            "e{p}.{i}(k{} x{} s{})",
+            self.key(event),
+            t.xid,
+            t.seqs.get(i).copied().unwrap_or(0)
+        )
+    }
+
+    /// The rows that exist for a reader now: inserted events of committed
+    /// transactions (an aborted or lost transaction's rows are never
+    /// visible, and a running one's are not yet).
+    fn rows(&self, s: &State) -> Vec<Row> {
+        let mut rows = Vec::new();
+        for (p, t) in s.txns.iter().enumerate().take(self.config.producers.len()) {
+            if !t.status.committed() {
+                continue;
+            }
+            for i in 0..usize::from(t.inserted) {
+                rows.push(Row {
+                    id: event_id(p, i),
+                    xid: t.xid,
+                    seq: t.seqs[i],
+                });
+            }
+        }
+        rows
+    }
+
+    /// `pg_current_snapshot()` now.
+    fn snapshot_now(&self, s: &State) -> Snapshot {
+        let mut snap = Snapshot::new(s.latest_completed.saturating_add(1));
+        for t in &s.txns {
+            if t.status == Status::Running && t.xid != 0 {
+                snap = snap.with_running(t.xid);
+            }
+        }
+        snap
+    }
+
+    /// Whether position `pos` has passed `row`.
+    fn passes(&self, pos: &Position, row: &Row) -> bool {
+        if pos.lo.visible(row.xid) {
+            return true;
+        }
+        if !pos.hi.visible(row.xid) {
+            return false;
+        }
+        if self.config.order_by_txid {
+            (row.xid, row.seq) <= (pos.after_txid, pos.after_seq)
+        } else {
+            row.seq <= pos.after_seq
+        }
+    }
+
+    /// The unread events of window `(lo, hi]` in delivery order.
+    fn window(
+        &self,
+        rows: &[Row],
+        lo: &Snapshot,
+        hi: &Snapshot,
+        floor_lo: Seq,
+        after: (Xid, Seq),
+    ) -> Vec<Row> {
+        let (mut head, mut range): (Vec<Row>, Vec<Row>);
+        if self.config.order_by_txid {
+            // The old protocol: xip(lo) first, then the range from xmax(lo),
+            // both in (txid, seq) order, resuming after `after`.
+            head = rows
+                .iter()
+                .filter(|r| lo.in_progress(r.xid) && hi.visible(r.xid))
+                .filter(|r| (r.xid, r.seq) > after)
+                .copied()
+                .collect();
+            let start = after.max((lo.xmax, 0));
+            range = rows
+                .iter()
+                .filter(|r| r.xid >= lo.xmax && hi.visible(r.xid))
+                .filter(|r| (r.xid, r.seq) > start)
+                .copied()
+                .collect();
+            head.sort_by_key(|r| (r.xid, r.seq));
+            range.sort_by_key(|r| (r.xid, r.seq));
+        } else {
+            // The fix: the xip(lo) transactions' events at or below the
+            // floor, then every event above max(floor, after) of the window,
+            // all in seq order.
+            head = rows
+                .iter()
+                .filter(|r| lo.in_progress(r.xid) && hi.visible(r.xid))
+                .filter(|r| r.seq <= floor_lo && r.seq > after.1)
+                .copied()
+                .collect();
+            range = rows
+                .iter()
+                .filter(|r| r.seq > floor_lo.max(after.1))
+                .filter(|r| hi.visible(r.xid) && !lo.visible(r.xid))
+                .copied()
+                .collect();
+            head.sort_by_key(|r| r.seq);
+            range.sort_by_key(|r| r.seq);
+        }
+        head.extend(range);
+        head
+    }
+
+    /// Marks everything committed so far durable: the WAL is flushed.
+    fn flush(&self, s: &mut State) {
+        for t in &mut s.txns {
+            if t.status == Status::Committed {
+                t.status = Status::Durable;
+            }
+        }
+        s.cursor.durable_pos = s.cursor.pos;
+        s.flushed = Flushed {
+            next_xid: s.next_xid,
+            next_seq: s.next_seq,
+            max_commit_xid: s.max_commit_xid,
+        };
+    }
+
+    fn has_unflushed(&self, s: &State) -> bool {
+        s.txns.iter().any(|t| t.status == Status::Committed)
+            || s.cursor.pos != s.cursor.durable_pos
+            || s.flushed
+                != (Flushed {
+                    next_xid: s.next_xid,
+                    next_seq: s.next_seq,
+                    max_commit_xid: s.max_commit_xid,
+                })
+    }
+
+    fn alloc_xid(&self, s: &mut State) -> Result<Xid, Violation> {
+        let x = s.next_xid;
+        if x > MAX_XID {
+            return Err(bound("more xids than a snapshot mask holds"));
+        }
+        s.next_xid += 1;
+        Ok(x)
+    }
+
+    /// A relay's own transaction (claim, settle, acquire) commits at once.
+    fn commit_own(&self, s: &mut State, x: Xid, durability: Durability) {
+        s.latest_completed = s.latest_completed.max(x);
+        s.max_commit_xid = s.max_commit_xid.max(x);
+        if durability == Durability::Sync {
+            self.flush(s);
+        }
+    }
+
+    fn release_locks(&self, s: &mut State, p: usize) {
+        for lock in &mut s.locks {
+            if usize::from(*lock) == p + 1 {
+                *lock = 0;
+            }
+        }
+        s.txns[p].locks = 0;
+    }
+
+    /// Applies `action`. `budgeted`: a claim counts against the claim
+    /// budget (the drain's do not).
+    fn apply(
+        &self,
+        state: &State,
+        action: Action,
+        budgeted: bool,
+        log: &mut Log,
+    ) -> Result<State, Violation> {
+        let mut s = state.clone();
+        match action {
+            Action::Write(p) => {
+                let p = usize::from(p);
+                let x = self.alloc_xid(&mut s)?;
+                let t = &mut s.txns[p];
+                t.xid = x;
+                t.business = true;
+                t.status = Status::Running;
+                log.note(|| format!("P{p} writes its business row: xid {x}"));
+            }
+            Action::Lock(p) => {
+                let p = usize::from(p);
+                let key = self.key(event_id(p, usize::from(s.txns[p].inserted)));
+                s.locks[usize::from(key)] = p as u8 + 1;
+                s.txns[p].locks |= 1 << key;
+                s.txns[p].status = Status::Running;
+                log.note(|| format!("P{p} takes the lock of key {key}"));
+            }
+            Action::Insert(p) => self.insert(&mut s, usize::from(p), log)?,
+            Action::Commit(p, durability) => {
+                let p = usize::from(p);
+                let x = s.txns[p].xid;
+                s.txns[p].status = Status::Committed;
+                self.release_locks(&mut s, p);
+                self.commit_own(&mut s, x, durability);
+                log.note(|| format!("P{p} commits xid {x} ({durability:?})"));
+            }
+            Action::Abort(p) => {
+                let p = usize::from(p);
+                let x = s.txns[p].xid;
+                s.txns[p].status = Status::Aborted;
+                self.release_locks(&mut s, p);
+                s.latest_completed = s.latest_completed.max(x);
+                log.note(|| format!("P{p} rolls back xid {x}"));
+            }
+            Action::Acquire(r) => self.acquire(&mut s, usize::from(r), log)?,
+            Action::Claim(r) => {
+                if budgeted {
+                    s.claims_left = s.claims_left.saturating_sub(1);
+                }
+                self.claim(&mut s, usize::from(r), log)?;
+            }
+            Action::Deliver(r) => self.deliver(&mut s, usize::from(r), log)?,
+            Action::Settle(r) => self.settle(&mut s, usize::from(r), log)?,
+            Action::OtherClaim(r) => {
+                s.claims_left = s.claims_left.saturating_sub(1);
+                self.other_claim(&mut s, usize::from(r), log)?;
+            }
+            Action::LearnLost(r) => {
+                let r = usize::from(r);
+                let old = s.relays[r].epoch;
+                s.relays[r].lose_lease();
+                s.relays[r].upto = None;
+                log.note(|| {
+                    format!(
+                        "R{r} learns epoch {old} is gone (now {}): drops its batch",
+                        s.cursor.epoch
+                    )
+                });
+            }
+            Action::Expire => {
+                s.expiries_left -= 1;
+                s.cursor.lease_valid = false;
+                log.note(|| {
+                    format!(
+                        "the lease of R{} (epoch {}) runs out (the holder paused)",
+                        s.cursor.owner.saturating_sub(1),
+                        s.cursor.epoch
+                    )
+                });
+            }
+            Action::Flush => {
+                self.flush(&mut s);
+                log.note(|| "WAL flushed".to_string());
+            }
+            Action::Crash => self.crash(&mut s, log)?,
+        }
+        if s.crashes_left == 0 {
+            // No crash can come any more: durability no longer matters, so
+            // states that differ only in it are merged.
+            self.flush(&mut s);
+        }
+        Ok(s)
+    }
+
+    fn insert(&self, s: &mut State, p: usize, log: &mut Log) -> Result<(), Violation> {
+        if s.txns[p].xid == 0 {
+            s.txns[p].xid = self.alloc_xid(s)?;
+        }
+        let seq = s.next_seq;
+        if seq >= MAX_SEQ {
+            return Err(bound("seq"));
+        }
+        s.next_seq += 1;
+        let i = usize::from(s.txns[p].inserted);
+        let e = event_id(p, i);
+        let key = self.key(e);
+        // What the protocol promises to order before this event: events of
+        // its key committed before this insert, and its own transaction's
+        // earlier events of the key.
+        let mut pred = 0u8;
+        for (q, t) in s.txns.iter().enumerate() {
+            if q != p && !t.status.committed() {
+                continue;
+            }
+            for j in 0..usize::from(t.inserted) {
+                let other = event_id(q, j);
+                if self.key(other) == key {
+                    pred |= 1 << other;
+                }
+            }
+        }
+        s.pred[usize::from(e)] = pred;
+        let t = &mut s.txns[p];
+        t.seqs[i] = seq;
+        t.inserted += 1;
+        t.status = Status::Running;
+        let x = t.xid;
+        log.note(|| format!("P{p} inserts e{p}.{i} (key {key}): xid {x}, seq {seq}"));
+        Ok(())
+    }
+
+    fn acquire(&self, s: &mut State, r: usize, log: &mut Log) -> Result<(), Violation> {
+        if s.cursor.epoch >= MAX_EPOCH {
+            return Err(bound("epochs"));
+        }
+        let x = self.alloc_xid(s)?;
+        s.cursor.epoch += 1;
+        s.cursor.owner = r as u8 + 1;
+        s.cursor.lease_valid = true;
+        self.commit_own(s, x, Durability::Sync);
+        let relay = &mut s.relays[r];
+        relay.lose_lease();
+        relay.epoch = s.cursor.epoch;
+        relay.pos = s.cursor.pos;
+        relay.token = s.incarnation;
+        log.note(|| {
+            format!(
+                "R{r} takes the lease: epoch {} (xid {x}, sync); stored position {}",
+                s.cursor.epoch, s.cursor.pos
+            )
+        });
+        Ok(())
+    }
+
+    fn claim(&self, s: &mut State, r: usize, log: &mut Log) -> Result<(), Violation> {
+        // The statement: snapshot at its start, the reads (fixed by the
+        // snapshots), then S = the sequence's last value, then its own xid,
+        // then its commit.
+        let cur = self.snapshot_now(s);
+        let rows = self.rows(s);
+        let observed = s.next_seq.saturating_sub(1);
+        let x = self.alloc_xid(s)?;
+        self.commit_own(s, x, self.config.claim_commit);
+        let commit = self.config.claim_commit;
+
+        let relay = s.relays[r];
+        let checked = !self.config.no_incarnation_check;
+        if checked && relay.token != s.incarnation {
+            s.relays[r].forget_all();
+            log.note(|| {
+                format!(
+                    "R{r} claims (xid {x}): incarnation {} != its {}: drops windows, \
+                     observation and epoch",
+                    s.incarnation, relay.token
+                )
+            });
+            return Ok(());
+        }
+        // The floor of `cur`: the latest observation of a completed claim
+        // in this incarnation, or the floor of `hi` (valid for any later
+        // snapshot), whichever is higher (the store's
+        // `floor_for_new_snapshot`).
+        let (floor_cur, floor_from) = match relay.obs {
+            Some((token, seq)) if !checked || token == relay.token => {
+                (seq.max(relay.pos.floor_hi), "max(observation, floor(hi))")
+            }
+            _ => (relay.pos.floor_hi, "floor(hi)"),
+        };
+        // The statement completed: its observation is recorded.
+        s.relays[r].obs = match relay.obs {
+            Some((token, seq)) if token == s.incarnation || !checked => {
+                Some((s.incarnation, seq.max(observed)))
+            }
+            _ => Some((s.incarnation, observed)),
+        };
+        if s.cursor.epoch != relay.epoch || !s.cursor.lease_valid {
+            s.relays[r].lose_lease();
+            log.note(|| {
+                format!(
+                    "R{r} claims with epoch {} (xid {x}): lease not ok (epoch {}, valid {}), \
+                     rows ignored",
+                    relay.epoch, s.cursor.epoch, s.cursor.lease_valid
+                )
+            });
+            return Ok(());
+        }
+        let pos = relay.pos;
+        // A relay group's round may end the new window at a snapshot an
+        // earlier claim of the round took (the store's `upto`, kept across
+        // this claim's relapses), if it is later than `hi`.
+        let (cur, floor_cur, floor_from) = match relay.upto {
+            Some((snap, floor, token))
+                if (snap.xmax > pos.hi.xmax || snap == pos.hi)
+                    && (self.config.shared_snapshots != SharedSnapshots::PerIncarnation
+                        || token == s.incarnation) =>
+            {
+                (snap, floor, "the shared snapshot")
+            }
+            _ => (cur, floor_cur, floor_from),
+        };
+        s.relays[r].upto = None;
+        let batch = usize::from(self.config.batch);
+        let w1 = self.window(
+            &rows,
+            &pos.lo,
+            &pos.hi,
+            pos.floor_lo,
+            (pos.after_txid, pos.after_seq),
+        );
+        let (events, new_pos) = if w1.len() >= batch {
+            let events = &w1[..batch];
+            let last = events[batch - 1];
+            let new_pos = Position {
+                after_seq: last.seq,
+                after_txid: if self.config.order_by_txid {
+                    last.xid
+                } else {
+                    0
+                },
+                ..pos
+            };
+            (events.to_vec(), new_pos)
+        } else {
+            let w2 = self.window(&rows, &pos.hi, &cur, pos.floor_hi, (0, 0));
+            let room = batch - w1.len();
+            let mut events = w1;
+            // As the store: a full batch ends after its last event even when
+            // that was the window's last (only a short read reaches `cur`).
+            if w2.len() >= room {
+                let last = w2[room - 1];
+                events.extend_from_slice(&w2[..room]);
+                let new_pos = Position {
+                    lo: pos.hi,
+                    hi: cur,
+                    after_seq: last.seq,
+                    after_txid: if self.config.order_by_txid {
+                        last.xid
+                    } else {
+                        0
+                    },
+                    floor_lo: pos.floor_hi,
+                    floor_hi: floor_cur,
+                };
+                (events, new_pos)
+            } else {
+                events.extend_from_slice(&w2);
+                (events, Position::at(cur, floor_cur))
+            }
+        };
+        let relay = &mut s.relays[r];
+        relay.unsettled |= new_pos != pos;
+        relay.pos = new_pos;
+        relay.batch = [0; MAX_BATCH];
+        for (slot, row) in relay.batch.iter_mut().zip(&events) {
+            *slot = row.id;
+        }
+        relay.batch_len = events.len() as u8;
+        relay.sent = 0;
+        relay.in_flight = !events.is_empty();
+        let epoch = relay.epoch;
+        log.note(|| {
+            let names: Vec<String> = events.iter().map(|e| self.name(s, e.id)).collect();
+            format!(
+                "R{r} claims (epoch {}): cur {cur}, floor(cur) {floor_cur} from {floor_from}; \
+                 reads [{}]; read position {new_pos}; observes S={observed}, xid {x} ({commit:?})",
+                epoch,
+                names.join(", ")
+            )
+        });
+        Ok(())
+    }
+
+    /// An empty claim of another set of relay `r` (same process, same
+    /// incarnation token): its snapshot becomes the round's shared `upto`.
+    fn other_claim(&self, s: &mut State, r: usize, log: &mut Log) -> Result<(), Violation> {
+        let cur = self.snapshot_now(s);
+        let observed = s.next_seq.saturating_sub(1);
+        let x = self.alloc_xid(s)?;
+        self.commit_own(s, x, self.config.claim_commit);
+        let relay = &mut s.relays[r];
+        // That set's own fallback floor is not modelled: 0 (always valid).
+        let floor = match relay.obs {
+            Some((token, seq)) if token == s.incarnation => seq,
+            _ => 0,
+        };
+        relay.obs = match relay.obs {
+            Some((token, seq)) if token == s.incarnation => Some((token, seq.max(observed))),
+            _ => Some((s.incarnation, observed)),
+        };
+        relay.upto = Some((cur, floor, s.incarnation));
+        log.note(|| {
+            format!(
+                "R{r} claims another set of its group (empty): shares cur {cur} with floor \
+                 {floor} for this round; observes S={observed}, xid {x}"
+            )
+        });
+        Ok(())
+    }
+
+    fn deliver(&self, s: &mut State, r: usize, log: &mut Log) -> Result<(), Violation> {
+        let relay = &mut s.relays[r];
+        let e = relay.batch[usize::from(relay.sent)];
+        relay.sent += 1;
+        let epoch = relay.epoch;
+        let (p, _) = split(e);
+        if !s.txns[p].status.committed() {
+            return Err(Violation::new(
+                Invariant::NoPhantom,
+                format!(
+                    "R{r} publishes {} of a {:?} transaction",
+                    self.name(s, e),
+                    s.txns[p].status
+                ),
+            ));
+        }
+        let mut pred = s.pred[usize::from(e)];
+        while pred != 0 {
+            let before = pred.trailing_zeros() as u8;
+            pred &= pred - 1;
+            let (q, _) = split(before);
+            if s.txns[q].status.committed() && s.delivered & (1 << before) == 0 {
+                return Err(Violation::new(
+                    Invariant::KeyOrder,
+                    format!(
+                        "R{r} publishes {} before any delivery of {}, committed before it \
+                         was inserted",
+                        self.name(s, e),
+                        self.name(s, before)
+                    ),
+                ));
+            }
+        }
+        let again = s.delivered & (1 << e) != 0;
+        s.delivered |= 1 << e;
+        log.note(|| {
+            format!(
+                "R{r} publishes {} (epoch {epoch}){}",
+                self.name(s, e),
+                if again { " again" } else { "" }
+            )
+        });
+        Ok(())
+    }
+
+    fn settle(&self, s: &mut State, r: usize, log: &mut Log) -> Result<(), Violation> {
+        let relay = s.relays[r];
+        if !self.config.no_incarnation_check && relay.token != s.incarnation {
+            s.relays[r].forget_all();
+            log.note(|| {
+                format!(
+                    "R{r} settles: incarnation {} != its {}: 0 rows; drops windows, \
+                     observation and epoch",
+                    s.incarnation, relay.token
+                )
+            });
+            return Ok(());
+        }
+        let stale = relay.epoch != s.cursor.epoch;
+        if stale && !self.config.no_fencing {
+            s.relays[r].lose_lease();
+            log.note(|| {
+                format!(
+                    "R{r} settles with epoch {}: fenced (epoch is {}), 0 rows",
+                    relay.epoch, s.cursor.epoch
+                )
+            });
+            return Ok(());
+        }
+        if stale {
+            return Err(Violation::new(
+                Invariant::Fencing,
+                format!(
+                    "R{r} with stale epoch {} (stored epoch {}) moves the stored position \
+                     {} -> {}",
+                    relay.epoch, s.cursor.epoch, s.cursor.pos, relay.pos
+                ),
+            ));
+        }
+        let settler = &mut s.epoch_settler[usize::from(relay.epoch)];
+        if *settler != 0 && usize::from(*settler) != r + 1 {
+            return Err(Violation::new(
+                Invariant::Fencing,
+                format!(
+                    "R{r} and R{} both settle under epoch {}",
+                    *settler - 1,
+                    relay.epoch
+                ),
+            ));
+        }
+        *settler = r as u8 + 1;
+        let x = self.alloc_xid(s)?;
+        s.cursor.pos = relay.pos;
+        self.commit_own(s, x, Durability::Async);
+        let relay = &mut s.relays[r];
+        relay.batch = [0; MAX_BATCH];
+        relay.batch_len = 0;
+        relay.sent = 0;
+        relay.in_flight = false;
+        relay.unsettled = false;
+        log.note(|| {
+            format!(
+                "R{r} settles epoch {}: stored position {} (xid {x}, async)",
+                relay.epoch, s.cursor.pos
+            )
+        });
+        Ok(())
+    }
+
+    fn crash(&self, s: &mut State, log: &mut Log) -> Result<(), Violation> {
+        s.crashes_left -= 1;
+        let mut lost = Vec::new();
+        for p in 0..self.config.producers.len() {
+            match s.txns[p].status {
+                Status::Committed => {
+                    for i in 0..s.txns[p].inserted {
+                        let e = event_id(p, usize::from(i));
+                        if s.delivered & (1 << e) != 0 {
+                            return Err(Violation::new(
+                                Invariant::NoPhantom,
+                                format!(
+                                    "a crash loses the commit of P{p} (xid {}, not flushed) \
+                                     after {} was published",
+                                    s.txns[p].xid,
+                                    self.name(s, e)
+                                ),
+                            ));
+                        }
+                    }
+                    s.txns[p].status = Status::Lost;
+                    lost.push(format!("P{p} commit of xid {} lost", s.txns[p].xid));
+                }
+                Status::Running => {
+                    s.txns[p].status = Status::Aborted;
+                    s.txns[p].locks = 0;
+                    lost.push(format!("P{p} (running) aborted"));
+                }
+                _ => {}
+            }
+        }
+        s.locks = [0; MAX_KEYS];
+        match self.config.recovery {
+            Recovery::WalPrefix => {
+                s.next_xid = s.flushed.next_xid;
+                s.next_seq = s.flushed.next_seq;
+            }
+            Recovery::LastDurableCommit => {
+                s.next_xid = s.flushed.max_commit_xid + 1;
+                let mut max_seq = 0;
+                for t in &s.txns {
+                    if t.status == Status::Durable {
+                        for seq in &t.seqs[..usize::from(t.inserted)] {
+                            max_seq = max_seq.max(*seq);
+                        }
+                    }
+                }
+                s.next_seq = max_seq + 1;
+            }
+        }
+        s.latest_completed = s.next_xid - 1;
+        s.max_commit_xid = s.flushed.max_commit_xid;
+        s.cursor.pos = s.cursor.durable_pos;
+        s.incarnation += 1;
+        log.note(|| {
+            format!(
+                "DATABASE CRASH: {}; restart with next xid {}, next seq {}, stored position {}, \
+                 incarnation {}",
+                if lost.is_empty() {
+                    "no commit lost".to_string()
+                } else {
+                    lost.join(", ")
+                },
+                s.next_xid,
+                s.next_seq,
+                s.cursor.pos,
+                s.incarnation
+            )
+        });
+        Ok(())
+    }
+
+    /// Invariant 1 on one state: a stored position never passes a
+    /// committed event that was not delivered.
+    fn check_skip(&self, s: &State) -> Result<(), Violation> {
+        for row in self.rows(s) {
+            if s.delivered & (1 << row.id) != 0 {
+                continue;
+            }
+            let (p, _) = split(row.id);
+            let durable = s.txns[p].status == Status::Durable;
+            let passed_by = if self.passes(&s.cursor.pos, &row) {
+                Some(s.cursor.pos)
+            } else if durable && self.passes(&s.cursor.durable_pos, &row) {
+                Some(s.cursor.durable_pos)
+            } else {
+                None
+            };
+            if let Some(pos) = passed_by {
+                return Err(Violation::new(
+                    Invariant::NoSkip,
+                    format!(
+                        "stored position {pos} has passed {}, committed and never delivered",
+                        self.name(s, row.id)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A complete run's end: from a state where every producer is done, the
+    /// relays (no more faults, no claim budget) run until a lease holder's
+    /// claim comes back empty; then every committed event must have been
+    /// delivered.
+    fn drain(&self, start: &State, log: &mut Log) -> Result<(), Violation> {
+        let mut s = start.clone();
+        let relays = usize::from(self.config.relays);
+        log.note(|| "every producer is done; the relays drain:".to_string());
+        let mut drained = false;
+        for _ in 0..DRAIN_STEPS {
+            let busy = (0..relays).find(|&r| s.relays[r].in_flight);
+            let holder = (0..relays).find(|&r| {
+                let relay = &s.relays[r];
+                relay.epoch != 0
+                    && relay.epoch == s.cursor.epoch
+                    && s.cursor.lease_valid
+                    && usize::from(s.cursor.owner) == r + 1
+            });
+            let action = if let Some(r) = busy {
+                let relay = &s.relays[r];
+                if relay.sent < relay.batch_len {
+                    Action::Deliver(r as u8)
+                } else {
+                    Action::Settle(r as u8)
+                }
+            } else if let Some(r) = holder {
+                Action::Claim(r as u8)
+            } else if let Some(r) = (0..relays).find(|&r| s.relays[r].epoch != 0) {
+                // A relay that holds an epoch that is no longer good: its
+                // claim is refused and it drops the epoch.
+                Action::Claim(r as u8)
+            } else if s.cursor.lease_valid && s.cursor.owner != 0 {
+                Action::Acquire(s.cursor.owner - 1)
+            } else {
+                Action::Acquire(0)
+            };
+            let shared = match action {
+                Action::Claim(r) => s.relays[usize::from(r)].upto.is_some(),
+                _ => false,
+            };
+            let mut step_log = if log.is_on() { Log::on() } else { Log::off() };
+            let result = self.apply(&s, action, false, &mut step_log);
+            for line in step_log.take() {
+                log.note(|| format!("  drain: {line}"));
+            }
+            s = result?;
+            self.check_skip(&s)?;
+            if let (Action::Claim(r), Some(h)) = (action, holder) {
+                let relay = &s.relays[usize::from(r)];
+                // Drained: the holder's claim read nothing up to a snapshot
+                // taken now (not one shared by an earlier claim).
+                if usize::from(r) == h && relay.epoch != 0 && !relay.in_flight && !shared {
+                    drained = true;
+                    break;
+                }
+            }
+        }
+        if !drained {
+            return Err(Violation::new(
+                Invariant::Drain,
+                format!("the relays did not drain in {DRAIN_STEPS} steps"),
+            ));
+        }
+        for row in self.rows(&s) {
+            if s.delivered & (1 << row.id) == 0 {
+                return Err(Violation::new(
+                    Invariant::NoSkip,
+                    format!(
+                        "the run is complete and {} (committed) was never delivered",
+                        self.name(&s, row.id)
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn event_id(p: usize, i: usize) -> u8 {
+    (p * MAX_EVENTS_PER_PRODUCER + i) as u8
+}
+
+fn split(event: u8) -> (usize, usize) {
+    let e = usize::from(event);
+    (e / MAX_EVENTS_PER_PRODUCER, e % MAX_EVENTS_PER_PRODUCER)
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn initial(&self) -> State {
+        // The cursor starts at the origin snapshot: nothing has run yet.
+        let origin = Position::at(Snapshot::new(1), 0);
+        State {
+            next_xid: 1,
+            next_seq: 1,
+            latest_completed: 0,
+            max_commit_xid: 0,
+            incarnation: 0,
+            flushed: Flushed {
+                next_xid: 1,
+                next_seq: 1,
+                max_commit_xid: 0,
+            },
+            cursor: Cursor {
+                pos: origin,
+                durable_pos: origin,
+                epoch: 0,
+                owner: 0,
+                lease_valid: false,
+            },
+            locks: [0; MAX_KEYS],
+            txns: [Txn::default(); MAX_PRODUCERS],
+            relays: [Relay::default(); MAX_RELAYS],
+            pred: [0; MAX_EVENTS],
+            delivered: 0,
+            epoch_settler: [0; MAX_EPOCH as usize + 1],
+            crashes_left: self.config.crashes,
+            expiries_left: self.config.lease_expiries,
+            claims_left: self.config.claims,
+        }
+    }
+
+    fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        let c = &self.config;
+        for (p, spec) in c.producers.iter().enumerate() {
+            let t = &s.txns[p];
+            if t.status.finished() {
+                continue;
+            }
+            let id = p as u8;
+            if spec.business_write && t.xid == 0 && t.inserted == 0 && !t.business {
+                out.push(Action::Write(id));
+            }
+            if let Some(&key) = spec.keys.get(usize::from(t.inserted)) {
+                if !c.aggregate_locks || t.locks & (1 << key) != 0 {
+                    out.push(Action::Insert(id));
+                } else if s.locks[usize::from(key)] == 0 {
+                    out.push(Action::Lock(id));
+                }
+            } else {
+                if c.producer_commits != CommitModes::Async {
+                    out.push(Action::Commit(id, Durability::Sync));
+                }
+                if c.producer_commits != CommitModes::Sync {
+                    out.push(Action::Commit(id, Durability::Async));
+                }
+            }
+            if c.aborts && t.xid != 0 {
+                out.push(Action::Abort(id));
+            }
+        }
+        for r in 0..usize::from(c.relays) {
+            let relay = &s.relays[r];
+            let id = r as u8;
+            if relay.epoch == 0 {
+                if !s.cursor.lease_valid || usize::from(s.cursor.owner) == r + 1 {
+                    out.push(Action::Acquire(id));
+                }
+                continue;
+            }
+            if relay.in_flight {
+                if relay.sent < relay.batch_len {
+                    out.push(Action::Deliver(id));
+                } else {
+                    out.push(Action::Settle(id));
+                }
+            } else {
+                if s.claims_left > 0 {
+                    out.push(Action::Claim(id));
+                    if c.shared_snapshots != SharedSnapshots::Off
+                        && relay.upto.is_none()
+                        && relay.token == s.incarnation
+                    {
+                        out.push(Action::OtherClaim(id));
+                    }
+                }
+                if relay.unsettled && c.idle_settles {
+                    // Idle progress: the position an empty claim reached.
+                    out.push(Action::Settle(id));
+                }
+            }
+            if relay.epoch != s.cursor.epoch {
+                out.push(Action::LearnLost(id));
+            }
+        }
+        if s.expiries_left > 0 && s.cursor.lease_valid {
+            out.push(Action::Expire);
+        }
+        if s.crashes_left > 0 {
+            out.push(Action::Crash);
+            if self.has_unflushed(s) {
+                out.push(Action::Flush);
+            }
+        }
+    }
+
+    fn step(&self, s: &State, action: Action, log: &mut Log) -> Result<State, Violation> {
+        self.apply(s, action, true, log)
+    }
+
+    fn check(&self, s: &State, log: &mut Log) -> Result<(), Violation> {
+        self.check_skip(s)?;
+        let producers = self.config.producers.len();
+        if s.txns[..producers].iter().all(|t| t.status.finished()) {
+            self.drain(s, log)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(order_by_txid: bool) -> Protocol {
+        Protocol::new(Config::default().with_order_by_txid(order_by_txid)).expect("valid")
+    }
+
+    fn row(id: u8, xid: Xid, seq: Seq) -> Row {
+        Row { id, xid, seq }
+    }
+
+    /// Window (lo, hi): xid 3 was running at lo and inserted seq 1 before
+    /// the floor (2) and seq 5 after it; xid 6 (>= xmax(lo)) inserted seq 3
+    /// and seq 4; xid 2 is behind lo; xid 7 is not in hi.
+    fn rows() -> Vec<Row> {
+        vec![
+            row(0, 3, 1),
+            row(1, 3, 5),
+            row(2, 6, 3),
+            row(3, 6, 4),
+            row(4, 2, 2),
+            row(5, 7, 6),
+        ]
+    }
+
+    fn ids(rows: &[Row]) -> Vec<u8> {
+        rows.iter().map(|r| r.id).collect()
+    }
+
+    #[test]
+    fn a_window_is_read_in_seq_order_from_its_floor() {
+        let lo = Snapshot::new(5).with_running(3);
+        let hi = Snapshot::new(7);
+        let m = model(false);
+        assert_eq!(ids(&m.window(&rows(), &lo, &hi, 2, (0, 0))), [0, 2, 3, 1]);
+        // Resuming after seq 3: the head part is done.
+        assert_eq!(ids(&m.window(&rows(), &lo, &hi, 2, (0, 3))), [3, 1]);
+        // A wrong floor (xid 6 inserted seq 3 at or below it) loses events:
+        // the floors must be right.
+        assert_eq!(ids(&m.window(&rows(), &lo, &hi, 4, (0, 0))), [0, 1]);
+    }
+
+    #[test]
+    fn the_old_order_is_by_txid() {
+        let lo = Snapshot::new(5).with_running(3);
+        let hi = Snapshot::new(7);
+        let m = model(true);
+        assert_eq!(ids(&m.window(&rows(), &lo, &hi, 0, (0, 0))), [0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn a_position_passes_by_seq_inside_its_window() {
+        let lo = Snapshot::new(5).with_running(3);
+        let hi = Snapshot::new(7);
+        let pos = Position {
+            lo,
+            hi,
+            after_seq: 3,
+            after_txid: 0,
+            floor_lo: 2,
+            floor_hi: 2,
+        };
+        let m = model(false);
+        assert!(m.passes(&pos, &row(4, 2, 2)), "visible in lo");
+        assert!(m.passes(&pos, &row(0, 3, 1)));
+        assert!(m.passes(&pos, &row(2, 6, 3)));
+        assert!(!m.passes(&pos, &row(3, 6, 4)));
+        assert!(
+            !m.passes(&pos, &row(1, 3, 5)),
+            "an older xid inserted later"
+        );
+        assert!(!m.passes(&pos, &row(5, 7, 6)), "not in hi");
+    }
+
+    #[test]
+    fn a_snapshot_ignores_running_xids_at_or_above_its_xmax() {
+        let m = model(false);
+        let mut s = m.initial();
+        // P0 takes xid 1 and keeps running; P1 takes xid 2 and commits.
+        s = m
+            .apply(&s, Action::Write(0), true, &mut Log::off())
+            .expect("step");
+        s = m
+            .apply(&s, Action::Insert(1), true, &mut Log::off())
+            .expect("step");
+        assert_eq!(m.snapshot_now(&s).to_string(), "1:1:");
+        s = m
+            .apply(
+                &s,
+                Action::Commit(1, Durability::Sync),
+                true,
+                &mut Log::off(),
+            )
+            .expect("step");
+        assert_eq!(m.snapshot_now(&s).to_string(), "1:3:1");
+    }
+}
