@@ -154,7 +154,10 @@ struct CursorState {
     persisted_skip: Vec<(u64, i64)>,
     /// The snapshot the last claim read up to, with its seq floor (shared
     /// with the next cursors of a relay group's round).
-    last_cur: Option<Snap>,
+    /// With the database incarnation it was taken in: a snapshot of an
+    /// earlier incarnation is never shared (its xids may be handed out
+    /// again; found by the model, `outbox-model`).
+    last_cur: Option<(Snap, String)>,
     /// How far a claim behind keys in flight can expect to read before the
     /// first row of a held key (see [`KeySpread`]).
     spread: KeySpread,
@@ -878,12 +881,22 @@ impl PgLogStore {
         if let Some(token) = read {
             return Ok(token);
         }
-        let token: String = sqlx::query_scalar(&self.inner.sql.boot)
-            .bind(Uuid::new_v4())
-            .fetch_one(&self.inner.pool)
-            .await?;
-        tracing::info!(group = %self.inner.group, incarnation = %token, "database incarnation recorded");
-        Ok(token)
+        // Two stores racing to write the first token: the loser's INSERT
+        // waits for the winner's and does nothing, and its statement's
+        // snapshot predates the winner's row: the next statement sees it.
+        for _ in 0..3 {
+            let token: Option<String> = sqlx::query_scalar(&self.inner.sql.boot)
+                .bind(Uuid::new_v4())
+                .fetch_optional(&self.inner.pool)
+                .await?;
+            if let Some(token) = token {
+                tracing::info!(group = %self.inner.group, incarnation = %token, "database incarnation recorded");
+                return Ok(token);
+            }
+        }
+        Err(decode_err(
+            "the database incarnation token could not be read".to_owned(),
+        ))
     }
 
     /// A seq floor for a snapshot a claim is about to take, under
@@ -954,7 +967,7 @@ impl PgLogStore {
         key: &CursorKey,
         st: &mut CursorState,
         req: &ClaimRequest,
-        upto: Option<&Snap>,
+        upto: Option<&(Snap, String)>,
     ) -> Result<Option<Claim>, StoreError> {
         if st.has_abandoned_batch() {
             tracing::warn!(
@@ -1005,7 +1018,7 @@ impl PgLogStore {
         key: &CursorKey,
         st: &mut CursorState,
         limit: u32,
-        upto: Option<&Snap>,
+        upto: Option<&(Snap, String)>,
     ) -> Result<Step, StoreError> {
         let Some(epoch) = st.epoch else {
             return Ok(Step::Nothing);
@@ -1032,7 +1045,12 @@ impl PgLogStore {
         // A shared snapshot that is not clearly later than where this cursor
         // read to could move it back: ignore it then (a later snapshot never
         // has a lower xmax; with an equal one, only the same snapshot is safe).
-        let upto = upto.filter(|u| u.xmax > read.hi.xmax || *u == &read.hi);
+        let upto = upto
+            .filter(|(u, boot)| {
+                st.boot.as_deref() == Some(boot.as_str())
+                    && (u.xmax > read.hi.xmax || *u == read.hi)
+            })
+            .map(|(u, _)| u);
         // The seq floor of the snapshot this claim takes (a shared one
         // comes with its own).
         let cur_floor = match upto {
@@ -1111,7 +1129,7 @@ impl PgLogStore {
         self.observe(&boot, first.try_get(19)?);
         let cur = snap(&cur_text)?.with_floor(cur_floor);
         self.saw(&cur_text);
-        st.last_cur = Some(cur.clone());
+        st.last_cur = Some((cur.clone(), boot.clone()));
         if !first.try_get::<bool, _>(1)? {
             return Ok(Step::Relapse);
         }

@@ -249,7 +249,7 @@ impl PgLogStore {
             self.recheck_by(since + self.inner.rebalance_every / SHORT_RECHECK);
         }
         let n = m.sets.len();
-        let mut upto: Option<Snap> = None;
+        let mut upto: Option<(Snap, String)> = None;
         let mut lost = Vec::new();
         let mut found = None;
         // A set whose next events wait behind keys in flight.
