@@ -10,10 +10,10 @@
 
 mod log_support;
 
-use log_support::LogDb;
+use log_support::{claim, deliver, ids, LogDb, LEASE};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId,
-    Resolution, Settlement, ShardSpec, Store,
+    DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId, Resolution,
+    Settlement, Store,
 };
 use outbox_postgres::log::{GroupDrop, Rotation};
 use outbox_postgres::{DeadHeadPolicy, PgLogStore};
@@ -21,35 +21,8 @@ use sqlx::Row;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-const LEASE: Duration = Duration::from_secs(600);
-
 fn ev(key: &str, n: usize) -> NewEvent {
     NewEvent::new("test.event", "log", format!("{key}-{n}").into_bytes()).with_key(key)
-}
-
-fn req(relay: &str, n: u32) -> ClaimRequest {
-    ClaimRequest {
-        relay_id: RelayId::new(relay),
-        batch_size: n,
-        lease: LEASE,
-        shard: ShardSpec::ALL,
-    }
-}
-
-async fn claim(store: &PgLogStore, relay: &str, n: u32) -> Claim {
-    store.claim(&req(relay, n)).await.unwrap()
-}
-
-fn ids(c: &Claim) -> Vec<EventId> {
-    c.events.iter().map(|e| e.id).collect()
-}
-
-async fn deliver(store: &PgLogStore, c: &Claim) {
-    let s = ids(c)
-        .into_iter()
-        .fold(Settlement::new(), |s, id| s.with(id, Resolution::Delivered));
-    let r = store.settle(c.token, &s).await.unwrap();
-    assert!(r.all_applied(), "{r:?}");
 }
 
 /// Claims `n` at a time and delivers until a claim comes back empty.

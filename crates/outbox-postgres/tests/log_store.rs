@@ -5,16 +5,14 @@
 
 mod log_support;
 
-use log_support::LogDb;
+use log_support::{claim, deliver, ids, req, LogDb, LEASE};
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
-    LastError, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
+    ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
+    LastError, NewEvent, Resolution, Settlement, ShardSpec, Store,
 };
 use outbox_postgres::{DeadHeadPolicy, PgLogStore};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
-
-const LEASE: Duration = Duration::from_secs(600);
 
 fn ev(key: &str, n: usize) -> NewEvent {
     NewEvent::new("test.event", "log", format!("{key}-{n}").into_bytes()).with_key(key)
@@ -22,23 +20,6 @@ fn ev(key: &str, n: usize) -> NewEvent {
 
 fn loose(n: usize) -> NewEvent {
     NewEvent::new("test.event", "log", format!("loose-{n}").into_bytes())
-}
-
-fn req(relay: &str, n: u32) -> ClaimRequest {
-    ClaimRequest {
-        relay_id: RelayId::new(relay),
-        batch_size: n,
-        lease: LEASE,
-        shard: ShardSpec::ALL,
-    }
-}
-
-async fn claim(store: &PgLogStore, relay: &str, n: u32) -> Claim {
-    store.claim(&req(relay, n)).await.unwrap()
-}
-
-fn ids(c: &Claim) -> Vec<EventId> {
-    c.events.iter().map(|e| e.id).collect()
 }
 
 fn temporary() -> LastError {
@@ -53,14 +34,6 @@ fn permanent() -> LastError {
         code: ErrorCode::HANDLER_PERMANENT_FAILURE,
         message: "poison".into(),
     }
-}
-
-async fn deliver(store: &PgLogStore, c: &Claim) {
-    let s = ids(c)
-        .into_iter()
-        .fold(Settlement::new(), |s, id| s.with(id, Resolution::Delivered));
-    let r = store.settle(c.token, &s).await.unwrap();
-    assert!(r.all_applied(), "{r:?}");
 }
 
 /// Asserts the store's `(pending, in_flight, dead)` counts.

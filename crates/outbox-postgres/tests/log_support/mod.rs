@@ -2,7 +2,9 @@
 //! afterwards), a migrated log, row-level reads straight from the tables.
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
-use outbox_core::{EventId, NewEvent};
+use outbox_core::{
+    Claim, ClaimRequest, EventId, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
+};
 use outbox_postgres::{Ident, PgLog, PgLogOptions, PgLogStore};
 use sqlx::{PgPool, Row};
 use std::time::Duration;
@@ -150,4 +152,37 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     false
+}
+
+/// The lease of the claims made by [`claim`]: long enough never to run out
+/// inside a test.
+pub const LEASE: Duration = Duration::from_secs(600);
+
+/// A claim of up to `n` events of every shard by `relay`.
+pub fn req(relay: &str, n: u32) -> ClaimRequest {
+    ClaimRequest {
+        relay_id: RelayId::new(relay),
+        batch_size: n,
+        lease: LEASE,
+        shard: ShardSpec::ALL,
+    }
+}
+
+/// Claims up to `n` events as `relay`.
+pub async fn claim(store: &PgLogStore, relay: &str, n: u32) -> Claim {
+    store.claim(&req(relay, n)).await.unwrap()
+}
+
+/// The claimed events' ids, in claim order.
+pub fn ids(c: &Claim) -> Vec<EventId> {
+    c.events.iter().map(|e| e.id).collect()
+}
+
+/// Settles every event of `c` as delivered (all must apply).
+pub async fn deliver(store: &PgLogStore, c: &Claim) {
+    let s = ids(c)
+        .into_iter()
+        .fold(Settlement::new(), |s, id| s.with(id, Resolution::Delivered));
+    let r = store.settle(c.token, &s).await.unwrap();
+    assert!(r.all_applied(), "{r:?}");
 }
