@@ -162,11 +162,11 @@ fn fixed_protocol_shared_snapshots_per_incarnation() {
     );
 }
 
-/// A BUG OF THE IMPLEMENTATION (commit 3ca1731, `claim_dynamic`): a relay
-/// group's round keeps the snapshot an earlier, empty claim took, and a
-/// claim that found a new incarnation re-acquires and retries with that
-/// snapshot (and its floor) from before the crash. Its new position then
-/// passes a transaction of the new incarnation.
+/// BROKEN: a relay group's round sharing a snapshot without its
+/// incarnation (what `claim_dynamic` did before the shared snapshot carried
+/// its token): a claim that found a new incarnation re-acquires and retries
+/// with the snapshot (and its floor) from before the crash, and its new
+/// position passes a transaction of the new incarnation.
 #[test]
 fn shared_snapshot_kept_across_a_crash_skips_an_event() {
     let c = fails(

@@ -813,14 +813,6 @@ impl PgLogStore {
             let present: bool = row.try_get(7)?;
             let epoch: Option<i64> = row.try_get(0)?;
             match epoch {
-                Some(epoch) if st.epoch == Some(epoch) && st.boot.is_none() => {
-                    // Our in-memory state lost its incarnation (see
-                    // `claim_once`) but the stored lease is still ours with
-                    // the same epoch: take it again under a new epoch, so
-                    // batches claimed before are void.
-                    st.epoch = None;
-                    continue;
-                }
                 Some(epoch) => {
                     let lease_until: DateTime<Utc> = row.try_get(1)?;
                     if st.epoch != Some(epoch) {
