@@ -13,8 +13,8 @@ use log_support::{eventually, LogDb};
 use outbox_core::{
     ClaimRequest, EventId, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
 };
-use outbox_postgres::log::RelayInfo;
 use outbox_postgres::PgLogStore;
+use outbox_postgres::RelayInfo;
 use outbox_worker::{HandlerRegistry, Relay, RelayOptions};
 use sqlx::Row;
 use std::collections::{HashMap, HashSet};

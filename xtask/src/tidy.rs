@@ -83,7 +83,13 @@ const RUN_CONFIG_TABLE: &[&str] = &[
 const STORES: &[&str] = &["outbox-sqlite", "outbox-postgres"];
 const PUBLISHERS: &[&str] = &["outbox-nats", "outbox-amqp", "outbox-kafka"];
 /// The only crates that may depend on the relay library or binary.
-const MAY_USE_RELAY: &[&str] = &[RELAY, "outbox-bench", "outbox-chaos", "outbox-tests"];
+const MAY_USE_RELAY: &[&str] = &[
+    RELAY,
+    "outbox-bench",
+    "outbox-chaos",
+    "outbox-tests",
+    "outbox-example-orders",
+];
 /// The backend features that must each build alone.
 const BACKEND_FEATURES: &[&str] = &["sqlite", "postgres", "nats", "amqp", "kafka"];
 

@@ -110,14 +110,7 @@ impl fmt::Debug for AmqpConfig {
     }
 }
 
-pub use outbox_core::redact_url;
-
-/// `uri` with its password replaced by `***`: the former name of
-/// [`redact_url`] (every publisher crate re-exports core's one function).
-#[deprecated(note = "use `redact_url` (outbox_core::redact_url)")]
-pub fn redact_uri(uri: &str) -> String {
-    redact_url(uri)
-}
+use outbox_core::redact_url;
 
 impl AmqpConfig {
     /// A configuration for `uri` (`amqp://user:pass@host:5672/vhost` or

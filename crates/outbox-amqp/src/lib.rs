@@ -5,9 +5,7 @@ pub mod descriptor;
 mod error;
 mod publisher;
 
-#[allow(deprecated)]
-pub use config::redact_uri;
-pub use config::{redact_url, AmqpConfig, AmqpTls, Route};
+pub use config::{AmqpConfig, AmqpTls, Route};
 pub use error::AmqpError;
 pub use lapin;
 pub use outbox_broker::ConnectPolicy;

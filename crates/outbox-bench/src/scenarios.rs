@@ -1123,7 +1123,7 @@ impl Ctx {
             PgMode::Log => {
                 let store = pg_log_store(&self.services, &mut self.res, &label, 4).await?;
                 let load = load_pg_log(&store, "bench", n).await?;
-                let schema = store.log().schema().as_str().to_owned();
+                let schema = store.outbox().schema().as_str().to_owned();
                 let pool = store.pool().clone();
                 let m = self
                     .timed_drain(

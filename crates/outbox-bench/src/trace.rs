@@ -140,13 +140,13 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(RotationLog.with_filter(filter()));
         tracing::subscriber::with_default(subscriber, || {
             let reason = "partition 2 is in use";
-            tracing::debug!(target: "outbox_postgres::log::store", %reason, "outbox event-log rotation postponed");
+            tracing::debug!(target: "outbox_postgres::store", %reason, "outbox event-log rotation postponed");
             let reason = "partition 0 is in use";
-            tracing::debug!(target: "outbox_postgres::log::store", %reason, "outbox event-log rotation postponed");
-            tracing::debug!(target: "outbox_postgres::log::store", generation = 4, partition = 1usize, "rotated the outbox event log");
+            tracing::debug!(target: "outbox_postgres::store", %reason, "outbox event-log rotation postponed");
+            tracing::debug!(target: "outbox_postgres::store", generation = 4, partition = 1usize, "rotated the outbox event log");
             // Another module, or a line that is not about rotation: ignored.
             tracing::debug!(target: "outbox_postgres::store", %reason, "outbox event-log rotation postponed");
-            tracing::debug!(target: "outbox_postgres::log::store", "took the cursor lease");
+            tracing::debug!(target: "outbox_postgres::store", "took the cursor lease");
         });
         let o = take();
         let c = &o.counts;

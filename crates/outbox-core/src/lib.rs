@@ -9,7 +9,7 @@ mod event;
 pub mod headers;
 pub mod ident;
 mod message;
-pub mod pool;
+mod pool;
 mod redact;
 mod retry;
 mod shard;

@@ -75,7 +75,7 @@ impl PoolSettings {
 /// store's options reads the same against another's.
 ///
 /// ```
-/// use outbox_core::pool::PoolSettings;
+/// use outbox_core::PoolSettings;
 /// use std::time::Duration;
 ///
 /// /// Options of a store.

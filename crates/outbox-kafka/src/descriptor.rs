@@ -2,7 +2,7 @@
 //! this publisher: URL scheme `kafka://host:port[,host:port]`, and the
 //! settings that do not belong in the URL. See [`outbox_core::backend`].
 
-use crate::{Error, KafkaConfig, KafkaPublisher};
+use crate::{KafkaConfig, KafkaError, KafkaPublisher};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
 
 const TOPIC_PREFIX: &str = "topic_prefix";
@@ -31,7 +31,7 @@ impl Backend for KafkaBackend {
 
     type Config = KafkaConfig;
     type Connected = KafkaPublisher;
-    type Error = Error;
+    type Error = KafkaError;
 
     fn configure(url: &str, settings: &Settings) -> Result<KafkaConfig, InvalidSetting> {
         let mut config =
@@ -52,7 +52,7 @@ impl Backend for KafkaBackend {
         Ok(config)
     }
 
-    async fn connect(config: KafkaConfig) -> Result<KafkaPublisher, Error> {
+    async fn connect(config: KafkaConfig) -> Result<KafkaPublisher, KafkaError> {
         // Creating the producer does not wait for a broker: delivery does.
         KafkaPublisher::new(config)
     }

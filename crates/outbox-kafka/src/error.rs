@@ -31,12 +31,6 @@ pub enum KafkaError {
     Unreachable(String),
 }
 
-/// The former name of [`KafkaError`] (every publisher crate now names its
-/// error after its broker: `NatsError`, `AmqpError`, `KafkaError`). Kept so
-/// that existing code compiles; it will be deprecated once nothing in the
-/// workspace uses it.
-pub type Error = KafkaError;
-
 impl KafkaError {
     /// Whether trying again later may succeed (no broker answered yet), as
     /// opposed to a bad URL or property; the same question as

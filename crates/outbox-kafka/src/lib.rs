@@ -8,9 +8,8 @@ mod publisher;
 pub use config::{
     is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV,
 };
-pub use error::{Error, KafkaError};
+pub use error::KafkaError;
 pub use outbox_broker::ConnectPolicy;
-pub use outbox_core::redact_url;
 pub use publisher::{
     KafkaPublisher, OutboxProducer, TracingContext, HEADER_CONTENT_TYPE, HEADER_EVENT_ID,
     HEADER_EVENT_TYPE, HEADER_KEY,

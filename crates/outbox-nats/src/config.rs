@@ -139,7 +139,7 @@ impl fmt::Debug for NatsConfig {
     }
 }
 
-pub use outbox_core::redact_url;
+use outbox_core::redact_url;
 
 impl NatsConfig {
     /// Servers from a comma-separated list of URLs

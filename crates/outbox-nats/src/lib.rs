@@ -6,7 +6,7 @@ mod error;
 mod publisher;
 
 pub use async_nats;
-pub use config::{redact_url, NatsAuth, NatsConfig, NatsTls};
+pub use config::{NatsAuth, NatsConfig, NatsTls};
 pub use error::NatsError;
 pub use outbox_broker::ConnectPolicy;
 pub use publisher::{

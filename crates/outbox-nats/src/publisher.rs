@@ -186,12 +186,6 @@ impl NatsPublisher {
         Ok(info)
     }
 
-    /// Publishes a batch: the same as [`Sink::deliver`].
-    #[deprecated(note = "use `Sink::deliver`, the one send verb of every outbox publisher")]
-    pub async fn publish(&self, events: &[Event]) -> Vec<Outcome> {
-        self.send_batch(events).await
-    }
-
     async fn send_batch(&self, events: &[Event]) -> Vec<Outcome> {
         if events.is_empty() {
             return Vec::new();

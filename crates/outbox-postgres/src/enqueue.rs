@@ -374,7 +374,7 @@ impl PgOutbox {
     ///
     /// In [`PgMode::Log`] this also upgrades a queue-mode outbox of the same
     /// name in place (its pending events and dead letters move into the log;
-    /// see [`PgLog::migrate`](crate::PgLog::migrate)). In [`PgMode::Queue`]
+    /// migration 0002 of the log). In [`PgMode::Queue`]
     /// an outbox that was upgraded is refused with
     /// [`MigrateError::ModeConflict`].
     pub async fn migrate(&self, conn: &mut PgConnection) -> Result<Vec<i32>, MigrateError> {

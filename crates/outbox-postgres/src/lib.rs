@@ -2,7 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 mod control;
-pub mod descriptor;
+mod descriptor;
 mod enqueue;
 mod error;
 mod ident;
@@ -11,7 +11,7 @@ mod names;
 mod options;
 mod store;
 
-pub use descriptor::PgMode;
+pub use descriptor::{PgBackend, PgLogBackend, PgMode};
 pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
@@ -21,10 +21,25 @@ pub use options::{
 };
 pub use store::{PgStore, ShardStats};
 
-/// The event-log mode (the default): snapshot-window batches, fenced
-/// per-shard cursors, rotation by TRUNCATE. See the module docs for the design.
-pub mod log;
-pub use log::{DeadHeadPolicy, GroupName, GroupStart, PgLog, PgLogOptions, PgLogStore};
+// The event-log mode (the default): snapshot-window batches, fenced
+// per-shard cursors, rotation by TRUNCATE. Its module docs hold the design.
+mod log;
+pub use log::{
+    CursorInfo, DeadHeadPolicy, GroupContents, GroupDrop, GroupName, GroupStart, GroupStatus,
+    Horizon, InFlight, InvalidGroupName, LeaseHolding, LogInfo, LogStatus, OldTransaction,
+    PartitionInfo, PgLogOptions, PgLogStore, RelayInfo, RelayLease, Rotation, ShardStatus,
+    SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL, LOG_MIGRATIONS,
+    MAX_GROUP_NAME_BYTES,
+};
+
+/// Names of the metrics the event-log store emits (through the `metrics`
+/// facade; the application or the relay binary installs the exporter).
+pub mod metrics {
+    pub use crate::log::{
+        INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, SHARDS_HELD, SHARDS_QUOTA,
+        SHARD_LAG,
+    };
+}
 
 /// Re-exported so users name the same sqlx types as this crate.
 pub use sqlx;

@@ -11,8 +11,8 @@ use outbox_core::{
     ClaimRequest, ErrorCode, EventId, LastError, NewEvent, RelayId, Resolution, Settlement,
     ShardSpec, Store,
 };
-use outbox_postgres::log::Rotation;
 use outbox_postgres::PgLogStore;
+use outbox_postgres::Rotation;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -392,10 +392,10 @@ async fn rotation_and_retry_lane_metrics_are_published() {
     let mut seen = HashMap::new();
     while Instant::now() < deadline {
         seen.extend(read());
-        if seen.get(outbox_postgres::log::LANE_EVENTS) == Some(&2.0)
-            && seen.get(outbox_postgres::log::PARKED_KEYS) == Some(&1.0)
+        if seen.get(outbox_postgres::metrics::LANE_EVENTS) == Some(&2.0)
+            && seen.get(outbox_postgres::metrics::PARKED_KEYS) == Some(&1.0)
             && seen
-                .get(outbox_postgres::log::ROTATIONS)
+                .get(outbox_postgres::metrics::ROTATIONS)
                 .is_some_and(|n| *n >= 1.0)
         {
             return;

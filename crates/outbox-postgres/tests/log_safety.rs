@@ -15,8 +15,8 @@ use outbox_core::{
     DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId, Resolution,
     Settlement, Store,
 };
-use outbox_postgres::log::{GroupDrop, Rotation};
 use outbox_postgres::{DeadHeadPolicy, PgLogStore};
+use outbox_postgres::{GroupDrop, Rotation};
 use sqlx::Row;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

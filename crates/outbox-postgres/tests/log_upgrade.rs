@@ -144,7 +144,7 @@ async fn migrate_upgrades_a_queue_outbox_in_place() {
     let log = PgOutbox::new(schema.clone(), table.clone()).unwrap();
     assert_eq!(log.mode(), PgMode::Log);
     let mut conn = pool.acquire().await.unwrap();
-    let every: Vec<i32> = outbox_postgres::log::LOG_MIGRATIONS
+    let every: Vec<i32> = outbox_postgres::LOG_MIGRATIONS
         .iter()
         .map(|m| m.version)
         .collect();

@@ -256,8 +256,8 @@ impl AnyStore {
             }
             #[cfg(feature = "postgres")]
             "postgres" => {
-                use outbox_postgres::descriptor::{PgBackend, PgLogBackend, PgMode};
                 use outbox_postgres::GroupStart;
+                use outbox_postgres::{PgBackend, PgLogBackend, PgMode};
                 let mode =
                     PgMode::from_settings(&settings).map_err(|error| ConnectError::Invalid {
                         descriptor: d,
@@ -306,7 +306,7 @@ impl AnyStore {
             #[cfg(feature = "postgres")]
             AnyStore::PgLog(ref s) => {
                 let mut conn = s.pool().acquire().await?;
-                s.log().migrate(&mut conn).await.map(drop)?;
+                s.outbox().migrate(&mut conn).await.map(drop)?;
             }
         }
         Ok(())

@@ -18,7 +18,7 @@ pub(crate) const COMPILED: &[Descriptor] = &[
     #[cfg(feature = "sqlite")]
     outbox_sqlite::descriptor::SqliteBackend::DESCRIPTOR,
     #[cfg(feature = "postgres")]
-    outbox_postgres::descriptor::PgBackend::DESCRIPTOR,
+    outbox_postgres::PgBackend::DESCRIPTOR,
     #[cfg(feature = "nats")]
     outbox_nats::descriptor::NatsBackend::DESCRIPTOR,
     #[cfg(feature = "amqp")]

@@ -823,7 +823,7 @@ mod tests {
     #[cfg(feature = "postgres")]
     #[test]
     fn default_group_is_the_stores() {
-        assert_eq!(DEFAULT_GROUP, outbox_postgres::log::DEFAULT_GROUP);
+        assert_eq!(DEFAULT_GROUP, outbox_core::DEFAULT_GROUP);
     }
 
     #[cfg(feature = "postgres")]

@@ -163,8 +163,8 @@ async fn drop_group(log: &outbox_postgres::PgLogStore, args: &DropArgs) -> anyho
         .await
         .context("cannot drop the consumer group")?
     {
-        outbox_postgres::log::GroupDrop::Dropped(done) => done,
-        outbox_postgres::log::GroupDrop::Leased { by } => return Err(refuse(&by)),
+        outbox_postgres::GroupDrop::Dropped(done) => done,
+        outbox_postgres::GroupDrop::Leased { by } => return Err(refuse(&by)),
         other => bail!("unexpected outcome of dropping group {name:?}: {other:?}"),
     };
     println!(

@@ -203,7 +203,7 @@ async fn log_status(log: &outbox_postgres::PgLogStore, doc: &mut Value) -> anyho
 
 /// One group as JSON (also `group list --json`).
 #[cfg(feature = "postgres")]
-pub(crate) fn group_json(g: &outbox_postgres::log::GroupStatus) -> Value {
+pub(crate) fn group_json(g: &outbox_postgres::GroupStatus) -> Value {
     json!({
         "name": g.name,
         "pending": g.pending(),

@@ -12,8 +12,8 @@
 mod support;
 
 use outbox_core::{EventId, NewEvent};
-use outbox_postgres::log::Rotation;
 use outbox_postgres::PgLogStore;
+use outbox_postgres::Rotation;
 use outbox_testkit::nats::NatsFixture;
 use outbox_testkit::process::ChildGuard;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -41,7 +41,7 @@ async fn commit(
         let mut tx = producer.pool().begin().await.unwrap();
         let ev = NewEvent::new("grp.test", topic, format!("{{\"n\":{n}}}").into_bytes())
             .with_key(format!("k{}", n % 4));
-        ids.insert(producer.log().enqueue(&mut tx, ev).await.unwrap());
+        ids.insert(producer.outbox().enqueue(&mut tx, ev).await.unwrap());
         tx.commit().await.unwrap();
     }
     ids

@@ -171,7 +171,7 @@ async fn log_mode_migrate_run_and_status() {
     // The application's side: the log store's enqueue handle, no rotation.
     let producer = log_store(&schema, |o| o).await;
     let (committed, phantom) = commit_40_roll_back_1(&pool, "cli.log", async |conn, ev| {
-        producer.log().enqueue(conn, ev).await.unwrap()
+        producer.outbox().enqueue(conn, ev).await.unwrap()
     })
     .await;
 
@@ -447,7 +447,7 @@ async fn log_mode_dead_show_list_purge_and_retry_with_filters() {
     let (schema, pool) = migrated_log("outbox_clideadlog").await;
     let args = ["--store", &url, "--pg-schema", &schema, "--pg-mode", "log"];
     let store = log_store(&schema, |o| o).await;
-    let log = store.log().clone();
+    let log = store.outbox().clone();
     let ids = three_dead_letters(&store, &pool, async |conn, ev| {
         log.enqueue(conn, ev).await.unwrap()
     })
@@ -529,7 +529,7 @@ async fn status_watch_redraws_as_events_are_committed() {
         for i in 0..7 {
             let ev = NewEvent::new("cli.watch", "t", format!("{{\"n\":{i}}}").into_bytes())
                 .with_key(format!("k{i}"));
-            producer.log().enqueue(&mut tx, ev).await.unwrap();
+            producer.outbox().enqueue(&mut tx, ev).await.unwrap();
         }
         tx.commit().await.unwrap();
         // The frame under way may still show the old count; a later one

@@ -38,7 +38,7 @@ async fn commit(store: &PgLogStore, n: usize) -> HashSet<EventId> {
         let mut tx = store.pool().begin().await.unwrap();
         let ev = NewEvent::new("leases.test", "t", format!("{{\"n\":{i}}}").into_bytes())
             .with_key(format!("k{}", i % 8));
-        ids.insert(store.log().enqueue(&mut tx, ev).await.unwrap());
+        ids.insert(store.outbox().enqueue(&mut tx, ev).await.unwrap());
         tx.commit().await.unwrap();
     }
     ids

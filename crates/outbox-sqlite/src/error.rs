@@ -182,13 +182,6 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-/// The old name of [`StoreError`].
-#[deprecated(
-    since = "0.1.0",
-    note = "renamed to `StoreError` (the same name as outbox-postgres)"
-)]
-pub type SqliteStoreError = StoreError;
-
 /// SQLite primary result codes worth retrying: BUSY (5), LOCKED (6),
 /// IOERR (10), PROTOCOL (15, WAL lock contention).
 const RETRYABLE_CODES: [i64; 4] = [5, 6, 10, 15];

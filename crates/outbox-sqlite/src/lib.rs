@@ -15,8 +15,6 @@ mod store;
 pub use enqueue::{
     enqueue, enqueue_batch, enqueue_batch_with_limits, enqueue_with_limits, SqliteOutbox,
 };
-#[allow(deprecated)]
-pub use error::SqliteStoreError;
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 pub use migrate::{AppliedMigration, Migration, MIGRATIONS, MIGRATIONS_TABLE};

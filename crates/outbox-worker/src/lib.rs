@@ -1,11 +1,11 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
-pub mod breaker;
-pub mod control;
+mod breaker;
+mod control;
 mod handlers;
 mod jsonl;
-pub mod layer;
+mod layer;
 mod lease;
 pub mod metrics;
 mod options;
@@ -19,7 +19,7 @@ mod relay_tests;
 mod test_support;
 
 pub use breaker::{SinkHealth, SinkState, SinkStatus};
-pub use control::{PauseHandle, PauseStatus};
+pub use control::{PauseHandle, PauseStatus, CONTROL_REFRESH};
 pub use handlers::{HandlerError, HandlerRegistry};
 pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};
 pub use layer::{KeyOrder, KeyOrderLayer};

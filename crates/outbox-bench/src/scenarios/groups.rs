@@ -25,8 +25,8 @@ use crate::setup::{
 };
 use anyhow::{Context, Result};
 use outbox_core::ShardSpec;
-use outbox_postgres::log::{RelayInfo, DEFAULT_REBALANCE_INTERVAL};
 use outbox_postgres::{Ident, PgLogStore, PgOutbox};
+use outbox_postgres::{RelayInfo, DEFAULT_REBALANCE_INTERVAL};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use std::collections::{HashMap, HashSet};

@@ -26,8 +26,8 @@ use crate::setup::{
 };
 use anyhow::{Context, Result};
 use outbox_core::{Event, ShardSpec};
-use outbox_postgres::log::{Rotation, DEFAULT_ROTATION_INTERVAL};
 use outbox_postgres::{Ident, PgLogStore};
+use outbox_postgres::{Rotation, DEFAULT_ROTATION_INTERVAL};
 use outbox_worker::{HandlerRegistry, Relay};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -263,7 +263,7 @@ impl Ctx {
         let load = load_pg_log(&store, "bench", n).await?;
         let pool = store.pool().clone();
         let read = if ceiling {
-            let log = store.log();
+            let log = store.outbox();
             let table = Ident::new(format!("{}_log", log.table().as_str()))?;
             // The first reader of fresh rows sets their hint bits (writes):
             // read once to pay that, as the relay's drain does not.
@@ -376,8 +376,8 @@ impl Ctx {
         );
 
         let store = pg_log_store(&self.services, &mut self.res, "lhs_held", 4).await?;
-        let schema: Ident = store.log().schema().clone();
-        let table = store.log().table().as_str().to_owned();
+        let schema: Ident = store.outbox().schema().clone();
+        let table = store.outbox().table().as_str().to_owned();
         let load = load_pg_log(&store, "bench", n).await?;
         let holder = hold_snapshot(&self.services).await?;
         let pool = store.pool().clone();
@@ -470,8 +470,8 @@ impl Ctx {
             .unwrap_or(1)
             .max(1);
         let store = pg_log_store(&self.services, &mut self.res, "sustained", 6).await?;
-        let schema = store.log().schema().as_str().to_owned();
-        let table = store.log().table().as_str().to_owned();
+        let schema = store.outbox().schema().as_str().to_owned();
+        let table = store.outbox().table().as_str().to_owned();
         let outbox = store.outbox().clone();
         let producers = PgPoolOptions::new()
             .max_connections(16)

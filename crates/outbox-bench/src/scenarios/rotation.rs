@@ -58,7 +58,7 @@ use crate::trace;
 use anyhow::{Context, Result};
 use chrono::{DateTime, TimeDelta, Utc};
 use outbox_core::{Event, ShardSpec};
-use outbox_postgres::log::LogInfo;
+use outbox_postgres::LogInfo;
 use outbox_postgres::PgLogStore;
 use outbox_worker::HandlerRegistry;
 use sqlx::postgres::PgPoolOptions;

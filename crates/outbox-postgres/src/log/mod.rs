@@ -13,7 +13,7 @@
 //! )
 //! .await?;
 //! let mut tx = store.pool().begin().await?;
-//! store.log().enqueue(&mut *tx, NewEvent::new("order.created", "orders", b"{}".to_vec())).await?;
+//! store.outbox().enqueue(&mut *tx, NewEvent::new("order.created", "orders", b"{}".to_vec())).await?;
 //! tx.commit().await?;
 //! # Ok(()) }
 //! ```
@@ -240,7 +240,7 @@ mod snapshot;
 mod sql;
 mod store;
 
-pub use enqueue::PgLog;
+pub(crate) use enqueue::PgLog;
 pub use migrate::LOG_MIGRATIONS;
 
 /// Counter: rotations of the event log (a partition truncated and reused),
@@ -271,8 +271,7 @@ pub use groups::{
     RelayLease, SlotHold, MAX_GROUP_NAME_BYTES,
 };
 pub use options::{
-    DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_GROUP, DEFAULT_REBALANCE_INTERVAL,
-    DEFAULT_ROTATION_INTERVAL,
+    DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
 };
 pub use store::{
     CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionInfo, PgLogStore, RelayInfo,

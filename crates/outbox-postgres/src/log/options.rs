@@ -6,8 +6,7 @@ use outbox_core::PoolSettings;
 use std::fmt;
 use std::time::Duration;
 
-/// The consumer group of relays that do not name one.
-pub const DEFAULT_GROUP: &str = "default";
+pub(crate) use outbox_core::DEFAULT_GROUP;
 /// Default [`PgLogOptions::with_rotation_interval`].
 pub const DEFAULT_ROTATION_INTERVAL: Duration = Duration::from_secs(60);
 

@@ -620,10 +620,10 @@ impl PgLogStore {
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
         let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
             .with_limits(options.pool.limits);
-        let log = PgLog::from_names(names).with_limits(options.pool.limits);
+        let log = PgLog::from_names(names);
         if options.pool.auto_migrate {
             let mut conn = pool.acquire().await?;
-            log.migrate(&mut conn).await?;
+            outbox.migrate(&mut conn).await?;
         }
         let sql = Arc::new(Sql::new(&log.names));
         let mut tasks = BackgroundTasks::default();
@@ -671,8 +671,8 @@ impl PgLogStore {
         })
     }
 
-    /// The enqueue handle of this outbox.
-    pub fn log(&self) -> &PgLog {
+    /// The log's names.
+    pub(crate) fn log(&self) -> &PgLog {
         &self.inner.log
     }
 

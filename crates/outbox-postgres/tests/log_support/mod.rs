@@ -5,7 +5,7 @@
 use outbox_core::{
     Claim, ClaimRequest, EventId, NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
 };
-use outbox_postgres::{Ident, PgLog, PgLogOptions, PgLogStore};
+use outbox_postgres::{Ident, PgLogOptions, PgLogStore, PgOutbox};
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 
@@ -20,7 +20,7 @@ pub use common::{database_url, end_enqueue, pool, SchemaGuard};
 pub struct LogDb {
     pub pool: PgPool,
     pub schema: Ident,
-    pub log: PgLog,
+    pub log: PgOutbox,
     pub guard: SchemaGuard,
 }
 
@@ -34,7 +34,7 @@ impl LogDb {
         let suffix = uuid::Uuid::new_v4().simple().to_string();
         let schema = Ident::new(format!("outbox_log_{}", &suffix[..12])).unwrap();
         let guard = SchemaGuard(schema.clone());
-        let log = PgLog::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
+        let log = PgOutbox::new(schema.clone(), Ident::new("events").unwrap()).unwrap();
         let mut conn = pool.acquire().await.unwrap();
         assert_eq!(log.migrate(&mut conn).await.unwrap(), all_log_versions());
         assert!(log.migrate(&mut conn).await.unwrap().is_empty());
@@ -132,7 +132,7 @@ impl LogDb {
 
 /// Every event-log migration version, in order.
 pub fn all_log_versions() -> Vec<i32> {
-    outbox_postgres::log::LOG_MIGRATIONS
+    outbox_postgres::LOG_MIGRATIONS
         .iter()
         .map(|m| m.version)
         .collect()

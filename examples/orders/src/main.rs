@@ -1,0 +1,173 @@
+//! `orders`: a small service on the transactional outbox.
+//!
+//! - `orders place CUSTOMER TOTAL_CENTS`: one transaction writes the order row
+//!   and its `order.placed` event (key `customer-<CUSTOMER>`, so one
+//!   customer's orders arrive in the order they were placed), then commits.
+//!   Prints the order id and the event id.
+//! - `orders relay [--stream NAME] [--until-idle]`: delivers the outbox to
+//!   NATS JetStream until Ctrl-C (or until nothing is left).
+//!
+//! Settings come from the environment: `DATABASE_URL`, `ORDERS_SCHEMA`,
+//! `NATS_URL`, `NATS_SUBJECT_PREFIX` (see the README).
+
+use outbox_core::NewEvent;
+use outbox_nats::{NatsConfig, NatsPublisher};
+use outbox_postgres::{Ident, PgLogOptions, PgLogStore};
+use outbox_worker::{Relay, RelayOptions};
+use std::error::Error;
+use std::io::Write;
+use std::process::ExitCode;
+
+type Result<T, E = Box<dyn Error + Send + Sync>> = std::result::Result<T, E>;
+
+const USAGE: &str =
+    "usage: orders place CUSTOMER TOTAL_CENTS | orders relay [--stream NAME] [--until-idle]";
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match run(&args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("orders: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(args: &[String]) -> Result<()> {
+    let settings = Settings::from_env()?;
+    match args.first().map(String::as_str) {
+        Some("place") => {
+            let [customer, total] = &args[1..] else {
+                return Err(USAGE.into());
+            };
+            let total: i64 = total
+                .parse()
+                .map_err(|_| format!("TOTAL_CENTS must be a whole number, not {total:?}"))?;
+            let (order, event) = place(&settings, customer, total).await?;
+            writeln!(std::io::stdout().lock(), "order {order} event {event}")?;
+            Ok(())
+        }
+        Some("relay") => {
+            let mut stream = None;
+            let mut until_idle = false;
+            let mut rest = args[1..].iter();
+            while let Some(arg) = rest.next() {
+                match arg.as_str() {
+                    "--stream" => stream = Some(rest.next().ok_or(USAGE)?.clone()),
+                    "--until-idle" => until_idle = true,
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            relay(&settings, stream.as_deref(), until_idle).await
+        }
+        _ => Err(USAGE.into()),
+    }
+}
+
+/// Where the service's data and its broker are.
+struct Settings {
+    database_url: String,
+    schema: Ident,
+    nats_url: String,
+    subject_prefix: String,
+}
+
+impl Settings {
+    fn from_env() -> Result<Self> {
+        let var =
+            |name: &str, default: &str| std::env::var(name).unwrap_or_else(|_| default.into());
+        Ok(Self {
+            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            schema: Ident::new(var("ORDERS_SCHEMA", "shop"))?,
+            nats_url: var("NATS_URL", "nats://127.0.0.1:4222"),
+            subject_prefix: var("NATS_SUBJECT_PREFIX", "shop"),
+        })
+    }
+
+    /// The outbox (the event log, in the service's schema), its tables
+    /// created or upgraded on first use.
+    async fn store(&self) -> Result<PgLogStore> {
+        let options = PgLogOptions::new(self.database_url.clone())
+            .with_schema(self.schema.clone())
+            .with_auto_migrate(true);
+        Ok(PgLogStore::connect(options).await?)
+    }
+}
+
+/// Writes the order and its event in one transaction.
+async fn place(settings: &Settings, customer: &str, total_cents: i64) -> Result<(i64, String)> {
+    let store = settings.store().await?;
+    let orders = format!("{}.orders", settings.schema);
+    // The service's own table (a real service has its own migrations).
+    sqlx_execute(
+        &store,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {orders} (
+                 id bigserial PRIMARY KEY,
+                 customer text NOT NULL,
+                 total_cents bigint NOT NULL,
+                 placed_at timestamptz NOT NULL DEFAULT now())"
+        ),
+    )
+    .await?;
+
+    let mut tx = store.pool().begin().await?;
+    let order: i64 = outbox_postgres::sqlx::query_scalar(&format!(
+        "INSERT INTO {orders} (customer, total_cents) VALUES ($1, $2) RETURNING id"
+    ))
+    .bind(customer)
+    .bind(total_cents)
+    .fetch_one(&mut *tx)
+    .await?;
+    let payload = serde_json::json!({
+        "order_id": order,
+        "customer": customer,
+        "total_cents": total_cents,
+    });
+    let event = NewEvent::new("order.placed", "orders", serde_json::to_vec(&payload)?)
+        .with_key(format!("customer-{customer}"));
+    // Same transaction: the event exists if and only if the order does.
+    let event_id = store.outbox().enqueue(&mut tx, event).await?;
+    tx.commit().await?;
+    Ok((order, event_id.to_string()))
+}
+
+async fn sqlx_execute(store: &PgLogStore, sql: &str) -> Result<()> {
+    outbox_postgres::sqlx::query(sql)
+        .execute(store.pool())
+        .await?;
+    Ok(())
+}
+
+/// Delivers the outbox to NATS JetStream (`<prefix>.<topic>`, the event id
+/// as `Nats-Msg-Id`, each publish acknowledged before it counts).
+async fn relay(settings: &Settings, stream: Option<&str>, until_idle: bool) -> Result<()> {
+    let store = settings.store().await?;
+    let config =
+        NatsConfig::from_url(&settings.nats_url)?.with_subject_prefix(&settings.subject_prefix);
+    let sink = NatsPublisher::connect(config).await?;
+    if let Some(name) = stream {
+        let subjects = format!("{}.>", settings.subject_prefix);
+        sink.ensure_stream(name, &[&subjects]).await?;
+    }
+    let relay = Relay::new(store, sink, RelayOptions::default())?;
+    let summary = if until_idle {
+        relay.run_until_idle().await
+    } else {
+        relay
+            .run(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await
+    };
+    writeln!(
+        std::io::stdout().lock(),
+        "delivered {} retried {} dead {}",
+        summary.delivered,
+        summary.retried,
+        summary.dead
+    )?;
+    Ok(())
+}
