@@ -268,7 +268,7 @@ async fn analyze(pool: &PgPool, store: &PgStore) -> Result<()> {
 }
 
 /// A fresh schema `obench_<name>_<suffix>` with the event log
-/// ([`PgLogStore`], opt-in mode) migrated into it, and a store on it (the
+/// ([`PgLogStore`], the default mode) migrated into it, and a store on it (the
 /// product defaults otherwise: background rotation on, progress settled
 /// with `synchronous_commit = off`).
 pub(crate) async fn pg_log_store(
@@ -300,7 +300,7 @@ pub(crate) async fn open_pg_log(
 }
 
 /// Loads `n` events for `topic` into the event log, 5,000 per INSERT
-/// (`PgLog::enqueue_batch`, one transaction each, two at a time), as
+/// (`PgOutbox::enqueue_batch`, one transaction each, two at a time), as
 /// [`load_pg`] does for the queue table. No `ANALYZE`: the log's plans do
 /// not depend on statistics, and autovacuum may never analyze an
 /// append-only table. Returns the time taken.
@@ -309,7 +309,7 @@ pub(crate) async fn load_pg_log(store: &PgLogStore, topic: &str, n: u64) -> Resu
     load_chunks(topic, n, |events| async move {
         let mut tx = store.pool().begin().await?;
         store
-            .log()
+            .outbox()
             .enqueue_batch(&mut tx, events)
             .await
             .context("log enqueue_batch")?;
