@@ -21,6 +21,22 @@ const MODES: [PgMode; 2] = [PgMode::Log, PgMode::Queue];
 /// the store's and the broker's ceilings.
 const BROKER_TARGET: f64 = 0.8;
 
+/// The rate of a relay that claimed, delivered and settled strictly in
+/// turn: the serial composition of the store's and the broker's ceilings.
+/// A relay that overlaps claim and delivery runs above it when the machine
+/// has CPU to spare, near it when the store, the broker and the relay
+/// compete for the same saturated cores.
+fn serial(store: f64, broker: f64) -> f64 {
+    if store <= 0.0 || broker <= 0.0 {
+        return f64::NAN;
+    }
+    1.0 / (1.0 / store + 1.0 / broker)
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
 /// How a row names its store: the default, or the comparison.
 fn store_label(mode: PgMode) -> String {
     match mode {
@@ -212,6 +228,10 @@ impl Ctx {
                 .detail("load_s", d.load_s)
                 .detail("broker_ceiling", c.rate().round())
                 .detail("store_ceiling", store_ceiling.round())
+                .detail(
+                    "ratio_to_serial",
+                    round2(d.drained.rate() / serial(store_ceiling, c.rate())),
+                )
                 .against(name, slower);
             let row = match mode {
                 PgMode::Log => row.target_ratio(
