@@ -17,7 +17,10 @@
 //!    `cargo check -p outbox-relay --no-default-features --features X`.
 //! 3. Generated docs are current:
 //!    `cargo run -q -p outbox-relay --all-features -- config-table --check README.md`.
-//! 4. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
+//! 4. BENCHMARKS.md's results section was written by `cargo xtask bench`
+//!    from a run of the current scenario set, and every scenario has its
+//!    heading (see `bench.rs`).
+//! 5. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
 //!    rule has its fields, every metric they name is emitted by the code, and
 //!    promtool agrees when it is installed (see `deploy.rs`).
 
@@ -102,6 +105,12 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(core_sources(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
+        report(&problems)?;
+    }
+    println!("    ok");
+    println!("\n==> tidy: BENCHMARKS.md results from the current scenario set");
+    problems.extend(crate::bench::check_doc(&crate::root()));
+    if !problems.is_empty() {
         report(&problems)?;
     }
     println!("    ok");

@@ -1,9 +1,10 @@
 //! `outbox-bench`: the benchmark behind `cargo xtask bench`.
 //!
-//! Runs the scenarios of issue 6 (and the event-log comparison, issue 11's
-//! event-log targets, and issue 12's relay groups and consumer groups) against the real services (PostgreSQL,
-//! NATS JetStream, RabbitMQ, a Kafka-protocol broker), prints a markdown
-//! table and writes `target/bench/results.json` (and `results.md`). Every
+//! Runs the scenarios of [`registry::SCENARIOS`] against the real services
+//! (PostgreSQL, NATS JetStream, RabbitMQ, a Kafka-protocol broker), prints a
+//! markdown table and writes `target/bench/results.json` (and `results.md`,
+//! which `cargo xtask bench` copies into BENCHMARKS.md after a run of every
+//! scenario, with the registry's fingerprint). Every
 //! throughput is reported as a ratio to ceilings measured in the same run,
 //! because absolute numbers on a shared machine move from run to run.
 //!
@@ -16,6 +17,7 @@
 )]
 
 mod probe;
+mod registry;
 mod report;
 mod run;
 mod scenarios;
@@ -24,76 +26,16 @@ mod trace;
 
 use anyhow::{bail, Result};
 use clap::Parser;
+use registry::SCENARIOS;
 use report::Report;
 use std::path::PathBuf;
 use std::time::Instant;
-
-/// The scenarios, in run order, with what each measures.
-const SCENARIOS: &[(&str, &str)] = &[
-    (
-        "drain",
-        "backlog -> relay -> no-op handler (Postgres, SQLite) vs the store's claim+settle ceiling",
-    ),
-    (
-        "brokers",
-        "backlog -> relay -> NATS / RabbitMQ / Kafka vs each broker's publish-with-ack ceiling",
-    ),
-    (
-        "naive",
-        "the naive one-at-a-time outbox (labelled) vs the relay",
-    ),
-    (
-        "latency",
-        "commit -> handler latency at 1k and 10k events/s offered: event log (NOTIFY off) and queue table (LISTEN/NOTIFY)",
-    ),
-    (
-        "producer",
-        "8 concurrent business transactions: without / with the outbox insert (queue table NOTIFY off / on, event log)",
-    ),
-    (
-        "backlog",
-        "drain rate at a 10k backlog vs the big backlog: queue table and event log; the event log's drain vs its keyset read ceiling (the same rows read in batches of 1,000)",
-    ),
-    (
-        "repeatable-read",
-        "drain with a REPEATABLE READ transaction held open vs a clean drain",
-    ),
-    ("scale-out", "1, 2 and 4 relays (shards) on one table"),
-    (
-        "event-log",
-        "event log (PgLogStore) vs queue table (PgStore): claim+settle and relay drains, clean and with a REPEATABLE READ snapshot held",
-    ),
-    (
-        "log-held-snapshot",
-        "event log: big backlog drained clean vs with a REPEATABLE READ snapshot held, then rotation: dead tuples and size of the partitions before / after",
-    ),
-    (
-        "sustained",
-        "event log: 5k events/s offered for 10 min (quick 60 s), snapshot held in the middle: p50/p99 commit -> handler and log size per window",
-    ),
-    (
-        "rotation-under-load",
-        "event log: 4 relays drain a backlog while producers commit, background rotation every 5 s (full 20 s): lateness of each rotation, the log's size",
-    ),
-    (
-        "log-scale-out",
-        "event log: 1, 2, 4 relays with static shards i/n vs a relay group (dynamic shards), and the group's time to settle",
-    ),
-    (
-        "rebalance",
-        "event log relay group under a 2k events/s producer: join a 3rd relay, kill one, stop one gracefully (ms until the shards are shared)",
-    ),
-    (
-        "fan-out",
-        "event log: one backlog drained by 1 consumer group vs 2 groups at once, and the producer's cost with 1 vs 2 groups",
-    ),
-];
 
 /// Command line.
 #[derive(Parser)]
 #[command(
     name = "outbox-bench",
-    about = "Benchmarks of the outbox relay against the real services (issue 6)."
+    about = "Benchmarks of the outbox relay against the real services."
 )]
 struct Cli {
     /// Small backlogs (100k max) and short durations: under 10 minutes.
@@ -108,6 +50,9 @@ struct Cli {
     /// Relay batch size (events per claim).
     #[arg(long, default_value_t = 1000)]
     batch: u32,
+    /// A sentence for the results header (e.g. what else the machine ran).
+    #[arg(long)]
+    note: Option<String>,
     /// List the scenarios and exit.
     #[arg(long)]
     list: bool,
@@ -237,7 +182,10 @@ fn main() -> Result<()> {
     let report = Report {
         machine,
         quick: cli.quick || cli.smoke,
+        smoke: cli.smoke,
+        note: cli.note.clone(),
         scenarios: selected.iter().map(|s| (*s).to_owned()).collect(),
+        fingerprint: registry::fingerprint(),
         duration_s: started.elapsed().as_secs_f64(),
         results: std::mem::take(&mut ctx.rows),
         failures: std::mem::take(&mut ctx.failures),

@@ -106,7 +106,13 @@ impl Row {
 pub(crate) struct Report {
     pub(crate) machine: Machine,
     pub(crate) quick: bool,
+    /// A `--smoke` run (tiny sizes, numbers meaningless).
+    pub(crate) smoke: bool,
+    /// The `--note` given for the header.
+    pub(crate) note: Option<String>,
     pub(crate) scenarios: Vec<String>,
+    /// [`crate::registry::fingerprint`] of the build that ran.
+    pub(crate) fingerprint: String,
     pub(crate) duration_s: f64,
     pub(crate) results: Vec<Row>,
     pub(crate) failures: Vec<String>,
@@ -179,6 +185,10 @@ pub(crate) fn markdown(report: &Report) -> String {
         if report.quick { "quick" } else { "full" },
         report.duration_s,
     );
+    if let Some(note) = &report.note {
+        out.push_str(note.trim());
+        out.push_str("\n\n");
+    }
     out.push_str("| Scenario | Case | Parameters | Result | Ceiling / baseline | Ratio | Target | Met | Details |\n");
     out.push_str("|---|---|---|---|---|---|---|---|---|\n");
     for r in &report.results {
@@ -266,7 +276,10 @@ mod tests {
         let report = Report {
             machine: Machine::describe(),
             quick: true,
+            smoke: false,
+            note: None,
             scenarios: vec!["drain".into()],
+            fingerprint: String::new(),
             duration_s: 1.0,
             results: vec![Row::new("drain", "pg | noop", 20_000.0, "events/s")
                 .param("backlog", 100_000)

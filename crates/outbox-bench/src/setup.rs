@@ -268,7 +268,7 @@ async fn analyze(pool: &PgPool, store: &PgStore) -> Result<()> {
 }
 
 /// A fresh schema `obench_<name>_<suffix>` with the event log
-/// ([`PgLogStore`], opt-in mode) migrated into it, and a store on it (the
+/// ([`PgLogStore`], the default mode) migrated into it, and a store on it (the
 /// product defaults otherwise: background rotation on, progress settled
 /// with `synchronous_commit = off`).
 pub(crate) async fn pg_log_store(

@@ -121,11 +121,11 @@ fn ms(d: Duration) -> f64 {
 
 /// One measured drain of the `log-scale-out` scenario.
 #[derive(Debug)]
-struct GroupDrain {
-    drained: Drained,
+pub(super) struct GroupDrain {
+    pub(super) drained: Drained,
     /// Dynamic runs: from the start until every relay held its fair share.
-    settle: Option<Duration>,
-    load_s: f64,
+    pub(super) settle: Option<Duration>,
+    pub(super) load_s: f64,
 }
 
 /// Offers [`PRODUCER_RATE`] events/s through `outbox` ([`PRODUCER_PER_TX`]
@@ -297,7 +297,12 @@ impl Ctx {
     /// store: static shards, or a relay group (timed from the start; the
     /// relays keep running after the last delivery until the group has
     /// settled, so that time is known even when the drain was shorter).
-    async fn log_group_drain(&mut self, relays: u32, dynamic: bool, n: u64) -> Result<GroupDrain> {
+    pub(super) async fn log_group_drain(
+        &mut self,
+        relays: u32,
+        dynamic: bool,
+        n: u64,
+    ) -> Result<GroupDrain> {
         let label = format!("lscale{relays}{}", if dynamic { "d" } else { "s" });
         let schema = fresh_schema(&mut self.res, &label)?;
         let observer = open_pg_log(&self.services, &schema, 2, |o| o).await?;
