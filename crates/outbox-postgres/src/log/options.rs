@@ -331,3 +331,46 @@ impl fmt::Debug for PgLogOptions {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_lease_length_drives_four_timers() {
+        let t = LeaseTimers::new(Duration::from_secs(60));
+        assert_eq!(t.renew_after(), Duration::from_secs(30));
+        assert_eq!(t.idle_renew_after(), Duration::from_secs(20));
+        assert_eq!(t.abandon_after(), Duration::from_secs(75));
+        // The announcement outlives the lease, 2 s and four rebalances.
+        assert_eq!(
+            t.alive_for(Duration::from_millis(500)),
+            Duration::from_secs(60)
+        );
+        let short = LeaseTimers::new(Duration::from_millis(300));
+        assert_eq!(
+            short.alive_for(Duration::from_millis(100)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            short.alive_for(Duration::from_secs(1)),
+            Duration::from_secs(4)
+        );
+    }
+
+    #[test]
+    fn rotation_is_checked_four_times_an_interval_within_bounds() {
+        assert_eq!(
+            rotation_check_every(Duration::from_secs(60)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            rotation_check_every(Duration::from_secs(8)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            rotation_check_every(Duration::ZERO),
+            Duration::from_millis(50)
+        );
+    }
+}

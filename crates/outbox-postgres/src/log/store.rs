@@ -19,10 +19,11 @@
 //!
 //! The SQL of all of them is `log/sql.rs`.
 
+use super::enqueue::PgLog;
+use super::group_name::GroupName;
 use super::names::LogNames;
 use super::options::{rotation_check_every, PgLogOptions};
 use super::sql::Sql;
-use super::PgLog;
 use crate::store::BackgroundTasks;
 use crate::{redact_url, StoreError};
 use context::Ctx;
@@ -121,7 +122,7 @@ impl PgLogStore {
     /// (about 1.3 ms of a 1,000-event claim), as [`PgLogStore::connect`]'s
     /// own pool does.
     pub async fn from_pool(pool: PgPool, options: PgLogOptions) -> Result<Self, StoreError> {
-        super::GroupName::new(options.group.as_str())?;
+        GroupName::new(options.group.as_str())?;
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
         let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
             .with_limits(options.pool.limits);
@@ -229,7 +230,7 @@ impl PgLogStore {
     async fn claim_inner(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
         let (ctx, relays) = (&self.inner.ctx, &self.inner.relays);
         if relays.dynamic && req.shard == ShardSpec::ALL {
-            return relays.claim(ctx, req).await;
+            return relays.claim_dynamic(ctx, req).await;
         }
         let (claim, held) = claim::claim_static(ctx, req).await?;
         relays.note_holding(&req.relay_id, false, held, req.shard.total(), 1);

@@ -134,7 +134,7 @@ async fn claim_once(
         Some(u) => u.floor,
         None => ctx
             .floors
-            .for_new_snapshot(st.boot.as_deref(), read.hi.floor),
+            .floor_for_new_snapshot(st.boot.as_deref(), read.hi.floor),
     };
     let after_seq = read.after.map_or(0, |a| a.1);
     // Where the range part of (lo, hi) resumes (in seq order).
@@ -199,7 +199,7 @@ async fn claim_once(
             "the database is a new incarnation (crash recovery or failover): \
              positions held in memory are dropped; resuming from the stored position"
         );
-        metrics::counter!(crate::log::INCARNATION_CHANGES).increment(1);
+        metrics::counter!(crate::log::metrics::INCARNATION_CHANGES).increment(1);
         ctx.cursors.lose(st);
         st.boot = None;
         return Ok(Step::Relapse);

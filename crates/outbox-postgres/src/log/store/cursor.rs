@@ -426,7 +426,7 @@ impl SeqFloors {
     /// incarnation `boot`: the latest observation of a completed claim of
     /// this store, or `fallback` (the floor of an earlier snapshot, always
     /// valid for a later one), whichever is higher.
-    pub(super) fn for_new_snapshot(&self, boot: Option<&str>, fallback: i64) -> i64 {
+    pub(super) fn floor_for_new_snapshot(&self, boot: Option<&str>, fallback: i64) -> i64 {
         let observed = self.observed.lock().unwrap_or_else(|p| p.into_inner());
         match (observed.as_ref(), boot) {
             (Some((b, s)), Some(boot)) if b == boot => (*s).max(fallback),
