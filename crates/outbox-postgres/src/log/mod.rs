@@ -127,7 +127,7 @@
 //! token its state was read under, and a lease taken records it. When it
 //! changed, the store drops its windows, leases and seq observations and
 //! resumes from the stored position (metric
-//! [`INCARNATION_CHANGES`]); what the lost asynchronous settles covered is
+//! [`INCARNATION_CHANGES`](crate::log::INCARNATION_CHANGES)); what the lost asynchronous settles covered is
 //! delivered again. A clean restart keeps unlogged tables, and loses
 //! nothing to reuse.
 //!
@@ -234,7 +234,7 @@ mod control;
 mod enqueue;
 mod group_name;
 mod groups;
-mod metrics;
+mod metric_names;
 pub(crate) mod migrate;
 pub(crate) mod names;
 mod options;
@@ -249,7 +249,7 @@ pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
 pub use groups::{
     GroupContents, GroupDrop, GroupStatus, Horizon, OldTransaction, RelayLease, SlotHold,
 };
-pub use metrics::{
+pub use metric_names::{
     INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
 };
 pub use options::{

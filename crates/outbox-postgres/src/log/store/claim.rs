@@ -199,7 +199,7 @@ async fn claim_once(
             "the database is a new incarnation (crash recovery or failover): \
              positions held in memory are dropped; resuming from the stored position"
         );
-        metrics::counter!(crate::log::metrics::INCARNATION_CHANGES).increment(1);
+        metrics::counter!(crate::log::metric_names::INCARNATION_CHANGES).increment(1);
         ctx.cursors.lose(st);
         st.boot = None;
         return Ok(Step::Relapse);

@@ -56,7 +56,7 @@ fn record_shard_lag(
     let label = |i: u32| format!("{i}/{}", key.total);
     if events.is_empty() {
         for i in &key.shards {
-            metrics::gauge!(crate::log::metrics::SHARD_LAG, "group" => group.to_owned(), "shard" => label(*i))
+            metrics::gauge!(crate::log::metric_names::SHARD_LAG, "group" => group.to_owned(), "shard" => label(*i))
                 .set(0.0);
         }
         return;
@@ -69,7 +69,7 @@ fn record_shard_lag(
     }
     for (i, at) in oldest {
         let lag = (now - at).to_std().unwrap_or_default();
-        metrics::gauge!(crate::log::metrics::SHARD_LAG, "group" => group.to_owned(), "shard" => label(i))
+        metrics::gauge!(crate::log::metric_names::SHARD_LAG, "group" => group.to_owned(), "shard" => label(i))
             .set(lag.as_secs_f64());
     }
 }
@@ -402,7 +402,7 @@ impl RelayGroups {
         let n = others.len() + 1;
         let rank = others.iter().filter(|o| o.as_str() < me).count();
         let quota = total as usize / n + usize::from(rank < total as usize % n);
-        metrics::gauge!(crate::log::metrics::SHARDS_QUOTA, "group" => ctx.group.clone())
+        metrics::gauge!(crate::log::metric_names::SHARDS_QUOTA, "group" => ctx.group.clone())
             .set(quota as f64);
 
         // Before the renewals: a lease lost while renewing is a change too.
@@ -421,7 +421,7 @@ impl RelayGroups {
         let held = m.held();
         m.short = held.len() < quota || held != before || others != m.others;
         m.others = others;
-        metrics::gauge!(crate::log::metrics::SHARDS_HELD, "group" => ctx.group.clone())
+        metrics::gauge!(crate::log::metric_names::SHARDS_HELD, "group" => ctx.group.clone())
             .set(held.len() as f64);
         m.quota = u32::try_from(quota).unwrap_or(total);
         m.total = total;

@@ -111,7 +111,7 @@ pub(super) async fn rotate_once(
         partition = target,
         "rotated the outbox event log"
     );
-    metrics::counter!(crate::log::metrics::ROTATIONS).increment(1);
+    metrics::counter!(crate::log::metric_names::ROTATIONS).increment(1);
     Ok(Rotation::Rotated {
         generation,
         rotations,
@@ -172,9 +172,9 @@ pub(super) async fn rotate_forever(
             .await
         {
             Ok((lane, parked)) => {
-                metrics::gauge!(crate::log::metrics::LANE_EVENTS, "group" => group.clone())
+                metrics::gauge!(crate::log::metric_names::LANE_EVENTS, "group" => group.clone())
                     .set(lane as f64);
-                metrics::gauge!(crate::log::metrics::PARKED_KEYS, "group" => group.clone())
+                metrics::gauge!(crate::log::metric_names::PARKED_KEYS, "group" => group.clone())
                     .set(parked as f64);
             }
             Err(e) => tracing::debug!(error = %e, "counting the retry lane failed"),
