@@ -15,7 +15,7 @@ use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use outbox_core::backend::{
     Descriptor, InvalidSetting, Role, Setting, SettingKind, SettingValue, Settings,
 };
-use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec};
+use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec, DEFAULT_GROUP};
 use outbox_worker::RelayOptions;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -31,9 +31,6 @@ const CONFIG_KEY: &str = "config";
 const SINK_KEY: &str = "sink";
 const GROUP_KEY: &str = "group";
 const START_FROM_KEY: &str = "start_from";
-/// The group of relays that name none (`outbox_postgres::DEFAULT_GROUP`;
-/// the `default_group_is_the_stores` test keeps them equal).
-pub(crate) const DEFAULT_GROUP: &str = "default";
 
 /// Where the store is: every command that talks to one.
 const STORE: &[Setting] = &[
@@ -818,12 +815,6 @@ mod tests {
         let r = resolved("sink = \"stdout\"\nbatch_size = \"lots\"").unwrap();
         let err = run_config(&r).unwrap_err().to_string();
         assert!(err.contains("`batch_size` in outbox.toml"), "{err}");
-    }
-
-    #[cfg(feature = "postgres")]
-    #[test]
-    fn default_group_is_the_stores() {
-        assert_eq!(DEFAULT_GROUP, outbox_core::DEFAULT_GROUP);
     }
 
     #[cfg(feature = "postgres")]

@@ -2,7 +2,7 @@
 //! one row per group in `<table>_log_control` (migration 4). Any group may
 //! be paused, also one whose relays have not started yet.
 
-use super::PgLogStore;
+use super::store::PgLogStore;
 use crate::control::{control_store, ControlSql};
 
 impl PgLogStore {

@@ -5,107 +5,18 @@
 //! Everything here reads or deletes rows of one outbox through the store's
 //! pool and names; nothing here is on the claim or settle path.
 
+use super::group_name::GroupName;
 use super::names::PARTITIONS;
-use super::snapshot::Snap;
-use super::{LogStatus, PgLogOptions, PgLogStore};
+use super::options::PgLogOptions;
+use super::sql::{
+    BEHIND, BEHIND_PARTITION, CONTENTS, DEAD_BY_CODE, GROUP_DELETE, GROUP_NAMES,
+    GROUP_OWNERS_FOR_UPDATE, INCOMPLETE, OLDEST_TRANSACTION, PREPARED, RELAYS, SLOTS,
+};
+use super::store::{LogStatus, PgLogStore};
 use crate::StoreError;
 use sqlx::Row;
 use std::collections::BTreeMap;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
-
-/// Longest group name, in bytes.
-pub const MAX_GROUP_NAME_BYTES: usize = 63;
-
-/// A consumer group's name: 1 to 63 ASCII letters, digits, `_`, `-` or `.`,
-/// starting with a letter or a digit (`kafka-export`, `projections.v2`).
-/// Names are bound as query parameters, never interpolated; the rule keeps
-/// them readable in logs, metric labels and command lines.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct GroupName(String);
-
-/// Why a group name was refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum InvalidGroupName {
-    /// The name is empty.
-    #[error("a consumer group name cannot be empty")]
-    Empty,
-    /// The name is longer than [`MAX_GROUP_NAME_BYTES`].
-    #[error("consumer group name is {len} bytes long; at most {MAX_GROUP_NAME_BYTES} are allowed")]
-    TooLong {
-        /// Its length in bytes.
-        len: usize,
-    },
-    /// The name holds a character outside the allowed set.
-    #[error(
-        "consumer group name {name:?} holds {ch:?} at position {at}: use ASCII letters, digits, `_`, `-` and `.`"
-    )]
-    Character {
-        /// The name.
-        name: String,
-        /// The refused character.
-        ch: char,
-        /// Its position (in characters, from 0).
-        at: usize,
-    },
-    /// The name does not start with a letter or a digit.
-    #[error("consumer group name {name:?} must start with an ASCII letter or digit")]
-    Start {
-        /// The name.
-        name: String,
-    },
-}
-
-impl GroupName {
-    /// Checks `name` (see [`GroupName`]).
-    pub fn new(name: impl Into<String>) -> Result<Self, InvalidGroupName> {
-        let name = name.into();
-        if name.is_empty() {
-            return Err(InvalidGroupName::Empty);
-        }
-        if let Some((at, ch)) = name
-            .chars()
-            .enumerate()
-            .find(|(_, c)| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.')))
-        {
-            return Err(InvalidGroupName::Character { name, ch, at });
-        }
-        if name.len() > MAX_GROUP_NAME_BYTES {
-            return Err(InvalidGroupName::TooLong { len: name.len() });
-        }
-        if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
-            return Err(InvalidGroupName::Start { name });
-        }
-        Ok(Self(name))
-    }
-
-    /// The name.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for GroupName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl FromStr for GroupName {
-    type Err = InvalidGroupName;
-
-    fn from_str(s: &str) -> Result<Self, InvalidGroupName> {
-        Self::new(s)
-    }
-}
-
-impl AsRef<str> for GroupName {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
 
 /// One consumer group's progress (see [`PgLogStore::groups`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -247,68 +158,6 @@ pub struct Horizon {
     pub oldest_prepared: Option<Duration>,
 }
 
-/// Every group that has cursors, a retry lane or dead letters.
-const GROUP_NAMES: &str = "\
-SELECT grp FROM {{cursors}} UNION SELECT grp FROM {{lane}} UNION SELECT grp FROM {{dead}}
-ORDER BY 1";
-
-const DEAD_BY_CODE: &str = "\
-SELECT last_error_code, count(*) FROM {{dead}} WHERE grp = $1 GROUP BY 1 ORDER BY 1";
-
-const CONTENTS: &str = "\
-SELECT (SELECT count(*) FROM {{cursors}} WHERE grp = $1),
-       (SELECT count(*) FROM {{lane}} WHERE grp = $1),
-       (SELECT count(*) FROM {{dead}} WHERE grp = $1),
-       ARRAY(SELECT DISTINCT owner FROM {{cursors}}
-             WHERE grp = $1 AND owner IS NOT NULL AND lease_until > now() ORDER BY 1)";
-
-/// The cursors of `$1` that have not passed every row of partition
-/// `{{part}}` (the predicate of the rotation's own check, per cursor).
-const BEHIND: &str = "\
-SELECT c.shard_total, c.shard_index FROM {{cursors}} c WHERE c.grp = $1 AND {{behind}}
-ORDER BY 1, 2";
-
-/// Shard layouts of `$1` with cursors for only some of their shards.
-const INCOMPLETE: &str = "\
-SELECT shard_total, count(*) FROM {{cursors}} WHERE grp = $1
-GROUP BY shard_total HAVING count(*) < shard_total ORDER BY 1";
-
-/// Creates every cursor of layout `$2` for group `$1` at the current
-/// snapshot (those that exist are kept) and returns that snapshot.
-const CREATE_AT_NOW: &str = "\
-WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS snap),
-ins AS (
-    INSERT INTO {{cursors}} (grp, shard_total, shard_index, lo, hi)
-    SELECT $1, $2, i, s.snap, s.snap FROM s, generate_series(0, $2 - 1) AS i
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-)
-SELECT s.snap::text, (SELECT count(*) FROM ins) FROM s";
-
-const RELAYS: &str = "\
-SELECT owner, grp, shard_total, shard_index FROM {{cursors}}
-WHERE owner IS NOT NULL AND lease_until > now()
-ORDER BY owner, grp, shard_total, shard_index";
-
-/// The oldest open transaction with a snapshot or an id, other than ours.
-const OLDEST_TRANSACTION: &str = "\
-SELECT (extract(epoch FROM (now() - xact_start)) * 1000000)::bigint, pid,
-       coalesce(application_name, ''), state, backend_xid IS NOT NULL
-FROM pg_stat_activity
-WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
-  AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
-ORDER BY xact_start LIMIT 1";
-
-const SLOTS: &str = "\
-SELECT slot_name::text, slot_type, active,
-       CASE WHEN xmin IS NULL THEN NULL ELSE age(xmin)::bigint END,
-       CASE WHEN catalog_xmin IS NULL THEN NULL ELSE age(catalog_xmin)::bigint END
-FROM pg_replication_slots ORDER BY slot_name";
-
-const PREPARED: &str = "\
-SELECT count(*), (extract(epoch FROM (now() - min(prepared))) * 1000000)::bigint
-FROM pg_prepared_xacts";
-
 fn count(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
@@ -320,21 +169,6 @@ fn micros(us: Option<i64>) -> Option<Duration> {
 impl PgLogStore {
     fn render(&self, sql: &str) -> String {
         self.log().names.render(sql)
-    }
-
-    /// Creates every cursor of a new group's shard layout (`total` shards)
-    /// at the current snapshot ([`GroupStart::Now`](super::GroupStart::Now)),
-    /// keeping those another relay created meanwhile; returns the snapshot.
-    /// All shards at once: a relay of another shard that starts a moment
-    /// later finds its cursor instead of starting from the log's origin.
-    pub(super) async fn create_group_at_now(&self, total: u32) -> Result<Snap, StoreError> {
-        let (text, created): (String, i64) = sqlx::query_as(&self.render(CREATE_AT_NOW))
-            .bind(self.group())
-            .bind(i32::try_from(total).unwrap_or(i32::MAX))
-            .fetch_one(self.pool())
-            .await?;
-        tracing::info!(group = %self.group(), shards = total, created, "new consumer group starts now");
-        Snap::parse(&text).map_err(|e| StoreError::Database(sqlx::Error::Decode(e.into())))
     }
 
     /// The same outbox as seen by consumer group `group`, on this store's
@@ -411,7 +245,7 @@ impl PgLogStore {
         let target = usize::try_from((generation + 1).rem_euclid(PARTITIONS as i64)).unwrap_or(0);
         let sql = self.render(
             &BEHIND
-                .replace("{{behind}}", super::sql::BEHIND_PARTITION)
+                .replace("{{behind}}", BEHIND_PARTITION)
                 .replace("{{part}}", &self.log().names.partition(target)),
         );
         let behind: Vec<(i32, i32)> = sqlx::query_as(&sql)
@@ -453,13 +287,11 @@ impl PgLogStore {
     /// [`PgLogOptions::with_new_group_start`]).
     pub async fn drop_group(&self, group: &str, force: bool) -> Result<GroupDrop, StoreError> {
         let mut tx = self.pool().begin().await?;
-        let owners: Vec<(Option<String>, bool)> = sqlx::query_as(&self.render(
-            "SELECT owner, coalesce(lease_until > now(), false) FROM {{cursors}}
-             WHERE grp = $1 ORDER BY owner FOR UPDATE",
-        ))
-        .bind(group)
-        .fetch_all(&mut *tx)
-        .await?;
+        let owners: Vec<(Option<String>, bool)> =
+            sqlx::query_as(&self.render(GROUP_OWNERS_FOR_UPDATE))
+                .bind(group)
+                .fetch_all(&mut *tx)
+                .await?;
         let mut leased_by: Vec<String> = owners
             .into_iter()
             .filter_map(|(owner, current)| owner.filter(|_| current))
@@ -469,8 +301,8 @@ impl PgLogStore {
             return Ok(GroupDrop::Leased { by: leased_by });
         }
         let mut deleted = [0u64; 3];
-        for (i, table) in ["{{cursors}}", "{{lane}}", "{{dead}}"].iter().enumerate() {
-            deleted[i] = sqlx::query(&self.render(&format!("DELETE FROM {table} WHERE grp = $1")))
+        for (i, sql) in GROUP_DELETE.iter().enumerate() {
+            deleted[i] = sqlx::query(&self.render(sql))
                 .bind(group)
                 .execute(&mut *tx)
                 .await?
@@ -549,47 +381,5 @@ impl PgLogStore {
             prepared: count(prepared),
             oldest_prepared: micros(oldest_prepared),
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn group_names_are_checked() {
-        for ok in ["default", "kafka-export", "projections.v2", "A_1", "9"] {
-            assert_eq!(GroupName::new(ok).unwrap().as_str(), ok);
-        }
-        assert_eq!(GroupName::new(""), Err(InvalidGroupName::Empty));
-        let e = GroupName::new("a b").unwrap_err();
-        assert_eq!(
-            e,
-            InvalidGroupName::Character {
-                name: "a b".into(),
-                ch: ' ',
-                at: 1
-            }
-        );
-        assert!(e.to_string().contains("' ' at position 1"), "{e}");
-        assert!(matches!(
-            GroupName::new("x\"; DROP TABLE y; --"),
-            Err(InvalidGroupName::Character { ch: '"', .. })
-        ));
-        assert!(matches!(
-            GroupName::new("-x"),
-            Err(InvalidGroupName::Start { .. })
-        ));
-        assert!(matches!(
-            GroupName::new("é"),
-            Err(InvalidGroupName::Character {
-                ch: 'é', at: 0, ..
-            })
-        ));
-        assert!(GroupName::new("g".repeat(63)).is_ok());
-        assert_eq!(
-            GroupName::new("g".repeat(64)),
-            Err(InvalidGroupName::TooLong { len: 64 })
-        );
     }
 }

@@ -127,7 +127,7 @@
 //! token its state was read under, and a lease taken records it. When it
 //! changed, the store drops its windows, leases and seq observations and
 //! resumes from the stored position (metric
-//! [`INCARNATION_CHANGES`]); what the lost asynchronous settles covered is
+//! [`INCARNATION_CHANGES`](crate::log::INCARNATION_CHANGES)); what the lost asynchronous settles covered is
 //! delivered again. A clean restart keeps unlogged tables, and loses
 //! nothing to reuse.
 //!
@@ -232,7 +232,9 @@
 
 mod control;
 mod enqueue;
+mod group_name;
 mod groups;
+mod metric_names;
 pub(crate) mod migrate;
 pub(crate) mod names;
 mod options;
@@ -243,32 +245,12 @@ mod store;
 pub(crate) use enqueue::PgLog;
 pub use migrate::LOG_MIGRATIONS;
 
-/// Counter: rotations of the event log (a partition truncated and reused),
-/// counted by the process that rotated.
-pub const ROTATIONS: &str = "outbox_log_rotations_total";
-/// Counter: times this process found the database to be a new incarnation
-/// (crash recovery or a promoted standby) and dropped the positions it held
-/// in memory, counted once per cursor.
-pub const INCARNATION_CHANGES: &str = "outbox_log_incarnation_changes_total";
-/// Gauge, label `group`: events in the retry lane (retrying, released, or
-/// parked behind an earlier event of their key). Updated by the background
-/// rotation task.
-pub const LANE_EVENTS: &str = "outbox_log_lane_events";
-/// Gauge, label `group`: keys held back behind an earlier event of theirs in
-/// the retry lane. Updated by the background rotation task.
-pub const PARKED_KEYS: &str = "outbox_log_parked_keys";
-/// Gauge, label `group`: virtual shards whose cursor lease this process's
-/// relay holds (relay groups, see [`PgLogOptions::with_dynamic_shards`]).
-pub const SHARDS_HELD: &str = "outbox_relay_shards_held";
-/// Gauge, labels `group`, `shard` (`i/S`): age of the oldest event of that
-/// virtual shard in the last batch claimed of it (0 once its set read
-/// everything committed). Set by the relay holding the shard.
-pub const SHARD_LAG: &str = "outbox_virtual_shard_lag_seconds";
-/// Gauge, label `group`: the relay's fair share of the virtual shards.
-pub const SHARDS_QUOTA: &str = "outbox_relay_shards_fair_share";
+pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
 pub use groups::{
-    GroupContents, GroupDrop, GroupName, GroupStatus, Horizon, InvalidGroupName, OldTransaction,
-    RelayLease, SlotHold, MAX_GROUP_NAME_BYTES,
+    GroupContents, GroupDrop, GroupStatus, Horizon, OldTransaction, RelayLease, SlotHold,
+};
+pub use metric_names::{
+    INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
 };
 pub use options::{
     DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,

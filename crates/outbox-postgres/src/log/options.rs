@@ -13,6 +13,64 @@ pub const DEFAULT_ROTATION_INTERVAL: Duration = Duration::from_secs(60);
 /// Default [`PgLogOptions::with_rebalance_interval`].
 pub const DEFAULT_REBALANCE_INTERVAL: Duration = Duration::from_millis(500);
 
+/// How long a relay's announcement in its relay group lasts without
+/// renewal, at least (see [`LeaseTimers::alive_for`]).
+const MIN_ALIVE: Duration = Duration::from_secs(2);
+
+/// The timers that one cursor lease length drives, in one place. A relay
+/// asks for a lease of `lease` with every claim
+/// ([`ClaimRequest::lease`](outbox_core::ClaimRequest::lease)); the store
+/// derives four timers from it, each a fraction or a multiple chosen so
+/// that the relay's own deadline (the claim's send time plus `lease`, see
+/// `outbox-worker`'s lease tracking) is never reached by the store first:
+///
+/// | timer | value | why |
+/// | --- | --- | --- |
+/// | [`renew_after`](Self::renew_after) | `lease / 2` | a claim renews its cursor lease once half of it has passed: one UPDATE at most per half lease, not per claim, with half a lease to spare |
+/// | [`idle_renew_after`](Self::idle_renew_after) | `lease / 3` | a relay group's rebalance (every rebalance interval) renews the sets no claim visited lately, early enough that two missed rebalances do not lose them |
+/// | [`abandon_after`](Self::abandon_after) | `lease + lease / 4` | a batch neither settled nor renewed by then was given up by the relay (its settle failed until its own deadline): its events are read again; a quarter lease to spare past the relay's deadline |
+/// | [`alive_for`](Self::alive_for) | `max(lease, 2 s, 4 × rebalance interval)` | a relay's announcement in its relay group: it outlives the relay's leases and a few rebalances, so a relay is not counted out between two of its rebalances |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseTimers {
+    lease: Duration,
+}
+
+impl LeaseTimers {
+    /// The timers of a cursor lease of length `lease`.
+    pub(crate) fn new(lease: Duration) -> Self {
+        Self { lease }
+    }
+
+    /// A claim renews its cursor lease once this much of it has passed.
+    pub(crate) fn renew_after(self) -> Duration {
+        self.lease / 2
+    }
+
+    /// A relay group's rebalance renews a cursor set no claim visited for
+    /// this long.
+    pub(crate) fn idle_renew_after(self) -> Duration {
+        self.lease / 3
+    }
+
+    /// A batch claimed or renewed now counts as given up this long from
+    /// now when it still holds events.
+    pub(crate) fn abandon_after(self) -> Duration {
+        self.lease + self.lease / 4
+    }
+
+    /// How long a relay's announcement in its relay group lasts, with the
+    /// group's rebalance interval `rebalance_every`.
+    pub(crate) fn alive_for(self, rebalance_every: Duration) -> Duration {
+        self.lease.max(MIN_ALIVE).max(rebalance_every * 4)
+    }
+}
+
+/// How often the background rotation of a store looks whether rotation is
+/// due: a quarter of the rotation interval, between 50 ms and 10 s.
+pub(crate) fn rotation_check_every(rotation_interval: Duration) -> Duration {
+    (rotation_interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(10))
+}
+
 /// What happens to the later events of a key once its head event was
 /// dead-lettered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -271,5 +329,48 @@ impl fmt::Debug for PgLogOptions {
             .field("probe_max", &self.probe_max)
             .field("durable_progress", &self.durable_progress)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_lease_length_drives_four_timers() {
+        let t = LeaseTimers::new(Duration::from_secs(60));
+        assert_eq!(t.renew_after(), Duration::from_secs(30));
+        assert_eq!(t.idle_renew_after(), Duration::from_secs(20));
+        assert_eq!(t.abandon_after(), Duration::from_secs(75));
+        // The announcement outlives the lease, 2 s and four rebalances.
+        assert_eq!(
+            t.alive_for(Duration::from_millis(500)),
+            Duration::from_secs(60)
+        );
+        let short = LeaseTimers::new(Duration::from_millis(300));
+        assert_eq!(
+            short.alive_for(Duration::from_millis(100)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            short.alive_for(Duration::from_secs(1)),
+            Duration::from_secs(4)
+        );
+    }
+
+    #[test]
+    fn rotation_is_checked_four_times_an_interval_within_bounds() {
+        assert_eq!(
+            rotation_check_every(Duration::from_secs(60)),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            rotation_check_every(Duration::from_secs(8)),
+            Duration::from_secs(2)
+        );
+        assert_eq!(
+            rotation_check_every(Duration::ZERO),
+            Duration::from_millis(50)
+        );
     }
 }

@@ -608,6 +608,101 @@ SELECT count(*),
            SELECT 1 FROM {{lane}} h WHERE h.grp = l.grp AND h.key = l.key AND h.ord < l.ord))
 FROM {{lane}} l WHERE l.grp = $1";
 
+// Consumer groups (`groups.rs`), rendered there.
+
+/// Every group that has cursors, a retry lane or dead letters.
+pub(super) const GROUP_NAMES: &str = "\
+SELECT grp FROM {{cursors}} UNION SELECT grp FROM {{lane}} UNION SELECT grp FROM {{dead}}
+ORDER BY 1";
+
+/// A group's dead letters by error code.
+pub(super) const DEAD_BY_CODE: &str = "\
+SELECT last_error_code, count(*) FROM {{dead}} WHERE grp = $1 GROUP BY 1 ORDER BY 1";
+
+/// What a group holds: cursors, lane rows, dead letters, current lease holders.
+pub(super) const CONTENTS: &str = "\
+SELECT (SELECT count(*) FROM {{cursors}} WHERE grp = $1),
+       (SELECT count(*) FROM {{lane}} WHERE grp = $1),
+       (SELECT count(*) FROM {{dead}} WHERE grp = $1),
+       ARRAY(SELECT DISTINCT owner FROM {{cursors}}
+             WHERE grp = $1 AND owner IS NOT NULL AND lease_until > now() ORDER BY 1)";
+
+/// The cursors of `$1` that have not passed every row of partition
+/// `{{part}}` (the predicate of the rotation's own check, per cursor).
+pub(super) const BEHIND: &str = "\
+SELECT c.shard_total, c.shard_index FROM {{cursors}} c WHERE c.grp = $1 AND {{behind}}
+ORDER BY 1, 2";
+
+/// Shard layouts of `$1` with cursors for only some of their shards.
+pub(super) const INCOMPLETE: &str = "\
+SELECT shard_total, count(*) FROM {{cursors}} WHERE grp = $1
+GROUP BY shard_total HAVING count(*) < shard_total ORDER BY 1";
+
+/// The relays holding a current lease on a cursor (every group).
+pub(super) const RELAYS: &str = "\
+SELECT owner, grp, shard_total, shard_index FROM {{cursors}}
+WHERE owner IS NOT NULL AND lease_until > now()
+ORDER BY owner, grp, shard_total, shard_index";
+
+/// The oldest open transaction with a snapshot or an id, other than ours.
+pub(super) const OLDEST_TRANSACTION: &str = "\
+SELECT (extract(epoch FROM (now() - xact_start)) * 1000000)::bigint, pid,
+       coalesce(application_name, ''), state, backend_xid IS NOT NULL
+FROM pg_stat_activity
+WHERE xact_start IS NOT NULL AND pid <> pg_backend_pid()
+  AND (backend_xid IS NOT NULL OR backend_xmin IS NOT NULL)
+ORDER BY xact_start LIMIT 1";
+
+/// The replication slots and the age of their horizons.
+pub(super) const SLOTS: &str = "\
+SELECT slot_name::text, slot_type, active,
+       CASE WHEN xmin IS NULL THEN NULL ELSE age(xmin)::bigint END,
+       CASE WHEN catalog_xmin IS NULL THEN NULL ELSE age(catalog_xmin)::bigint END
+FROM pg_replication_slots ORDER BY slot_name";
+
+/// Prepared transactions: how many, and the age of the oldest.
+pub(super) const PREPARED: &str = "\
+SELECT count(*), (extract(epoch FROM (now() - min(prepared))) * 1000000)::bigint
+FROM pg_prepared_xacts";
+
+/// A group's cursor rows locked for [`drop_group`](super::PgLogStore::drop_group):
+/// their lease holders and whether each lease is current.
+pub(super) const GROUP_OWNERS_FOR_UPDATE: &str = "\
+SELECT owner, coalesce(lease_until > now(), false) FROM {{cursors}}
+WHERE grp = $1 ORDER BY owner FOR UPDATE";
+
+/// What [`drop_group`](super::PgLogStore::drop_group) deletes, in order:
+/// the group's cursors, retry lane and dead letters.
+pub(super) const GROUP_DELETE: [&str; 3] = [
+    "DELETE FROM {{cursors}} WHERE grp = $1",
+    "DELETE FROM {{lane}} WHERE grp = $1",
+    "DELETE FROM {{dead}} WHERE grp = $1",
+];
+
+/// The dead letters of group `$1`.
+const DEAD_COUNT: &str = "SELECT count(*) FROM {{dead}} WHERE grp = $1";
+
+/// The relays of group `$1` and the virtual shards (of `$2`) whose lease
+/// each holds.
+const RELAY_GROUP: &str = "\
+SELECT r.relay, r.seen_until > now(),
+       ARRAY(SELECT c.shard_index FROM {{cursors}} c
+             WHERE c.grp = r.grp AND c.owner = r.relay AND c.shard_total = $2
+               AND c.lease_until > now() ORDER BY c.shard_index)
+FROM {{relays}} r WHERE r.grp = $1 ORDER BY r.relay";
+
+/// Creates every cursor of layout `$2` for group `$1` at the current
+/// snapshot (those that exist are kept) and returns that snapshot.
+const CREATE_AT_NOW: &str = "\
+WITH s AS MATERIALIZED (SELECT pg_current_snapshot() AS snap),
+ins AS (
+    INSERT INTO {{cursors}} (grp, shard_total, shard_index, lo, hi)
+    SELECT $1, $2, i, s.snap, s.snap FROM s, generate_series(0, $2 - 1) AS i
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT s.snap::text, (SELECT count(*) FROM ins) FROM s";
+
 /// Probe of the wake-up loop: the current snapshot.
 pub(crate) const PROBE: &str = "SELECT pg_current_snapshot()::text";
 
@@ -661,6 +756,9 @@ pub(crate) struct Sql {
     pub(crate) status: String,
     pub(crate) lane_gauges: String,
     pub(crate) oldest_writer: &'static str,
+    pub(crate) create_at_now: String,
+    pub(crate) dead_count: String,
+    pub(crate) relay_group: String,
 }
 
 /// The largest shard layout whose claim tests keys against a bit mask
@@ -781,6 +879,9 @@ impl Sql {
             status: names.render(STATUS),
             lane_gauges: names.render(LANE_GAUGES),
             oldest_writer: OLDEST_WRITER,
+            create_at_now: names.render(CREATE_AT_NOW),
+            dead_count: names.render(DEAD_COUNT),
+            relay_group: names.render(RELAY_GROUP),
         }
     }
 }

@@ -5,8 +5,9 @@
 //! unless changed); a key belongs to virtual shard `key_hash % S`, and each
 //! consumer group has one cursor per virtual shard. A relay of the group:
 //!
-//! - announces itself in `<table>_log_relays` (alive until `now() + lease`,
-//!   renewed every rebalance interval) and reads who else is alive;
+//! - announces itself in `<table>_log_relays` (alive for
+//!   [`LeaseTimers::alive_for`], renewed every rebalance interval) and
+//!   reads who else is alive;
 //! - computes its fair share: `S / n`, plus one for the first `S % n`
 //!   relays in id order, so the shares add up to `S` exactly;
 //! - below its share, takes the leases of free cursors (never leased, given
@@ -26,14 +27,19 @@
 //! separate sets; a round of claims over the sets shares one snapshot, so
 //! sets that catch up end at the same position and are merged when idle.
 
-use super::{empty_claim, micros, position, row_skip_list, CursorKey, CursorState, PgLogStore};
+use super::claim;
+use super::context::Ctx;
+use super::cursor::{CursorKey, Granted};
+use super::lease;
+use super::rows::{empty_claim, micros, position, row_skip_list};
+use crate::log::options::{GroupStart, LeaseTimers};
 use crate::log::snapshot::Snap;
 use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, ClaimRequest, RelayId};
 use sqlx::Row;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
@@ -41,7 +47,7 @@ use uuid::Uuid;
 /// shards of `key` that `events` (a claimed batch) has events of: the age of
 /// the oldest at `now` (database clock); with no events (the set read
 /// everything committed), 0 for every shard of the set.
-pub(super) fn record_shard_lag(
+fn record_shard_lag(
     group: &str,
     key: &CursorKey,
     events: &[outbox_core::Event],
@@ -50,7 +56,7 @@ pub(super) fn record_shard_lag(
     let label = |i: u32| format!("{i}/{}", key.total);
     if events.is_empty() {
         for i in &key.shards {
-            metrics::gauge!(crate::log::SHARD_LAG, "group" => group.to_owned(), "shard" => label(*i))
+            metrics::gauge!(crate::log::metric_names::SHARD_LAG, "group" => group.to_owned(), "shard" => label(*i))
                 .set(0.0);
         }
         return;
@@ -63,17 +69,10 @@ pub(super) fn record_shard_lag(
     }
     for (i, at) in oldest {
         let lag = (now - at).to_std().unwrap_or_default();
-        metrics::gauge!(crate::log::SHARD_LAG, "group" => group.to_owned(), "shard" => label(i))
+        metrics::gauge!(crate::log::metric_names::SHARD_LAG, "group" => group.to_owned(), "shard" => label(i))
             .set(lag.as_secs_f64());
     }
 }
-
-/// How often a cursor set's per-shard lag gauges are set, at most: a gauge
-/// read every few seconds by a scraper needs no update per batch.
-pub(super) const LAG_EVERY: Duration = Duration::from_secs(1);
-
-/// How long a relay's announcement lasts without renewal, at least.
-const MIN_ALIVE: Duration = Duration::from_secs(2);
 
 /// A relay rebalances again after 1/`SHORT_RECHECK` of the rebalance
 /// interval while its group is changing: when it is below its fair share,
@@ -117,7 +116,7 @@ impl Membership {
 }
 
 /// The shard leases one relay of this process held at its last claim, as
-/// [`PgLogStore::lease_holding`] reports them: read from the process's
+/// [`PgLogStore::lease_holding`](super::PgLogStore::lease_holding) reports them: read from the process's
 /// memory, so a health check costs no query.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LeaseHolding {
@@ -163,21 +162,50 @@ pub struct RelayInfo {
     pub virtual_shards: u32,
 }
 
-impl PgLogStore {
+/// The relay groups of a store (shared by its clones): the place of each
+/// relay of this process in its group, and the leases each relay held at
+/// its last claim.
+pub(super) struct RelayGroups {
+    /// Relays claiming `ShardSpec::ALL` join the group's relay group.
+    pub(super) dynamic: bool,
+    rebalance_every: Duration,
+    /// Per relay of this process: its place in the relay group.
+    members: Mutex<HashMap<RelayId, Arc<tokio::sync::Mutex<Membership>>>>,
+    /// Per relay of this process: the shard leases it held at its last
+    /// claim (read by [`RelayGroups::lease_holding`] without a query).
+    holdings: Mutex<HashMap<RelayId, LeaseHolding>>,
+    /// The outbox's virtual shard count, read once.
+    virtual_shards: tokio::sync::OnceCell<u32>,
+    /// When a relay-group member of this store that is not settled (below
+    /// its fair share, or its holding or its group just changed) wants to
+    /// rebalance again: the wake-up fires then, whatever the log did, so an
+    /// idle member does not wait out its idle backoff to take its share.
+    recheck_at: Mutex<Option<Instant>>,
+}
+
+impl RelayGroups {
+    /// Relay groups on (`dynamic`) or off, rebalancing every `rebalance_every`.
+    pub(super) fn new(dynamic: bool, rebalance_every: Duration) -> Self {
+        RelayGroups {
+            dynamic,
+            rebalance_every,
+            members: Mutex::new(HashMap::new()),
+            holdings: Mutex::new(HashMap::new()),
+            virtual_shards: tokio::sync::OnceCell::new(),
+            recheck_at: Mutex::new(None),
+        }
+    }
+
     /// The shard leases `relay` (a relay of this process) held at its last
     /// claim: no query, so a readiness probe may call it at any rate.
     /// `None` before its first claim and after it left
     /// ([`Store::leave`](outbox_core::Store::leave)).
-    pub fn lease_holding(&self, relay: &RelayId) -> Option<LeaseHolding> {
-        let map = self
-            .inner
-            .holdings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+    pub(super) fn lease_holding(&self, relay: &RelayId) -> Option<LeaseHolding> {
+        let map = self.holdings.lock().unwrap_or_else(|p| p.into_inner());
         map.get(relay).cloned()
     }
 
-    /// Records what `relay` holds now (see [`PgLogStore::lease_holding`]).
+    /// Records what `relay` holds now (see [`RelayGroups::lease_holding`]).
     pub(super) fn note_holding(
         &self,
         relay: &RelayId,
@@ -186,11 +214,7 @@ impl PgLogStore {
         total: u32,
         fair_share: u32,
     ) {
-        let mut map = self
-            .inner
-            .holdings
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut map = self.holdings.lock().unwrap_or_else(|p| p.into_inner());
         let since = map.get(relay).and_then(|h| h.held_none_since);
         let held_none_since =
             (shards.is_empty() && fair_share > 0).then(|| since.unwrap_or_else(Instant::now));
@@ -210,17 +234,16 @@ impl PgLogStore {
     }
 
     fn membership(&self, relay: &RelayId) -> Arc<tokio::sync::Mutex<Membership>> {
-        let mut map = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.members.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(map.entry(relay.clone()).or_default())
     }
 
     /// The outbox's virtual shard count.
-    pub(super) async fn virtual_shards(&self) -> Result<u32, StoreError> {
-        self.inner
-            .virtual_shards
+    pub(super) async fn virtual_shards(&self, ctx: &Ctx) -> Result<u32, StoreError> {
+        self.virtual_shards
             .get_or_try_init(|| async {
-                let n: i32 = sqlx::query_scalar(&self.inner.sql.virtual_shards)
-                    .fetch_one(&self.inner.pool)
+                let n: i32 = sqlx::query_scalar(&ctx.sql.virtual_shards)
+                    .fetch_one(&ctx.pool)
                     .await?;
                 Ok::<u32, StoreError>(u32::try_from(n).unwrap_or(1).max(1))
             })
@@ -230,23 +253,27 @@ impl PgLogStore {
 
     /// A claim of a relay-group member: over the sets it holds, round-robin,
     /// the first that has events.
-    pub(super) async fn claim_dynamic(&self, req: &ClaimRequest) -> Result<Claim, StoreError> {
+    pub(super) async fn claim_dynamic(
+        &self,
+        ctx: &Ctx,
+        req: &ClaimRequest,
+    ) -> Result<Claim, StoreError> {
         let cell = self.membership(&req.relay_id);
         let mut m = cell.lock().await;
         let every = if m.short {
-            self.inner.rebalance_every / SHORT_RECHECK
+            self.rebalance_every / SHORT_RECHECK
         } else {
-            self.inner.rebalance_every
+            self.rebalance_every
         };
         let due = m.shrinking.is_some() || m.checked.is_none_or(|t| t.elapsed() >= every);
         if due {
-            self.rebalance(&mut m, req).await?;
+            self.rebalance(ctx, &mut m, req).await?;
         }
         if m.short {
             // Not settled: the wake-up brings this relay back for its next
             // rebalance even if it holds nothing to read meanwhile.
             let since = m.checked.unwrap_or_else(Instant::now);
-            self.recheck_by(since + self.inner.rebalance_every / SHORT_RECHECK);
+            self.recheck_by(since + self.rebalance_every / SHORT_RECHECK);
         }
         let n = m.sets.len();
         let mut upto: Option<(Snap, String)> = None;
@@ -260,16 +287,24 @@ impl PgLogStore {
             if m.shrinking.as_ref() == Some(&key) {
                 continue;
             }
-            let Some(st_cell) = self.cell(&key) else {
+            let Some(st_cell) = ctx.cursors.cell(&key) else {
                 lost.push(key);
                 continue;
             };
             let mut st = st_cell.lock().await;
             // Only a snapshot taken by this round's claims is shared.
             st.last_cur = None;
-            match self.claim_key(&key, &mut st, req, upto.as_ref()).await? {
+            match claim::claim_key(ctx, &key, &mut st, req, upto.as_ref()).await? {
                 None => lost.push(key),
                 Some(claim) if !claim.events.is_empty() => {
+                    if st.lag_due() {
+                        record_shard_lag(
+                            &ctx.group,
+                            &key,
+                            &claim.events,
+                            st.lease_until() - st.lease_len(),
+                        );
+                    }
                     m.next = (idx + 1) % n;
                     found = Some(claim);
                     break;
@@ -277,7 +312,7 @@ impl PgLogStore {
                 Some(empty) => {
                     more |= empty.more;
                     if st.lag_due() {
-                        record_shard_lag(&self.inner.group, &key, &[], Utc::now());
+                        record_shard_lag(&ctx.group, &key, &[], Utc::now());
                     }
                     if upto.is_none() {
                         upto.clone_from(&st.last_cur);
@@ -287,7 +322,7 @@ impl PgLogStore {
         }
         let changed = !lost.is_empty();
         for key in lost {
-            self.drop_set(&mut m, &key).await;
+            self.drop_set(ctx, &mut m, &key).await;
         }
         if changed {
             self.note_holding(&req.relay_id, true, m.held(), m.total, m.quota);
@@ -300,22 +335,14 @@ impl PgLogStore {
 
     /// Asks the wake-up to fire by `at` (the earliest of the requests).
     fn recheck_by(&self, at: Instant) {
-        let mut due = self
-            .inner
-            .recheck_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut due = self.recheck_at.lock().unwrap_or_else(|p| p.into_inner());
         *due = Some(due.map_or(at, |d| d.min(at)));
     }
 
     /// The time left until a requested recheck, when it comes within
     /// `window`; the request is then taken (it fires once).
     pub(super) fn recheck_within(&self, window: Duration) -> Option<Duration> {
-        let mut due = self
-            .inner
-            .recheck_at
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut due = self.recheck_at.lock().unwrap_or_else(|p| p.into_inner());
         let left = due.map(|d| d.saturating_duration_since(Instant::now()))?;
         if left > window {
             return None;
@@ -324,128 +351,77 @@ impl PgLogStore {
         Some(left)
     }
 
-    /// Renews a set's leases (the set's claim path). False: the set is lost.
-    pub(super) async fn renew_set(
-        &self,
-        key: &CursorKey,
-        st: &mut CursorState,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        let Some(epoch) = st.epoch else {
-            return Ok(false);
-        };
-        let (grp, total, indexes) = self.cursor_binds(key);
-        // No incarnation (dropped after a crash restart or failover): the
-        // renewal fails and the set is taken again from its stored position.
-        let boot = st.boot.as_deref().and_then(|b| Uuid::parse_str(b).ok());
-        let rows = sqlx::query(&self.inner.sql.renew_set)
-            .bind(&grp)
-            .bind(total)
-            .bind(indexes)
-            .bind(epoch)
-            .bind(micros(lease)?)
-            .bind(key.relay.as_str())
-            .bind(boot)
-            .fetch_all(&self.inner.pool)
-            .await?;
-        if rows.len() != key.shards.len() {
-            tracing::warn!(group = %grp, relay = %key.relay, shards = ?key.shards, "relay-group cursor leases lost");
-            self.lose(st);
-            return Ok(false);
-        }
-        let mut until: Option<DateTime<Utc>> = None;
-        for r in &rows {
-            let u: DateTime<Utc> = r.try_get(0)?;
-            until = Some(until.map_or(u, |x| x.min(u)));
-        }
-        st.lease_until = until.unwrap_or(st.lease_until);
-        st.lease_len = lease;
-        st.renewed_at = Instant::now();
-        Ok(true)
-    }
-
     /// Forgets a set this relay no longer holds (its batches are void), and
     /// frees what it may still hold of it so the group can take it again.
-    async fn drop_set(&self, m: &mut Membership, key: &CursorKey) {
+    async fn drop_set(&self, ctx: &Ctx, m: &mut Membership, key: &CursorKey) {
         m.sets.retain(|k| k != key);
         if m.shrinking.as_ref() == Some(key) {
             m.shrinking = None;
         }
         m.checked = None;
         let cell = {
-            let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = ctx.cursors.cells();
             map.remove(key)
         };
         if let Some(cell) = cell {
             let mut st = cell.lock().await;
-            if let Some(epoch) = st.epoch {
-                if let Err(e) = self.release(key, &key.shards, epoch).await {
+            if let Some(epoch) = st.epoch() {
+                if let Err(e) = lease::release(ctx, key, &key.shards, epoch).await {
                     tracing::debug!(error = %e, "giving back a lost cursor set failed");
                 }
             }
-            self.lose(&mut st);
+            ctx.cursors.lose(&mut st);
         }
-    }
-
-    async fn release(&self, key: &CursorKey, shards: &[u32], epoch: i64) -> Result<(), StoreError> {
-        let indexes: Vec<i32> = shards
-            .iter()
-            .map(|i| i32::try_from(*i).unwrap_or(i32::MAX))
-            .collect();
-        sqlx::query(&self.inner.sql.release_set)
-            .bind(&self.inner.group)
-            .bind(i32::try_from(key.total).unwrap_or(i32::MAX))
-            .bind(indexes)
-            .bind(epoch)
-            .bind(key.relay.as_str())
-            .execute(&self.inner.pool)
-            .await?;
-        Ok(())
     }
 
     /// Announces the relay, creates the group's cursors if needed, and moves
     /// toward its fair share: gives back above it, takes free cursors below
     /// it, merges idle sets at one position, renews idle sets' leases.
-    async fn rebalance(&self, m: &mut Membership, req: &ClaimRequest) -> Result<(), StoreError> {
-        let total = self.virtual_shards().await?;
+    async fn rebalance(
+        &self,
+        ctx: &Ctx,
+        m: &mut Membership,
+        req: &ClaimRequest,
+    ) -> Result<(), StoreError> {
+        let total = self.virtual_shards(ctx).await?;
         let total_i = i32::try_from(total).unwrap_or(i32::MAX);
-        let alive = req.lease.max(MIN_ALIVE).max(self.inner.rebalance_every * 4);
-        let row = sqlx::query(&self.inner.sql.heartbeat)
-            .bind(&self.inner.group)
+        let alive = LeaseTimers::new(req.lease).alive_for(self.rebalance_every);
+        let row = sqlx::query(&ctx.sql.heartbeat)
+            .bind(&ctx.group)
             .bind(req.relay_id.as_str())
             .bind(micros(alive)?)
             .bind(total_i)
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&ctx.pool)
             .await?;
         let others: Vec<String> = row.try_get(0)?;
         let present: i64 = row.try_get(1)?;
         if present < i64::from(total) {
-            self.create_virtual_cursors(total).await?;
+            self.create_virtual_cursors(ctx, total).await?;
         }
         let me = req.relay_id.as_str();
         let n = others.len() + 1;
         let rank = others.iter().filter(|o| o.as_str() < me).count();
         let quota = total as usize / n + usize::from(rank < total as usize % n);
-        metrics::gauge!(crate::log::SHARDS_QUOTA, "group" => self.inner.group.clone())
+        metrics::gauge!(crate::log::metric_names::SHARDS_QUOTA, "group" => ctx.group.clone())
             .set(quota as f64);
 
         // Before the renewals: a lease lost while renewing is a change too.
         let before = m.held();
-        self.renew_idle_sets(m, req.lease).await?;
+        self.renew_idle_sets(ctx, m, req.lease).await?;
         let held: usize = m.sets.iter().map(|k| k.shards.len()).sum();
         if held > quota {
-            self.shrink(m, held - quota).await?;
+            self.shrink(ctx, m, held - quota).await?;
         } else {
             m.shrinking = None;
             if held < quota {
-                self.grow(m, req, total, quota - held).await?;
+                self.grow(ctx, m, req, total, quota - held).await?;
             }
         }
-        self.merge_idle_sets(m, req.lease).await?;
+        self.merge_idle_sets(ctx, m, req.lease).await?;
         let held = m.held();
         m.short = held.len() < quota || held != before || others != m.others;
         m.others = others;
-        metrics::gauge!(crate::log::SHARDS_HELD, "group" => self.inner.group.clone())
+        metrics::gauge!(crate::log::metric_names::SHARDS_HELD, "group" => ctx.group.clone())
             .set(held.len() as f64);
         m.quota = u32::try_from(quota).unwrap_or(total);
         m.total = total;
@@ -454,14 +430,14 @@ impl PgLogStore {
         Ok(())
     }
 
-    async fn create_virtual_cursors(&self, total: u32) -> Result<(), StoreError> {
-        let existing = self.group_starts().await?;
-        if existing.is_empty() && self.inner.new_group_start == super::GroupStart::Now {
-            self.create_group_at_now(total).await?;
+    async fn create_virtual_cursors(&self, ctx: &Ctx, total: u32) -> Result<(), StoreError> {
+        let existing = lease::group_starts(ctx).await?;
+        if existing.is_empty() && ctx.new_group_start == GroupStart::Now {
+            lease::create_group_at_now(ctx, total).await?;
             return Ok(());
         }
-        let origin: String = sqlx::query_scalar(&self.inner.sql.origin)
-            .fetch_one(&self.inner.pool)
+        let origin: String = sqlx::query_scalar(&ctx.sql.origin)
+            .fetch_one(&ctx.pool)
             .await?;
         let mut indexes = Vec::new();
         let mut starts = Vec::new();
@@ -469,44 +445,53 @@ impl PgLogStore {
             if existing.iter().any(|(t, j, _)| *t == total && *j == i) {
                 continue;
             }
-            let start = super::covering_start(total, i, &existing)
+            let start = lease::covering_start(total, i, &existing)
                 .map_or_else(|| origin.clone(), |s| s.to_string());
             indexes.push(i32::try_from(i).unwrap_or(i32::MAX));
             starts.push(start);
         }
-        sqlx::query(&self.inner.sql.create_set)
-            .bind(&self.inner.group)
+        sqlx::query(&ctx.sql.create_set)
+            .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
             .bind(indexes)
             .bind(starts)
-            .execute(&self.inner.pool)
+            .execute(&ctx.pool)
             .await?;
         Ok(())
     }
 
     /// Keeps the leases of sets no claim visited lately.
-    async fn renew_idle_sets(&self, m: &mut Membership, lease: Duration) -> Result<(), StoreError> {
+    async fn renew_idle_sets(
+        &self,
+        ctx: &Ctx,
+        m: &mut Membership,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
         let mut lost = Vec::new();
         for key in m.sets.clone() {
-            let Some(cell) = self.cell(&key) else {
+            let Some(cell) = ctx.cursors.cell(&key) else {
                 lost.push(key);
                 continue;
             };
             let mut st = cell.lock().await;
-            if st.renewed_at.elapsed() >= lease / 3 && !self.renew_set(&key, &mut st, lease).await?
-            {
+            if st.idle_renew_due(lease) && !lease::renew_set(ctx, &key, &mut st, lease).await? {
                 lost.push(key);
             }
         }
         for key in lost {
-            self.drop_set(m, &key).await;
+            self.drop_set(ctx, m, &key).await;
         }
         Ok(())
     }
 
     /// Gives back `excess` shards, from the smallest sets first, only from
     /// sets without a batch in flight.
-    async fn shrink(&self, m: &mut Membership, mut excess: usize) -> Result<(), StoreError> {
+    async fn shrink(
+        &self,
+        ctx: &Ctx,
+        m: &mut Membership,
+        mut excess: usize,
+    ) -> Result<(), StoreError> {
         let mut order = m.sets.clone();
         order.sort_by_key(|k| (k.shards.len(), k.shards.clone()));
         m.shrinking = None;
@@ -514,7 +499,7 @@ impl PgLogStore {
             if excess == 0 {
                 break;
             }
-            let Some(cell) = self.cell(&key) else {
+            let Some(cell) = ctx.cursors.cell(&key) else {
                 continue;
             };
             let mut st = cell.lock().await;
@@ -522,7 +507,7 @@ impl PgLogStore {
                 // Given up by the relay: give the whole set back now; its
                 // events are read again from its stored position.
                 drop(st);
-                self.drop_set(m, &key).await;
+                self.drop_set(ctx, m, &key).await;
                 return Ok(());
             }
             if !st.batches.is_empty() {
@@ -530,16 +515,16 @@ impl PgLogStore {
                 m.shrinking = Some(key);
                 return Ok(());
             }
-            let Some(epoch) = st.epoch else {
+            let Some(epoch) = st.epoch() else {
                 continue;
             };
             let give = excess.min(key.shards.len());
             let keep_n = key.shards.len() - give;
             let (kept, gone) = key.shards.split_at(keep_n);
-            self.release(&key, gone, epoch).await?;
-            tracing::info!(group = %self.inner.group, relay = %key.relay, shards = ?gone, "gave shards back to the relay group");
+            lease::release(ctx, &key, gone, epoch).await?;
+            tracing::info!(group = %ctx.group, relay = %key.relay, shards = ?gone, "gave shards back to the relay group");
             excess -= give;
-            let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = ctx.cursors.cells();
             let cell = map.remove(&key);
             m.sets.retain(|k| k != &key);
             if !kept.is_empty() {
@@ -553,7 +538,7 @@ impl PgLogStore {
                 }
             } else {
                 drop(map);
-                self.lose(&mut st);
+                ctx.cursors.lose(&mut st);
             }
         }
         Ok(())
@@ -562,18 +547,19 @@ impl PgLogStore {
     /// Takes up to `want` free cursors, whole positions first.
     async fn grow(
         &self,
+        ctx: &Ctx,
         m: &mut Membership,
         req: &ClaimRequest,
         total: u32,
         want: usize,
     ) -> Result<(), StoreError> {
         let mine: Vec<i32> = m.sets.iter().flat_map(|k| k.indexes()).collect::<Vec<_>>();
-        let rows: Vec<(i32, String)> = sqlx::query_as(&self.inner.sql.free_shards)
-            .bind(&self.inner.group)
+        let rows: Vec<(i32, String)> = sqlx::query_as(&ctx.sql.free_shards)
+            .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
             .bind(req.relay_id.as_str())
             .bind(mine)
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&ctx.pool)
             .await?;
         if rows.is_empty() {
             return Ok(());
@@ -585,13 +571,13 @@ impl PgLogStore {
         let mut groups: Vec<Vec<i32>> = by_position.into_values().collect();
         groups.sort_by_key(|g| (std::cmp::Reverse(g.len()), g.first().copied()));
         let picked: Vec<i32> = groups.into_iter().flatten().take(want).collect();
-        let rows = sqlx::query(&self.inner.sql.acquire_set)
-            .bind(&self.inner.group)
+        let rows = sqlx::query(&ctx.sql.acquire_set)
+            .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
             .bind(&picked)
             .bind(req.relay_id.as_str())
             .bind(micros(req.lease)?)
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&ctx.pool)
             .await?;
         // One set per position taken.
         let mut sets: HashMap<String, (Vec<u32>, sqlx::postgres::PgRow)> = HashMap::new();
@@ -617,7 +603,7 @@ impl PgLogStore {
                 r.try_get(5)?,
                 r.try_get(6)?,
             )?;
-            let boot = self.incarnation(r.try_get(12)?).await?;
+            let boot = lease::incarnation(ctx, r.try_get(12)?).await?;
             let skip = row_skip_list(&r, 7, 8)?;
             let key = CursorKey {
                 total,
@@ -625,21 +611,15 @@ impl PgLogStore {
                 relay: req.relay_id.clone(),
                 dynamic: true,
             };
-            tracing::info!(group = %self.inner.group, relay = %key.relay, shards = ?key.shards, epoch, "took shards of the relay group");
-            let cell = self.cell_or_new(&key);
+            tracing::info!(group = %ctx.group, relay = %key.relay, shards = ?key.shards, epoch, "took shards of the relay group");
+            let cell = ctx.cursors.cell_or_new(&key);
             let mut st = cell.lock().await;
-            self.lose(&mut st);
-            st.epoch = Some(epoch);
-            st.boot = Some(boot);
-            st.lease_until = lease_until;
-            st.lease_len = req.lease;
-            st.renewed_at = Instant::now();
-            st.read = done.clone();
-            st.done = done;
-            st.inherited.clone_from(&skip);
-            st.persisted_skip = skip;
-            st.last_persist = Instant::now();
-            st.last_cur = None;
+            ctx.cursors.lose(&mut st);
+            let granted = Granted {
+                until: lease_until,
+                len: req.lease,
+            };
+            st.take(epoch, boot, granted, done, skip);
             m.sets.push(key);
         }
         Ok(())
@@ -647,16 +627,23 @@ impl PgLogStore {
 
     /// Merges sets that are idle (no batch in flight, nothing read past the
     /// settled position, no skip list) at the same position.
-    async fn merge_idle_sets(&self, m: &mut Membership, lease: Duration) -> Result<(), StoreError> {
+    async fn merge_idle_sets(
+        &self,
+        ctx: &Ctx,
+        m: &mut Membership,
+        lease: Duration,
+    ) -> Result<(), StoreError> {
         if m.sets.len() < 2 {
             return Ok(());
         }
         // (position text, key, epoch) of each idle set.
         let mut idle: Vec<(String, CursorKey, i64)> = Vec::new();
         for key in &m.sets {
-            let Some(cell) = self.cell(key) else { continue };
+            let Some(cell) = ctx.cursors.cell(key) else {
+                continue;
+            };
             let st = cell.lock().await;
-            let Some(epoch) = st.epoch else { continue };
+            let Some(epoch) = st.epoch() else { continue };
             if !st.batches.is_empty() || !st.inherited.is_empty() || !st.persisted_skip.is_empty() {
                 continue;
             }
@@ -670,7 +657,7 @@ impl PgLogStore {
                 .position(|x| x.0 != idle[i].0)
                 .map_or(idle.len(), |p| i + p);
             if j - i >= 2 {
-                self.merge(m, &idle[i..j], lease).await?;
+                self.merge(ctx, m, &idle[i..j], lease).await?;
             }
             i = j;
         }
@@ -679,6 +666,7 @@ impl PgLogStore {
 
     async fn merge(
         &self,
+        ctx: &Ctx,
         m: &mut Membership,
         parts: &[(String, CursorKey, i64)],
         lease: Duration,
@@ -686,7 +674,7 @@ impl PgLogStore {
         let Some(first) = parts.first() else {
             return Ok(());
         };
-        let Some(cell) = self.cell(&first.1) else {
+        let Some(cell) = ctx.cursors.cell(&first.1) else {
             return Ok(());
         };
         let (read, boot) = {
@@ -707,8 +695,8 @@ impl PgLogStore {
             }
         }
         shards.sort_unstable();
-        let rows = sqlx::query(&self.inner.sql.merge_set)
-            .bind(&self.inner.group)
+        let rows = sqlx::query(&ctx.sql.merge_set)
+            .bind(&ctx.group)
             .bind(i32::try_from(first.1.total).unwrap_or(i32::MAX))
             .bind(&indexes)
             .bind(&epochs)
@@ -721,12 +709,12 @@ impl PgLogStore {
             .bind(read.lo.floor)
             .bind(read.hi.floor)
             .bind(Uuid::parse_str(&boot).unwrap_or_default())
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&ctx.pool)
             .await?;
         if rows.len() != indexes.len() {
             // Some moved away meanwhile: start over from the database.
             for (_, key, _) in parts {
-                self.drop_set(m, key).await;
+                self.drop_set(ctx, m, key).await;
             }
             return Ok(());
         }
@@ -734,7 +722,7 @@ impl PgLogStore {
         let lease_until: DateTime<Utc> = rows[0].try_get(1)?;
         let mut old_cells = Vec::new();
         {
-            let mut map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
+            let mut map = ctx.cursors.cells();
             for (_, key, _) in parts {
                 if let Some(c) = map.remove(key) {
                     old_cells.push(c);
@@ -744,75 +732,42 @@ impl PgLogStore {
         }
         for c in old_cells {
             let mut st = c.lock().await;
-            self.lose(&mut st);
+            ctx.cursors.lose(&mut st);
         }
         let key = CursorKey {
             shards,
             ..first.1.clone()
         };
-        let cell = self.cell_or_new(&key);
+        let cell = ctx.cursors.cell_or_new(&key);
         let mut st = cell.lock().await;
-        self.lose(&mut st);
-        st.epoch = Some(epoch);
-        st.boot = Some(boot);
-        st.lease_until = lease_until;
-        st.lease_len = lease;
-        st.renewed_at = Instant::now();
-        st.read = read.clone();
-        st.done = read;
-        st.inherited.clear();
-        st.persisted_skip.clear();
-        st.last_persist = Instant::now();
-        tracing::debug!(group = %self.inner.group, relay = %key.relay, shards = ?key.shards, "merged cursor sets at one position");
+        ctx.cursors.lose(&mut st);
+        let granted = Granted {
+            until: lease_until,
+            len: lease,
+        };
+        st.take(epoch, boot, granted, read, Vec::new());
+        tracing::debug!(group = %ctx.group, relay = %key.relay, shards = ?key.shards, "merged cursor sets at one position");
         m.sets.push(key);
         Ok(())
     }
 
-    /// Gives every cursor of `relay` back and leaves the relay group.
-    /// Gives back the static shards `relay` holds (a clean stop): the next
-    /// relay of a shard takes it at once instead of after the lock timeout.
-    /// A shard with a batch still unsettled keeps its lease (it runs out).
-    async fn release_static(&self, relay: &RelayId) -> Result<(), StoreError> {
-        let cells: Vec<(CursorKey, Arc<tokio::sync::Mutex<CursorState>>)> = {
-            let map = self.inner.cursors.lock().unwrap_or_else(|p| p.into_inner());
-            map.iter()
-                .filter(|(k, _)| !k.dynamic && &k.relay == relay)
-                .map(|(k, v)| (k.clone(), Arc::clone(v)))
-                .collect()
-        };
-        for (key, cell) in cells {
-            let mut st = cell.lock().await;
-            let Some(epoch) = st.epoch else { continue };
-            if st.batches.iter().any(|b| b.held().next().is_some()) {
-                continue;
-            }
-            let (grp, total, indexes) = self.cursor_binds(&key);
-            sqlx::query(&self.inner.sql.release_set)
-                .bind(&grp)
-                .bind(total)
-                .bind(indexes)
-                .bind(epoch)
-                .bind(relay.as_str())
-                .execute(&self.inner.pool)
-                .await?;
-            self.lose(&mut st);
-            tracing::info!(group = %grp, shard = %key.shard(), %relay, "released the shard's lease (clean stop)");
-        }
-        Ok(())
-    }
-
-    pub(super) async fn leave_inner(&self, relay: &RelayId) -> Result<(), StoreError> {
-        self.inner
-            .holdings
+    /// `relay` stops: forgets what it held, and, in a relay group, gives
+    /// every cursor set back and leaves the group at once. (Its static
+    /// shards are given back by `lease::release_static`.)
+    pub(super) fn forget(&self, relay: &RelayId) {
+        self.holdings
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(relay);
-        self.release_static(relay).await?;
-        if !self.inner.dynamic {
+    }
+
+    /// Gives every cursor set of `relay` back and leaves the relay group.
+    pub(super) async fn leave(&self, ctx: &Ctx, relay: &RelayId) -> Result<(), StoreError> {
+        if !self.dynamic {
             return Ok(());
         }
         let cell = {
-            let map = self.inner.members.lock().unwrap_or_else(|p| p.into_inner());
+            let map = self.members.lock().unwrap_or_else(|p| p.into_inner());
             map.get(relay).cloned()
         };
         let Some(cell) = cell else {
@@ -820,34 +775,26 @@ impl PgLogStore {
         };
         let mut m = cell.lock().await;
         for key in m.sets.clone() {
-            self.drop_set(&mut m, &key).await;
+            self.drop_set(ctx, &mut m, &key).await;
         }
-        sqlx::query(&self.inner.sql.leave)
-            .bind(&self.inner.group)
+        sqlx::query(&ctx.sql.leave)
+            .bind(&ctx.group)
             .bind(relay.as_str())
-            .execute(&self.inner.pool)
+            .execute(&ctx.pool)
             .await?;
-        tracing::info!(group = %self.inner.group, %relay, "left the relay group");
+        tracing::info!(group = %ctx.group, %relay, "left the relay group");
         Ok(())
     }
 
     /// The relays of this store's consumer group and the virtual shards
     /// each holds (see [`PgLogOptions::with_dynamic_shards`](crate::log::PgLogOptions::with_dynamic_shards)).
-    pub async fn relay_group(&self) -> Result<Vec<RelayInfo>, StoreError> {
-        let total = self.virtual_shards().await?;
-        let rows: Vec<(String, bool, Vec<i32>)> = sqlx::query_as(&format!(
-            "SELECT r.relay, r.seen_until > now(),
-                    ARRAY(SELECT c.shard_index FROM {cursors} c
-                          WHERE c.grp = r.grp AND c.owner = r.relay AND c.shard_total = $2
-                            AND c.lease_until > now() ORDER BY c.shard_index)
-             FROM {relays} r WHERE r.grp = $1 ORDER BY r.relay",
-            cursors = self.inner.log.names.render("{{cursors}}"),
-            relays = self.inner.log.names.render("{{relays}}"),
-        ))
-        .bind(&self.inner.group)
-        .bind(i32::try_from(total).unwrap_or(i32::MAX))
-        .fetch_all(&self.inner.pool)
-        .await?;
+    pub(super) async fn relay_group(&self, ctx: &Ctx) -> Result<Vec<RelayInfo>, StoreError> {
+        let total = self.virtual_shards(ctx).await?;
+        let rows: Vec<(String, bool, Vec<i32>)> = sqlx::query_as(&ctx.sql.relay_group)
+            .bind(&ctx.group)
+            .bind(i32::try_from(total).unwrap_or(i32::MAX))
+            .fetch_all(&ctx.pool)
+            .await?;
         Ok(rows
             .into_iter()
             .map(|(relay, alive, shards)| RelayInfo {

@@ -1,0 +1,120 @@
+//! The connection pool of both PostgreSQL stores and their background
+//! tasks.
+
+use crate::options::scrub;
+use crate::StoreError;
+use outbox_core::PoolSettings;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+
+/// A store's background tasks (LISTEN, retention purge, log rotation):
+/// aborted when the store's last clone drops them.
+#[derive(Default)]
+pub(crate) struct BackgroundTasks(Vec<JoinHandle<()>>);
+
+impl BackgroundTasks {
+    /// Runs `task` on the Tokio runtime until the store is dropped.
+    pub(crate) fn spawn(&mut self, task: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.0.push(tokio::spawn(task));
+    }
+}
+
+impl Drop for BackgroundTasks {
+    fn drop(&mut self) {
+        for t in &self.0 {
+            t.abort();
+        }
+    }
+}
+
+/// `host:port/database` (or the socket path), never the credentials.
+fn server_name(o: &PgConnectOptions) -> String {
+    let place = match o.get_socket() {
+        Some(socket) => socket.display().to_string(),
+        None => format!("{}:{}", o.get_host(), o.get_port()),
+    };
+    match o.get_database() {
+        Some(db) => format!("{place}/{db}"),
+        None => place,
+    }
+}
+
+/// The pool of both PostgreSQL stores: `url` parsed (errors without the
+/// password), `jit = off` (JIT compilation costs tens of milliseconds per
+/// claim and buys nothing for these small, index-driven statements), a
+/// first connection tried until `connect_timeout` ([`first_connection`]),
+/// then a lazy pool of `max_connections` (both from `settings`). `session`:
+/// more settings of the pool's sessions.
+pub(crate) async fn connect_pool(
+    url: Option<&str>,
+    settings: &PoolSettings,
+    session: &[(&str, &str)],
+) -> Result<PgPool, StoreError> {
+    let url =
+        url.ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
+    let connect: PgConnectOptions = url
+        .parse()
+        .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?;
+    let connect = connect
+        .options([("jit", "off")])
+        .options(session.iter().copied());
+    first_connection(&connect, settings.connect_timeout, url).await?;
+    Ok(PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        .connect_lazy_with(connect))
+}
+
+/// Opens (and closes) one connection, trying again while the server
+/// refuses connections or is starting up, until `timeout`. Returns the last
+/// attempt's error: the pool would only say it timed out.
+async fn first_connection(
+    options: &PgConnectOptions,
+    timeout: Duration,
+    url: &str,
+) -> Result<(), StoreError> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let error = match tokio::time::timeout(left, options.connect()).await {
+            Ok(Ok(conn)) => {
+                // Only the answer mattered; a failing close changes nothing.
+                let _ = conn.close().await;
+                return Ok(());
+            }
+            Ok(Err(e)) => Some(e),
+            Err(_) => None,
+        };
+        let starting = match &error {
+            Some(sqlx::Error::Io(e)) => e.kind() == std::io::ErrorKind::ConnectionRefused,
+            Some(sqlx::Error::Database(db)) => db.code().is_some_and(|c| c == "57P03"),
+            _ => false,
+        };
+        if !starting || Instant::now() + backoff >= deadline {
+            let error = error.map(|e| redacted(e, url));
+            return Err(StoreError::Connect {
+                server: server_name(options),
+                error,
+                waited: started.elapsed(),
+            });
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// The driver's error with any echo of the URL's password removed (the
+/// error types that carry free text are rebuilt as `Configuration`).
+fn redacted(e: sqlx::Error, url: &str) -> sqlx::Error {
+    let text = e.to_string();
+    let clean = scrub(&text, url);
+    if clean == text {
+        e
+    } else {
+        sqlx::Error::Configuration(clean.into())
+    }
+}
