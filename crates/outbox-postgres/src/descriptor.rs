@@ -3,7 +3,7 @@
 //! that do not belong in the URL. See [`outbox_core::backend`].
 //!
 //! One descriptor, two stores: setting `mode` picks the event log
-//! ([`PgLogBackend`] opens a [`PgLogStore`](crate::PgLogStore), the default)
+//! ([`PgLogBackend`] opens a [`PgLogStore`], the default)
 //! or the queue table ([`PgBackend`] opens a [`PgStore`]). A runner
 //! reads [`PgMode::from_settings`] and opens the matching backend; each
 //! backend refuses the other's mode, so a runner that knows only

@@ -396,30 +396,6 @@ impl PgStore {
         self.inner.purge_batch
     }
 
-    /// The claim statement's plan for `req`, as `EXPLAIN (ANALYZE, BUFFERS)`
-    /// prints it, run in a transaction that is rolled back (nothing is
-    /// claimed or parked). For benchmarks and diagnosis.
-    pub async fn explain_claim(&self, req: &ClaimRequest) -> Result<String, StoreError> {
-        let lease_us = micros(req.lease)?;
-        let sql = format!(
-            "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) {}",
-            self.claim_sql(req)
-        );
-        let mut tx = self.inner.pool.begin().await?;
-        let lines: Vec<String> = sqlx::query_scalar(&sql)
-            .bind(i64::from(req.shard.total()))
-            .bind(i64::from(req.shard.index()))
-            .bind(i64::from(req.batch_size))
-            .bind(req.relay_id.as_str())
-            .bind(lease_us)
-            .bind(FencingToken::new().as_uuid())
-            .bind(walk_limit(req.batch_size))
-            .fetch_all(&mut *tx)
-            .await?;
-        tx.rollback().await?;
-        Ok(lines.join("\n"))
-    }
-
     /// The claim's `seq` lower bound (see [`SeqFloor`]).
     async fn seq_floor(&self) -> Result<i64, StoreError> {
         let lock = || {

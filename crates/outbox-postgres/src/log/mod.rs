@@ -242,7 +242,6 @@ mod snapshot;
 mod sql;
 mod store;
 
-pub(crate) use enqueue::PgLog;
 pub use migrate::LOG_MIGRATIONS;
 
 pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
