@@ -20,6 +20,16 @@
 //! 4. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
 //!    rule has its fields, every metric they name is emitted by the code, and
 //!    promtool agrees when it is installed (see `deploy.rs`).
+//! 5. Seams (`tidy/seams.rs`): the libraries a user depends on take no
+//!    application crate (clap, anyhow, toml, a subscriber, an exporter), and
+//!    `outbox-worker` calls on a store only the `Store` trait's methods.
+//! 6. Docs (`tidy/docs.rs`): every repository path a doc names exists, no
+//!    heading of ARCHITECTURE.md carries a date, no `#[deprecated]` before
+//!    the first release tag, and RELIABILITY.md's results section comes
+//!    from a run of the current chaos plan.
+
+mod docs;
+mod seams;
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -94,8 +104,15 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     println!("\n==> tidy: dependency direction");
     problems.extend(dependency_direction(&meta));
     problems.extend(core_sources(&crate::root()));
+    problems.extend(seams::check(&meta, &crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
+        report(&problems)?;
+    }
+    println!("    ok");
+    println!("\n==> tidy: docs (paths, dated headings, deprecated items, chaos results)");
+    problems.extend(docs::check(&crate::root()));
+    if !problems.is_empty() {
         report(&problems)?;
     }
     println!("    ok");
