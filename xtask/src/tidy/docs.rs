@@ -26,6 +26,16 @@ const NOT_IN_PATHS: &[char] = &[
     ' ', '\t', '<', '>', '*', '?', '{', '}', '$', '%', '|', '=', ',', '(', ')', '[', ']', '"', '\'',
 ];
 
+/// Whether a path component is a placeholder written in capitals, such as
+/// `NNNN_name.sql`: two or more capital letters, then `_`.
+fn is_placeholder(component: &str) -> bool {
+    let caps = component
+        .chars()
+        .take_while(char::is_ascii_uppercase)
+        .count();
+    caps >= 2 && component[caps..].starts_with('_')
+}
+
 /// Prefixes of candidates that are not repository paths: absolute and URL
 /// paths (`/readyz`), the user's directory (`./outbox.toml`, `~/.cargo`),
 /// flags, and build output (`target/chaos/...`).
@@ -56,7 +66,8 @@ pub(super) fn check(root: &Path) -> Vec<String> {
 /// - it has no whitespace, no `://` and none of `< > * ? { } $ % | = , ( ) [ ]`
 ///   or quotes (placeholders, globs, commands), and does not start with
 ///   `/`, `./`, `~`, `-` or `target/` (HTTP paths, the user's files, flags,
-///   build output), nor is it a user's file such as `outbox.toml`; and
+///   build output), nor is it a user's file such as `outbox.toml`, nor has
+///   it a placeholder component in capitals (`NNNN_name.sql`); and
 /// - it ends in `.rs`, `.md`, `.sql`, `.toml` or `.proto`, or its first
 ///   component is an entry of its base directory: `crates/outbox-core/` is
 ///   checked, while `exchange/key`, `i/N` or `application/json` are not
@@ -158,6 +169,9 @@ fn as_repo_path<'a>(candidate: &'a str, bases: &[PathBuf]) -> Option<&'a str> {
         return None;
     }
     let path = path.trim_end_matches('/');
+    if path.split('/').any(is_placeholder) {
+        return None;
+    }
     let file_like = FILE_ENDINGS.iter().any(|e| path.ends_with(e));
     let first = path.split('/').next().unwrap_or("");
     let known_first =
@@ -365,6 +379,11 @@ mod tests {
             ("target/chaos/quick/summary.md", None),
             ("target/chaos/<mode>/summary.json", None),
             ("outbox/v1/*.proto", None),
+            ("migrations/sqlite/NNNN_name.sql", None),
+            (
+                "crates/outbox-core/README.md",
+                Some("crates/outbox-core/README.md"),
+            ),
             ("postgres://u@h/db", None),
             ("log_store::a_test", None),
             ("--shard i/N", None),
