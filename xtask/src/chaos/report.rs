@@ -234,12 +234,22 @@ pub(super) fn section(summary: &Value, selection: Selection) -> String {
         "debug"
     };
     let mut body = format!(
-        "Written by `cargo xtask chaos --{mode}` from a run of every scenario of its plan ({runs} runs, {build} builds{kafka}). {RECOVERY_LEGEND}\n\n",
+        "Written by `cargo xtask chaos --{mode}` from a run of every scenario of its plan ({runs} runs, {build} builds{kafka}{crash}{restart}). {RECOVERY_LEGEND}\n\n",
         mode = selection.mode.name(),
         kafka = if selection.kafka {
             ""
         } else {
             "; Kafka was not reachable, so its runs are not in the plan"
+        },
+        crash = if selection.pg_crash {
+            ""
+        } else {
+            "; without the runs that crash PostgreSQL (`--no-pg-crash`)"
+        },
+        restart = if selection.allow_pg_restart {
+            "; with PostgreSQL restarts (`--allow-pg-restart`)"
+        } else {
+            ""
         },
     );
     body.push_str(&tables(summary, "###"));
