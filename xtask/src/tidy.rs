@@ -23,6 +23,16 @@
 //! 5. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
 //!    rule has its fields, every metric they name is emitted by the code, and
 //!    promtool agrees when it is installed (see `deploy.rs`).
+//! 6. Seams (`tidy/seams.rs`): the libraries a user depends on take no
+//!    application crate (clap, anyhow, toml, a subscriber, an exporter), and
+//!    `outbox-worker` calls on a store only the `Store` trait's methods.
+//! 7. Docs (`tidy/docs.rs`): every repository path a doc names exists, no
+//!    heading of ARCHITECTURE.md carries a date, no `#[deprecated]` before
+//!    the first release tag, and RELIABILITY.md's results section comes
+//!    from a run of the current chaos plan.
+
+mod docs;
+mod seams;
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -103,6 +113,7 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     println!("\n==> tidy: dependency direction");
     problems.extend(dependency_direction(&meta));
     problems.extend(core_sources(&crate::root()));
+    problems.extend(seams::check(&meta, &crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
         report(&problems)?;
@@ -110,6 +121,8 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     println!("    ok");
     println!("\n==> tidy: BENCHMARKS.md results from the current scenario set");
     problems.extend(crate::bench::check_doc(&crate::root()));
+    println!("\n==> tidy: docs (paths, dated headings, deprecated items, chaos results)");
+    problems.extend(docs::check(&crate::root()));
     if !problems.is_empty() {
         report(&problems)?;
     }

@@ -1,0 +1,573 @@
+//! The suite's definition: which runs each mode makes and with which
+//! parameters, and the fingerprint of a run list.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Quick,
+    Medium,
+    Full,
+}
+
+impl Mode {
+    /// The mode's name, as on the command line without `--`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Quick => "quick",
+            Self::Medium => "medium",
+            Self::Full => "full",
+        }
+    }
+
+    /// The mode named `name` (`quick`, `medium`, `full`).
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        [Self::Quick, Self::Medium, Self::Full]
+            .into_iter()
+            .find(|m| m.name() == name)
+    }
+}
+
+/// One `outbox-chaos run`.
+#[derive(Debug, Clone)]
+pub(crate) struct Scenario {
+    pub(super) store: &'static str,
+    pub(super) broker: &'static str,
+    pub(super) faults: String,
+    pub(super) duration_s: u64,
+    pub(super) rate: u32,
+    pub(super) relays: u32,
+    pub(super) lease_ms: u64,
+    pub(super) outage_s: u64,
+    pub(super) flap_cycles: u32,
+    pub(super) flap_down_ms: u64,
+    pub(super) flap_up_ms: u64,
+    pub(super) stop_extra_ms: u64,
+    /// Least seconds between a fault step's end and the next step.
+    pub(super) recovery_room_s: u64,
+    pub(super) allow_pg_restart: bool,
+    /// Whether the plan crashes PostgreSQL (`pg-crash`).
+    pub(super) allow_pg_crash: bool,
+    /// The producer's shape: `partitioned` or `contended` (see outbox-chaos's
+    /// producer.rs).
+    pub(super) producer: &'static str,
+    /// The relays' `--max-batch-size`.
+    pub(super) max_batch: u32,
+}
+
+/// The steps of a plan, `none` and empty ones left out.
+fn plan_steps(faults: &str) -> impl Iterator<Item = &str> {
+    faults
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty() && *s != "none")
+}
+
+impl Scenario {
+    /// The run's name: `<pg|sq>-<broker>[-contended]-<faults>`.
+    pub(crate) fn label(&self) -> String {
+        let store = if self.store == "postgres" { "pg" } else { "sq" };
+        let faults: String = self
+            .faults
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        let producer = if self.producer == "contended" {
+            "-contended"
+        } else {
+            ""
+        };
+        format!("{store}-{}{producer}-{faults}", self.broker)
+    }
+
+    /// The run's parameters as `outbox-chaos run` arguments: everything
+    /// but the paths and `--keep`. The suite's fingerprint covers these.
+    pub(crate) fn args(&self) -> Vec<String> {
+        let mut args: Vec<String> = [
+            ("--store", self.store.to_owned()),
+            ("--broker", self.broker.to_owned()),
+            ("--faults", self.faults.clone()),
+            ("--duration-s", self.duration_s.to_string()),
+            ("--rate", self.rate.to_string()),
+            ("--relays", self.relays.to_string()),
+            ("--lease-ms", self.lease_ms.to_string()),
+            ("--outage-s", self.outage_s.to_string()),
+            ("--flap-cycles", self.flap_cycles.to_string()),
+            ("--flap-down-ms", self.flap_down_ms.to_string()),
+            ("--flap-up-ms", self.flap_up_ms.to_string()),
+            ("--stop-extra-ms", self.stop_extra_ms.to_string()),
+            ("--recovery-room-s", self.recovery_room_s.to_string()),
+            ("--max-batch-size", self.max_batch.to_string()),
+            ("--producer", self.producer.to_owned()),
+        ]
+        .into_iter()
+        .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .collect();
+        if self.allow_pg_restart {
+            args.push("--allow-pg-restart".to_owned());
+        }
+        if self.allow_pg_crash {
+            args.push("--allow-pg-crash".to_owned());
+        }
+        args
+    }
+
+    /// Seconds the faults take when run back to back (upper bound).
+    pub(super) fn fault_time_s(&self) -> u64 {
+        let mut total = 0;
+        for step in plan_steps(&self.faults) {
+            let (step, times) = step
+                .rsplit_once('*')
+                .map_or((step, 1), |(s, n)| (s, n.parse().unwrap_or(1)));
+            let longest = step
+                .split('+')
+                .map(|k| match k.trim() {
+                    "stop" => (self.lease_ms + self.stop_extra_ms) / 1000 + 1,
+                    "broker-outage" | "db-outage" => self.outage_s,
+                    "broker-flap" | "db-flap" => {
+                        (u64::from(self.flap_cycles) * (self.flap_down_ms + self.flap_up_ms)) / 1000
+                    }
+                    "pg-restart" => 10,
+                    // Crash recovery: 1-5 s here.
+                    "pg-crash" => 8,
+                    // A RabbitMQ node takes 5-10 s to stop and boot again.
+                    "broker-restart" if self.broker == "amqp" => 12,
+                    "broker-restart" => 2,
+                    _ => 1,
+                })
+                .max()
+                .unwrap_or(0);
+            total += longest * times;
+        }
+        total
+    }
+
+    /// Steps of the plan (`a+b` is one step, `a*3` three).
+    pub(super) fn step_count(&self) -> u64 {
+        plan_steps(&self.faults)
+            .map(|step| {
+                step.rsplit_once('*')
+                    .map_or(1, |(_, n)| n.parse().unwrap_or(1))
+            })
+            .sum()
+    }
+
+    /// Faults the plan injects (`a+b` counts two, `a*3` three).
+    pub(super) fn fault_count(&self) -> u64 {
+        plan_steps(&self.faults)
+            .map(|step| {
+                let (step, times) = step
+                    .rsplit_once('*')
+                    .map_or((step, 1), |(s, n)| (s, n.parse().unwrap_or(1)));
+                step.split('+').count() as u64 * times
+            })
+            .sum()
+    }
+}
+
+/// The fault kinds of `kinds` that apply to a store: no database faults for
+/// SQLite (a file). Every broker takes the broker faults (for Kafka the run
+/// starts a private broker behind its proxy; a restart needs the run's own
+/// broker with its data on disk: NATS and RabbitMQ).
+fn faults_for(store: &str, broker: &str, kinds: &[&str]) -> Vec<String> {
+    kinds
+        .iter()
+        .filter(|k| {
+            // A broker restart runs on the run's own broker, a private
+            // nats-server or RabbitMQ node (the private Kafka broker keeps
+            // its log in memory: see outbox-chaos's kafka.rs).
+            let db_fault = k.starts_with("db-") || k.starts_with("pg-");
+            let restart_unsupported = **k == "broker-restart" && broker == "kafka";
+            !(db_fault && store == "sqlite" || restart_unsupported)
+        })
+        .map(|k| (*k).to_owned())
+        .collect()
+}
+
+/// The fault kinds every plan injects one by one (before its database
+/// faults), in this order.
+const SINGLE_FAULTS: &[&str] = &[
+    "kill",
+    "stop",
+    "pg-terminate",
+    "broker-outage",
+    "broker-flap",
+    "broker-restart",
+];
+
+/// Seconds added to a quick run per step, for the step's recovery.
+const QUICK_RECOVERY_ROOM_S: u64 = 5;
+
+/// The runs of a mode: which store x broker pairs, which faults, and the
+/// parameters of each `outbox-chaos run`. `kafka`: the Kafka broker answers;
+/// `pg_crash`: include the runs that crash PostgreSQL.
+pub(crate) fn plan(
+    mode: Mode,
+    kafka: bool,
+    allow_pg_restart: bool,
+    pg_crash: bool,
+) -> Vec<Scenario> {
+    let base = |store: &'static str, broker: &'static str| Scenario {
+        store,
+        broker,
+        faults: String::new(),
+        duration_s: 30,
+        rate: 400,
+        relays: 2,
+        lease_ms: 3000,
+        outage_s: 4,
+        flap_cycles: 2,
+        flap_down_ms: 1000,
+        flap_up_ms: 2000,
+        stop_extra_ms: 1500,
+        recovery_room_s: 0,
+        allow_pg_restart: false,
+        allow_pg_crash: false,
+        producer: "partitioned",
+        max_batch: match mode {
+            Mode::Quick => 200,
+            Mode::Medium => 500,
+            Mode::Full => 1000,
+        },
+    };
+    let mut out = Vec::new();
+    match mode {
+        Mode::Quick => {
+            let mut pairs = vec![
+                ("postgres", "nats"),
+                ("postgres", "amqp"),
+                ("sqlite", "nats"),
+            ];
+            if kafka {
+                pairs.push(("postgres", "kafka"));
+            }
+            for (store, broker) in pairs {
+                let kinds = faults_for(store, broker, &[SINGLE_FAULTS, &["db-flap"]].concat());
+                let mut s = base(store, broker);
+                // Every applicable fault once, then a kill during a flap.
+                s.faults = format!("{},kill+broker-flap", kinds.join(","));
+                // Room after each step for its recovery (the targets are at
+                // most 5 s), so that the next fault does not start inside it.
+                s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+                // And a step that outlasts its slot still leaves it.
+                s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+                out.push(s);
+            }
+            // Per-key order with every task writing every key, through
+            // relay kills; then the cluster's crash recovery. About 40 s
+            // each, with the run's set-up.
+            let mut s = base("postgres", "nats");
+            s.producer = "contended";
+            s.faults = "kill*2".to_owned();
+            s.duration_s = 12 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+            s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+            out.push(s);
+            if pg_crash {
+                let mut s = base("postgres", "nats");
+                s.faults = "pg-crash".to_owned();
+                s.allow_pg_crash = true;
+                // The target is lease + 5 s after the database is back.
+                s.duration_s = 10 + s.fault_time_s() + 2 * QUICK_RECOVERY_ROOM_S;
+                s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+                out.push(s);
+            }
+        }
+        Mode::Medium | Mode::Full => {
+            let full = mode == Mode::Full;
+            let mut pairs = vec![
+                ("postgres", "nats"),
+                ("postgres", "amqp"),
+                ("sqlite", "nats"),
+                ("sqlite", "amqp"),
+            ];
+            if kafka {
+                pairs.extend([("postgres", "kafka"), ("sqlite", "kafka")]);
+            }
+            let mut kinds = [SINGLE_FAULTS, &["db-outage", "db-flap"]].concat();
+            if allow_pg_restart {
+                kinds.push("pg-restart");
+            }
+            for (store, broker) in pairs {
+                let applicable = faults_for(store, broker, &kinds);
+                for kind in &applicable {
+                    let mut s = base(store, broker);
+                    s.relays = 3;
+                    s.lease_ms = 5000;
+                    s.stop_extra_ms = 2000;
+                    s.allow_pg_restart = kind == "pg-restart";
+                    let times = match (kind.as_str(), full) {
+                        ("broker-outage" | "db-outage", _) => 1,
+                        ("pg-restart", _) => 2,
+                        _ => 3,
+                    };
+                    if full {
+                        // The outage and flap: 60 s, and 2 s every
+                        // 5 s, at 2,000 events/s for the broker faults.
+                        s.outage_s = 60;
+                        s.flap_cycles = 6;
+                        s.flap_down_ms = 2000;
+                        s.flap_up_ms = 3000;
+                        s.rate = if kind.starts_with("broker-") {
+                            2000
+                        } else {
+                            1000
+                        };
+                    } else {
+                        s.outage_s = 15;
+                        s.flap_cycles = 4;
+                        s.flap_down_ms = 2000;
+                        s.flap_up_ms = 3000;
+                        s.rate = 500;
+                    }
+                    s.faults = format!("{kind}*{times}");
+                    s.duration_s = 10 + s.fault_time_s() + 4 * times;
+                    out.push(s);
+                }
+                // Mixed: faults at the same time, and one after the other.
+                let mut s = base(store, broker);
+                s.relays = if full { 4 } else { 3 };
+                s.lease_ms = 5000;
+                s.rate = if full { 1000 } else { 500 };
+                let pairs_of: Vec<String> = applicable
+                    .iter()
+                    .filter(|k| *k != "kill" && *k != "pg-restart")
+                    .map(|k| format!("kill+{k}"))
+                    .collect();
+                let reps = if full { 2 } else { 1 };
+                // (`a,b*3` would repeat only b: spell the repetition out.)
+                s.faults = std::iter::repeat_n(pairs_of.join(","), reps)
+                    .collect::<Vec<_>>()
+                    .join(",");
+                s.duration_s = 10 + s.fault_time_s() + 3 * s.fault_count();
+                s.allow_pg_restart = allow_pg_restart && full;
+                out.push(s);
+            }
+            // PostgreSQL with each broker: the contended producer alone and
+            // with relay kills; pg-crash alone and with the contended
+            // producer.
+            let brokers: &[&'static str] = if kafka {
+                &["nats", "amqp", "kafka"]
+            } else {
+                &["nats", "amqp"]
+            };
+            for broker in brokers {
+                let rows: [(&str, &str); 4] = [
+                    ("contended", "none"),
+                    ("contended", "kill*3"),
+                    ("partitioned", "pg-crash*2"),
+                    ("contended", "pg-crash*2"),
+                ];
+                for (producer, faults) in rows {
+                    let crash = faults.starts_with("pg-crash");
+                    if crash && !pg_crash {
+                        continue;
+                    }
+                    let mut s = base("postgres", broker);
+                    s.producer = producer;
+                    s.faults = faults.to_owned();
+                    s.relays = 3;
+                    s.lease_ms = 5000;
+                    s.rate = if full { 1000 } else { 500 };
+                    s.allow_pg_crash = crash;
+                    // Room after each step for its recovery (lease + 5 s
+                    // after a crash, lease + 1 s after a kill).
+                    let room = if crash { 12 } else { 6 };
+                    s.duration_s = (10 + s.fault_time_s() + room * s.step_count()).max(30);
+                    s.recovery_room_s = 5;
+                    out.push(s);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What selects a plan: the mode and the flags that add or drop runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Selection {
+    /// `--quick`, `--medium` or `--full`.
+    pub(crate) mode: Mode,
+    /// The Kafka broker answered, so the Kafka pairs ran.
+    pub(crate) kafka: bool,
+    /// `--allow-pg-restart`.
+    pub(crate) allow_pg_restart: bool,
+    /// Not `--no-pg-crash`.
+    pub(crate) pg_crash: bool,
+}
+
+impl Selection {
+    /// The selection's runs.
+    pub(crate) fn plan(self) -> Vec<Scenario> {
+        plan(self.mode, self.kafka, self.allow_pg_restart, self.pg_crash)
+    }
+
+    /// The fingerprint of the selection's runs (see [`fingerprint`]).
+    pub(crate) fn fingerprint(self) -> String {
+        fingerprint(self.plan().iter().map(|s| (s.label(), s.args())))
+    }
+}
+
+/// A run list's fingerprint: 64-bit FNV-1a over each run's label and
+/// `outbox-chaos run` arguments, one line per run in label order, as 16 hex
+/// digits. Any change to the set of runs or to one run's parameters changes
+/// it; the order the runs were made in does not.
+pub(crate) fn fingerprint(runs: impl IntoIterator<Item = (String, Vec<String>)>) -> String {
+    let mut lines: Vec<String> = runs
+        .into_iter()
+        .map(|(label, args)| format!("{label}\t{}\n", args.join(" ")))
+        .collect();
+    lines.sort();
+    format!("{:016x}", fnv1a64(lines.concat().as_bytes()))
+}
+
+/// 64-bit FNV-1a: a stable hash with no dependency (not for security).
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The runs of a plan that are neither the contended producer's nor a
+    /// database crash.
+    fn mixed(p: &[Scenario]) -> Vec<&Scenario> {
+        p.iter()
+            .filter(|s| s.producer == "partitioned" && !s.faults.contains("pg-crash"))
+            .collect()
+    }
+
+    #[test]
+    fn quick_covers_the_required_pairs_within_budget() {
+        let p = plan(Mode::Quick, false, false, true);
+        let m = mixed(&p);
+        let pairs: Vec<(&str, &str)> = m.iter().map(|s| (s.store, s.broker)).collect();
+        assert_eq!(
+            pairs,
+            vec![
+                ("postgres", "nats"),
+                ("postgres", "amqp"),
+                ("sqlite", "nats")
+            ]
+        );
+        let secs: u64 = m.iter().map(|s| s.duration_s + 15).sum();
+        assert!(secs <= 300, "quick mode takes {secs} s");
+        assert!(!m[2].faults.contains("pg-") && !m[2].faults.contains("db-"));
+        let with_kafka = plan(Mode::Quick, true, false, true);
+        let kafka = mixed(&with_kafka).last().copied().unwrap();
+        assert_eq!((kafka.store, kafka.broker), ("postgres", "kafka"));
+        assert!(
+            kafka.faults.contains("broker-outage") && kafka.faults.contains("kill+broker-flap"),
+            "{}",
+            kafka.faults
+        );
+    }
+
+    #[test]
+    fn quick_adds_one_contended_and_one_crash_run_within_three_minutes() {
+        let p = plan(Mode::Quick, true, false, true);
+        let added: Vec<&Scenario> = p
+            .iter()
+            .filter(|s| s.producer == "contended" || s.faults.contains("pg-crash"))
+            .collect();
+        let labels: Vec<String> = added.iter().map(|s| s.label()).collect();
+        assert_eq!(
+            labels,
+            vec!["pg-nats-contended-kill_2", "pg-nats-pg-crash"],
+            "{labels:?}"
+        );
+        assert!(added[1].allow_pg_crash && !added[0].allow_pg_crash);
+        let secs: u64 = added.iter().map(|s| s.duration_s + 15).sum();
+        assert!(secs <= 180, "the added quick runs take {secs} s");
+        // `--no-pg-crash` leaves the crash out.
+        assert!(!plan(Mode::Quick, true, false, false)
+            .iter()
+            .any(|s| s.faults.contains("pg-crash")));
+    }
+
+    #[test]
+    fn medium_has_the_contended_and_crash_rows_for_each_postgres_pair() {
+        let p = plan(Mode::Medium, true, false, true);
+        for broker in ["nats", "amqp", "kafka"] {
+            let labels: Vec<String> = p
+                .iter()
+                .filter(|s| s.store == "postgres" && s.broker == broker)
+                .map(Scenario::label)
+                .collect();
+            for want in [
+                format!("pg-{broker}-contended-none"),
+                format!("pg-{broker}-contended-kill_3"),
+                format!("pg-{broker}-pg-crash_2"),
+                format!("pg-{broker}-contended-pg-crash_2"),
+            ] {
+                assert!(labels.contains(&want), "{want} not in {labels:?}");
+            }
+        }
+        let none = p.iter().find(|s| s.faults == "none").unwrap();
+        assert_eq!((none.fault_count(), none.step_count()), (0, 0));
+        assert_eq!(none.fault_time_s(), 0);
+    }
+
+    #[test]
+    fn full_is_at_least_a_million_events_and_a_hundred_faults() {
+        let p = plan(Mode::Full, true, false, true);
+        let events: u64 = p.iter().map(|s| u64::from(s.rate) * s.duration_s).sum();
+        let faults: u64 = p.iter().map(Scenario::fault_count).sum();
+        assert!(events >= 1_000_000, "{events} events");
+        assert!(faults >= 100, "{faults} faults");
+        for kind in ["broker-outage", "broker-flap", "kill+broker-flap"] {
+            assert!(
+                p.iter()
+                    .any(|s| s.broker == "kafka" && s.store == "sqlite" && s.faults.contains(kind)),
+                "no sqlite + kafka run with {kind}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_fingerprint_changes_with_a_runs_parameters_but_not_with_the_order() {
+        let sel = Selection {
+            mode: Mode::Quick,
+            kafka: true,
+            allow_pg_restart: false,
+            pg_crash: true,
+        };
+        let runs = sel.plan();
+        let of = |rs: &[Scenario]| fingerprint(rs.iter().map(|s| (s.label(), s.args())));
+        assert_eq!(of(&runs), sel.fingerprint());
+        assert_eq!(sel.fingerprint().len(), 16);
+        let mut reversed = runs.clone();
+        reversed.reverse();
+        assert_eq!(of(&reversed), of(&runs));
+        let mut changed = runs.clone();
+        changed[0].rate += 1;
+        assert_ne!(of(&changed), of(&runs));
+        assert_ne!(of(&runs[1..]), of(&runs));
+        let without_kafka = Selection {
+            kafka: false,
+            ..sel
+        };
+        assert_ne!(without_kafka.fingerprint(), sel.fingerprint());
+    }
+
+    #[test]
+    fn args_carry_every_parameter_and_the_opt_in_flags() {
+        let crash = plan(Mode::Quick, false, false, true)
+            .into_iter()
+            .find(|s| s.allow_pg_crash)
+            .unwrap();
+        let args = crash.args();
+        assert!(args.contains(&"--allow-pg-crash".to_owned()), "{args:?}");
+        assert!(!args.contains(&"--allow-pg-restart".to_owned()), "{args:?}");
+        assert_eq!(args.iter().filter(|a| a.starts_with("--")).count(), 16);
+        assert_eq!(Mode::from_name("medium"), Some(Mode::Medium));
+        assert_eq!(Mode::from_name("slow"), None);
+    }
+}
