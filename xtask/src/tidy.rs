@@ -20,6 +20,11 @@
 //! 4. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
 //!    rule has its fields, every metric they name is emitted by the code, and
 //!    promtool agrees when it is installed (see `deploy.rs`).
+//! 5. File size: no source file over 1,000 lines outside tests and
+//!    generated code, except those in `xtask/tidy-large-files.txt`, a list
+//!    that may only shrink (see `tidy/size.rs`).
+
+mod size;
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -96,6 +101,12 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(core_sources(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
+        report(&problems)?;
+    }
+    println!("    ok");
+    println!("\n==> tidy: file size (at most {} lines)", size::MAX_LINES);
+    problems.extend(size::check(&crate::root()));
+    if !problems.is_empty() {
         report(&problems)?;
     }
     println!("    ok");
