@@ -142,12 +142,12 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// 2. **deliver** them through [`KeyOrder`] (the per-key order layer every
 ///    sink gets) to the sink, within `delivery_timeout`;
 /// 3. **settle** the whole batch with ONE [`Store::settle`] call, each
-///    outcome mapped to a [`Resolution`]:
+///    outcome mapped to a [`Resolution`](outbox_core::Resolution):
 ///
 ///    | outcome | resolution |
 ///    |---------|------------|
 ///    | `Delivered` | `Delivered` |
-///    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`] (jittered) |
+///    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`](outbox_core::RetryPolicy::next_delay) (jittered) |
 ///    | `Failed`, event-level, permanent or last attempt | `Dead` |
 ///    | `Failed`, sink unavailable | `Released` (no attempt) and the sink's circuit breaker opens |
 ///    | `NotAttempted`, or no outcome | `Released` |
@@ -187,7 +187,7 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 ///
 /// Reliability, in short:
 /// - an event-level failure costs the event an attempt and follows the
-///   [`RetryPolicy`] (exponential backoff, jitter, cap, dead letter after
+///   [`RetryPolicy`](outbox_core::RetryPolicy) (exponential backoff, jitter, cap, dead letter after
 ///   `max_attempts`);
 /// - a sink-level failure ([`DeliveryError::unavailable`]) costs nothing: the
 ///   batch is released and the sink's circuit breaker opens (see
