@@ -30,9 +30,13 @@
 //!    heading of ARCHITECTURE.md carries a date, no `#[deprecated]` before
 //!    the first release tag, and RELIABILITY.md's results section comes
 //!    from a run of the current chaos plan.
+//! 8. File size: no source file over 1,000 lines outside tests and
+//!    generated code, except those in `xtask/tidy-large-files.txt`, a list
+//!    that may only shrink (see `tidy/size.rs`).
 
 mod docs;
 mod seams;
+mod size;
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -123,6 +127,8 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(crate::bench::check_doc(&crate::root()));
     println!("\n==> tidy: docs (paths, dated headings, deprecated items, chaos results)");
     problems.extend(docs::check(&crate::root()));
+    println!("\n==> tidy: file size (at most {} lines)", size::MAX_LINES);
+    problems.extend(size::check(&crate::root()));
     if !problems.is_empty() {
         report(&problems)?;
     }

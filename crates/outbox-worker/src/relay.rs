@@ -1,5 +1,11 @@
 //! The relay loop: claim, deliver, settle, wait. See [`Relay`].
 
+mod deliver;
+mod pacing;
+mod settle;
+
+use self::pacing::{wait, BatchSizer, ClaimErrors, IdleBackoff, Waited, NO_WAKEUP};
+use self::settle::ReleaseReason;
 use crate::breaker::{Breaker, SinkHealth, SinkState};
 use crate::control::{PauseHandle, PauseWatch};
 use crate::lease::{Leases, Renewed, Use};
@@ -9,35 +15,22 @@ use crate::{InvalidOptions, KeyOrder, RelayOptions};
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use outbox_core::{
-    Claim, ClaimRequest, ControlStore, DeliveryError, ErrorCode, Event, EventId, FencingToken,
-    Jitter, LastError, Outcome, Resolution, RetryPolicy, Retryable, SettleReport, Settlement,
-    ShardSpec, Sink, Store,
+    Claim, ClaimRequest, ControlStore, DeliveryError, ErrorCode, EventId, Retryable, ShardSpec,
+    Sink, Store,
 };
-use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
-use tracing::{debug, error, info, info_span, warn, Instrument};
+use tracing::{debug, error, info, warn};
 
 /// Code recorded when a sink panicked while delivering a batch (retryable:
 /// every event of the batch counts the attempt, so a sink that panics on
 /// one event dead-letters it after `max_attempts` instead of looping).
 pub const SINK_PANICKED: ErrorCode = ErrorCode::from_static("SINK_PANICKED");
-
-/// First wait after an empty claim, and the wait after a partial batch;
-/// it doubles up to the poll interval. 1 ms: at 1,000 events/s a relay
-/// claims every 2-3 ms (each claim gets what committed meanwhile), and an
-/// idle relay makes ten claims in its first second, then one per poll.
-const IDLE_FIRST: Duration = Duration::from_millis(1);
-/// Settle retries start at this delay and double up to [`SETTLE_RETRY_MAX`].
-const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(50);
-/// Longest wait between two settle attempts.
-const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 /// One thing the relay did, reported to the listener set with
 /// [`Relay::with_listener`] (the demo prints these as progress lines).
@@ -149,12 +142,12 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// 2. **deliver** them through [`KeyOrder`] (the per-key order layer every
 ///    sink gets) to the sink, within `delivery_timeout`;
 /// 3. **settle** the whole batch with ONE [`Store::settle`] call, each
-///    outcome mapped to a [`Resolution`]:
+///    outcome mapped to a [`Resolution`](outbox_core::Resolution):
 ///
 ///    | outcome | resolution |
 ///    |---------|------------|
 ///    | `Delivered` | `Delivered` |
-///    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`] (jittered) |
+///    | `Failed`, event-level, retryable, attempts left | `Retry` after [`RetryPolicy::next_delay`](outbox_core::RetryPolicy::next_delay) (jittered) |
 ///    | `Failed`, event-level, permanent or last attempt | `Dead` |
 ///    | `Failed`, sink unavailable | `Released` (no attempt) and the sink's circuit breaker opens |
 ///    | `NotAttempted`, or no outcome | `Released` |
@@ -194,7 +187,7 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 ///
 /// Reliability, in short:
 /// - an event-level failure costs the event an attempt and follows the
-///   [`RetryPolicy`] (exponential backoff, jitter, cap, dead letter after
+///   [`RetryPolicy`](outbox_core::RetryPolicy) (exponential backoff, jitter, cap, dead letter after
 ///   `max_attempts`);
 /// - a sink-level failure ([`DeliveryError::unavailable`]) costs nothing: the
 ///   batch is released and the sink's circuit breaker opens (see
@@ -240,120 +233,6 @@ enum Mode {
     UntilIdle,
 }
 
-/// Why events were released (the `reason` label of `outbox_events_released_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ReleaseReason {
-    SinkUnavailable,
-    NotAttempted,
-    DeliveryTimeout,
-    Shutdown,
-    MissingOutcome,
-    LeaseRenewal,
-    LeaseLost,
-}
-
-impl ReleaseReason {
-    fn as_str(self) -> &'static str {
-        match self {
-            ReleaseReason::SinkUnavailable => "sink_unavailable",
-            ReleaseReason::NotAttempted => "not_attempted",
-            ReleaseReason::DeliveryTimeout => "delivery_timeout",
-            ReleaseReason::Shutdown => "shutdown",
-            ReleaseReason::MissingOutcome => "missing_outcome",
-            ReleaseReason::LeaseRenewal => "lease_renewal",
-            ReleaseReason::LeaseLost => "lease_lost",
-        }
-    }
-}
-
-/// The level fenced ids of a settlement are logged at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FencedLog {
-    /// WARN: the first news of the lost lease.
-    Warn,
-    /// DEBUG: the loss was logged at WARN already (a stopped delivery).
-    Quiet,
-}
-
-/// What the relay decided for one event of a batch.
-#[derive(Debug, Clone)]
-enum Fate {
-    Delivered,
-    Retry {
-        delay: Duration,
-        error: DeliveryError,
-    },
-    Dead {
-        error: DeliveryError,
-    },
-    Released(ReleaseReason),
-}
-
-impl Fate {
-    fn resolution(&self) -> Resolution {
-        let last = |e: &DeliveryError| LastError {
-            code: e.code().clone(),
-            message: e.message().to_owned(),
-        };
-        match self {
-            Fate::Delivered => Resolution::Delivered,
-            Fate::Retry { delay, error } => Resolution::Retry {
-                delay: *delay,
-                error: last(error),
-            },
-            Fate::Dead { error } => Resolution::Dead { error: last(error) },
-            Fate::Released(_) => Resolution::Released,
-        }
-    }
-}
-
-/// How a delivery ended.
-enum Delivery {
-    Outcomes(Vec<Outcome>),
-    Panicked(String),
-    TimedOut,
-    Abandoned,
-    /// A renewal found the lease lost; the claim still held this many events.
-    LeaseLost {
-        still_held: u64,
-    },
-}
-
-/// What processing one batch means for the loop.
-#[derive(Default)]
-struct Processed {
-    /// Shutdown was requested during the batch.
-    stop: bool,
-    /// The sink reported itself unavailable (first such error).
-    sink_down: Option<DeliveryError>,
-    /// With `sink_down`: the batch's settlement, left to the loop so that a
-    /// prefetched (later) batch is given back first. Settled newest first,
-    /// a store that reads in order (the PostgreSQL event log) rewinds its
-    /// cursor over both instead of copying the older one's events into its
-    /// retry lane (which would park those keys on its slower path).
-    deferred: Option<Deferred>,
-    /// The delivery was stopped because the lease was lost (a half-open
-    /// probe stopped that way proves nothing about the sink).
-    lease_lost: bool,
-}
-
-/// A processed batch whose settlement waits for the loop.
-struct Deferred {
-    claim: Claim,
-    fates: Vec<Fate>,
-    started: Instant,
-    /// The lease end known at claim time (a renewal may have moved it).
-    until: Instant,
-}
-
-/// What ended a wait.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Waited {
-    Shutdown,
-    Timer,
-    Woken,
-}
-
 /// A claim and the relay's estimate of its lease end.
 struct Held {
     claim: Claim,
@@ -366,122 +245,6 @@ struct Held {
 impl Held {
     fn is_full(&self) -> bool {
         self.claim.events.len() >= usize::try_from(self.asked).unwrap_or(usize::MAX)
-    }
-}
-
-/// The size of the next claim: `batch_size` while the relay keeps up,
-/// doubling after each full claim up to `max_batch_size` while it catches
-/// up, back to `batch_size` at the first short claim.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct BatchSizer {
-    base: u32,
-    max: u32,
-    next: u32,
-}
-
-impl BatchSizer {
-    fn new(base: u32, max: u32) -> Self {
-        Self {
-            base,
-            max: max.max(base),
-            next: base,
-        }
-    }
-
-    fn next(&self) -> u32 {
-        self.next
-    }
-
-    /// After a claim of `asked` events came back with `got`; `more`: the
-    /// store said more events were ready (it stopped early).
-    fn observe(&mut self, asked: u32, got: usize, more: bool) {
-        let full = got >= usize::try_from(asked).unwrap_or(usize::MAX);
-        if full {
-            self.next = asked.max(self.next).saturating_mul(2).min(self.max);
-        } else if !more {
-            self.next = self.base;
-        }
-    }
-}
-
-/// The wait after an empty claim: a few ms, doubling up to the poll interval.
-struct IdleBackoff {
-    next: Duration,
-    cap: Duration,
-}
-
-impl IdleBackoff {
-    fn new(cap: Duration) -> Self {
-        Self {
-            next: IDLE_FIRST.min(cap),
-            cap,
-        }
-    }
-
-    fn reset(&mut self) {
-        self.next = IDLE_FIRST.min(self.cap);
-    }
-
-    fn first(&self) -> Duration {
-        IDLE_FIRST.min(self.cap)
-    }
-
-    fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (d * 2).min(self.cap);
-        d
-    }
-}
-
-/// Claim errors: a capped backoff, longer for errors retrying cannot fix.
-struct ClaimErrors {
-    retryable: RetryPolicy,
-    fatal: RetryPolicy,
-    streak: u32,
-    fatal_logged: bool,
-}
-
-impl ClaimErrors {
-    fn new() -> Self {
-        let policy =
-            |base, cap| RetryPolicy::new(base, cap, u32::MAX, Jitter::Equal).unwrap_or_default();
-        Self {
-            retryable: policy(Duration::from_millis(250), Duration::from_secs(30)),
-            fatal: policy(Duration::from_secs(5), Duration::from_secs(5 * 60)),
-            streak: 0,
-            fatal_logged: false,
-        }
-    }
-
-    fn failed(&mut self, err: &(impl std::error::Error + Retryable)) -> Duration {
-        self.streak = self.streak.saturating_add(1);
-        metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
-        if err.is_retryable() {
-            let delay = self.retryable.next_delay(self.streak, rand::random());
-            warn!(error = %err, retry_in = ?delay, "claim failed; backing off");
-            delay
-        } else {
-            let delay = self.fatal.next_delay(self.streak, rand::random());
-            if self.fatal_logged {
-                warn!(error = %err, retry_in = ?delay, "claim still failing (not retryable)");
-            } else {
-                self.fatal_logged = true;
-                error!(
-                    error = %err,
-                    retry_in = ?delay,
-                    "claim failed with an error retrying will not fix (schema, permissions?); backing off longer"
-                );
-            }
-            delay
-        }
-    }
-
-    fn succeeded(&mut self) {
-        if self.streak > 0 {
-            info!(failures = self.streak, "claiming works again");
-        }
-        self.streak = 0;
-        self.fatal_logged = false;
     }
 }
 
@@ -964,432 +727,6 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         }
     }
 
-    /// Delivers one claimed batch and settles it.
-    async fn process(
-        &self,
-        held: Held,
-        leases: &Leases,
-        mut shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
-        summary: &mut RelaySummary,
-    ) -> Processed {
-        let started = Instant::now();
-        let claim = held.claim;
-        leases.delivering(claim.token);
-        let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
-        let span = info_span!(
-            "outbox_batch",
-            relay_id = %self.options.relay_id(),
-            token = %claim.token,
-            size = ids.len(),
-            event_ids = %join_ids(&ids),
-        );
-        // One batch serves many producers' traces: it links to each event's
-        // producer span (the handlers' per-event spans are their children).
-        #[cfg(feature = "otel")]
-        for event in &claim.events {
-            outbox_core::trace::link(&span, &event.headers);
-        }
-        async {
-            self.record_lag(&claim);
-            debug!("delivering batch");
-
-            let timeout = self.options.delivery_timeout();
-            let deadline = tokio::time::Instant::now() + timeout;
-            let delivery = AssertUnwindSafe(self.sink.deliver(&claim.events)).catch_unwind();
-            let delivery = tokio::time::timeout_at(deadline, delivery);
-            // The lease renewal (on this task) may find the lease lost
-            // meanwhile. Looked at first at every poll: once the loss is
-            // known the delivery is never polled again, and dropping it
-            // stops the sink (no further send, handler tasks aborted).
-            let lost = leases.lost(claim.token);
-            // In a block of its own: the delivery future is dropped (a
-            // stopped or abandoned one cancelled, its handler tasks aborted)
-            // before the batch is settled.
-            let (delivery, stop) = {
-                let mut delivery = std::pin::pin!(async {
-                    tokio::select! {
-                        biased;
-                        still_held = lost => Delivery::LeaseLost { still_held },
-                        r = delivery => match r {
-                            Ok(Ok(outcomes)) => Delivery::Outcomes(outcomes),
-                            Ok(Err(panic)) => Delivery::Panicked(panic_message(panic)),
-                            Err(_) => Delivery::TimedOut,
-                        },
-                    }
-                });
-                tokio::select! {
-                    biased;
-                    d = delivery.as_mut() => (d, false),
-                    () = shutdown.as_mut() => {
-                        let grace = self.options.shutdown_grace();
-                        info!(grace = ?grace, "shutdown requested; waiting for the in-flight batch");
-                        let until = deadline.min(tokio::time::Instant::now() + grace);
-                        match tokio::time::timeout_at(until, delivery.as_mut()).await {
-                            Ok(d) => (d, true),
-                            Err(_) => {
-                                warn!("in-flight batch did not finish within the shutdown grace period; releasing it");
-                                (Delivery::Abandoned, true)
-                            }
-                        }
-                    }
-                }
-            };
-            let mut processed = Processed {
-                stop,
-                sink_down: None,
-                deferred: None,
-                lease_lost: false,
-            };
-            let fates: Vec<Fate> = match delivery {
-                Delivery::Outcomes(outcomes) => {
-                    self.fates(&claim.events, outcomes, &mut processed.sink_down)
-                }
-                Delivery::Panicked(msg) => {
-                    error!(panic = %msg, "the sink panicked; the batch counts as a retryable failure");
-                    let error = DeliveryError::retryable(SINK_PANICKED, format!("sink panicked: {msg}"));
-                    claim
-                        .events
-                        .iter()
-                        .map(|e| self.failed(e, error.clone()))
-                        .collect()
-                }
-                Delivery::TimedOut => {
-                    summary.delivery_timeouts += 1;
-                    metrics::counter!(m::DELIVERY_TIMEOUTS).increment(1);
-                    let error = DeliveryError::unavailable(
-                        ErrorCode::DELIVERY_TIMEOUT,
-                        format!("the sink did not finish the batch within the delivery timeout ({timeout:?})"),
-                    );
-                    warn!(code = %ErrorCode::DELIVERY_TIMEOUT, timeout = ?timeout, "{error}; delivery cancelled, events released");
-                    // No acknowledgement in time is the sink's failure.
-                    processed.sink_down = Some(error);
-                    vec![Fate::Released(ReleaseReason::DeliveryTimeout); claim.events.len()]
-                }
-                Delivery::Abandoned => {
-                    vec![Fate::Released(ReleaseReason::Shutdown); claim.events.len()]
-                }
-                Delivery::LeaseLost { still_held } => {
-                    // Not settled as delivered, failed or retried: another
-                    // relay holds the events now.
-                    processed.lease_lost = true;
-                    self.stop_lost(&claim, still_held, held.until, leases, started, summary)
-                        .await;
-                    return processed;
-                }
-            };
-            if processed.sink_down.is_some() {
-                processed.deferred = Some(Deferred {
-                    claim,
-                    fates,
-                    started,
-                    until: held.until,
-                });
-            } else {
-                let delivered_in = started.elapsed();
-                let until = leases.remove(claim.token).unwrap_or(held.until);
-                self.settle_and_report(&claim, &fates, until, Some(started), summary)
-                    .await;
-                debug!(
-                    events = claim.events.len(),
-                    deliver_ms = delivered_in.as_secs_f64() * 1e3,
-                    settle_ms = (started.elapsed() - delivered_in).as_secs_f64() * 1e3,
-                    "batch done"
-                );
-            }
-            processed
-        }
-        .instrument(span)
-        .await
-    }
-
-    /// The delivery of `claim` was stopped because a renewal found its
-    /// lease lost with `still_held` of its events: logs it (the one WARN
-    /// of the batch), counts it, and reports the events taken over as lost.
-    /// Nothing is settled unless the claim still holds events: those are
-    /// released so they come back at once, not after the lock timeout.
-    async fn stop_lost(
-        &self,
-        claim: &Claim,
-        still_held: u64,
-        until: Instant,
-        leases: &Leases,
-        started: Instant,
-        summary: &mut RelaySummary,
-    ) {
-        let events = claim.events.len();
-        summary.deliveries_stopped += 1;
-        metrics::counter!(m::LEASE_LOST_DELIVERIES_STOPPED, "stage" => "delivering").increment(1);
-        warn!(
-            token = %claim.token,
-            events,
-            still_held,
-            after = ?started.elapsed(),
-            lock_timeout = ?self.options.lock_timeout(),
-            "lease lost while the batch was being delivered: delivery stopped, nothing more of it goes to the sink; the relay that holds it now delivers it again"
-        );
-        let until = leases.remove(claim.token).unwrap_or(until);
-        if still_held == 0 {
-            // Every event was taken over: a settlement would be fenced in
-            // full (and cost a round trip to a store that may be struggling).
-            let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
-            summary.lease_lost += events as u64;
-            metrics::counter!(m::LEASE_LOST).increment(events as u64);
-            self.notify(|| Progress::LeaseLost { ids });
-        } else {
-            let fates = vec![Fate::Released(ReleaseReason::LeaseLost); events];
-            self.settle_report(claim, &fates, until, None, FencedLog::Quiet, summary)
-                .await;
-        }
-    }
-
-    /// Settles a batch whose settlement [`process`](Self::process) deferred.
-    async fn settle_deferred(
-        &self,
-        deferred: Deferred,
-        leases: &Leases,
-        summary: &mut RelaySummary,
-    ) {
-        let Deferred {
-            claim,
-            fates,
-            started,
-            until,
-        } = deferred;
-        let until = leases.remove(claim.token).unwrap_or(until);
-        self.settle_and_report(&claim, &fates, until, Some(started), summary)
-            .await;
-    }
-
-    /// Gives back a claim that was never handed to the sink.
-    async fn give_back(
-        &self,
-        held: Held,
-        leases: &Leases,
-        reason: ReleaseReason,
-        summary: &mut RelaySummary,
-    ) {
-        let until = leases.remove(held.claim.token).unwrap_or(held.until);
-        let fates = vec![Fate::Released(reason); held.claim.events.len()];
-        self.settle_and_report(&held.claim, &fates, until, None, summary)
-            .await;
-    }
-
-    /// Maps the sink's outcomes to fates; notes the first sink-level failure.
-    fn fates(
-        &self,
-        events: &[Event],
-        outcomes: Vec<Outcome>,
-        sink_down: &mut Option<DeliveryError>,
-    ) -> Vec<Fate> {
-        if outcomes.len() != events.len() {
-            error!(
-                events = events.len(),
-                outcomes = outcomes.len(),
-                "sink returned the wrong number of outcomes (a sink bug); missing ones are released"
-            );
-        }
-        let mut outcomes = outcomes.into_iter();
-        events
-            .iter()
-            .map(|event| match outcomes.next() {
-                Some(Outcome::Delivered) => Fate::Delivered,
-                Some(Outcome::Failed(error)) if error.is_sink_unavailable() => {
-                    debug!(event_id = %event.id, error = %error, "sink unavailable");
-                    sink_down.get_or_insert(error);
-                    Fate::Released(ReleaseReason::SinkUnavailable)
-                }
-                Some(Outcome::Failed(error)) => self.failed(event, error),
-                Some(_) => Fate::Released(ReleaseReason::NotAttempted),
-                None => Fate::Released(ReleaseReason::MissingOutcome),
-            })
-            .collect()
-    }
-
-    /// The fate of an event-level failure under the retry policy.
-    fn failed(&self, event: &Event, error: DeliveryError) -> Fate {
-        let policy = self.options.retry();
-        if !error.is_retryable() || !policy.should_retry(event.attempts) {
-            Fate::Dead { error }
-        } else {
-            Fate::Retry {
-                delay: policy.next_delay(event.attempts, rand::random()),
-                error,
-            }
-        }
-    }
-
-    /// Settles a batch with one [`Store::settle`] (retried while retryable
-    /// and the lease lasts), then logs, counts and reports each event.
-    async fn settle_and_report(
-        &self,
-        claim: &Claim,
-        fates: &[Fate],
-        lease_until: Instant,
-        started: Option<Instant>,
-        summary: &mut RelaySummary,
-    ) {
-        self.settle_report(claim, fates, lease_until, started, FencedLog::Warn, summary)
-            .await;
-    }
-
-    /// [`settle_and_report`](Self::settle_and_report), with fenced ids
-    /// logged at the level `fenced_log` says.
-    async fn settle_report(
-        &self,
-        claim: &Claim,
-        fates: &[Fate],
-        lease_until: Instant,
-        started: Option<Instant>,
-        fenced_log: FencedLog,
-        summary: &mut RelaySummary,
-    ) {
-        let mut settlement = Settlement::new();
-        for (event, fate) in claim.events.iter().zip(fates) {
-            settlement.push(event.id, fate.resolution());
-        }
-        let Some(report) = self.settle(claim.token, &settlement, lease_until).await else {
-            return;
-        };
-        let fenced: HashSet<EventId> = report.fenced.iter().copied().collect();
-        self.lease_lost(&report, fenced_log, summary);
-        let rejected: HashMap<EventId, &str> = report
-            .rejected
-            .iter()
-            .map(|r| (r.id, r.reason.as_str()))
-            .collect();
-        let mut released: Vec<EventId> = Vec::new();
-        // Resolved once per batch, not per event: the batch settled at once.
-        let process_seconds = started.map(|s| {
-            (
-                metrics::histogram!(m::EVENT_PROCESS_SECONDS),
-                s.elapsed().as_secs_f64(),
-            )
-        });
-        let mut delivered: u64 = 0;
-        for (event, fate) in claim.events.iter().zip(fates) {
-            if fenced.contains(&event.id) {
-                continue;
-            }
-            if let Some(reason) = rejected.get(&event.id) {
-                summary.rejected += 1;
-                metrics::counter!(m::EVENTS_REJECTED).increment(1);
-                warn!(
-                    event_id = %event.id,
-                    asked = fate.resolution().name(),
-                    reason = %reason,
-                    "the store could not settle this event as asked"
-                );
-                self.notify(|| Progress::Rejected {
-                    id: event.id,
-                    reason: (*reason).to_owned(),
-                });
-                continue;
-            }
-            if !matches!(fate, Fate::Released(_)) {
-                if let Some((histogram, seconds)) = &process_seconds {
-                    histogram.record(*seconds);
-                }
-            }
-            match fate {
-                Fate::Delivered => {
-                    delivered += 1;
-                    debug!(event_id = %event.id, attempts = event.attempts, "delivered");
-                    self.notify(|| Progress::Delivered {
-                        id: event.id,
-                        event_type: event.event_type.clone(),
-                        attempts: event.attempts,
-                    });
-                }
-                Fate::Retry { delay, error } => {
-                    summary.retried += 1;
-                    let code = error.code().as_str().to_owned();
-                    metrics::counter!(m::EVENTS_RETRIED, "code" => code).increment(1);
-                    info!(event_id = %event.id, attempts = event.attempts, retry_in = ?delay, error = %error, "delivery failed; retry scheduled");
-                    self.notify(|| Progress::Retried {
-                        id: event.id,
-                        event_type: event.event_type.clone(),
-                        attempts: event.attempts,
-                        error: error.clone(),
-                        delay: *delay,
-                    });
-                }
-                Fate::Dead { error } => {
-                    summary.dead += 1;
-                    let code = error.code().as_str().to_owned();
-                    metrics::counter!(m::EVENTS_DEAD, "code" => code).increment(1);
-                    warn!(event_id = %event.id, attempts = event.attempts, error = %error, "dead-lettered");
-                    self.notify(|| Progress::Dead {
-                        id: event.id,
-                        event_type: event.event_type.clone(),
-                        attempts: event.attempts,
-                        error: error.clone(),
-                    });
-                }
-                Fate::Released(reason) => {
-                    metrics::counter!(m::EVENTS_RELEASED, "reason" => reason.as_str()).increment(1);
-                    if *reason == ReleaseReason::MissingOutcome {
-                        error!(event_id = %event.id, "the sink returned no outcome for this event; released");
-                    }
-                    released.push(event.id);
-                }
-            }
-        }
-        if delivered > 0 {
-            summary.delivered += delivered;
-            metrics::counter!(m::EVENTS_DELIVERED).increment(delivered);
-        }
-        if !released.is_empty() {
-            summary.released += released.len() as u64;
-            debug!(released = %join_ids(&released), "released unattempted events");
-            self.notify(|| Progress::Released { ids: released });
-        }
-    }
-
-    /// The one retry loop for settlements: retried while the error is
-    /// retryable, with a capped backoff, and no longer than the lease
-    /// (after that the events come back to a claim anyway). `None` when it
-    /// could not be recorded.
-    async fn settle(
-        &self,
-        token: FencingToken,
-        settlement: &Settlement,
-        lease_until: Instant,
-    ) -> Option<SettleReport> {
-        let mut delay = SETTLE_RETRY_FIRST;
-        let mut attempt: u32 = 0;
-        loop {
-            attempt += 1;
-            match self.store.settle(token, settlement).await {
-                Ok(report) => return Some(report),
-                Err(err) => {
-                    metrics::counter!(m::STORE_ERRORS, "op" => "settle").increment(1);
-                    if !err.is_retryable() {
-                        error!(
-                            error = %err,
-                            %token,
-                            events = settlement.len(),
-                            "could not settle the batch (not retryable); its events come back when their lease expires"
-                        );
-                        return None;
-                    }
-                    if Instant::now() + delay >= lease_until {
-                        error!(
-                            error = %err,
-                            %token,
-                            attempts = attempt,
-                            events = settlement.len(),
-                            "could not settle the batch before its lease ran out; its events come back when it expires"
-                        );
-                        return None;
-                    }
-                    warn!(error = %err, %token, attempt, retry_in = ?delay, "settling the batch failed; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(SETTLE_RETRY_MAX);
-                }
-            }
-        }
-    }
-
     /// The `shard` label of per-shard metrics: `index/total`, or `all`.
     fn shard_label(&self) -> String {
         let shard = self.options.shard();
@@ -1417,105 +754,11 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         }
     }
 
-    /// Logs and counts fenced-out events.
-    fn lease_lost(&self, report: &SettleReport, log: FencedLog, summary: &mut RelaySummary) {
-        if report.fenced.is_empty() {
-            return;
-        }
-        summary.lease_lost += report.fenced.len() as u64;
-        metrics::counter!(m::LEASE_LOST).increment(report.fenced.len() as u64);
-        let lost = join_ids(&report.fenced);
-        let count = report.fenced.len();
-        const LOST: &str = "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed";
-        match log {
-            FencedLog::Warn => {
-                warn!(%lost, count, lock_timeout = ?self.options.lock_timeout(), "{LOST}");
-            }
-            FencedLog::Quiet => debug!(%lost, count, "{LOST}"),
-        }
-        self.notify(|| Progress::LeaseLost {
-            ids: report.fenced.clone(),
-        });
-    }
-
     /// Reports to the listener, if any; `progress` is only built when one
     /// listens (no per-event clone of the event type on the hot path).
     fn notify(&self, progress: impl FnOnce() -> Progress) {
         if let Some(listener) = &self.listener {
             listener(&progress());
         }
-    }
-}
-
-/// A wait that the store's wake-up does not cut short.
-const NO_WAKEUP: Option<std::future::Pending<()>> = None;
-
-/// Waits for `delay`, `wakeup` (if any) or shutdown.
-async fn wait(
-    delay: Duration,
-    shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
-    wakeup: Option<impl Future<Output = ()> + Send>,
-) -> Waited {
-    let woken = async {
-        match wakeup {
-            Some(w) => w.await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::select! {
-        () = shutdown => Waited::Shutdown,
-        () = tokio::time::sleep(delay) => Waited::Timer,
-        () = woken => Waited::Woken,
-    }
-}
-
-fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-text panic payload".to_owned())
-}
-
-fn join_ids(ids: &[EventId]) -> String {
-    let mut s = String::with_capacity(ids.len() * 37);
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&id.to_string());
-    }
-    s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::BatchSizer;
-
-    #[test]
-    fn the_batch_doubles_while_claims_come_back_full_and_resets_on_a_short_one() {
-        let mut s = BatchSizer::new(20, 500);
-        let mut asked = Vec::new();
-        for _ in 0..7 {
-            let n = s.next();
-            asked.push(n);
-            s.observe(n, n as usize, true);
-        }
-        assert_eq!(asked, vec![20, 40, 80, 160, 320, 500, 500]);
-        // Short, but the store stopped early (keys in flight): keep the size.
-        s.observe(500, 37, true);
-        assert_eq!(s.next(), 500);
-        // Short and nothing more: the backlog is gone.
-        s.observe(500, 499, false);
-        assert_eq!(s.next(), 20);
-        // A full claim that was asked for less than the current size (the
-        // one-event probe) does not shrink it.
-        s.observe(20, 20, true);
-        s.observe(1, 1, true);
-        assert_eq!(s.next(), 80);
-        // No room to grow: the size stays put.
-        let mut flat = BatchSizer::new(20, 20);
-        flat.observe(20, 20, true);
-        assert_eq!(flat.next(), 20);
     }
 }
