@@ -21,17 +21,17 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_create_outbox",
-        template: include_str!("../../../migrations/postgres/0001_create_outbox.sql"),
+        template: include_str!("../migrations/queue/0001_create_outbox.sql"),
     },
     Migration {
         version: 2,
         name: "0002_order_and_parking",
-        template: include_str!("../../../migrations/postgres/0002_order_and_parking.sql"),
+        template: include_str!("../migrations/queue/0002_order_and_parking.sql"),
     },
     Migration {
         version: 3,
         name: "0003_control",
-        template: include_str!("../../../migrations/postgres/0003_control.sql"),
+        template: include_str!("../migrations/queue/0003_control.sql"),
     },
 ];
 

@@ -34,17 +34,17 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "outbox",
-        sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
+        sql: include_str!("../migrations/0001_outbox.sql"),
     },
     Migration {
         version: 2,
         name: "commit_order",
-        sql: include_str!("../../../migrations/sqlite/0002_commit_order.sql"),
+        sql: include_str!("../migrations/0002_commit_order.sql"),
     },
     Migration {
         version: 3,
         name: "control",
-        sql: include_str!("../../../migrations/sqlite/0003_control.sql"),
+        sql: include_str!("../migrations/0003_control.sql"),
     },
 ];
 

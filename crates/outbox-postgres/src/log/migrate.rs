@@ -11,27 +11,27 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_event_log",
-        template: include_str!("../../../../migrations/postgres-log/0001_event_log.sql"),
+        template: include_str!("../../migrations/log/0001_event_log.sql"),
     },
     Migration {
         version: 2,
         name: "0002_relay_group",
-        template: include_str!("../../../../migrations/postgres-log/0002_relay_group.sql"),
+        template: include_str!("../../migrations/log/0002_relay_group.sql"),
     },
     Migration {
         version: 3,
         name: "0003_delayed_events",
-        template: include_str!("../../../../migrations/postgres-log/0003_delayed_events.sql"),
+        template: include_str!("../../migrations/log/0003_delayed_events.sql"),
     },
     Migration {
         version: 4,
         name: "0004_control",
-        template: include_str!("../../../../migrations/postgres-log/0004_control.sql"),
+        template: include_str!("../../migrations/log/0004_control.sql"),
     },
     Migration {
         version: 5,
         name: "0005_insertion_order",
-        template: include_str!("../../../../migrations/postgres-log/0005_insertion_order.sql"),
+        template: include_str!("../../migrations/log/0005_insertion_order.sql"),
     },
 ];
 
