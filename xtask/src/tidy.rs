@@ -20,6 +20,9 @@
 //! 4. `deploy/`: the Prometheus rules and the Grafana dashboard parse, every
 //!    rule has its fields, every metric they name is emitted by the code, and
 //!    promtool agrees when it is installed (see `deploy.rs`).
+//! 5. README.md's quick start is `xtask/quickstart/main.rs`, the program the
+//!    outside project of `cargo xtask package` builds and runs (see
+//!    `package.rs`).
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -94,6 +97,7 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     println!("\n==> tidy: dependency direction");
     problems.extend(dependency_direction(&meta));
     problems.extend(core_sources(&crate::root()));
+    problems.extend(crate::package::check_readme_quickstart(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
         report(&problems)?;

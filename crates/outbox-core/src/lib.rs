@@ -9,6 +9,7 @@ mod event;
 pub mod headers;
 pub mod ident;
 mod message;
+pub mod migration;
 pub mod pool;
 mod redact;
 mod retry;

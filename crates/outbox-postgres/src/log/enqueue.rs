@@ -2,7 +2,7 @@
 
 use super::names::LogNames;
 use crate::enqueue::EnqueueSql;
-use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError, Migration};
+use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
 use outbox_core::{EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
 use std::fmt;
@@ -112,6 +112,6 @@ impl PgLog {
     /// The migration SQL with this outbox's names substituted, for teams that
     /// apply migrations with their own tool: `(version, name, sql)`.
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
-        Migration::render_all(super::LOG_MIGRATIONS, &self.names)
+        crate::migrate::render_all(super::LOG_MIGRATIONS, &self.names)
     }
 }
