@@ -159,7 +159,11 @@ pub(crate) fn outside_project(crates: &[Packaged], run: bool) -> Result<()> {
     ];
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    println!("\n==> outside project {}: cargo {}", dir.display(), args.join(" "));
+    println!(
+        "\n==> outside project {}: cargo {}",
+        dir.display(),
+        args.join(" ")
+    );
     let status = Command::new(&cargo)
         .args(args)
         .current_dir(&dir)
@@ -235,7 +239,8 @@ fn write_if_changed(path: &Path, text: &str) -> Result<()> {
 
 /// The README's quick start opens with this marker line, then a fenced
 /// `rust` block that must equal [`QUICKSTART`], then [`README_END`].
-const README_BEGIN: &str = "<!-- quickstart: xtask/quickstart/main.rs (cargo xtask tidy checks they are equal) -->";
+const README_BEGIN: &str =
+    "<!-- quickstart: xtask/quickstart/main.rs (cargo xtask tidy checks they are equal) -->";
 /// The line after the quick start's code block.
 const README_END: &str = "<!-- /quickstart -->";
 

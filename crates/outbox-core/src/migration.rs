@@ -78,11 +78,11 @@ impl<R: fmt::Debug> std::error::Error for HistoryError<R> {}
 /// Every recorded version must be embedded and `verify(migration, record)`
 /// must accept its record; otherwise nothing is applied and the first
 /// offending row is returned.
-pub fn pending<'m, R>(
-    migrations: &'m [Migration],
+pub fn pending<R>(
+    migrations: &[Migration],
     history: impl IntoIterator<Item = (i32, R)>,
     mut verify: impl FnMut(&Migration, &R) -> bool,
-) -> Result<Vec<&'m Migration>, HistoryError<R>> {
+) -> Result<Vec<&Migration>, HistoryError<R>> {
     let mut applied = Vec::new();
     for (version, recorded) in history {
         match migrations.iter().find(|m| m.version == version) {

@@ -98,7 +98,7 @@ pub(crate) async fn run(
     let rows = sqlx::query(&format!("SELECT version, name, checksum FROM {history}"))
         .fetch_all(&mut *tx)
         .await?;
-    let history = rows
+    let recorded = rows
         .into_iter()
         .map(|row| {
             let version: i32 = row.try_get("version")?;
@@ -109,7 +109,7 @@ pub(crate) async fn run(
         .collect::<Result<Vec<_>, sqlx::Error>>()?;
     // Collected first: an iterator adapter with a closure held across the
     // awaits below makes the future not `Send` (a rustc limitation).
-    let pending = migration::pending(MIGRATIONS, history, |m, (_, found)| {
+    let pending = migration::pending(MIGRATIONS, recorded, |m, (_, found)| {
         matches(m.version, found, &checksum(&render(m, names)))
     })
     .map_err(|e| match e {
