@@ -1,18 +1,25 @@
 //! `cargo xtask package`: every crate meant for users packages, builds on
 //! its own, and works from a project outside the workspace.
 //!
-//! 1. [`package`]: `cargo package` of every publishable member (those
-//!    without `publish = false`), which builds each `.crate` as a user
-//!    would get it (cargo packages interdependent unpublished members
-//!    through a temporary local registry). A file a crate reads from
-//!    outside its directory fails here.
-//! 2. [`outside_project`]: a project generated in the target directory, not
-//!    a workspace member, that depends on the crates *by version* with
-//!    `[patch.crates-io]` pointing at the unpacked `target/package/<crate>-<version>/`
-//!    directories, and whose `main.rs` is `xtask/quickstart/main.rs`, the
-//!    README's quick start (tidy keeps the two equal). It is built and run
-//!    against the loopback PostgreSQL, so it needs the services: `ci` runs
-//!    it after `services::ensure_all()`.
+//! 1. [`package`]: `cargo package --no-verify` of every publishable member
+//!    (those without `publish = false`), each `.crate` unpacked into a
+//!    directory outside the workspace. Cargo's own verify build is not
+//!    used: it resolves a packaged crate's dependencies on crates.io first
+//!    and only then on the other packaged members, and crates.io already
+//!    has an unrelated `outbox-core 0.1.0`, so it built `outbox-broker`
+//!    against that. Step 2 builds every unpacked crate instead, with
+//!    `[patch.crates-io]`, which always wins.
+//! 2. [`outside_project`]: a project outside the workspace that depends on
+//!    every packaged library *by version* with `[patch.crates-io]`
+//!    pointing at the unpacked directories, and whose `main.rs` is
+//!    `xtask/quickstart/main.rs`, the README's quick start (tidy keeps the
+//!    two equal); the binary crate `outbox-relay` is built from its
+//!    unpacked directory with the same patches. A file a crate reads from
+//!    outside its directory, or a dependency without a version, fails
+//!    here. With `run`, the quick start runs against the loopback
+//!    PostgreSQL (schema `quickstart`) and asserts its event was
+//!    delivered, so it needs the services: `ci` runs it after
+//!    `services::ensure_all()`.
 //!
 //! Both share the workspace's target directory, so a warm run rebuilds
 //! only what changed.
@@ -51,11 +58,18 @@ pub(crate) struct Packaged {
     dir: PathBuf,
 }
 
-/// Runs `cargo package` for every publishable member; returns them with
-/// the directories cargo unpacked them into (and verified).
+/// Where the unpacked crates and the outside project live: outside the
+/// workspace, so no `[workspace]` above them claims them.
+fn outside_dir() -> PathBuf {
+    std::env::temp_dir().join("outbox-package")
+}
+
+/// Runs `cargo package --no-verify` for every publishable member and
+/// unpacks each `.crate`; returns them with their unpacked directories.
 pub(crate) fn package() -> Result<Vec<Packaged>> {
     let meta = metadata()?;
     let target = target_dir(&meta)?;
+    let unpacked = outside_dir().join("crates");
     let members: Vec<&Value> = meta["packages"]
         .as_array()
         .map(|p| p.iter().collect())
@@ -69,23 +83,39 @@ pub(crate) fn package() -> Result<Vec<Packaged>> {
         }
         let name = pkg["name"].as_str().unwrap_or_default().to_owned();
         let version = pkg["version"].as_str().unwrap_or_default().to_owned();
-        let dir = target.join("package").join(format!("{name}-{version}"));
+        let dir = unpacked.join(format!("{name}-{version}"));
         crates.push(Packaged { name, version, dir });
     }
     if crates.is_empty() {
         bail!("no publishable crate in the workspace");
     }
-    let mut args = vec!["package", "--allow-dirty"];
+    let mut args = vec!["package", "--no-verify", "--allow-dirty"];
     for c in &crates {
         args.extend(["-p", c.name.as_str()]);
     }
     crate::cargo(&args)?;
+    std::fs::create_dir_all(&unpacked)
+        .with_context(|| format!("creating {}", unpacked.display()))?;
     for c in &crates {
-        if !c.dir.join("Cargo.toml").is_file() {
+        let file = target
+            .join("package")
+            .join(format!("{}-{}.crate", c.name, c.version));
+        if c.dir.exists() {
+            std::fs::remove_dir_all(&c.dir)
+                .with_context(|| format!("removing {}", c.dir.display()))?;
+        }
+        let status = Command::new("tar")
+            .arg("-xzf")
+            .arg(&file)
+            .arg("-C")
+            .arg(&unpacked)
+            .status()
+            .context("could not run tar")?;
+        if !status.success() || !c.dir.join("Cargo.toml").is_file() {
             bail!(
-                "cargo package left no unpacked {} at {}",
-                c.name,
-                c.dir.display()
+                "could not unpack {} into {}",
+                file.display(),
+                unpacked.display()
             );
         }
     }
@@ -97,7 +127,7 @@ pub(crate) fn package() -> Result<Vec<Packaged>> {
 pub(crate) fn outside_project(crates: &[Packaged], run: bool) -> Result<()> {
     let meta = metadata()?;
     let target = target_dir(&meta)?;
-    let dir = target.join("outbox-quickstart");
+    let dir = outside_dir().join("quickstart");
     std::fs::create_dir_all(dir.join("src"))
         .with_context(|| format!("creating {}", dir.display()))?;
     let version = |name: &str| -> Result<&str> {
@@ -107,6 +137,13 @@ pub(crate) fn outside_project(crates: &[Packaged], run: bool) -> Result<()> {
             .map(|c| c.version.as_str())
             .with_context(|| format!("{name} was not packaged"))
     };
+    // Every other packaged library too (each must build from its `.crate`);
+    // the binary crate is built below from its own directory.
+    let libraries: Vec<String> = crates
+        .iter()
+        .filter(|c| c.name != "outbox-worker" && c.dir.join("src/lib.rs").is_file())
+        .map(|c| format!("{} = \"={}\"\n", c.name, c.version))
+        .collect();
     let sqlx = workspace_dependency_version(&meta, "sqlx")?;
     let tokio = workspace_dependency_version(&meta, "tokio")?;
     let mut manifest = format!(
@@ -119,14 +156,16 @@ pub(crate) fn outside_project(crates: &[Packaged], run: bool) -> Result<()> {
          publish = false\n\n\
          [dependencies]\n\
          outbox-worker = {{ version = \"={worker}\", default-features = false, features = [\"postgres\"] }}\n\
+         {libraries}\
          sqlx = {{ version = \"{sqlx}\", default-features = false, features = [\"postgres\", \"runtime-tokio\"] }}\n\
          tokio = {{ version = \"{tokio}\", features = [\"macros\", \"rt-multi-thread\", \"time\"] }}\n\n\
          # Not a member of any workspace above this directory.\n\
          [workspace]\n\n\
          [patch.crates-io]\n",
         worker = version("outbox-worker")?,
+        libraries = libraries.join(""),
     );
-    for c in crates {
+    for c in crates.iter().filter(|c| c.dir.join("src/lib.rs").is_file()) {
         manifest.push_str(&format!(
             "{} = {{ path = {:?} }}\n",
             c.name,
@@ -145,35 +184,60 @@ pub(crate) fn outside_project(crates: &[Packaged], run: bool) -> Result<()> {
             .with_context(|| format!("writing {}", lock.display()))?;
     }
 
-    let manifest_path = dir.join("Cargo.toml");
-    let manifest_path = manifest_path.display().to_string();
-    let target_dir = target.display().to_string();
-    let verb = if run { "run" } else { "build" };
-    let args = [
-        verb,
-        "--quiet",
-        "--manifest-path",
-        manifest_path.as_str(),
-        "--target-dir",
-        target_dir.as_str(),
-    ];
     let url = std::env::var("DATABASE_URL").unwrap_or_else(|_| DEFAULT_DATABASE_URL.into());
+    // Binary crates (no library to depend on) build from their unpacked
+    // directory with the same patches, given on the command line.
+    let patches: Vec<String> = crates
+        .iter()
+        .filter(|c| c.dir.join("src/lib.rs").is_file())
+        .map(|c| {
+            format!(
+                "patch.crates-io.{}.path={:?}",
+                c.name,
+                c.dir.display().to_string()
+            )
+        })
+        .collect();
+    for bin in crates
+        .iter()
+        .filter(|c| !c.dir.join("src/lib.rs").is_file())
+    {
+        let mut args = vec!["build".to_owned(), "--quiet".to_owned()];
+        for p in &patches {
+            args.extend(["--config".to_owned(), p.clone()]);
+        }
+        outside_cargo(&bin.dir, &target, args, &url)?;
+    }
+    let verb = if run { "run" } else { "build" };
+    outside_cargo(
+        &dir,
+        &target,
+        vec![verb.to_owned(), "--quiet".to_owned()],
+        &url,
+    )
+}
+
+/// `cargo <args> --manifest-path <dir>/Cargo.toml --target-dir <target>`
+/// in `dir`, with `DATABASE_URL`; fails naming the project.
+fn outside_cargo(dir: &Path, target: &Path, mut args: Vec<String>, url: &str) -> Result<()> {
+    args.extend([
+        "--manifest-path".to_owned(),
+        dir.join("Cargo.toml").display().to_string(),
+        "--target-dir".to_owned(),
+        target.display().to_string(),
+    ]);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    println!(
-        "\n==> outside project {}: cargo {}",
-        dir.display(),
-        args.join(" ")
-    );
+    println!("\n==> outside the workspace: cargo {}", args.join(" "));
     let status = Command::new(&cargo)
-        .args(args)
-        .current_dir(&dir)
+        .args(&args)
+        .current_dir(dir)
         .env("DATABASE_URL", url)
         .status()
         .with_context(|| format!("could not run {cargo}"))?;
     if !status.success() {
         bail!(
-            "the outside project ({}) failed to {verb} ({status}): the packaged crates or the quick start are broken",
-            dir.display()
+            "`cargo {}` failed ({status}): a packaged crate or the quick start is broken",
+            args.first().map(String::as_str).unwrap_or("")
         );
     }
     Ok(())
