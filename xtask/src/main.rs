@@ -1,8 +1,11 @@
 //! `cargo xtask`: the project's automation, in Rust so it runs anywhere cargo does.
 //!
-//! - `cargo xtask ci`: tidy, format check, clippy with `-D warnings`, every
-//!   test against the real services (started or checked first), then the
+//! - `cargo xtask ci`: tidy, format check, clippy with `-D warnings`,
+//!   packaging, every test against the real services (started or checked
+//!   first), the quick start from a project outside the workspace, then the
 //!   quick chaos suite.
+//! - `cargo xtask package [--no-run]`: `cargo package` of every crate meant
+//!   for users, then the outside project (`package.rs`).
 //! - `cargo xtask tidy`: dependency direction, each backend feature alone,
 //!   generated docs current, `deploy/` rules and dashboard valid, library
 //!   seams, and the docs (paths, dates, deprecations, chaos results).
@@ -16,6 +19,7 @@ mod bench;
 mod chaos;
 mod deploy;
 mod kafka;
+mod package;
 mod services;
 mod tidy;
 mod yaml;
@@ -33,6 +37,7 @@ fn main() -> Result<()> {
     match cmd {
         "ci" => ci(rest),
         "tidy" => tidy::run(rest),
+        "package" => package::run(rest),
         "chaos" => chaos::run(rest),
         "services" => services::report_and_hold(rest),
         "bench" => bench::run(rest),
@@ -50,8 +55,11 @@ fn main() -> Result<()> {
 fn print_help() {
     println!(
         "cargo xtask <command>\n\n\
-         ci         tidy, fmt check, clippy -D warnings, all tests against the real services,\n\
-         \x20          then the quick chaos suite (`--no-chaos` skips it)\n\
+         ci         tidy, fmt check, clippy -D warnings, cargo package, all tests against the real\n\
+         \x20          services, the quick start from an outside project, then the quick chaos suite\n\
+         \x20          (`--no-chaos` skips it)\n\
+         package    [--no-run]: cargo package of every user crate, then a project outside the\n\
+         \x20          workspace builds them by version and runs the README quick start on PostgreSQL\n\
          tidy       dependency direction, each backend feature alone, generated docs current,\n\
          \x20          deploy/ alert rules and dashboard (metric names, shape; promtool when on PATH),\n\
          \x20          library seams, docs (paths exist, undated headings, no #[deprecated] before a\n\
@@ -115,10 +123,21 @@ fn ci(rest: &[String]) -> Result<()> {
         "-D",
         "warnings",
     ])?;
+    let packaging = std::time::Instant::now();
+    let packaged = package::package()?;
+    let packaging = packaging.elapsed();
     // Build everything before touching services, so compile time does not
     // count against broker timeouts.
     cargo(&["test", "--workspace", "--all-features", "--no-run"])?;
+    package::outside_project(&packaged, false)?;
     let _services = services::ensure_all()?;
+    let quickstart = std::time::Instant::now();
+    package::outside_project(&packaged, true)?;
+    println!(
+        "\npackaging took {:.0?}, the outside project's quick start {:.0?}",
+        packaging,
+        quickstart.elapsed()
+    );
     let mut test = vec!["test", "--workspace", "--all-features"];
     let extra: Vec<&str> = rest.iter().map(String::as_str).collect();
     test.extend(extra.iter().copied());

@@ -37,6 +37,9 @@
 mod docs;
 mod seams;
 mod size;
+//! 9. README.md's quick start is `xtask/quickstart/main.rs`, the program the
+//!    outside project of `cargo xtask package` builds and runs (see
+//!    `package.rs`).
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
@@ -118,6 +121,7 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(dependency_direction(&meta));
     problems.extend(core_sources(&crate::root()));
     problems.extend(seams::check(&meta, &crate::root()));
+    problems.extend(crate::package::check_readme_quickstart(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
         report(&problems)?;

@@ -1,5 +1,5 @@
 #![doc = include_str!("../README.md")]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
 mod control;
@@ -9,6 +9,7 @@ mod event;
 pub mod headers;
 pub mod ident;
 mod message;
+pub mod migration;
 mod pool;
 mod redact;
 mod retry;

@@ -4,7 +4,7 @@ use crate::descriptor::PgMode;
 use crate::log::names::LogNames;
 use crate::names::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
-use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError, Migration};
+use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
 use chrono::{DateTime, Utc};
 use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
 use sqlx::PgConnection;
@@ -391,8 +391,8 @@ impl PgOutbox {
     /// only.)
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
         match &self.log {
-            Some(log) => Migration::render_all(crate::log::LOG_MIGRATIONS, log),
-            None => Migration::render_all(crate::MIGRATIONS, &self.names),
+            Some(log) => crate::migrate::render_all(crate::log::LOG_MIGRATIONS, log),
+            None => crate::migrate::render_all(crate::MIGRATIONS, &self.names),
         }
     }
 }

@@ -1,69 +1,59 @@
-//! Embedded SQL migrations, applied into the configured schema with the
-//! library's own history table and a transaction-scoped advisory lock.
+//! The migration runner of both PostgreSQL modes, and the queue table's
+//! migrations.
+//!
+//! The SQL files live in this crate's `migrations/queue/` (the queue table)
+//! and `migrations/log/` (the event log, [`LOG_MIGRATIONS`](crate::log::LOG_MIGRATIONS)),
+//! embedded as [`Migration`]s (`outbox-core`'s type, shared with
+//! `outbox-sqlite`). [`apply`] runs either set: one transaction under a
+//! transaction-scoped advisory lock, the outbox's own history table, and
+//! `outbox_core::migration::pending` deciding what is missing.
 
 use crate::names::{Names, Templates};
 use crate::MigrateError;
+pub use outbox_core::migration::Migration;
+use outbox_core::migration::{self, HistoryError};
 use sqlx::{Connection, Executor, PgConnection, Row};
 
-/// One embedded migration (a file of `migrations/postgres/`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Migration {
-    /// Version, increasing from 1.
-    pub version: i32,
-    /// File name without `.sql`.
-    pub name: &'static str,
-    /// The SQL with `{{placeholder}}`s for the identifiers.
-    pub template: &'static str,
-}
-
-/// Every migration of this crate version, in order.
+/// Every queue-table migration of this crate version, in order (the files of
+/// `migrations/queue/`).
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_create_outbox",
-        template: include_str!("../../../migrations/postgres/0001_create_outbox.sql"),
+        sql: include_str!("../migrations/queue/0001_create_outbox.sql"),
     },
     Migration {
         version: 2,
         name: "0002_order_and_parking",
-        template: include_str!("../../../migrations/postgres/0002_order_and_parking.sql"),
+        sql: include_str!("../migrations/queue/0002_order_and_parking.sql"),
     },
     Migration {
         version: 3,
         name: "0003_control",
-        template: include_str!("../../../migrations/postgres/0003_control.sql"),
+        sql: include_str!("../migrations/queue/0003_control.sql"),
     },
 ];
 
 /// First key of the two-key advisory lock taken while migrating: ASCII "obox".
 const LOCK_NAMESPACE: i32 = 0x6f62_6f78;
 
-impl Migration {
-    /// The SQL for `schema`.`table` (either mode's names): each placeholder
-    /// replaced by a validated, double-quoted identifier.
-    pub(crate) fn render(&self, names: &Templates) -> String {
-        names.render(self.template)
-    }
+/// `migrations` rendered for `names` (either mode's, which deref to
+/// [`Templates`]), as `(version, name, sql)`: what both modes'
+/// `migration_sql` return.
+pub(crate) fn render_all(
+    migrations: &[Migration],
+    names: &Templates,
+) -> Vec<(i32, &'static str, String)> {
+    migrations
+        .iter()
+        .map(|m| (m.version, m.name, names.render(m.sql)))
+        .collect()
+}
 
-    /// `migrations` rendered for `names`, as `(version, name, sql)`: what
-    /// both modes' `migration_sql` return.
-    pub(crate) fn render_all(
-        migrations: &[Migration],
-        names: &Templates,
-    ) -> Vec<(i32, &'static str, String)> {
-        migrations
-            .iter()
-            .map(|m| (m.version, m.name, m.render(names)))
-            .collect()
-    }
-
-    /// A stable checksum of the template (64-bit FNV-1a,
-    /// [`outbox_core::fnv1a_64`]), recorded in the history so an edited
-    /// migration is noticed.
-    pub fn checksum(&self) -> i64 {
-        let h = outbox_core::fnv1a_64(self.template.as_bytes());
-        i64::from_ne_bytes(h.to_ne_bytes())
-    }
+/// The checksum recorded in the history's `bigint` column: the bits of
+/// [`Migration::checksum`].
+pub(crate) fn recorded_checksum(m: &Migration) -> i64 {
+    i64::from_ne_bytes(m.checksum().to_ne_bytes())
 }
 
 /// Applies the missing migrations in one transaction. Several processes may
@@ -135,31 +125,26 @@ pub(crate) async fn apply(
         .fetch_all(&mut *tx)
         .await
         .map_err(MigrateError::Database)?;
-    let mut done = Vec::with_capacity(applied.len());
-    for row in applied {
-        let version: i32 = row.try_get(0).map_err(MigrateError::Database)?;
-        let checksum: i64 = row.try_get(1).map_err(MigrateError::Database)?;
-        match migrations.iter().find(|m| m.version == version) {
-            None => return Err(MigrateError::UnknownVersion { version }),
-            Some(m) if m.checksum() != checksum => {
-                return Err(MigrateError::ChecksumMismatch {
-                    version,
-                    name: m.name,
-                })
-            }
-            Some(_) => done.push(version),
-        }
-    }
-
+    let history = applied
+        .into_iter()
+        .map(|row| Ok((row.try_get::<i32, _>(0)?, row.try_get::<i64, _>(1)?)))
+        .collect::<Result<Vec<_>, sqlx::Error>>()
+        .map_err(MigrateError::Database)?;
     // Collected first: an iterator adapter with a closure held across the
     // awaits below makes the future not `Send` (a rustc limitation).
-    let pending: Vec<&'static Migration> = migrations
-        .iter()
-        .filter(|m| !done.contains(&m.version))
-        .collect();
+    let pending = migration::pending(migrations, history, |m, recorded| {
+        recorded_checksum(m) == *recorded
+    })
+    .map_err(|e| match e {
+        HistoryError::UnknownVersion { version, .. } => MigrateError::UnknownVersion { version },
+        HistoryError::ChecksumMismatch { migration, .. } => MigrateError::ChecksumMismatch {
+            version: migration.version,
+            name: migration.name,
+        },
+    })?;
     let mut applied_now = Vec::new();
     for m in pending {
-        let sql = names.render(m.template);
+        let sql = names.render(m.sql);
         tx.execute(sql.as_str())
             .await
             .map_err(|source| MigrateError::Failed {
@@ -172,7 +157,7 @@ pub(crate) async fn apply(
         )
         .bind(m.version)
         .bind(m.name)
-        .bind(m.checksum())
+        .bind(recorded_checksum(m))
         .execute(&mut *tx)
         .await
         .map_err(MigrateError::Database)?;
@@ -187,4 +172,23 @@ pub(crate) async fn apply(
     }
     tx.commit().await.map_err(MigrateError::Database)?;
     Ok(applied_now)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_embedded_sets_are_well_formed() {
+        assert!(migration::is_well_formed(MIGRATIONS));
+        assert!(migration::is_well_formed(crate::log::LOG_MIGRATIONS));
+    }
+
+    #[test]
+    fn the_recorded_checksum_keeps_every_bit() {
+        for m in MIGRATIONS.iter().chain(crate::log::LOG_MIGRATIONS) {
+            let recorded = recorded_checksum(m);
+            assert_eq!(u64::from_ne_bytes(recorded.to_ne_bytes()), m.checksum());
+        }
+    }
 }

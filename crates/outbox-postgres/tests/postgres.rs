@@ -715,7 +715,7 @@ async fn upgrading_from_migration_1_keeps_pending_events_in_order() {
     ))
     .bind(version)
     .bind(name)
-    .bind(MIGRATIONS[0].checksum())
+    .bind(i64::from_ne_bytes(MIGRATIONS[0].checksum().to_ne_bytes()))
     .execute(&pool)
     .await
     .unwrap();

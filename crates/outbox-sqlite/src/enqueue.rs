@@ -245,7 +245,7 @@ impl SqliteOutbox {
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
         crate::MIGRATIONS
             .iter()
-            .map(|m| (m.version, m.name, m.render(&self.names)))
+            .map(|m| (m.version, m.name, self.names.render(m.sql)))
             .collect()
     }
 }

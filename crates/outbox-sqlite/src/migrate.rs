@@ -1,16 +1,24 @@
 //! The library's own migration runner.
 //!
-//! The schema lives in plain SQL files under `migrations/sqlite/`, embedded
-//! at build time, with the table names as `{{events}}`-style placeholders.
+//! The schema lives in plain SQL files in this crate's `migrations/`,
+//! embedded at build time as [`Migration`]s (`outbox-core`'s type, shared
+//! with `outbox-postgres`), with the table names as `{{events}}`-style
+//! placeholders.
 //! They are applied in version order inside one `BEGIN IMMEDIATE`
 //! transaction (so two processes migrating at once serialize), and recorded
 //! in the outbox's own history table ([`MIGRATIONS_TABLE`] for the default
 //! table) — not in sqlx's `_sqlx_migrations`, which belongs to the
-//! application.
+//! application. What to apply is decided from that history by
+//! `outbox_core::migration::pending`, as for PostgreSQL; the execution is
+//! this crate's (a SQLite transaction, `BEGIN IMMEDIATE` instead of an
+//! advisory lock, and a history that records the checksum of the *rendered*
+//! SQL as hex text).
 
 use crate::names::Names;
 use crate::MigrateError;
 use chrono::{DateTime, Utc};
+pub use outbox_core::migration::Migration;
+use outbox_core::migration::{self, HistoryError};
 use sqlx::{Connection, Executor, Row, SqliteConnection};
 
 /// The table that records applied migrations of the default outbox:
@@ -18,33 +26,22 @@ use sqlx::{Connection, Executor, Row, SqliteConnection};
 /// outbox with another table `T` records them in `T_migrations`.)
 pub const MIGRATIONS_TABLE: &str = "outbox_schema_migrations";
 
-/// One embedded migration.
-#[derive(Debug, Clone, Copy)]
-pub struct Migration {
-    /// Version (the file's numeric prefix).
-    pub version: i32,
-    /// Name (the rest of the file name).
-    pub name: &'static str,
-    /// The SQL template (`{{events}}`, `{{dead}}`, `{{events_<index>}}`...).
-    pub sql: &'static str,
-}
-
 /// The embedded migrations, oldest first.
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "outbox",
-        sql: include_str!("../../../migrations/sqlite/0001_outbox.sql"),
+        sql: include_str!("../migrations/0001_outbox.sql"),
     },
     Migration {
         version: 2,
         name: "commit_order",
-        sql: include_str!("../../../migrations/sqlite/0002_commit_order.sql"),
+        sql: include_str!("../migrations/0002_commit_order.sql"),
     },
     Migration {
         version: 3,
         name: "control",
-        sql: include_str!("../../../migrations/sqlite/0003_control.sql"),
+        sql: include_str!("../migrations/0003_control.sql"),
     },
 ];
 
@@ -53,11 +50,9 @@ pub const MIGRATIONS: &[Migration] = &[
 /// configurable (identifiers were written unquoted then).
 const LEGACY_CHECKSUMS: &[(i32, &str)] = &[(1, "ebbe0c9a74357b0d")];
 
-impl Migration {
-    /// The SQL with `names` substituted.
-    pub(crate) fn render(&self, names: &Names) -> String {
-        names.render(self.sql)
-    }
+/// `m`'s SQL with `names` substituted.
+pub(crate) fn render(m: &Migration, names: &Names) -> String {
+    names.render(m.sql)
 }
 
 /// One row of the history table.
@@ -103,34 +98,38 @@ pub(crate) async fn run(
     let rows = sqlx::query(&format!("SELECT version, name, checksum FROM {history}"))
         .fetch_all(&mut *tx)
         .await?;
-    let mut applied = Vec::with_capacity(rows.len());
-    for row in rows {
-        let version: i32 = row.try_get("version")?;
-        let name: String = row.try_get("name")?;
-        let found: String = row.try_get("checksum")?;
-        let Some(known) = MIGRATIONS.iter().find(|m| m.version == version) else {
-            return Err(MigrateError::UnknownVersion { version, name });
-        };
-        let expected = checksum(&known.render(names));
-        if !matches(version, &found, &expected) {
-            return Err(MigrateError::ChecksumMismatch {
-                version,
-                name: known.name,
-                applied: found,
-                expected,
-            });
-        }
-        applied.push(version);
-    }
+    let recorded = rows
+        .into_iter()
+        .map(|row| {
+            let version: i32 = row.try_get("version")?;
+            let name: String = row.try_get("name")?;
+            let found: String = row.try_get("checksum")?;
+            Ok((version, (name, found)))
+        })
+        .collect::<Result<Vec<_>, sqlx::Error>>()?;
     // Collected first: an iterator adapter with a closure held across the
     // awaits below makes the future not `Send` (a rustc limitation).
-    let pending: Vec<&'static Migration> = MIGRATIONS
-        .iter()
-        .filter(|m| !applied.contains(&m.version))
-        .collect();
+    let pending = migration::pending(MIGRATIONS, recorded, |m, (_, found)| {
+        matches(m.version, found, &checksum(&render(m, names)))
+    })
+    .map_err(|e| match e {
+        HistoryError::UnknownVersion {
+            version,
+            recorded: (name, _),
+        } => MigrateError::UnknownVersion { version, name },
+        HistoryError::ChecksumMismatch {
+            migration: m,
+            recorded: (_, found),
+        } => MigrateError::ChecksumMismatch {
+            version: m.version,
+            name: m.name,
+            applied: found,
+            expected: checksum(&render(&m, names)),
+        },
+    })?;
     let mut newly = Vec::new();
     for m in pending {
-        let sql = m.render(names);
+        let sql = render(m, names);
         // `Executor::execute` with a plain string runs every statement of
         // it (`sqlx::raw_sql` would too, but its future is not `Send`).
         tx.execute(sql.as_str())
@@ -199,7 +198,7 @@ mod tests {
 
     #[test]
     fn versions_are_strictly_increasing_and_checksums_stable() {
-        assert!(MIGRATIONS.windows(2).all(|w| w[0].version < w[1].version));
+        assert!(migration::is_well_formed(MIGRATIONS));
         assert_eq!(checksum(""), "cbf29ce484222325");
         assert_eq!(checksum("a"), "af63dc4c8601ec8c");
         assert_ne!(
@@ -213,7 +212,7 @@ mod tests {
         for table in ["outbox_events", "order"] {
             let names = Names::new(Ident::new(table).unwrap()).unwrap();
             for m in MIGRATIONS {
-                let sql = m.render(&names);
+                let sql = render(m, &names);
                 assert!(!sql.contains("{{"), "{table} {}: {sql}", m.version);
             }
         }

@@ -1,4 +1,5 @@
-//! Embedded migrations of the event-log mode, applied with their own
+//! Embedded migrations of the event-log mode (this crate's `migrations/log/`),
+//! applied by the shared runner ([`crate::migrate::apply`]) with their own
 //! history table (`<table>_log_migrations`) under an advisory lock.
 
 use super::names::LogNames;
@@ -11,27 +12,27 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "0001_event_log",
-        template: include_str!("../../../../migrations/postgres-log/0001_event_log.sql"),
+        sql: include_str!("../../migrations/log/0001_event_log.sql"),
     },
     Migration {
         version: 2,
         name: "0002_relay_group",
-        template: include_str!("../../../../migrations/postgres-log/0002_relay_group.sql"),
+        sql: include_str!("../../migrations/log/0002_relay_group.sql"),
     },
     Migration {
         version: 3,
         name: "0003_delayed_events",
-        template: include_str!("../../../../migrations/postgres-log/0003_delayed_events.sql"),
+        sql: include_str!("../../migrations/log/0003_delayed_events.sql"),
     },
     Migration {
         version: 4,
         name: "0004_control",
-        template: include_str!("../../../../migrations/postgres-log/0004_control.sql"),
+        sql: include_str!("../../migrations/log/0004_control.sql"),
     },
     Migration {
         version: 5,
         name: "0005_insertion_order",
-        template: include_str!("../../../../migrations/postgres-log/0005_insertion_order.sql"),
+        sql: include_str!("../../migrations/log/0005_insertion_order.sql"),
     },
 ];
 
