@@ -33,13 +33,13 @@
 //! 8. File size: no source file over 1,000 lines outside tests and
 //!    generated code, except those in `xtask/tidy-large-files.txt`, a list
 //!    that may only shrink (see `tidy/size.rs`).
+//! 9. README.md's quick start is `xtask/quickstart/main.rs`, the program the
+//!    outside project of `cargo xtask package` builds and runs (see
+//!    `package.rs`).
 
 mod docs;
 mod seams;
 mod size;
-//! 9. README.md's quick start is `xtask/quickstart/main.rs`, the program the
-//!    outside project of `cargo xtask package` builds and runs (see
-//!    `package.rs`).
 
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
