@@ -398,6 +398,12 @@ async fn rotation_and_retry_lane_metrics_are_published() {
                 .get(outbox_postgres::metrics::ROTATIONS)
                 .is_some_and(|n| *n >= 1.0)
         {
+            // Stop the background task before the schema is dropped: on
+            // this current-thread runtime an aborted task is only dropped
+            // (its transaction rolled back) while the runtime runs.
+            let pool = store.pool().clone();
+            drop(store);
+            pool.close().await;
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;

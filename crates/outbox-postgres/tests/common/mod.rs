@@ -50,8 +50,12 @@ impl Drop for SchemaGuard {
                 .unwrap();
             rt.block_on(async move {
                 if let Ok(mut conn) = PgConnection::connect(&database_url()).await {
+                    // Bounded: a store task of the test's runtime that still
+                    // holds a transaction (its runtime is blocked in this
+                    // drop, so it is never dropped) must not hang the test
+                    // forever; the schema is then left behind.
                     let _ = sqlx::raw_sql(&format!(
-                        "DROP SCHEMA IF EXISTS {} CASCADE",
+                        "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS {} CASCADE",
                         schema.quoted()
                     ))
                     .execute(&mut conn)
