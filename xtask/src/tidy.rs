@@ -44,7 +44,7 @@ mod size;
 use anyhow::{bail, Context as _, Result};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// `outbox-core`'s allowed normal dependencies. Adding one is a design
@@ -429,33 +429,45 @@ fn forbidden_below(meta: &Value, root: &str) -> Vec<(String, String)> {
 /// `outbox-core`'s sources must not do I/O or block.
 fn core_sources(root: &Path) -> Vec<String> {
     let mut problems = Vec::new();
-    let mut stack = vec![root.join("crates").join(CORE).join("src")];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-            } else if path.extension().is_some_and(|x| x == "rs") {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                for (i, line) in text.lines().enumerate() {
-                    let code = line.split("//").next().unwrap_or("");
-                    for pat in CORE_FORBIDDEN_SOURCE {
-                        if code.contains(pat) {
-                            problems.push(format!(
-                                "{}:{}: `{pat}` in {CORE} (no I/O, no blocking in core)",
-                                path.strip_prefix(root).unwrap_or(&path).display(),
-                                i + 1
-                            ));
-                        }
-                    }
+    for path in rust_files(&root.join("crates").join(CORE).join("src")) {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for pat in CORE_FORBIDDEN_SOURCE {
+                if code.contains(pat) {
+                    problems.push(format!(
+                        "{}:{}: `{pat}` in {CORE} (no I/O, no blocking in core)",
+                        path.strip_prefix(root).unwrap_or(&path).display(),
+                        i + 1
+                    ));
                 }
             }
         }
     }
     problems
+}
+
+/// Every `.rs` file under `dir`, `target` directories left out.
+pub(super) fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "target") {
+                    stack.push(p);
+                }
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
 }
 
 /// Whether `outbox-relay` has the (hidden) `config-table` subcommand: its

@@ -267,7 +267,7 @@ fn deprecated_before_release(root: &Path) -> Vec<String> {
         return Vec::new();
     }
     let mut problems = Vec::new();
-    for file in rust_files(&root.join("crates")) {
+    for file in super::rust_files(&root.join("crates")) {
         let Ok(text) = std::fs::read_to_string(&file) else {
             continue;
         };
@@ -304,29 +304,6 @@ fn is_release_tag(tag: &str) -> bool {
                 .and_then(|k| digits_from(k + 1))
                 .is_some()
     })
-}
-
-/// Every `.rs` file under `dir`, `target` directories left out.
-fn rust_files(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else {
-            continue;
-        };
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                if p.file_name().is_some_and(|n| n != "target") {
-                    stack.push(p);
-                }
-            } else if p.extension().is_some_and(|x| x == "rs") {
-                out.push(p);
-            }
-        }
-    }
-    out.sort();
-    out
 }
 
 /// RELIABILITY.md's results section is what `cargo xtask chaos` wrote from

@@ -82,21 +82,14 @@ fn app_only_dependencies(meta: &Value) -> Vec<String> {
 /// test-only files left out) call on a store only [`WORKER_STORE_CALLS`]
 /// and name none of [`WORKER_FORBIDDEN`].
 fn worker_store_seam(root: &Path) -> Vec<String> {
-    let src = root.join("crates/outbox-worker/src");
-    let Ok(entries) = std::fs::read_dir(&src) else {
-        return Vec::new();
-    };
-    let mut files: Vec<_> = entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "rs"))
+    let files: Vec<_> = super::rust_files(&root.join("crates/outbox-worker/src"))
+        .into_iter()
         .filter(|p| {
             p.file_stem()
                 .and_then(|s| s.to_str())
                 .is_some_and(|s| !s.ends_with("_tests") && s != "test_support")
         })
         .collect();
-    files.sort();
     let mut problems = Vec::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap_or_default();

@@ -17,7 +17,7 @@
 //! records the debt and lets nobody add to it.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The most lines a source file may have.
 pub(super) const MAX_LINES: usize = 1000;
@@ -78,25 +78,14 @@ fn generated(text: &str) -> bool {
 /// Adds the line count of every measured `.rs` file under `dir` to `sizes`,
 /// keyed by its root-relative `/`-separated path.
 fn collect(root: &Path, dir: &Path, sizes: &mut BTreeMap<String, usize>) {
-    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+    for path in super::rust_files(dir) {
+        let rel = relative(root, &path);
+        if !measured(&rel) {
             continue;
-        };
-        for e in entries.flatten() {
-            let path = e.path();
-            if path.is_dir() {
-                stack.push(path);
-                continue;
-            }
-            let rel = relative(root, &path);
-            if !measured(&rel) {
-                continue;
-            }
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            if !generated(&text) {
-                sizes.insert(rel, text.lines().count());
-            }
+        }
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        if !generated(&text) {
+            sizes.insert(rel, text.lines().count());
         }
     }
 }
