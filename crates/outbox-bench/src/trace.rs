@@ -1,5 +1,5 @@
 //! What the event log's background rotation did, counted from its own log
-//! lines: `rotate_forever` in `outbox_postgres::log::store` logs every
+//! lines: `rotate_forever` in `outbox_postgres::log::store::rotation` logs every
 //! postponed attempt at debug level with its reason, every rotation done
 //! (debug) and every failed attempt (warn). [`RotationLog`] is a tracing
 //! layer, given only that module's events at debug level (its own filter:
@@ -140,13 +140,13 @@ mod tests {
         let subscriber = tracing_subscriber::registry().with(RotationLog.with_filter(filter()));
         tracing::subscriber::with_default(subscriber, || {
             let reason = "partition 2 is in use";
-            tracing::debug!(target: "outbox_postgres::store", %reason, "outbox event-log rotation postponed");
+            tracing::debug!(target: "outbox_postgres::log::store::rotation", %reason, "outbox event-log rotation postponed");
             let reason = "partition 0 is in use";
-            tracing::debug!(target: "outbox_postgres::store", %reason, "outbox event-log rotation postponed");
-            tracing::debug!(target: "outbox_postgres::store", generation = 4, partition = 1usize, "rotated the outbox event log");
+            tracing::debug!(target: "outbox_postgres::log::store::rotation", %reason, "outbox event-log rotation postponed");
+            tracing::debug!(target: "outbox_postgres::log::store::rotation", generation = 4, partition = 1usize, "rotated the outbox event log");
             // Another module, or a line that is not about rotation: ignored.
             tracing::debug!(target: "outbox_postgres::store", %reason, "outbox event-log rotation postponed");
-            tracing::debug!(target: "outbox_postgres::store", "took the cursor lease");
+            tracing::debug!(target: "outbox_postgres::log::store::lease", "took the cursor lease");
         });
         let o = take();
         let c = &o.counts;
