@@ -16,6 +16,11 @@ pub const CONTENT_TYPE: &str = "content-type";
 /// The content type of an event that names none.
 pub const DEFAULT_CONTENT_TYPE: &str = "application/octet-stream";
 
+/// Set to [`crate::wire::ENVELOPE_MARKER`] on a message whose body is the
+/// protobuf [`crate::Envelope`] ([`crate::WireFormat::Envelope`]); absent in
+/// the default format.
+pub const WIRE_FORMAT: &str = "Outbox-Wire-Format";
+
 /// The W3C Trace Context `traceparent` header
 /// (`version-traceid-parentid-flags`, 55 characters in version `00`). With
 /// feature `otel`, enqueue sets it from the current `tracing` span unless the
@@ -30,7 +35,7 @@ pub const TRACESTATE: &str = "tracestate";
 /// without regard to letter case): an event header of that name is not
 /// copied, the publisher's value wins.
 pub fn is_reserved(name: &str) -> bool {
-    [EVENT_ID, EVENT_TYPE, KEY, CONTENT_TYPE]
+    [EVENT_ID, EVENT_TYPE, KEY, CONTENT_TYPE, WIRE_FORMAT]
         .iter()
         .any(|r| r.eq_ignore_ascii_case(name))
 }

@@ -17,6 +17,7 @@ mod shard;
 mod store;
 #[cfg(feature = "otel")]
 pub mod trace;
+pub mod wire;
 
 pub use control::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
 pub use envelope::Envelope;
@@ -29,6 +30,7 @@ pub use message::BrokerMessage;
 pub use pool::PoolSettings;
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
+pub use wire::{DecodeError, InboundMessage, WireFormat};
 pub use shard::{fnv1a_64, key_hash, shard_of, InvalidShardSpec, ShardSpec};
 pub use store::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore,
