@@ -30,10 +30,10 @@ pub use message::BrokerMessage;
 pub use pool::PoolSettings;
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
-pub use wire::{DecodeError, InboundMessage, WireFormat};
 pub use shard::{fnv1a_64, key_hash, shard_of, InvalidShardSpec, ShardSpec};
 pub use store::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore,
     FencingToken, Rejected, RelayId, Resolution, Retryable, SettleReport, Settlement, Sink, Stats,
     Store, MAX_DEAD_LETTER_AGE,
 };
+pub use wire::{DecodeError, InboundMessage, WireFormat};

@@ -1,10 +1,29 @@
 #![doc = include_str!("../README.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod common;
+mod consumer;
 pub mod handler;
+pub mod metrics;
+mod options;
+#[cfg(feature = "postgres")]
+pub mod pg;
+pub mod retention;
 pub mod source;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 pub mod store;
 
+pub use common::MAX_CONSUMER_NAME;
+pub use consumer::{Inbox, InboxCounts, InboxError, InboxStats};
 pub use handler::{handler_fn, Failure, FnHandler, Handler, HandlerError, Handlers};
+pub use options::{DeadHead, InboxOptions};
+#[cfg(feature = "postgres")]
+pub use pg::PgInbox;
+pub use retention::Retention;
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteInbox;
 pub use source::{RawMessage, Received, Source, SourceError};
-pub use store::{DeadFilter, Hold, InboxStore, Pending, PendingState, StoreError, Verdict};
+pub use store::{
+    DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
+};

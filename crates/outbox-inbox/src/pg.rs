@@ -1,0 +1,572 @@
+//! [`PgInbox`]: the inbox in the consumer's PostgreSQL database.
+//!
+//! Tables (in the inbox's schema, created by [`InboxStore::migrate`]):
+//! - `inbox_records`, partitioned by `slot` into `inbox_records_0` ..
+//!   `inbox_records_7`, unique on (consumer, event id, slot): the dedup
+//!   records. One statement per lane batch decides every message's
+//!   [`Verdict`] and inserts the new records; the retention pass TRUNCATEs
+//!   the slot that comes next ([`crate::retention`]).
+//! - `inbox_pending`: held-back messages, unique on (consumer, event id);
+//!   the retry loop takes due heads with `FOR UPDATE SKIP LOCKED`, so several
+//!   consumer processes share one inbox.
+//! - `inbox_settings`: the slot length the records were written with, so a
+//!   process started with another window is refused instead of mixing slots.
+
+use crate::common::{check_consumer, hold_parts, FilterArg};
+use crate::handler::Failure;
+use crate::retention::{next_slot, Retention};
+use crate::store::{
+    DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
+    RETENTION_SLOTS,
+};
+use chrono::{DateTime, Utc};
+use outbox_core::{ErrorCode, EventId, InboundMessage, WireFormat};
+use sqlx::postgres::{PgPool, PgRow};
+use sqlx::{Postgres, Row, Transaction};
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use uuid::Uuid;
+
+/// The inbox on PostgreSQL: a pool on the consumer's database, the schema
+/// of the inbox tables, the consumer name and the retention window.
+#[derive(Clone)]
+pub struct PgInbox {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    consumer: String,
+    retention: Retention,
+}
+
+impl fmt::Debug for PgInbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PgInbox")
+            .field("schema", &self.inner.schema)
+            .field("consumer", &self.inner.consumer)
+            .field("retention", &self.inner.retention.window())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgInbox {
+    /// The inbox of `consumer` in schema `outbox_inbox`, with the default
+    /// 7-day retention window.
+    pub fn new(pool: PgPool, consumer: impl Into<String>) -> Result<Self, StoreError> {
+        Self::build(pool, "outbox_inbox".to_owned(), consumer.into(), Retention::default())
+    }
+
+    /// The same inbox in another schema (a validated identifier).
+    pub fn with_schema(self, schema: impl Into<String>) -> Result<Self, StoreError> {
+        let i = &self.inner;
+        Self::build(i.pool.clone(), schema.into(), i.consumer.clone(), i.retention)
+    }
+
+    /// The same inbox with another retention window (every process of one
+    /// schema must use the same; [`InboxStore::migrate`] refuses another).
+    pub fn with_retention(self, retention: Retention) -> Result<Self, StoreError> {
+        let i = &self.inner;
+        Self::build(i.pool.clone(), i.schema.clone(), i.consumer.clone(), retention)
+    }
+
+    fn build(
+        pool: PgPool,
+        schema: String,
+        consumer: String,
+        retention: Retention,
+    ) -> Result<Self, StoreError> {
+        let schema = outbox_core::ident::checked(schema)
+            .map_err(|e| StoreError::Config(format!("inbox schema: {e}")))?;
+        check_consumer(&consumer)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema,
+                consumer,
+                retention,
+            }),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    fn t(&self, table: &str) -> String {
+        format!("\"{}\".\"{table}\"", self.inner.schema)
+    }
+
+    fn slot_expr(&self) -> String {
+        format!(
+            "((floor(extract(epoch FROM now()))::bigint / {}) % {RETENTION_SLOTS})::smallint",
+            self.inner.retention.slot_seconds()
+        )
+    }
+
+    async fn insert_pending(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        m: &InboundMessage,
+        state: PendingState,
+        attempts: u32,
+        delay_ms: i64,
+        failure: Option<&Failure>,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO {} (consumer, event_id, order_key, event_key, event_type, topic, \
+             content_type, payload, headers, created_at, wire_format, state, attempts, \
+             next_attempt_at, last_error_code, last_error_message) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::jsonb, $10, $11, $12, $13, \
+             now() + make_interval(secs => $14::double precision / 1000), $15, $16) \
+             ON CONFLICT (consumer, event_id) DO NOTHING",
+            self.t("inbox_pending")
+        );
+        let headers = serde_json::to_string(&m.headers)
+            .map_err(|e| StoreError::Corrupt(format!("headers do not serialise: {e}")))?;
+        sqlx::query(&sql)
+            .bind(&self.inner.consumer)
+            .bind(m.id.as_uuid())
+            .bind(m.order_key())
+            .bind(m.key.as_deref())
+            .bind(&m.event_type)
+            .bind(&m.topic)
+            .bind(&m.content_type)
+            .bind(&m.payload)
+            .bind(headers)
+            .bind(m.created_at)
+            .bind(m.format.as_str())
+            .bind(state.as_str())
+            .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+            .bind(delay_ms)
+            .bind(failure.map(|f| f.code.as_str().to_owned()))
+            .bind(failure.map(|f| f.message.clone()))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    fn pending_columns() -> &'static str {
+        "seq, event_id, event_key, event_type, topic, content_type, payload, headers::text AS headers, \
+         created_at, wire_format, state, attempts, next_attempt_at, held_at, last_error_code, \
+         last_error_message"
+    }
+
+    fn dead_where(filter: &DeadFilter, first_param: usize) -> (String, Vec<FilterArg>) {
+        let mut clauses = vec!["consumer = $1".to_owned(), "state = 'dead'".to_owned()];
+        let mut args = Vec::new();
+        let mut n = first_param;
+        if let Some(ids) = &filter.ids {
+            clauses.push(format!("event_id = ANY(${n})"));
+            args.push(FilterArg::Ids(ids.iter().map(|i| i.as_uuid()).collect()));
+            n += 1;
+        }
+        for (col, v) in [
+            ("event_type", &filter.event_type),
+            ("last_error_code", &filter.code),
+            ("event_key", &filter.key),
+        ] {
+            if let Some(v) = v {
+                clauses.push(format!("{col} = ${n}"));
+                args.push(FilterArg::Text(v.clone()));
+                n += 1;
+            }
+        }
+        (clauses.join(" AND "), args)
+    }
+}
+
+fn bind_filter<'q>(
+    mut q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    args: Vec<FilterArg>,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    for a in args {
+        q = match a {
+            FilterArg::Ids(v) => q.bind(v),
+            FilterArg::Text(v) => q.bind(v),
+        };
+    }
+    q
+}
+
+/// Reads a pending row back.
+fn pending_from_row(row: &PgRow) -> Result<Pending, StoreError> {
+    let headers: String = row.try_get("headers")?;
+    let headers: BTreeMap<String, String> = serde_json::from_str(&headers)
+        .map_err(|e| StoreError::Corrupt(format!("pending headers: {e}")))?;
+    let state: String = row.try_get("state")?;
+    let format: String = row.try_get("wire_format")?;
+    let id: Uuid = row.try_get("event_id")?;
+    let attempts: i32 = row.try_get("attempts")?;
+    let code: Option<String> = row.try_get("last_error_code")?;
+    let msg: Option<String> = row.try_get("last_error_message")?;
+    Ok(Pending {
+        seq: row.try_get("seq")?,
+        message: InboundMessage {
+            id: EventId::from(id),
+            key: row.try_get("event_key")?,
+            event_type: row.try_get("event_type")?,
+            topic: row.try_get("topic")?,
+            content_type: row.try_get("content_type")?,
+            payload: row.try_get("payload")?,
+            headers,
+            created_at: row.try_get::<Option<DateTime<Utc>>, _>("created_at")?,
+            attempt: None,
+            format: format.parse().unwrap_or(WireFormat::Headers),
+        },
+        state: PendingState::parse(&state)
+            .ok_or_else(|| StoreError::Corrupt(format!("pending state {state:?}")))?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        next_attempt_at: row.try_get("next_attempt_at")?,
+        held_at: row.try_get("held_at")?,
+        last_error: code.map(|c| (ErrorCode::new(c), msg.unwrap_or_default())),
+    })
+}
+
+impl InboxStore for PgInbox {
+    type Db = Postgres;
+
+    fn consumer(&self) -> &str {
+        &self.inner.consumer
+    }
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let s = &self.inner.schema;
+        let mut tx = self.inner.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(format!("outbox-inbox:{s}"))
+            .execute(&mut *tx)
+            .await?;
+        let mut ddl = vec![
+            format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (slot_seconds bigint NOT NULL)",
+                self.t("inbox_settings")
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, event_id uuid NOT NULL, \
+                 slot smallint NOT NULL, handled_at timestamptz NOT NULL DEFAULT now()) \
+                 PARTITION BY LIST (slot)",
+                self.t("inbox_records")
+            ),
+        ];
+        for i in 0..RETENTION_SLOTS {
+            ddl.push(format!(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES IN ({i})",
+                self.t(&format!("inbox_records_{i}")),
+                self.t("inbox_records")
+            ));
+        }
+        ddl.push(format!(
+            "CREATE UNIQUE INDEX IF NOT EXISTS inbox_records_id ON {} (consumer, event_id, slot)",
+            self.t("inbox_records")
+        ));
+        ddl.push(format!(
+            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
+             event_id uuid NOT NULL, order_key text NOT NULL, event_key text, event_type text NOT NULL, \
+             topic text NOT NULL, content_type text NOT NULL, payload bytea NOT NULL, \
+             headers jsonb NOT NULL, created_at timestamptz, wire_format text NOT NULL, \
+             state text NOT NULL CHECK (state IN ('retry', 'parked', 'dead')), \
+             attempts integer NOT NULL DEFAULT 0, next_attempt_at timestamptz NOT NULL DEFAULT now(), \
+             held_at timestamptz NOT NULL DEFAULT now(), last_error_code text, last_error_message text, \
+             PRIMARY KEY (consumer, seq), UNIQUE (consumer, event_id))",
+            self.t("inbox_pending")
+        ));
+        ddl.push(format!(
+            "CREATE INDEX IF NOT EXISTS inbox_pending_key ON {} (consumer, order_key, seq)",
+            self.t("inbox_pending")
+        ));
+        for stmt in ddl {
+            sqlx::query(&stmt).execute(&mut *tx).await?;
+        }
+        let stored: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT slot_seconds FROM {}",
+            self.t("inbox_settings")
+        ))
+        .fetch_optional(&mut *tx)
+        .await?;
+        let wanted = self.inner.retention.slot_seconds();
+        match stored {
+            None => {
+                sqlx::query(&format!(
+                    "INSERT INTO {} (slot_seconds) VALUES ($1)",
+                    self.t("inbox_settings")
+                ))
+                .bind(wanted)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Some(have) if have != wanted => {
+                return Err(StoreError::Config(format!(
+                    "schema {s} keeps inbox records in slots of {have} s, this process was configured \
+                     for {wanted} s (another retention window): use the same window everywhere"
+                )));
+            }
+            Some(_) => {}
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn begin(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
+        Ok(self.inner.pool.begin().await?)
+    }
+
+    async fn admit(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        messages: &[InboundMessage],
+        block_on_dead: bool,
+    ) -> Result<Vec<Verdict>, StoreError> {
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = messages.iter().map(|m| m.id.as_uuid()).collect();
+        let keys: Vec<String> = messages.iter().map(InboundMessage::order_key).collect();
+        let sql = format!(
+            "WITH held AS (SELECT DISTINCT order_key FROM {pending} \
+               WHERE consumer = $1 AND order_key = ANY($3) AND ($4 OR state <> 'dead')), \
+             cand AS (SELECT DISTINCT t.id FROM unnest($2::uuid[], $3::text[]) AS t(id, k) \
+               WHERE t.k NOT IN (SELECT order_key FROM held)), \
+             seen AS (SELECT event_id FROM {records} WHERE consumer = $1 AND event_id IN (SELECT id FROM cand) \
+               UNION ALL SELECT event_id FROM {pending} WHERE consumer = $1 AND event_id IN (SELECT id FROM cand)), \
+             ins AS (INSERT INTO {records} (consumer, event_id, slot) \
+               SELECT $1, c.id, {slot} FROM cand c WHERE c.id NOT IN (SELECT event_id FROM seen) \
+               ON CONFLICT DO NOTHING RETURNING event_id) \
+             SELECT 0 AS kind, event_id::text AS v FROM ins \
+             UNION ALL SELECT 1 AS kind, order_key AS v FROM held",
+            pending = self.t("inbox_pending"),
+            records = self.t("inbox_records"),
+            slot = self.slot_expr(),
+        );
+        let rows = sqlx::query(&sql)
+            .bind(&self.inner.consumer)
+            .bind(&ids)
+            .bind(&keys)
+            .bind(block_on_dead)
+            .fetch_all(&mut **tx)
+            .await?;
+        let mut inserted = HashSet::new();
+        let mut held = HashSet::new();
+        for r in &rows {
+            let kind: i32 = r.try_get("kind")?;
+            let v: String = r.try_get("v")?;
+            if kind == 0 {
+                inserted.insert(v);
+            } else {
+                held.insert(v);
+            }
+        }
+        let mut verdicts = Vec::with_capacity(messages.len());
+        for (m, key) in messages.iter().zip(&keys) {
+            if held.contains(key) {
+                self.insert_pending(tx, m, PendingState::Parked, 0, 0, None)
+                    .await?;
+                verdicts.push(Verdict::Parked);
+            } else if inserted.remove(&m.id.to_string()) {
+                verdicts.push(Verdict::New);
+            } else {
+                verdicts.push(Verdict::Duplicate);
+            }
+        }
+        Ok(verdicts)
+    }
+
+    async fn hold(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        message: &InboundMessage,
+        hold: &Hold,
+    ) -> Result<(), StoreError> {
+        let (state, attempts, delay_ms, failure) = hold_parts(hold);
+        self.insert_pending(tx, message, state, attempts, delay_ms, Some(failure))
+            .await
+    }
+
+    async fn due(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        limit: u32,
+        block_on_dead: bool,
+    ) -> Result<Vec<Pending>, StoreError> {
+        let sql = format!(
+            "SELECT {cols} FROM {p} AS h WHERE h.consumer = $1 AND h.state <> 'dead' \
+             AND h.next_attempt_at <= now() AND NOT EXISTS (SELECT 1 FROM {p} AS b \
+               WHERE b.consumer = h.consumer AND b.order_key = h.order_key AND b.seq < h.seq \
+               AND ($3 OR b.state <> 'dead')) \
+             ORDER BY h.seq LIMIT $2 FOR UPDATE SKIP LOCKED",
+            cols = Self::pending_columns(),
+            p = self.t("inbox_pending"),
+        );
+        let rows = sqlx::query(&sql)
+            .bind(&self.inner.consumer)
+            .bind(i64::from(limit))
+            .bind(block_on_dead)
+            .fetch_all(&mut **tx)
+            .await?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn complete(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        seq: i64,
+        id: EventId,
+    ) -> Result<bool, StoreError> {
+        let sql = format!(
+            "WITH gone AS (DELETE FROM {p} WHERE consumer = $1 AND seq = $2), \
+             ins AS (INSERT INTO {r} (consumer, event_id, slot) SELECT $1, $3, {slot} \
+               WHERE NOT EXISTS (SELECT 1 FROM {r} WHERE consumer = $1 AND event_id = $3) \
+               ON CONFLICT DO NOTHING RETURNING 1) \
+             SELECT count(*) FROM ins",
+            p = self.t("inbox_pending"),
+            r = self.t("inbox_records"),
+            slot = self.slot_expr(),
+        );
+        let n: i64 = sqlx::query_scalar(&sql)
+            .bind(&self.inner.consumer)
+            .bind(seq)
+            .bind(id.as_uuid())
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(n > 0)
+    }
+
+    async fn fail(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        seq: i64,
+        hold: &Hold,
+    ) -> Result<(), StoreError> {
+        let (state, attempts, delay_ms, failure) = hold_parts(hold);
+        let sql = format!(
+            "UPDATE {} SET state = $3, attempts = $4, \
+             next_attempt_at = now() + make_interval(secs => $5::double precision / 1000), \
+             last_error_code = $6, last_error_message = $7 WHERE consumer = $1 AND seq = $2",
+            self.t("inbox_pending")
+        );
+        sqlx::query(&sql)
+            .bind(&self.inner.consumer)
+            .bind(seq)
+            .bind(state.as_str())
+            .bind(i32::try_from(attempts).unwrap_or(i32::MAX))
+            .bind(delay_ms)
+            .bind(failure.code.as_str())
+            .bind(&failure.message)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn dead_letters(&self, filter: &DeadFilter) -> Result<Vec<Pending>, StoreError> {
+        let (w, args) = Self::dead_where(filter, 2);
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {w} ORDER BY seq LIMIT {}",
+            Self::pending_columns(),
+            self.t("inbox_pending"),
+            filter.limit.unwrap_or(100)
+        );
+        let q = bind_filter(sqlx::query(&sql).bind(&self.inner.consumer), args);
+        let rows = q.fetch_all(&self.inner.pool).await?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replay(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
+        let (w, args) = Self::dead_where(filter, 2);
+        let sql = format!(
+            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = now() WHERE {w}",
+            self.t("inbox_pending")
+        );
+        let q = bind_filter(sqlx::query(&sql).bind(&self.inner.consumer), args);
+        Ok(q.execute(&self.inner.pool).await?.rows_affected())
+    }
+
+    async fn purge(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
+        let (w, args) = Self::dead_where(filter, 2);
+        let sql = format!("DELETE FROM {} WHERE {w}", self.t("inbox_pending"));
+        let q = bind_filter(sqlx::query(&sql).bind(&self.inner.consumer), args);
+        Ok(q.execute(&self.inner.pool).await?.rows_affected())
+    }
+
+    async fn pending_counts(&self) -> Result<(u64, u64, u64), StoreError> {
+        let sql = format!(
+            "SELECT count(*) FILTER (WHERE state = 'retry'), count(*) FILTER (WHERE state = 'parked'), \
+             count(*) FILTER (WHERE state = 'dead') FROM {} WHERE consumer = $1",
+            self.t("inbox_pending")
+        );
+        let (r, p, d): (i64, i64, i64) = sqlx::query_as(&sql)
+            .bind(&self.inner.consumer)
+            .fetch_one(&self.inner.pool)
+            .await?;
+        let u = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok((u(r), u(p), u(d)))
+    }
+
+    async fn retain(&self) -> Result<RetentionReport, StoreError> {
+        let mut conn = self.inner.pool.acquire().await?;
+        let current: i64 = sqlx::query_scalar(&format!("SELECT {}::bigint", self.slot_expr()))
+            .fetch_one(&mut *conn)
+            .await?;
+        let next = next_slot(current);
+        let part = self.t(&format!("inbox_records_{next}"));
+        // Empty slots are the usual case: one cheap probe per pass.
+        let any: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {part})"))
+            .fetch_one(&mut *conn)
+            .await?;
+        let report = |emptied| RetentionReport {
+            current_slot: u32::try_from(current).unwrap_or(0),
+            emptied,
+        };
+        if !any {
+            return Ok(report(false));
+        }
+        // Once per slot length: TRUNCATE when every record is older than the
+        // window (the normal case); a slot that also holds younger records
+        // (no pass ran for a whole slot length) loses only its old rows.
+        let window = self.inner.retention.window_seconds();
+        let young: bool = sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {part} WHERE handled_at > now() - make_interval(secs => $1::double precision))"
+        ))
+        .bind(window)
+        .fetch_one(&mut *conn)
+        .await?;
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        sqlx::query("SET LOCAL lock_timeout = '5s'")
+            .execute(&mut *tx)
+            .await?;
+        if young {
+            sqlx::query(&format!(
+                "DELETE FROM {part} WHERE handled_at <= now() - make_interval(secs => $1::double precision)"
+            ))
+            .bind(window)
+            .execute(&mut *tx)
+            .await?;
+        } else {
+            sqlx::query(&format!("TRUNCATE {part}"))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(report(true))
+    }
+
+    async fn is_recorded(&self, id: EventId) -> Result<bool, StoreError> {
+        let sql = format!(
+            "SELECT EXISTS (SELECT 1 FROM {} WHERE consumer = $1 AND event_id = $2)",
+            self.t("inbox_records")
+        );
+        Ok(sqlx::query_scalar(&sql)
+            .bind(&self.inner.consumer)
+            .bind(id.as_uuid())
+            .fetch_one(&self.inner.pool)
+            .await?)
+    }
+}

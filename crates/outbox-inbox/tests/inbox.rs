@@ -1,0 +1,585 @@
+//! The inbox conformance suite: the consumer loop against each consumer
+//! database (PostgreSQL in its own schema, SQLite in its own file), written
+//! once. Messages come from an in-memory source (`support::MemoryBroker`);
+//! the brokers' own behaviour is `source_conformance.rs`'s.
+#![cfg(all(feature = "postgres", feature = "sqlite"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use outbox_core::{EventId, Jitter, RetryPolicy};
+use outbox_inbox::{
+    DeadFilter, DeadHead, Handler, Inbox, InboxOptions, InboxStore, PgInbox, Retention, SqliteInbox,
+};
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+use support::{event, MemoryBroker, PgEffects, Script, SqliteEffects};
+
+/// One consumer database for one test.
+trait Harness: Sized + Send + Sync + 'static {
+    type St: InboxStore + std::fmt::Debug;
+    type H: Handler<<Self::St as InboxStore>::Db>;
+    fn new() -> impl Future<Output = Self> + Send;
+    fn store(&self) -> Self::St;
+    fn handler(&self, script: Script) -> Self::H;
+    /// Effect rows in the order they were written: (event id, key).
+    fn effects(&self) -> impl Future<Output = Vec<(EventId, String)>> + Send;
+    /// Cuts every connection the inbox holds to its database (PostgreSQL:
+    /// terminates the backends; SQLite: nothing to cut).
+    fn cut_connections(&self) -> impl Future<Output = ()> + Send;
+    /// Moves every record into `slot` and ages it by `age`.
+    fn age_records(&self, slot: u32, age: Duration) -> impl Future<Output = ()> + Send;
+}
+
+struct Pg {
+    pool: sqlx::PgPool,
+    schema: String,
+}
+
+impl Drop for Pg {
+    fn drop(&mut self) {
+        let schema = self.schema.clone();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                use sqlx::Connection;
+                if let Ok(mut c) = sqlx::PgConnection::connect(&support::database_url()).await {
+                    let _ = sqlx::raw_sql(&format!(
+                        "SET lock_timeout = '10s'; DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                    ))
+                    .execute(&mut c)
+                    .await;
+                }
+            });
+        })
+        .join();
+    }
+}
+
+impl Harness for Pg {
+    type St = PgInbox;
+    type H = PgEffects;
+
+    async fn new() -> Self {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .connect(&support::database_url())
+            .await
+            .expect("PostgreSQL on 127.0.0.1:5432 (or DATABASE_URL)");
+        let schema = format!(
+            "inbox_test_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+            .execute(&pool)
+            .await
+            .unwrap();
+        sqlx::query(&format!(
+            "CREATE TABLE \"{schema}\".effects (seq bigserial PRIMARY KEY, event_id uuid NOT NULL, key text)"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+        Self { pool, schema }
+    }
+
+    fn store(&self) -> PgInbox {
+        PgInbox::new(self.pool.clone(), "billing")
+            .unwrap()
+            .with_schema(self.schema.clone())
+            .unwrap()
+    }
+
+    fn handler(&self, script: Script) -> PgEffects {
+        PgEffects {
+            script,
+            schema: self.schema.clone(),
+        }
+    }
+
+    async fn effects(&self) -> Vec<(EventId, String)> {
+        let rows: Vec<(uuid::Uuid, Option<String>)> = sqlx::query_as(&format!(
+            "SELECT event_id, key FROM \"{}\".effects ORDER BY seq",
+            self.schema
+        ))
+        .fetch_all(&self.pool)
+        .await
+        .unwrap();
+        rows.into_iter()
+            .map(|(id, k)| (EventId::from(id), k.unwrap_or_default()))
+            .collect()
+    }
+
+    async fn cut_connections(&self) {
+        // Only this test's connections: their last statement names its schema.
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+             AND backend_type = 'client backend' AND strpos(query, $1) > 0",
+        )
+        .bind(&self.schema)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn age_records(&self, slot: u32, age: Duration) {
+        sqlx::query(&format!(
+            "UPDATE \"{}\".inbox_records SET slot = $1, handled_at = now() - make_interval(secs => $2)",
+            self.schema
+        ))
+        .bind(i16::try_from(slot).unwrap())
+        .bind(age.as_secs_f64())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+struct Lite {
+    pool: sqlx::SqlitePool,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness for Lite {
+    type St = SqliteInbox;
+    type H = SqliteEffects;
+
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let opts = sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(dir.path().join("consumer.db"))
+            .create_if_missing(true)
+            .journal_mode(sqlx::sqlite::SqliteJournalMode::Wal)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = sqlx::sqlite::SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(opts)
+            .await
+            .unwrap();
+        sqlx::query(
+            "CREATE TABLE effects (seq INTEGER PRIMARY KEY AUTOINCREMENT, event_id TEXT NOT NULL, key TEXT)",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        Self { pool, _dir: dir }
+    }
+
+    fn store(&self) -> SqliteInbox {
+        SqliteInbox::new(self.pool.clone(), "billing").unwrap()
+    }
+
+    fn handler(&self, script: Script) -> SqliteEffects {
+        SqliteEffects { script }
+    }
+
+    async fn effects(&self) -> Vec<(EventId, String)> {
+        let rows: Vec<(String, Option<String>)> =
+            sqlx::query_as("SELECT event_id, key FROM effects ORDER BY seq")
+                .fetch_all(&self.pool)
+                .await
+                .unwrap();
+        rows.into_iter()
+            .map(|(id, k)| (id.parse().unwrap(), k.unwrap_or_default()))
+            .collect()
+    }
+
+    async fn cut_connections(&self) {}
+
+    async fn age_records(&self, slot: u32, age: Duration) {
+        let age_ms = i64::try_from(age.as_millis()).unwrap();
+        for s in 0..8 {
+            if s == slot {
+                continue;
+            }
+            sqlx::query(&format!(
+                "INSERT INTO outbox_inbox_records_{slot} SELECT consumer, event_id, handled_at FROM outbox_inbox_records_{s}"
+            ))
+            .execute(&self.pool)
+            .await
+            .unwrap();
+            sqlx::query(&format!("DELETE FROM outbox_inbox_records_{s}"))
+                .execute(&self.pool)
+                .await
+                .unwrap();
+        }
+        sqlx::query(&format!(
+            "UPDATE outbox_inbox_records_{slot} SET handled_at = handled_at - ?"
+        ))
+        .bind(age_ms)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+fn fast_retry() -> InboxOptions {
+    InboxOptions::default()
+        .with_retry(
+            RetryPolicy::new(
+                Duration::from_millis(20),
+                Duration::from_millis(100),
+                3,
+                Jitter::None,
+            )
+            .unwrap(),
+        )
+        .with_retry_poll(Duration::from_millis(10))
+        .with_recv_wait(Duration::from_millis(20))
+}
+
+/// A running inbox and how to stop it.
+struct Running<S: InboxStore, H: Handler<S::Db>> {
+    _inbox: Inbox<S, H>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<outbox_inbox::InboxCounts>,
+}
+
+impl<S: InboxStore, H: Handler<S::Db>> Running<S, H> {
+    fn start(inbox: Inbox<S, H>, broker: &MemoryBroker) -> Self {
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let runner = inbox.clone();
+        let source = broker.source();
+        let task = tokio::spawn(async move {
+            runner
+                .run(source, async move {
+                    let _ = rx.await;
+                })
+                .await
+                .unwrap()
+        });
+        Self {
+            _inbox: inbox,
+            stop: Some(tx),
+            task,
+        }
+    }
+
+    async fn stop(mut self) -> outbox_inbox::InboxCounts {
+        let _ = self.stop.take().unwrap().send(());
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the inbox stops")
+            .unwrap()
+    }
+}
+
+/// Waits (bounded) until `cond` holds.
+async fn until<F: Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !cond().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn per_key(effects: &[(EventId, String)]) -> HashMap<String, Vec<EventId>> {
+    let mut m: HashMap<String, Vec<EventId>> = HashMap::new();
+    for (id, k) in effects {
+        m.entry(k.clone()).or_default().push(*id);
+    }
+    m
+}
+
+async fn each_message_once_in_key_order<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    let mut sent: HashMap<String, Vec<EventId>> = HashMap::new();
+    let mut events = Vec::new();
+    for i in 0..600 {
+        let key = format!("k{}", i % 23);
+        let e = event(&key, "ok");
+        sent.entry(key).or_default().push(e.id);
+        events.push(e);
+    }
+    for e in &events {
+        broker.push_event(e);
+    }
+    // Every tenth message again (a redelivery) and a whole copy later (a
+    // relay duplicate).
+    for e in events.iter().step_by(10) {
+        broker.push_event(e);
+    }
+    until("all handled", || async { h.effects().await.len() >= 600 }).await;
+    for e in events.iter().step_by(7) {
+        broker.push_event(e);
+    }
+    let total = 600 + 60 + events.iter().step_by(7).count();
+    until("all acknowledged", || async {
+        broker.acked().len() == total
+    })
+    .await;
+    let counts = run.stop().await;
+    let effects = h.effects().await;
+    assert_eq!(effects.len(), 600, "one effect per event");
+    assert_eq!(
+        per_key(&effects),
+        sent,
+        "per-key order of the effects is arrival order"
+    );
+    assert_eq!(counts.handled, 600);
+    assert_eq!(counts.duplicates, (total - 600) as u64);
+    for e in events.iter().take(5) {
+        assert!(h.store().is_recorded(e.id).await.unwrap());
+    }
+}
+
+async fn retry_parks_the_key_and_keeps_order<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    let a1 = event("a", "fail:2");
+    let a2 = event("a", "ok");
+    let a3 = event("a", "ok");
+    let b1 = event("b", "ok");
+    for e in [&a1, &a2, &b1, &a3] {
+        broker.push_event(e);
+    }
+    until("a3 handled", || async { h.effects().await.len() == 4 }).await;
+    let counts = run.stop().await;
+    let effects = h.effects().await;
+    let by_key = per_key(&effects);
+    assert_eq!(by_key["a"], vec![a1.id, a2.id, a3.id]);
+    assert_eq!(by_key["b"], vec![b1.id]);
+    assert_eq!(script.runs(a1.id), 3, "two failures, then success");
+    assert_eq!(counts.retries, 2);
+    assert!(counts.parked >= 1, "{counts:?}");
+    assert_eq!(h.store().pending_counts().await.unwrap(), (0, 0, 0));
+}
+
+async fn dead_head_blocks_until_replayed<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox.clone(), &broker);
+    let a1 = event("a", "dead");
+    let a2 = event("a", "ok");
+    let b1 = event("b", "ok");
+    for e in [&a1, &a2, &b1] {
+        broker.push_event(e);
+    }
+    until("b handled, a parked", || async {
+        h.store().pending_counts().await.unwrap() == (0, 1, 1) && h.effects().await.len() == 1
+    })
+    .await;
+    let dead = h
+        .store()
+        .dead_letters(&DeadFilter::default())
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.id, a1.id);
+    assert_eq!(
+        dead[0].last_error.as_ref().unwrap().0.as_str(),
+        "HANDLER_PERMANENT_FAILURE"
+    );
+    assert_eq!(dead[0].message.payload, b"dead");
+    // A filter that matches nothing replays nothing.
+    let none = DeadFilter {
+        code: Some("HANDLER_NOT_REGISTERED".into()),
+        ..DeadFilter::default()
+    };
+    assert_eq!(h.store().replay(&none).await.unwrap(), 0);
+    script.heal();
+    let by_id = DeadFilter {
+        ids: Some(vec![a1.id]),
+        ..DeadFilter::default()
+    };
+    assert_eq!(h.store().replay(&by_id).await.unwrap(), 1);
+    until("a replayed", || async { h.effects().await.len() == 3 }).await;
+    run.stop().await;
+    let by_key = per_key(&h.effects().await);
+    assert_eq!(by_key["a"], vec![a1.id, a2.id]);
+}
+
+async fn move_on_lets_the_key_continue_and_purge_removes<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone()))
+        .with_options(fast_retry().with_dead_head(DeadHead::MoveOn));
+    let run = Running::start(inbox, &broker);
+    let a1 = event("a", "dead");
+    let a2 = event("a", "ok");
+    broker.push_event(&a1);
+    broker.push_event(&a2);
+    until("a2 handled", || async { h.effects().await.len() == 1 }).await;
+    // The dead message comes again: recognised, not handled twice.
+    broker.push_event(&a1);
+    until("all acked", || async { broker.acked().len() == 3 }).await;
+    run.stop().await;
+    assert_eq!(script.runs(a1.id), 1);
+    assert_eq!(h.store().pending_counts().await.unwrap(), (0, 0, 1));
+    let all = DeadFilter::default();
+    assert_eq!(h.store().purge(&all).await.unwrap(), 1);
+    assert_eq!(h.store().pending_counts().await.unwrap(), (0, 0, 0));
+}
+
+async fn bad_messages_become_dead_letters<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    // No outbox headers at all.
+    broker.push(outbox_inbox::RawMessage {
+        headers: vec![("x".into(), "y".into())],
+        body: b"not an event".to_vec(),
+        destination: "orders".into(),
+        timestamp: None,
+        redelivered: false,
+        behind: None,
+    });
+    // A handler that panics once, then succeeds.
+    let p = event("p", "panic");
+    broker.push_event(&p);
+    until("acked", || async { broker.acked().len() == 2 }).await;
+    until("panic retried", || async { h.effects().await.len() == 1 }).await;
+    let counts = run.stop().await;
+    assert_eq!(counts.undecodable, 1);
+    assert_eq!(counts.retries, 1, "the panic was one retryable attempt");
+    let dead = h
+        .store()
+        .dead_letters(&DeadFilter {
+            code: Some("UNDECODABLE".into()),
+            ..DeadFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message.payload, b"not an event");
+    assert!(dead[0]
+        .last_error
+        .as_ref()
+        .unwrap()
+        .1
+        .contains("Outbox-Event-Id"));
+}
+
+async fn database_faults_cost_no_attempt<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    let mut ids = Vec::new();
+    for round in 0..5 {
+        for i in 0..100 {
+            let e = event(&format!("k{}", i % 7), "ok");
+            ids.push(e.id);
+            broker.push_event(&e);
+        }
+        if round % 2 == 0 {
+            h.cut_connections().await;
+        }
+    }
+    until("all handled", || async { h.effects().await.len() >= 500 }).await;
+    until("all acked", || async { broker.acked().len() == 500 }).await;
+    let counts = run.stop().await;
+    let effects = h.effects().await;
+    assert_eq!(effects.len(), 500, "each once");
+    assert_eq!(counts.retries, 0, "{counts:?}");
+    assert_eq!(counts.dead, 0, "{counts:?}");
+}
+
+async fn retention_empties_old_slots_in_bulk<X: Harness>() {
+    let h = X::new().await;
+    let store = h.store();
+    store.migrate().await.unwrap();
+    let mut tx = store.begin().await.unwrap();
+    let events: Vec<_> = (0..50).map(|i| event(&format!("k{i}"), "ok")).collect();
+    let msgs: Vec<_> = events
+        .iter()
+        .map(|e| {
+            let r = support::raw(e);
+            outbox_core::InboundMessage::decode(r.header_pairs(), &r.body, "orders", None).unwrap()
+        })
+        .collect();
+    store.admit(&mut tx, &msgs, true).await.unwrap();
+    tx.commit().await.unwrap();
+    let report = store.retain().await.unwrap();
+    assert!(!report.emptied, "nothing old yet");
+    // Every record into the slot after the current one, older than the window.
+    let next = (report.current_slot + 1) % 8;
+    h.age_records(
+        next,
+        Retention::default().window() + Duration::from_secs(60),
+    )
+    .await;
+    assert!(store.is_recorded(events[0].id).await.unwrap());
+    let report = store.retain().await.unwrap();
+    assert!(report.emptied);
+    assert!(!store.is_recorded(events[0].id).await.unwrap());
+    // Young records in that slot (no pass ran for a whole slot) survive.
+    let mut tx = store.begin().await.unwrap();
+    store.admit(&mut tx, &msgs[..1], true).await.unwrap();
+    tx.commit().await.unwrap();
+    h.age_records(next, Duration::from_secs(0)).await;
+    store.retain().await.unwrap();
+    assert!(store.is_recorded(events[0].id).await.unwrap());
+}
+
+async fn bad_configuration_is_named<X: Harness>() {
+    let h = X::new().await;
+    let _ = h;
+    assert!(InboxOptions::default().with_lanes(0).is_err());
+    assert!(Retention::new(Duration::from_secs(1)).is_err());
+}
+
+macro_rules! conformance {
+    ($($case:ident),* $(,)?) => {
+        mod postgres {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case::<Pg>().await;
+                }
+            )*
+        }
+        mod sqlite {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case::<Lite>().await;
+                }
+            )*
+        }
+    };
+}
+
+conformance!(
+    each_message_once_in_key_order,
+    retry_parks_the_key_and_keeps_order,
+    dead_head_blocks_until_replayed,
+    move_on_lets_the_key_continue_and_purge_removes,
+    bad_messages_become_dead_letters,
+    database_faults_cost_no_attempt,
+    retention_empties_old_slots_in_bulk,
+    bad_configuration_is_named,
+);
+
+#[tokio::test]
+async fn bad_names_are_refused() {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .connect_lazy(&support::database_url())
+        .unwrap();
+    let err = PgInbox::new(pool.clone(), "c")
+        .unwrap()
+        .with_schema("bad-name")
+        .unwrap_err();
+    assert!(err.to_string().contains("bad-name"), "{err}");
+    assert!(PgInbox::new(pool, "").is_err());
+}
