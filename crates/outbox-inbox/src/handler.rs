@@ -241,7 +241,10 @@ pub(crate) async fn run_handler<DB: sqlx::Database, H: Handler<DB> + ?Sized>(
     message: &InboundMessage,
     tx: &mut Transaction<'static, DB>,
 ) -> Result<(), HandlerError> {
-    let fut = match std::panic::catch_unwind(AssertUnwindSafe(|| handler.handle(message, tx))) {
+    let fut = match std::panic::catch_unwind(AssertUnwindSafe(move || {
+        let tx = tx;
+        handler.handle(message, tx)
+    })) {
         Ok(fut) => fut,
         Err(p) => return Err(panicked(&*p)),
     };
