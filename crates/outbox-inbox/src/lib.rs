@@ -15,6 +15,8 @@ pub mod sqlite;
 pub mod store;
 
 pub use common::MAX_CONSUMER_NAME;
+/// The sqlx version the handlers and stores use.
+pub use sqlx;
 pub use consumer::{Inbox, InboxCounts, InboxError, InboxStats};
 pub use handler::{handler_fn, Failure, FnHandler, Handler, HandlerError, Handlers};
 pub use options::{DeadHead, InboxOptions};
