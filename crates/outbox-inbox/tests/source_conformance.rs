@@ -29,6 +29,7 @@ use outbox_core::{Event, EventId, InboundMessage, Outcome, Sink};
 use outbox_inbox::{Received, Source, SourceError};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,13 @@ pub trait SourceHarness: Send + Sync + Sized + 'static {
     fn misconfigured(&self) -> impl Future<Output = SourceError> + Send;
     /// `Debug` of the source's config with `password` in its URL / properties.
     fn config_debug_with_password(&self, password: &str) -> String;
+    /// The broker's address, when a source can be pointed at a TCP proxy in
+    /// front of it (`None` for Kafka: its clients connect to the brokers
+    /// the cluster advertises, not to the bootstrap address).
+    fn broker_addr(&self) -> Option<SocketAddr>;
+    /// A source consuming as `name` whose connection goes to `addr`.
+    fn source_via(&self, addr: SocketAddr, name: &str)
+        -> impl Future<Output = Self::Source> + Send;
     /// How many messages consumer `name` would still get (its source closed).
     fn remaining(&self, name: &str) -> impl Future<Output = u64> + Send;
     /// Deletes the destination.
@@ -81,6 +89,7 @@ macro_rules! source_conformance_tests {
             recv_with_nothing_published_returns_empty,
             missing_destination_is_a_config_error,
             config_debug_hides_the_password,
+            lost_connection_is_unavailable_then_recovers,
         );
     };
     (@cases $module:ident, $harness:ty; $($case:ident),* $(,)?) => {
@@ -449,6 +458,60 @@ mod cases {
         assert!(!e.is_retryable());
     }
 
+    /// The connection breaks (a proxy cuts it and refuses new ones): recv
+    /// reports `Unavailable` (never panics, never an error of the
+    /// configuration), acknowledging a token of the broken connection is
+    /// not an error; once the broker is reachable again the source
+    /// reconnects by itself and the unacknowledged message comes again.
+    /// Kafka skips this case (see `broker_addr`); librdkafka reconnects on
+    /// its own and an outage shows as empty batches.
+    pub(crate) async fn lost_connection_is_unavailable_then_recovers<H: SourceHarness>(h: &H) {
+        let Some(broker) = h.broker_addr() else {
+            eprintln!("skipped: the source cannot be put behind a proxy");
+            return;
+        };
+        let proxy = outbox_testkit::proxy::TcpProxy::start(broker).await;
+        let topic = h.topic();
+        let first = event(&topic, Some("k"), b"1".to_vec());
+        let second = event(&topic, Some("k"), b"2".to_vec());
+        publish(h, &[first.clone(), second.clone()]).await;
+        let name = consumer_name();
+        let mut source = h.source_via(proxy.addr(), &name).await;
+        let mut got = recv_n(&mut source, 2).await;
+        assert_eq!(ids(&got), vec![first.id, second.id]);
+        let second_token = got.pop().expect("second");
+        let first_token = got.pop().expect("first");
+        drop(second_token);
+
+        proxy.refuse();
+        let deadline = Instant::now() + BOUND;
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "no Unavailable from {} while its broker is unreachable",
+                source.describe()
+            );
+            match source.recv(10, Duration::from_millis(200)).await {
+                Err(SourceError::Unavailable(_)) => break,
+                Err(e) => panic!("a lost connection is not a configuration error: {e}"),
+                Ok(batch) => assert!(batch.is_empty(), "{:?}", ids(&batch)),
+            }
+        }
+        source
+            .ack(vec![first_token.token])
+            .await
+            .expect("acking a token of a lost connection is not an error");
+
+        proxy.restore();
+        let again = recv_until(&mut source, second.id).await;
+        for id in ids(&again) {
+            assert!(id == first.id || id == second.id, "unexpected event {id}");
+        }
+        ack_all(&mut source, again).await;
+        source.close().await.expect("close");
+        assert_nothing_left(h, &name).await;
+    }
+
     /// `Debug` of a config with a password never shows it.
     pub(crate) async fn config_debug_hides_the_password<H: SourceHarness>(h: &H) {
         let secret = "hunter2-s3cret";
@@ -500,6 +563,19 @@ mod nats_harness {
             NatsSource::connect(self.config(name))
                 .await
                 .expect("NATS source")
+        }
+
+        fn broker_addr(&self) -> Option<SocketAddr> {
+            Some(self.0.broker_addr())
+        }
+
+        async fn source_via(&self, addr: SocketAddr, name: &str) -> NatsSource {
+            let config = NatsSourceConfig::new(format!("nats://{addr}"), self.0.stream(), name)
+                .with_filter_subject(self.0.subject(&self.0.topic()))
+                .with_ack_wait(Duration::from_secs(2));
+            NatsSource::connect(config)
+                .await
+                .expect("NATS source via the proxy")
         }
 
         async fn misconfigured(&self) -> SourceError {
@@ -581,6 +657,19 @@ mod amqp_harness {
             AmqpSource::connect(config).await.expect("AMQP source")
         }
 
+        fn broker_addr(&self) -> Option<SocketAddr> {
+            Some(self.0.broker_addr())
+        }
+
+        async fn source_via(&self, addr: SocketAddr, name: &str) -> AmqpSource {
+            let config = AmqpSourceConfig::new(self.0.url_via(addr), self.0.queue())
+                .with_consumer_tag(name)
+                .with_connect_timeout(Duration::from_secs(2));
+            AmqpSource::connect(config)
+                .await
+                .expect("AMQP source via the proxy")
+        }
+
         async fn misconfigured(&self) -> SourceError {
             let config = AmqpSourceConfig::new(
                 self.0.url(),
@@ -654,6 +743,14 @@ mod kafka_harness {
 
         async fn source(&self, name: &str) -> KafkaSource {
             KafkaSource::new(self.config(name, &self.0.topic())).expect("Kafka source")
+        }
+
+        fn broker_addr(&self) -> Option<SocketAddr> {
+            None
+        }
+
+        async fn source_via(&self, _addr: SocketAddr, name: &str) -> KafkaSource {
+            self.source(name).await
         }
 
         async fn misconfigured(&self) -> SourceError {
