@@ -313,6 +313,23 @@ mod cases {
             );
             assert!(!raw.message.redelivered, "first delivery of {}", e.id);
         }
+        // `behind`, where the broker tells: never more than what was
+        // published, and nothing behind the last message of the backlog.
+        for r in &got {
+            if let Some(b) = r.message.behind {
+                assert!(
+                    b < events.len() as u64,
+                    "behind {b} of {} published",
+                    events.len()
+                );
+            }
+        }
+        let last = got.last().expect("messages");
+        assert!(
+            matches!(last.message.behind, None | Some(0)),
+            "nothing is behind the last message: {:?}",
+            last.message.behind
+        );
         ack_all(&mut source, got).await;
         source.close().await.expect("close");
         assert_nothing_left(h, &name).await;

@@ -19,7 +19,7 @@
 //!
 //! After the connection or the channel is lost, the next [`Source::recv`]
 //! reports [`SourceError::Unavailable`] and the one after reconnects (after
-//! [`reconnect_delay`](super::reconnect_delay) once attempts fail) and
+//! a backoff of 100 ms doubling to 5 s once attempts fail) and
 //! consumes again.
 //!
 //! [`RawMessage::headers`]: the header table (text values as they are,
