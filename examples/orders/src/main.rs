@@ -196,11 +196,9 @@ async fn billing(settings: &Settings, stream: &str, until_idle: bool) -> Result<
     let pool = outbox_postgres::sqlx::PgPool::connect(&settings.database_url).await?;
     let schema = settings.schema.clone();
     let invoices = format!("{schema}.invoices");
-    outbox_postgres::sqlx::query(&format!(
-        "CREATE SCHEMA IF NOT EXISTS {schema}; "
-    ))
-    .execute(&pool)
-    .await?;
+    outbox_postgres::sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; "))
+        .execute(&pool)
+        .await?;
     outbox_postgres::sqlx::query(&format!(
         "CREATE TABLE IF NOT EXISTS {invoices} (
              id bigserial PRIMARY KEY,

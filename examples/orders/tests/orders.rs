@@ -90,7 +90,12 @@ async fn placed_orders_reach_the_stream_in_order_with_their_event_ids() {
 
     // The billing service: one invoice per order, exactly once.
     let stream = nats.stream().to_owned();
-    let billed = orders(&schema, &prefix, nats.url(), &["billing", "--stream", &stream, "--until-idle"]);
+    let billed = orders(
+        &schema,
+        &prefix,
+        nats.url(),
+        &["billing", "--stream", &stream, "--until-idle"],
+    );
     assert_eq!(billed.trim(), "invoiced 3 duplicates 0 dead 0");
     // The whole stream again (its consumer deleted, as after a lost
     // consumer state): every message is recognised, nothing invoiced twice.
@@ -101,7 +106,12 @@ async fn placed_orders_reach_the_stream_in_order_with_their_event_ids() {
         .delete_consumer("billing")
         .await
         .unwrap();
-    let again = orders(&schema, &prefix, nats.url(), &["billing", "--stream", &stream, "--until-idle"]);
+    let again = orders(
+        &schema,
+        &prefix,
+        nats.url(),
+        &["billing", "--stream", &stream, "--until-idle"],
+    );
     assert_eq!(again.trim(), "invoiced 0 duplicates 3 dead 0");
     let pool = outbox_postgres::sqlx::PgPool::connect(&database_url())
         .await
