@@ -5,7 +5,7 @@
 //!   the metadata travels in headers ([`crate::headers`]): event id, type,
 //!   key, content type, and the event's own headers beside them.
 //! - [`WireFormat::Envelope`]: the body is the protobuf
-//!   [`Envelope`](crate::Envelope) (`proto/outbox/v1/envelope.proto`, the
+//!   [`crate::Envelope`] (`proto/outbox/v1/envelope.proto`, the
 //!   wire contract for consumers in other languages) with content type
 //!   [`ENVELOPE_CONTENT_TYPE`] and the header [`headers::WIRE_FORMAT`] set to
 //!   [`ENVELOPE_MARKER`]. The id, type and key headers are still sent, so

@@ -537,6 +537,25 @@ async fn retention_empties_old_slots_in_bulk<X: Harness>() {
     assert!(store.is_recorded(events[0].id).await.unwrap());
 }
 
+async fn both_wire_formats_are_one_event<X: Harness>() {
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    let a = event("a", "ok");
+    let b = event("a", "ok");
+    broker.push(support::raw_as(&a, outbox_core::WireFormat::Envelope));
+    broker.push(support::raw_as(&b, outbox_core::WireFormat::Headers));
+    // The same event in the other format is the same event: a duplicate.
+    broker.push(support::raw_as(&a, outbox_core::WireFormat::Headers));
+    broker.push(support::raw_as(&b, outbox_core::WireFormat::Envelope));
+    until("all acked", || async { broker.acked().len() == 4 }).await;
+    let counts = run.stop().await;
+    assert_eq!(h.effects().await, vec![(a.id, "a".to_owned()), (b.id, "a".to_owned())]);
+    assert_eq!((counts.handled, counts.duplicates), (2, 2));
+}
+
 async fn bad_configuration_is_named<X: Harness>() {
     let h = X::new().await;
     let _ = h;
@@ -575,6 +594,7 @@ conformance!(
     bad_messages_become_dead_letters,
     database_faults_cost_no_attempt,
     retention_empties_old_slots_in_bulk,
+    both_wire_formats_are_one_event,
     bad_configuration_is_named,
 );
 

@@ -90,13 +90,13 @@ fn counters_gauges_and_a_span_continuing_the_producers_trace() {
                     && k.key().labels().any(|l| l.key() == "consumer" && l.value() == "metrics")
                     && label.is_none_or(|(lk, lv)| k.key().labels().any(|l| l.key() == lk && l.value() == lv))
             })
-            .map(|(_, _, _, v)| v.clone())
+            .map(|(_, _, _, v)| v)
     };
-    assert_eq!(value(m::HANDLED, None), Some(DebugValue::Counter(2)));
-    assert_eq!(value(m::DUPLICATES, None), Some(DebugValue::Counter(1)));
+    assert_eq!(value(m::HANDLED, None), Some(&DebugValue::Counter(2)));
+    assert_eq!(value(m::DUPLICATES, None), Some(&DebugValue::Counter(1)));
     assert_eq!(
         value(m::DEAD, Some(("code", "HANDLER_PERMANENT_FAILURE"))),
-        Some(DebugValue::Counter(1))
+        Some(&DebugValue::Counter(1))
     );
     assert!(matches!(value(m::LAG_SECONDS, None), Some(DebugValue::Gauge(_))));
     assert!(matches!(value(m::BATCH_SECONDS, None), Some(DebugValue::Histogram(_))));

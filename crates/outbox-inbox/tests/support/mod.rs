@@ -82,15 +82,20 @@ impl Source for MemorySource {
     }
 }
 
-/// The broker message of an event, as a publisher sends it.
+/// The broker message of an event, as a publisher sends it (default format).
 pub fn raw(e: &Event) -> RawMessage {
-    let m = BrokerMessage::new(e);
+    raw_as(e, outbox_core::WireFormat::Headers)
+}
+
+/// The broker message of an event in wire format `format`.
+pub fn raw_as(e: &Event, format: outbox_core::WireFormat) -> RawMessage {
+    let m = BrokerMessage::new(e).with_format(format);
     RawMessage {
         headers: m
             .headers()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect(),
-        body: m.payload().to_vec(),
+        body: m.body().into_owned(),
         destination: e.topic.clone(),
         timestamp: Some(e.created_at),
         redelivered: false,
