@@ -43,6 +43,33 @@ pub(crate) struct Scenario {
     pub(crate) producer: String,
     /// Run start, microseconds since the epoch.
     pub(crate) start_us: i64,
+    /// End to end through the inbox (`run --inbox`): its database,
+    /// `postgres` or `sqlite`. The arrivals are then the consumers'
+    /// effects, and one duplicate effect fails the run.
+    #[serde(default)]
+    pub(crate) inbox: Option<String>,
+    /// Inbox consumer processes (`run --inbox`).
+    #[serde(default)]
+    pub(crate) consumers: u32,
+}
+
+/// What the inbox consumers did (`run --inbox`), besides the effects the
+/// checker reads as arrivals.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct InboxReport {
+    /// The sum of every consumer process's counts (`duplicates`: copies
+    /// the inbox absorbed: the broker's redeliveries and the relays'
+    /// duplicates). `last` is false when a process was killed: its counts
+    /// after its last periodic write (500 ms) are missing, so the figures
+    /// are lower bounds.
+    pub(crate) counts: crate::inbox::Counts,
+    /// Messages the broker stored beyond one per committed event (the
+    /// relays' duplicates), when the broker tells: JetStream's stream
+    /// count (its dedup window is 100 ms in these runs) and Kafka's high
+    /// watermarks; `None` for RabbitMQ (a queue forgets what it delivered).
+    pub(crate) relay_copies: Option<u64>,
+    /// Consumer processes that exited by themselves (each restarted).
+    pub(crate) consumer_exits: Vec<String>,
 }
 
 fn partitioned() -> String {
@@ -171,6 +198,9 @@ pub(crate) struct Report {
     /// was up against the steady rate.
     #[serde(default)]
     pub(crate) sink_up: Option<SinkUpRates>,
+    /// End to end through the inbox: what the consumers counted.
+    #[serde(default)]
+    pub(crate) inbox: Option<InboxReport>,
     /// Every target met.
     pub(crate) passed: bool,
     /// The targets missed, in words.
@@ -418,7 +448,13 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         })
         .sum();
     let broker_cuts: u64 = input.faults.iter().map(|f| u64::from(f.broker_cuts)).sum();
-    let duplicate_allowance = (dup_faults + broker_cuts) * u64::from(input.scenario.max_batch_size);
+    // Through the inbox every copy must be absorbed: no duplicate effect.
+    let inbox_mode = input.scenario.inbox.is_some();
+    let duplicate_allowance = if inbox_mode {
+        0
+    } else {
+        (dup_faults + broker_cuts) * u64::from(input.scenario.max_batch_size)
+    };
     let drain_s = match prefix_max.last() {
         None => Some(0.0),
         Some(&i64::MAX) => None,
@@ -463,7 +499,11 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     if order_violations > 0 {
         failures.push(format!("{order_violations} per-key order violation(s)"));
     }
-    if extra_copies > duplicate_allowance {
+    if inbox_mode && extra_copies > 0 {
+        failures.push(format!(
+            "{extra_copies} duplicate effect(s) of {duplicated} event(s): the inbox applied them more than once"
+        ));
+    } else if extra_copies > duplicate_allowance {
         failures.push(format!(
             "{extra_copies} extra copies, more than one batch (up to {}) per kill / lease loss / relay in a database crash ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
             input.scenario.max_batch_size
@@ -501,6 +541,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         recovery_misses,
         relay_exits: Vec::new(),
         sink_up,
+        inbox: None,
         passed: failures.is_empty(),
         failures,
     }
@@ -514,6 +555,8 @@ fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
         // Every event delivered within lease + 5 s of the database
         // accepting connections again.
         "pg-crash" => Some(lease_ms as f64 / 1000.0 + 5.0),
+        // The inbox consumer back (restarted, reconnected) and caught up.
+        "consumer-kill" | "consumer-db-cut" => Some(5.0),
         _ => None,
     }
 }
@@ -575,6 +618,8 @@ mod tests {
             faults: String::new(),
             producer: partitioned(),
             start_us: 0,
+            inbox: None,
+            consumers: 0,
         }
     }
 
@@ -933,5 +978,94 @@ mod tests {
         );
         assert!(ok.passed, "{:?}", ok.failures);
         assert!(!flap(5).passed);
+    }
+
+    /// Checks `scenario()` end to end through the inbox (the arrivals are
+    /// the effects).
+    fn run_inbox(produced: &[Produced], effects: &[Arrival], faults: &[FaultRecord]) -> Report {
+        check(&Inputs {
+            scenario: Scenario {
+                inbox: Some("postgres".into()),
+                consumers: 2,
+                ..scenario()
+            },
+            produced,
+            arrivals: effects,
+            faults,
+            produce_end_us: 1_000,
+            resolved_committed: &HashSet::new(),
+        })
+    }
+
+    #[test]
+    fn inbox_mode_fails_on_one_duplicate_effect_even_after_a_kill() {
+        let e1 = p("a", 1, TxOutcome::Committed, 100);
+        let e2 = p("a", 2, TxOutcome::Committed, 200);
+        let produced = vec![e1.clone(), e2.clone()];
+        let kill = FaultRecord {
+            may_duplicate: true,
+            ..fault("kill", 150, 160, Vec::new())
+        };
+        let consumer_kill = fault("consumer-kill", 170, 180, Vec::new());
+        let faults = [kill, consumer_kill];
+        let once = run_inbox(&produced, &[a(&e1, 300), a(&e2, 400)], &faults);
+        assert!(once.passed, "{:?}", once.failures);
+        assert_eq!(once.duplicate_allowance, 0);
+        let twice = run_inbox(&produced, &[a(&e1, 300), a(&e2, 400), a(&e2, 500)], &faults);
+        assert!(!twice.passed);
+        assert_eq!((twice.duplicated, twice.extra_copies), (1, 1));
+        assert_eq!(twice.failures.len(), 1, "{:?}", twice.failures);
+        assert!(
+            twice.failures[0].contains("duplicate effect"),
+            "{:?}",
+            twice.failures
+        );
+        // The same arrivals from the independent recorder are within the
+        // kill's allowance.
+        assert!(
+            run(
+                &produced,
+                &[a(&e1, 300), a(&e2, 400), a(&e2, 500)],
+                &faults,
+                1_000
+            )
+            .passed
+        );
+    }
+
+    #[test]
+    fn inbox_mode_fails_on_a_missing_or_rolled_back_effect() {
+        let e1 = p("a", 1, TxOutcome::Committed, 100);
+        let e2 = p("b", 1, TxOutcome::Committed, 200);
+        let rb = p("b", 2, TxOutcome::RolledBack, 300);
+        let produced = vec![e1.clone(), e2.clone(), rb.clone()];
+        let missing = run_inbox(&produced, &[a(&e1, 400)], &[]);
+        assert!(!missing.passed);
+        assert_eq!(
+            (missing.lost, missing.lost_sample.clone()),
+            (1, vec![e2.id])
+        );
+        assert_eq!(missing.faults.len(), 0);
+        let rolled_back = run_inbox(&produced, &[a(&e1, 400), a(&e2, 500), a(&rb, 600)], &[]);
+        assert!(!rolled_back.passed);
+        assert_eq!(rolled_back.unexpected_rolled_back, 1);
+        assert_eq!(rolled_back.lost, 0);
+    }
+
+    #[test]
+    fn inbox_mode_detects_effects_out_of_the_keys_commit_order() {
+        let e1 = p("a", 1, TxOutcome::Committed, 100);
+        let e2 = p("a", 2, TxOutcome::Committed, 200);
+        let e3 = p("b", 1, TxOutcome::Committed, 300);
+        let produced = vec![e1.clone(), e2.clone(), e3.clone()];
+        // The effects in insertion order: a:2 before a:1 (b between them
+        // is another key: no violation).
+        let r = run_inbox(&produced, &[a(&e2, 400), a(&e3, 450), a(&e1, 500)], &[]);
+        assert!(!r.passed);
+        assert_eq!(r.order_violations, 1);
+        assert_eq!(r.order_sample, vec!["a: got 1 after 2".to_owned()]);
+        assert_eq!((r.lost, r.extra_copies), (0, 0));
+        let ok = run_inbox(&produced, &[a(&e3, 400), a(&e1, 450), a(&e2, 500)], &[]);
+        assert!(ok.passed, "{:?}", ok.failures);
     }
 }

@@ -15,6 +15,12 @@
 //! (nats.rs) or RabbitMQ node (rabbit.rs) in the run's directory, and a
 //! broker fault on Kafka a private Tansu behind the fault proxy (kafka.rs).
 //!
+//! `outbox-chaos run --inbox postgres|sqlite` is the end-to-end run: inbox
+//! consumer processes (`outbox-chaos inbox-consumer`, inbox.rs, supervised
+//! by consumers.rs) replace the recorder and apply every event to a
+//! business table; the checker reads that table and fails on a single
+//! duplicate effect.
+//!
 //! `outbox-chaos check DIR` runs the checker again over a kept run.
 
 #![allow(clippy::print_stdout, reason = "a command-line tool")]
@@ -22,7 +28,9 @@
 mod checker;
 mod child;
 mod consumer;
+mod consumers;
 mod faults;
+mod inbox;
 mod kafka;
 mod nats;
 mod producer;
@@ -33,6 +41,7 @@ mod relays;
 use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use consumer::Destination;
+use consumers::{ConsumerSpec, Consumers, EffectsDb};
 use faults::{FaultKind, FaultTimes, PrivateBroker, Targets};
 use kafka::PrivateKafka;
 use nats::PrivateNats;
@@ -47,6 +56,7 @@ use std::io::{BufRead, BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Mutex};
@@ -71,6 +81,19 @@ enum Command {
         /// The run's directory (holds run.json, produced.jsonl, arrivals.jsonl, faults.json).
         dir: PathBuf,
     },
+    /// One inbox consumer process (what `run --inbox` starts, kills and
+    /// restarts): consumes the run's destination with `outbox-inbox` and
+    /// writes one `effects` row per event in the inbox's transaction.
+    InboxConsumer(Box<inbox::ConsumerArgs>),
+}
+
+/// The inbox consumers' database in an end-to-end run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum InboxDb {
+    /// A schema of its own in the PostgreSQL database (`--database-url`).
+    Postgres,
+    /// A SQLite file in the run's directory.
+    Sqlite,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -219,6 +242,27 @@ struct RunArgs {
     /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
     #[arg(long)]
     timeout_s: Option<u64>,
+    /// End to end through the inbox: instead of the independent recorder,
+    /// inbox consumer processes (`outbox-chaos inbox-consumer`) with their
+    /// database here consume the destination and write one effect per
+    /// event; the checker reads the effects (a duplicate effect fails).
+    #[arg(long, value_enum)]
+    inbox: Option<InboxDb>,
+    /// Inbox consumer processes sharing the work [default: 2 for Kafka (a
+    /// consumer group), 1 for NATS and RabbitMQ (RELIABILITY.md says why)].
+    #[arg(long)]
+    consumers: Option<usize>,
+    /// Lanes of each inbox consumer (keys in parallel).
+    #[arg(long, default_value_t = 4)]
+    consumer_lanes: usize,
+    /// NATS: the inbox's durable consumer's ack wait, ms.
+    #[arg(long, default_value_t = 2000)]
+    nats_ack_wait_ms: u64,
+    /// How long a `consumer-kill` keeps the consumer down, ms [default:
+    /// NATS: the ack wait + 1 s (what the dead process held is then
+    /// delivered again before newer messages); others: 1,000].
+    #[arg(long)]
+    consumer_pause_ms: Option<u64>,
 }
 
 /// What `check` needs besides the records (written as run.json).
@@ -228,6 +272,9 @@ struct RunMeta {
     produce_end_us: i64,
     resolved_committed: Vec<uuid::Uuid>,
     relay_exits: Vec<String>,
+    /// End to end through the inbox: the consumers' counts.
+    #[serde(default)]
+    inbox: Option<checker::InboxReport>,
 }
 
 fn main() -> ExitCode {
@@ -247,6 +294,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run_bounded(*args).await,
             Command::Check { dir } => check_dir(&dir),
+            Command::InboxConsumer(args) => inbox::run_consumer(*args).await.map(|()| true),
         }
     });
     // Child processes are killed on drop; give the runtime a moment to
@@ -295,7 +343,16 @@ fn host_port(url: &str) -> Result<(String, u16)> {
     Ok((host.to_owned(), port.parse().context("bad port")?))
 }
 
-/// `url` with its host:port replaced by `addr`.
+/// The schema of the inbox consumers' PostgreSQL database.
+fn inbox_schema(name: &str) -> String {
+    format!("{name}_inbox")
+}
+
+/// The inbox consumers' SQLite file.
+fn inbox_sqlite(out: &Path, name: &str) -> PathBuf {
+    out.join(format!("{name}-inbox.db"))
+}
+
 /// `url` through `proxy` (see [`via`]), or `url` itself when the run has
 /// no proxy on that connection.
 fn through(url: &str, proxy: Option<&Arc<TcpProxy>>) -> Result<String> {
@@ -305,6 +362,7 @@ fn through(url: &str, proxy: Option<&Arc<TcpProxy>>) -> Result<String> {
     }
 }
 
+/// `url` with its host:port replaced by `addr`.
 fn via(url: &str, addr: SocketAddr) -> Result<String> {
     let (host, port) = host_port(url)?;
     let from = format!("{host}:{port}");
@@ -442,6 +500,28 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         dest.delete().await;
     }
     if !args.keep {
+        match args.inbox {
+            Some(InboxDb::Postgres) => {
+                if let Ok(pool) = sqlx::PgPool::connect(&args.database_url).await {
+                    let _ = sqlx::query(&format!(
+                        "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                        inbox_schema(&name)
+                    ))
+                    .execute(&pool)
+                    .await;
+                    pool.close().await;
+                }
+            }
+            Some(InboxDb::Sqlite) => {
+                for ext in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!(
+                        "{}{ext}",
+                        inbox_sqlite(&out, &name).display()
+                    ));
+                }
+            }
+            None => {}
+        }
         match args.store {
             StoreKind::Postgres => {
                 if let Ok(pool) = sqlx::PgPool::connect(&args.database_url).await {
@@ -607,10 +687,39 @@ async fn run_created(
 
     let ledger = Arc::new(Ledger::default());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let consumer = {
-        let (dest, ledger) = (dest.clone(), ledger.clone());
-        tokio::spawn(async move { dest.consume(ledger, stop_rx).await })
+    // The drain reads the whole effects table on each pass.
+    let drain_full = Arc::new(AtomicBool::new(false));
+    let e2e = match args.inbox {
+        None => None,
+        Some(db) => {
+            let url = match dest {
+                Destination::Nats { url, .. } | Destination::Amqp { url, .. } => {
+                    through(url, broker_proxy.as_ref())?
+                }
+                Destination::Kafka { brokers, .. } => brokers.clone(),
+            };
+            Some(start_inbox(args, db, name, out, dest, &url).await?)
+        }
     };
+    let consumer = match &e2e {
+        None => {
+            let (dest, ledger) = (dest.clone(), ledger.clone());
+            tokio::spawn(async move { dest.consume(ledger, stop_rx).await })
+        }
+        Some(e) => {
+            let follow = consumers::follow(
+                e.effects.clone(),
+                ledger.clone(),
+                drain_full.clone(),
+                stop_rx,
+            );
+            tokio::spawn(async move {
+                follow.await;
+                anyhow::Ok(Vec::new())
+            })
+        }
+    };
+    let mut consumer_exits: Vec<String> = Vec::new();
 
     let mut relay_args = store_args;
     relay_args.extend(sink_args);
@@ -640,6 +749,8 @@ async fn run_created(
         allow_pg_restart: args.allow_pg_restart,
         allow_pg_crash: args.allow_pg_crash || args.allow_pg_restart,
         broker_server,
+        consumers: e2e.as_ref().map(|e| e.consumers.clone()),
+        consumer_db: e2e.as_ref().and_then(|e| e.consumer_db.clone()),
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;
@@ -672,6 +783,12 @@ async fn run_created(
             flap_up: Duration::from_millis(args.flap_up_ms),
             lease: Duration::from_millis(args.lease_ms),
             recovery_room: Duration::from_secs(args.recovery_room_s),
+            consumer_pause: Duration::from_millis(args.consumer_pause_ms.unwrap_or(
+                match args.broker {
+                    BrokerKind::Nats => args.nats_ack_wait_ms + 1000,
+                    BrokerKind::Amqp | BrokerKind::Kafka => 1000,
+                },
+            )),
         },
         start,
         warmup,
@@ -690,6 +807,9 @@ async fn run_created(
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
         relay_exits.extend(relays.lock().await.reap_and_restart()?);
+        if let Some(e) = &e2e {
+            consumer_exits.extend(e.consumers.lock().await.reap_and_restart()?);
+        }
         if last_print.elapsed() >= Duration::from_secs(5) {
             last_print = Instant::now();
             eprintln!(
@@ -726,9 +846,13 @@ async fn run_created(
     // Drain: until every committed event arrived, or the timeout; then a
     // quiet period for late copies.
     let drain_deadline = Instant::now() + Duration::from_secs(args.drain_timeout_s);
+    drain_full.store(true, Ordering::Relaxed);
     while ledger.outstanding() > 0 && Instant::now() < drain_deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
         relay_exits.extend(relays.lock().await.reap_and_restart()?);
+        if let Some(e) = &e2e {
+            consumer_exits.extend(e.consumers.lock().await.reap_and_restart()?);
+        }
     }
     eprintln!(
         "chaos {name}: drained, outstanding {} after {:.1} s",
@@ -737,11 +861,40 @@ async fn run_created(
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     relays.lock().await.shutdown(Duration::from_secs(10)).await;
+    if let Some(e) = &e2e {
+        e.consumers
+            .lock()
+            .await
+            .shutdown(Duration::from_secs(10))
+            .await;
+    }
     let _ = stop_tx.send(true);
     let arrivals = tokio::time::timeout(Duration::from_secs(10), consumer)
         .await
         .context("the consumer did not stop")?
         .context("consumer panicked")??;
+    // End to end: the arrivals are the effects, in insertion order.
+    let (arrivals, inbox_report) = match &e2e {
+        None => (arrivals, None),
+        Some(e) => {
+            let effects = e.effects.arrivals().await?;
+            let distinct = effects
+                .iter()
+                .map(|a| a.id)
+                .collect::<std::collections::HashSet<_>>()
+                .len() as u64;
+            let report = checker::InboxReport {
+                counts: e.consumers.lock().await.counts(),
+                relay_copies: dest
+                    .stored_messages()
+                    .await
+                    .map(|m| m.saturating_sub(distinct)),
+                consumer_exits: std::mem::take(&mut consumer_exits),
+            };
+            e.close().await;
+            (effects, Some(report))
+        }
+    };
 
     if let AppDb::Postgres { pool, .. } = &app_db {
         pool.close().await;
@@ -769,10 +922,21 @@ async fn run_created(
             faults: args.faults.clone(),
             producer: args.producer.name().to_owned(),
             start_us,
+            inbox: args.inbox.map(|db| {
+                match db {
+                    InboxDb::Postgres => "postgres",
+                    InboxDb::Sqlite => "sqlite",
+                }
+                .to_owned()
+            }),
+            consumers: e2e
+                .as_ref()
+                .map_or(0, |e| u32::try_from(e.count).unwrap_or(0)),
         },
         produce_end_us,
         resolved_committed: resolved_committed.into_iter().collect(),
         relay_exits,
+        inbox: inbox_report,
     };
     write_records(out, &meta, &produced, &arrivals, &fault_records)?;
     let report = report(&meta, &produced, &arrivals, &fault_records);
@@ -833,7 +997,111 @@ fn report(
     // A relay that exits is restarted, as a supervisor would: what counts
     // is what the consumer received. The exits are reported beside it.
     report.relay_exits.clone_from(&meta.relay_exits);
+    report.inbox.clone_from(&meta.inbox);
     report
+}
+
+/// The inbox side of an end-to-end run.
+struct EndToEnd {
+    /// The consumer processes.
+    consumers: Arc<Mutex<Consumers>>,
+    /// How many.
+    count: usize,
+    /// Their business table, read by the run.
+    effects: EffectsDb,
+    /// PostgreSQL: an admin pool and the consumers' `application_name`
+    /// (`consumer-db-cut`).
+    consumer_db: Option<(sqlx::PgPool, String)>,
+}
+
+impl EndToEnd {
+    async fn close(&self) {
+        match &self.effects {
+            EffectsDb::Postgres { pool, .. } => pool.close().await,
+            EffectsDb::Sqlite { pool } => pool.close().await,
+        }
+    }
+}
+
+/// Prepares the consumers' database and starts the inbox consumers on
+/// `url` (the broker as the relays reach it: through the fault proxy when
+/// the plan cuts the broker, so that a cut hits the consumers too).
+async fn start_inbox(
+    args: &RunArgs,
+    db: InboxDb,
+    name: &str,
+    out: &Path,
+    dest: &Destination,
+    url: &str,
+) -> Result<EndToEnd> {
+    let app = format!("{name}-inbox");
+    let (db_arg, schema) = match db {
+        InboxDb::Postgres => (args.database_url.clone(), Some(inbox_schema(name))),
+        InboxDb::Sqlite => (inbox_sqlite(out, name).display().to_string(), None),
+    };
+    inbox::prepare_db(&db_arg, schema.as_deref(), name).await?;
+    let (effects, consumer_db) = match &schema {
+        Some(schema) => {
+            let pool = inbox::pg_pool(&db_arg, &format!("{name}-effects"), 2).await?;
+            (
+                EffectsDb::Postgres {
+                    pool: pool.clone(),
+                    schema: schema.clone(),
+                },
+                Some((pool, app.clone())),
+            )
+        }
+        None => (
+            EffectsDb::Sqlite {
+                pool: inbox::sqlite_pool(&db_arg, 2).await?,
+            },
+            None,
+        ),
+    };
+    let (broker, destination) = match dest {
+        Destination::Nats { stream, .. } => ("nats", stream.clone()),
+        Destination::Amqp { queue, .. } => ("amqp", queue.clone()),
+        Destination::Kafka { topic, .. } => ("kafka", topic.clone()),
+    };
+    let mut cargs: Vec<String> = [
+        ("--broker", broker.to_owned()),
+        ("--url", url.to_owned()),
+        ("--destination", destination),
+        ("--db", db_arg),
+        ("--application-name", app),
+        ("--consumer", name.to_owned()),
+        ("--lanes", args.consumer_lanes.to_string()),
+        ("--ack-wait-ms", args.nats_ack_wait_ms.to_string()),
+    ]
+    .into_iter()
+    .flat_map(|(k, v)| [k.to_owned(), v])
+    .collect();
+    if let Some(schema) = schema {
+        cargs.extend(["--schema".to_owned(), schema]);
+    }
+    // Kafka: two members of one consumer group. NATS and RabbitMQ: one
+    // process (two competing consumers take a key's messages in parallel:
+    // RELIABILITY.md, "One run").
+    let count = args
+        .consumers
+        .unwrap_or(if matches!(dest, Destination::Kafka { .. }) {
+            2
+        } else {
+            1
+        })
+        .max(1);
+    let spec = ConsumerSpec {
+        bin: std::env::current_exe().context("this binary's path")?,
+        args: cargs,
+        dir: out.to_owned(),
+    };
+    let consumers = Consumers::start(spec, count)?;
+    Ok(EndToEnd {
+        consumers: Arc::new(Mutex::new(consumers)),
+        count,
+        effects,
+        consumer_db,
+    })
 }
 
 fn finish(out: &Path, report: &checker::Report) -> Result<bool> {
@@ -918,6 +1186,27 @@ fn print_summary(r: &checker::Report) {
     }
     for line in checker::sink_up_lines(r) {
         println!("{line}");
+    }
+    if let Some(i) = &r.inbox {
+        let c = &i.counts;
+        println!(
+            "  inbox ({} x{}): effects {} ({} duplicate effects), absorbed duplicates {}{}, handled {}, parked {}, retries {}, dead {}, faults retried {}, relay copies at the broker {}",
+            s.inbox.as_deref().unwrap_or("?"),
+            s.consumers,
+            r.messages,
+            r.extra_copies,
+            c.duplicates,
+            if c.last { "" } else { " (at least: a killed process's last 500 ms are not counted)" },
+            c.handled,
+            c.parked,
+            c.retries,
+            c.dead,
+            c.faults,
+            i.relay_copies.map_or("unknown".to_owned(), |n| n.to_string()),
+        );
+        for e in &i.consumer_exits {
+            println!("  NOTE: {e}");
+        }
     }
     for e in &r.relay_exits {
         println!("  NOTE: {e}");
