@@ -183,15 +183,47 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     /// for as long as it runs; only a misconfigured source ends it early.
     pub async fn run<S: Source>(
         &self,
-        mut source: S,
+        source: S,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<InboxCounts, InboxError> {
-        self.store.migrate().await?;
+        self.run_inner(source, shutdown, None).await
+    }
+
+    /// Like [`Inbox::run`], but stops by itself once nothing arrived for
+    /// `idle` and nothing is in flight (messages held back for a later
+    /// retry are not waited for). For batch jobs, examples and tests.
+    pub async fn run_until_idle<S: Source>(
+        &self,
+        source: S,
+        idle: Duration,
+    ) -> Result<InboxCounts, InboxError> {
+        self.run_inner(source, std::future::pending(), Some(idle))
+            .await
+    }
+
+    async fn run_inner<S: Source>(
+        &self,
+        mut source: S,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+        idle: Option<Duration>,
+    ) -> Result<InboxCounts, InboxError> {
         let shared = Arc::new(Shared {
             inbox: self.clone(),
             stopping: AtomicBool::new(false),
             stop: Notify::new(),
         });
+        // A database that is down or restarting at start is waited for; a
+        // refused configuration ends the run.
+        let mut failures = 0u32;
+        while let Err(e) = self.store.migrate().await {
+            if !e.is_transient() {
+                return Err(e.into());
+            }
+            self.fault("store");
+            tracing::warn!(consumer = %self.store.consumer(), error = %e, "preparing the inbox tables failed; retrying");
+            failures = failures.saturating_add(1);
+            tokio::time::sleep(reconnect_delay(failures)).await;
+        }
         let stopper = {
             let shared = shared.clone();
             tokio::spawn(async move {
@@ -220,8 +252,9 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         let mut tokens: HashMap<u64, S::Token> = HashMap::new();
         let mut next_ticket = 0u64;
         let mut in_flight = 0usize;
-        let mut failures = 0u32;
+        failures = 0;
         let mut fatal = None;
+        let mut last_activity = Instant::now();
         loop {
             let mut finished = Vec::new();
             while let Ok(d) = done_rx.try_recv() {
@@ -254,6 +287,11 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
             let batch = match source.recv(max, wait).await {
                 Ok(b) => {
                     failures = 0;
+                    if !b.is_empty() || in_flight > 0 {
+                        last_activity = Instant::now();
+                    } else if idle.is_some_and(|idle| last_activity.elapsed() >= idle) {
+                        break;
+                    }
                     b
                 }
                 Err(e) if e.is_retryable() => {

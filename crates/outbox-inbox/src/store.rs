@@ -141,6 +141,34 @@ pub enum StoreError {
     Config(String),
 }
 
+impl StoreError {
+    /// Whether trying again later can succeed: a connection that failed or
+    /// was terminated, a pool timeout, a database shutting down or not yet
+    /// accepting connections, a serialization failure or deadlock.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(e) => match e {
+                sqlx::Error::Io(_)
+                | sqlx::Error::PoolTimedOut
+                | sqlx::Error::PoolClosed
+                | sqlx::Error::WorkerCrashed
+                | sqlx::Error::Protocol(_) => true,
+                sqlx::Error::Database(db) => db.code().is_some_and(|c| {
+                    // 08: connection exception; 57: operator intervention
+                    // (admin shutdown, terminated backend); 40: rollback
+                    // (serialization failure, deadlock); 53: resources.
+                    // SQLite: 5 busy, 6 locked.
+                    ["08", "57", "40", "53"].iter().any(|p| c.starts_with(p))
+                        || c == "5"
+                        || c == "6"
+                }),
+                _ => false,
+            },
+            Self::Corrupt(_) | Self::Config(_) => false,
+        }
+    }
+}
+
 /// What a retention pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RetentionReport {

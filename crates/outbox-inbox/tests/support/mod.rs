@@ -124,6 +124,7 @@ pub fn event(key: &str, payload: &str) -> Event {
 /// - `dead`: fails permanently until [`Script::heal`];
 /// - `panic`: panics the first time;
 /// - anything else: succeeds.
+///
 /// Every success writes an effect row (event id, key) in the transaction.
 #[derive(Clone, Default)]
 pub struct Script {
