@@ -284,8 +284,10 @@ pub(crate) async fn prepare_db(db: &str, schema: Option<&str>, consumer: &str) -
     if is_postgres(db) {
         let schema = schema.context("a PostgreSQL consumer database needs --schema")?;
         let pool = pg_pool(db, "outbox-chaos-prepare", 2).await?;
-        outbox_inbox::InboxStore::migrate(&PgInbox::new(pool.clone(), consumer)?.with_schema(schema)?)
-            .await?;
+        outbox_inbox::InboxStore::migrate(
+            &PgInbox::new(pool.clone(), consumer)?.with_schema(schema)?,
+        )
+        .await?;
         create_pg_effects(&pool, schema).await?;
         pool.close().await;
     } else {
@@ -307,6 +309,13 @@ pub(crate) fn is_postgres(db: &str) -> bool {
 
 /// The consumer process: runs until SIGTERM / SIGINT.
 pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
+    // The inbox's and its source's own log lines, to the process's log
+    // file (`RUST_LOG`, set by the run from `CHAOS_CONSUMER_LOG`).
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
     let options = InboxOptions::default()
         .with_lanes(args.lanes)?
         // Short, so that the run's drain sees the retried messages soon.
@@ -332,7 +341,11 @@ pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
         let pool = sqlite_pool(&args.db, 4).await?;
         create_sqlite_effects(&pool).await?;
         let store = SqliteInbox::new(pool, args.consumer.clone())?.with_prefix(SQLITE_PREFIX)?;
-        with_source(&args, Inbox::new(store, SqliteEffects).with_options(options)).await
+        with_source(
+            &args,
+            Inbox::new(store, SqliteEffects).with_options(options),
+        )
+        .await
     }
 }
 
@@ -457,7 +470,10 @@ mod tests {
             ..Counts::default()
         };
         let s = a.add(b);
-        assert_eq!((s.handled, s.duplicates, s.faults, s.last), (4, 7, 1, false));
+        assert_eq!(
+            (s.handled, s.duplicates, s.faults, s.last),
+            (4, 7, 1, false)
+        );
         let dir = std::env::temp_dir().join(format!("chaos-counts-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let p = dir.join("c.json");

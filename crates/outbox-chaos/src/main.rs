@@ -248,10 +248,11 @@ struct RunArgs {
     /// event; the checker reads the effects (a duplicate effect fails).
     #[arg(long, value_enum)]
     inbox: Option<InboxDb>,
-    /// Inbox consumer processes sharing the work [default: 2 for Kafka (a
-    /// consumer group), 1 for NATS and RabbitMQ (RELIABILITY.md says why)].
-    #[arg(long)]
-    consumers: Option<usize>,
+    /// Inbox consumer processes sharing the work (the same consumer name:
+    /// one JetStream durable consumer, competing consumers on the queue,
+    /// one Kafka consumer group). One by default: RELIABILITY.md says why.
+    #[arg(long, default_value_t = 1)]
+    consumers: usize,
     /// Lanes of each inbox consumer (keys in parallel).
     #[arg(long, default_value_t = 4)]
     consumer_lanes: usize,
@@ -1079,17 +1080,11 @@ async fn start_inbox(
     if let Some(schema) = schema {
         cargs.extend(["--schema".to_owned(), schema]);
     }
-    // Kafka: two members of one consumer group. NATS and RabbitMQ: one
-    // process (two competing consumers take a key's messages in parallel:
-    // RELIABILITY.md, "One run").
-    let count = args
-        .consumers
-        .unwrap_or(if matches!(dest, Destination::Kafka { .. }) {
-            2
-        } else {
-            1
-        })
-        .max(1);
+    // One process by default: two competing consumers on NATS or RabbitMQ
+    // take a key's messages in parallel, and two members of a Kafka group
+    // through Tansu left a dead member's partition unconsumed
+    // (RELIABILITY.md, "One run").
+    let count = args.consumers.max(1);
     let spec = ConsumerSpec {
         bin: std::env::current_exe().context("this binary's path")?,
         args: cargs,
