@@ -27,8 +27,10 @@
 
 mod checker;
 mod child;
+mod cli;
 mod consumer;
 mod consumers;
+mod e2e;
 mod faults;
 mod inbox;
 mod kafka;
@@ -39,14 +41,15 @@ mod record;
 mod relays;
 
 use anyhow::{bail, Context as _, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::Parser;
+use cli::{BrokerKind, Cli, Command, InboxDb, RunArgs, StoreKind};
 use consumer::Destination;
-use consumers::{ConsumerSpec, Consumers, EffectsDb};
+use e2e::{inbox_schema, inbox_sqlite, start_inbox};
 use faults::{FaultKind, FaultTimes, PrivateBroker, Targets};
 use kafka::PrivateKafka;
 use nats::PrivateNats;
 use outbox_testkit::proxy::TcpProxy;
-use producer::{AppDb, ProducerConfig, ProducerMode};
+use producer::{AppDb, ProducerConfig};
 use rabbit::PrivateRabbit;
 use rand::Rng;
 use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
@@ -61,210 +64,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "outbox-chaos",
-    about = "The outbox reliability suite (cargo xtask chaos)"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// One run: producer, relays, consumer, faults, checker.
-    Run(Box<RunArgs>),
-    /// Runs the checker again over a kept run directory.
-    Check {
-        /// The run's directory (holds run.json, produced.jsonl, arrivals.jsonl, faults.json).
-        dir: PathBuf,
-    },
-    /// One inbox consumer process (what `run --inbox` starts, kills and
-    /// restarts): consumes the run's destination with `outbox-inbox` and
-    /// writes one `effects` row per event in the inbox's transaction.
-    InboxConsumer(Box<inbox::ConsumerArgs>),
-}
-
-/// The inbox consumers' database in an end-to-end run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum InboxDb {
-    /// A schema of its own in the PostgreSQL database (`--database-url`).
-    Postgres,
-    /// A SQLite file in the run's directory.
-    Sqlite,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum StoreKind {
-    Postgres,
-    Sqlite,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BrokerKind {
-    Nats,
-    Amqp,
-    Kafka,
-}
-
-#[derive(Debug, Clone, clap::Args)]
-struct RunArgs {
-    /// The store.
-    #[arg(long, value_enum)]
-    store: StoreKind,
-    /// PostgreSQL mode of the relays and of the application's enqueue
-    /// handle: `log` (the default) or `queue`.
-    #[arg(long, default_value = "log")]
-    pg_mode: outbox_postgres::PgMode,
-    /// The broker.
-    #[arg(long, value_enum)]
-    broker: BrokerKind,
-    /// The `outbox-relay` binary [default: next to this binary].
-    #[arg(long)]
-    relay_bin: Option<PathBuf>,
-    /// Output directory (logs, records, report.json).
-    #[arg(long)]
-    out: PathBuf,
-    /// Relay processes.
-    #[arg(long, default_value_t = 2)]
-    relays: usize,
-    /// Offered events per second.
-    #[arg(long, default_value_t = 400)]
-    rate: u32,
-    /// Production time, seconds.
-    #[arg(long, default_value_t = 30)]
-    duration_s: u64,
-    /// Fault plan, e.g. `kill*2,stop,broker-outage+kill` (see faults.rs), or `none`.
-    #[arg(long, default_value = "kill,stop")]
-    faults: String,
-    /// Seconds before the first fault.
-    #[arg(long, default_value_t = 3)]
-    warmup_s: u64,
-    /// The relays' lease (`--lock-timeout-ms`).
-    #[arg(long, default_value_t = 4000)]
-    lease_ms: u64,
-    /// The relays' `--batch-size`.
-    #[arg(long, default_value_t = 20)]
-    batch_size: u32,
-    /// The relays' `--max-batch-size` (batches grow to it through a
-    /// backlog; one kill may duplicate up to one such batch).
-    #[arg(long, default_value_t = 200)]
-    max_batch_size: u32,
-    /// The relays' `--poll-interval-ms`.
-    #[arg(long, default_value_t = 100)]
-    poll_ms: u64,
-    /// SIGSTOP length beyond the lease, ms.
-    #[arg(long, default_value_t = 2000)]
-    stop_extra_ms: u64,
-    /// The least time between the end of a fault step and the start of
-    /// the next, seconds (0: steps only spread evenly; a step that outlasts
-    /// its slot, e.g. a RabbitMQ restart, is then followed at once).
-    #[arg(long, default_value_t = 0)]
-    recovery_room_s: u64,
-    /// Broker / database outage length, seconds.
-    #[arg(long, default_value_t = 5)]
-    outage_s: u64,
-    /// Flap cycles per flap fault.
-    #[arg(long, default_value_t = 3)]
-    flap_cycles: u32,
-    /// Down time of one flap, ms.
-    #[arg(long, default_value_t = 2000)]
-    flap_down_ms: u64,
-    /// Up time between flaps, ms.
-    #[arg(long, default_value_t = 3000)]
-    flap_up_ms: u64,
-    /// Longest wait for the last events after production, seconds.
-    #[arg(long, default_value_t = 60)]
-    drain_timeout_s: u64,
-    /// Producer tasks (connections).
-    #[arg(long, default_value_t = 4)]
-    tasks: usize,
-    /// The producer's shape: `partitioned` (each task its own keys, numbered
-    /// by the task) or `contended` (PostgreSQL: every task writes every key;
-    /// each transaction writes its business row, then locks the key's
-    /// aggregate row and takes the key's next sequence number from it; see
-    /// producer.rs).
-    #[arg(long, value_enum, default_value_t = ProducerMode::Partitioned)]
-    producer: ProducerMode,
-    /// Keys per producer task (`partitioned`), or in all (`contended`).
-    #[arg(long, default_value_t = 16)]
-    keys: usize,
-    /// Most events per transaction.
-    #[arg(long, default_value_t = 5)]
-    max_per_tx: usize,
-    /// One transaction in N is rolled back.
-    #[arg(long, default_value_t = 20)]
-    rollback_one_in: u32,
-    /// Payload padding, bytes.
-    #[arg(long, default_value_t = 64)]
-    pad: usize,
-    /// Random seed [default: random].
-    #[arg(long)]
-    seed: Option<u64>,
-    /// PostgreSQL URL (the application's and the admin connection).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test"
-    )]
-    database_url: String,
-    /// NATS URL (a run with `broker-restart` starts its own server
-    /// instead: see nats.rs).
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    nats_url: String,
-    /// RabbitMQ URL (a run with `broker-restart` starts its own node
-    /// instead: see rabbit.rs).
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_url: String,
-    /// Kafka bootstrap servers (a run with a broker fault starts its own
-    /// broker instead: see kafka.rs).
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    kafka_brokers: String,
-    /// Keep the schema / stream / queue / topic and the SQLite file (of a
-    /// private NATS server or RabbitMQ node, its data directory; not the
-    /// topic of a private Kafka broker, which keeps it in memory).
-    #[arg(long)]
-    keep: bool,
-    /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL);
-    /// also allows `pg-crash`.
-    #[arg(long)]
-    allow_pg_restart: bool,
-    /// Allow the `pg-crash` fault (`kill -9` of a PostgreSQL backend: the
-    /// machine's cluster ends every session and runs crash recovery).
-    #[arg(long)]
-    allow_pg_crash: bool,
-    /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
-    #[arg(long)]
-    timeout_s: Option<u64>,
-    /// End to end through the inbox: instead of the independent recorder,
-    /// inbox consumer processes (`outbox-chaos inbox-consumer`) with their
-    /// database here consume the destination and write one effect per
-    /// event; the checker reads the effects (a duplicate effect fails).
-    #[arg(long, value_enum)]
-    inbox: Option<InboxDb>,
-    /// Inbox consumer processes sharing the work (the same consumer name:
-    /// one JetStream durable consumer, competing consumers on the queue,
-    /// one Kafka consumer group). One by default: RELIABILITY.md says why.
-    #[arg(long, default_value_t = 1)]
-    consumers: usize,
-    /// Lanes of each inbox consumer (keys in parallel).
-    #[arg(long, default_value_t = 4)]
-    consumer_lanes: usize,
-    /// NATS: the inbox's durable consumer's ack wait, ms.
-    #[arg(long, default_value_t = 2000)]
-    nats_ack_wait_ms: u64,
-    /// How long a `consumer-kill` keeps the consumer down, ms [default:
-    /// NATS: the ack wait + 1 s (what the dead process held is then
-    /// delivered again before newer messages); others: 1,000].
-    #[arg(long)]
-    consumer_pause_ms: Option<u64>,
-}
 
 /// What `check` needs besides the records (written as run.json).
 #[derive(Debug, Serialize, Deserialize)]
@@ -342,16 +141,6 @@ fn host_port(url: &str) -> Result<(String, u16)> {
         .rsplit_once(':')
         .with_context(|| format!("no port in {url:?}"))?;
     Ok((host.to_owned(), port.parse().context("bad port")?))
-}
-
-/// The schema of the inbox consumers' PostgreSQL database.
-fn inbox_schema(name: &str) -> String {
-    format!("{name}_inbox")
-}
-
-/// The inbox consumers' SQLite file.
-fn inbox_sqlite(out: &Path, name: &str) -> PathBuf {
-    out.join(format!("{name}-inbox.db"))
 }
 
 /// `url` through `proxy` (see [`via`]), or `url` itself when the run has
@@ -1000,103 +789,6 @@ fn report(
     report.relay_exits.clone_from(&meta.relay_exits);
     report.inbox.clone_from(&meta.inbox);
     report
-}
-
-/// The inbox side of an end-to-end run.
-struct EndToEnd {
-    /// The consumer processes.
-    consumers: Arc<Mutex<Consumers>>,
-    /// How many.
-    count: usize,
-    /// Their business table, read by the run.
-    effects: EffectsDb,
-    /// PostgreSQL: an admin pool and the consumers' `application_name`
-    /// (`consumer-db-cut`).
-    consumer_db: Option<(sqlx::PgPool, String)>,
-}
-
-impl EndToEnd {
-    async fn close(&self) {
-        match &self.effects {
-            EffectsDb::Postgres { pool, .. } => pool.close().await,
-            EffectsDb::Sqlite { pool } => pool.close().await,
-        }
-    }
-}
-
-/// Prepares the consumers' database and starts the inbox consumers on
-/// `url` (the broker as the relays reach it: through the fault proxy when
-/// the plan cuts the broker, so that a cut hits the consumers too).
-async fn start_inbox(
-    args: &RunArgs,
-    db: InboxDb,
-    name: &str,
-    out: &Path,
-    dest: &Destination,
-    url: &str,
-) -> Result<EndToEnd> {
-    let app = format!("{name}-inbox");
-    let (db_arg, schema) = match db {
-        InboxDb::Postgres => (args.database_url.clone(), Some(inbox_schema(name))),
-        InboxDb::Sqlite => (inbox_sqlite(out, name).display().to_string(), None),
-    };
-    inbox::prepare_db(&db_arg, schema.as_deref(), name).await?;
-    let (effects, consumer_db) = match &schema {
-        Some(schema) => {
-            let pool = inbox::pg_pool(&db_arg, &format!("{name}-effects"), 2).await?;
-            (
-                EffectsDb::Postgres {
-                    pool: pool.clone(),
-                    schema: schema.clone(),
-                },
-                Some((pool, app.clone())),
-            )
-        }
-        None => (
-            EffectsDb::Sqlite {
-                pool: inbox::sqlite_pool(&db_arg, 2).await?,
-            },
-            None,
-        ),
-    };
-    let (broker, destination) = match dest {
-        Destination::Nats { stream, .. } => ("nats", stream.clone()),
-        Destination::Amqp { queue, .. } => ("amqp", queue.clone()),
-        Destination::Kafka { topic, .. } => ("kafka", topic.clone()),
-    };
-    let mut cargs: Vec<String> = [
-        ("--broker", broker.to_owned()),
-        ("--url", url.to_owned()),
-        ("--destination", destination),
-        ("--db", db_arg),
-        ("--application-name", app),
-        ("--consumer", name.to_owned()),
-        ("--lanes", args.consumer_lanes.to_string()),
-        ("--ack-wait-ms", args.nats_ack_wait_ms.to_string()),
-    ]
-    .into_iter()
-    .flat_map(|(k, v)| [k.to_owned(), v])
-    .collect();
-    if let Some(schema) = schema {
-        cargs.extend(["--schema".to_owned(), schema]);
-    }
-    // One process by default: two competing consumers on NATS or RabbitMQ
-    // take a key's messages in parallel, and two members of a Kafka group
-    // through Tansu left a dead member's partition unconsumed
-    // (RELIABILITY.md, "One run").
-    let count = args.consumers.max(1);
-    let spec = ConsumerSpec {
-        bin: std::env::current_exe().context("this binary's path")?,
-        args: cargs,
-        dir: out.to_owned(),
-    };
-    let consumers = Consumers::start(spec, count)?;
-    Ok(EndToEnd {
-        consumers: Arc::new(Mutex::new(consumers)),
-        count,
-        effects,
-        consumer_db,
-    })
 }
 
 fn finish(out: &Path, report: &checker::Report) -> Result<bool> {
