@@ -443,7 +443,11 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
             tx.rollback().await?;
             return Ok(false);
         };
-        if !self.store.complete(&mut tx, head.seq, head.message.id).await? {
+        if !self
+            .store
+            .complete(&mut tx, head.seq, head.message.id)
+            .await?
+        {
             tx.commit().await?;
             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
             metrics::counter!(m::DUPLICATES, &self.label()).increment(1);
@@ -489,7 +493,10 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     fn hold_for(&self, e: HandlerError, attempts: u32) -> Hold {
         let failure = Failure::from(e);
         if failure.retryable && self.options.retry.should_retry(attempts) {
-            let delay = self.options.retry.next_delay(attempts, rand::random::<f64>());
+            let delay = self
+                .options
+                .retry
+                .next_delay(attempts, rand::random::<f64>());
             Hold::Retry {
                 attempts,
                 delay,
@@ -558,7 +565,9 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     }
 
     fn count_batch(&self, counts: [u64; 3]) {
-        self.stats.duplicates.fetch_add(counts[1], Ordering::Relaxed);
+        self.stats
+            .duplicates
+            .fetch_add(counts[1], Ordering::Relaxed);
         self.stats.parked.fetch_add(counts[2], Ordering::Relaxed);
         if counts[1] > 0 {
             metrics::counter!(m::DUPLICATES, &self.label()).increment(counts[1]);

@@ -21,9 +21,11 @@ pub use options::{DeadHead, InboxOptions};
 #[cfg(feature = "postgres")]
 pub use pg::PgInbox;
 pub use retention::Retention;
+pub use source::{RawMessage, Received, Source, SourceError};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteInbox;
-pub use source::{RawMessage, Received, Source, SourceError};
+/// The sqlx version the handlers and stores use.
+pub use sqlx;
 pub use store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
 };

@@ -56,20 +56,35 @@ impl PgInbox {
     /// The inbox of `consumer` in schema `outbox_inbox`, with the default
     /// 7-day retention window.
     pub fn new(pool: PgPool, consumer: impl Into<String>) -> Result<Self, StoreError> {
-        Self::build(pool, "outbox_inbox".to_owned(), consumer.into(), Retention::default())
+        Self::build(
+            pool,
+            "outbox_inbox".to_owned(),
+            consumer.into(),
+            Retention::default(),
+        )
     }
 
     /// The same inbox in another schema (a validated identifier).
     pub fn with_schema(self, schema: impl Into<String>) -> Result<Self, StoreError> {
         let i = &self.inner;
-        Self::build(i.pool.clone(), schema.into(), i.consumer.clone(), i.retention)
+        Self::build(
+            i.pool.clone(),
+            schema.into(),
+            i.consumer.clone(),
+            i.retention,
+        )
     }
 
     /// The same inbox with another retention window (every process of one
     /// schema must use the same; [`InboxStore::migrate`] refuses another).
     pub fn with_retention(self, retention: Retention) -> Result<Self, StoreError> {
         let i = &self.inner;
-        Self::build(i.pool.clone(), i.schema.clone(), i.consumer.clone(), retention)
+        Self::build(
+            i.pool.clone(),
+            i.schema.clone(),
+            i.consumer.clone(),
+            retention,
+        )
     }
 
     fn build(

@@ -9,8 +9,8 @@
 //! write lock at the start means a transaction never fails half-way on
 //! `SQLITE_BUSY` when another writer got there first.
 
-use crate::handler::Failure;
 use crate::common::{check_consumer, hold_parts, FilterArg};
+use crate::handler::Failure;
 use crate::retention::{next_slot, Retention};
 use crate::store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
@@ -55,19 +55,34 @@ impl SqliteInbox {
     /// The inbox of `consumer` with tables prefixed `outbox_` and the
     /// default 7-day retention window.
     pub fn new(pool: SqlitePool, consumer: impl Into<String>) -> Result<Self, StoreError> {
-        Self::build(pool, "outbox_".to_owned(), consumer.into(), Retention::default())
+        Self::build(
+            pool,
+            "outbox_".to_owned(),
+            consumer.into(),
+            Retention::default(),
+        )
     }
 
     /// The same inbox with another table prefix (letters, digits, `_`).
     pub fn with_prefix(self, prefix: impl Into<String>) -> Result<Self, StoreError> {
         let i = &self.inner;
-        Self::build(i.pool.clone(), prefix.into(), i.consumer.clone(), i.retention)
+        Self::build(
+            i.pool.clone(),
+            prefix.into(),
+            i.consumer.clone(),
+            i.retention,
+        )
     }
 
     /// The same inbox with another retention window.
     pub fn with_retention(self, retention: Retention) -> Result<Self, StoreError> {
         let i = &self.inner;
-        Self::build(i.pool.clone(), i.prefix.clone(), i.consumer.clone(), retention)
+        Self::build(
+            i.pool.clone(),
+            i.prefix.clone(),
+            i.consumer.clone(),
+            retention,
+        )
     }
 
     fn build(
@@ -131,11 +146,13 @@ impl SqliteInbox {
             "EXISTS (SELECT 1 FROM {} WHERE consumer = ?1 AND event_id = ?2)",
             self.t("inbox_pending")
         ));
-        Ok(sqlx::query_scalar(&format!("SELECT {}", parts.join(" OR ")))
-            .bind(&self.inner.consumer)
-            .bind(id)
-            .fetch_one(conn)
-            .await?)
+        Ok(
+            sqlx::query_scalar(&format!("SELECT {}", parts.join(" OR ")))
+                .bind(&self.inner.consumer)
+                .bind(id)
+                .fetch_one(conn)
+                .await?,
+        )
     }
 
     async fn insert_record(
@@ -238,7 +255,8 @@ impl SqliteInbox {
     }
 }
 
-const PENDING_COLUMNS: &str = "seq, event_id, event_key, event_type, topic, content_type, payload, \
+const PENDING_COLUMNS: &str =
+    "seq, event_id, event_key, event_type, topic, content_type, payload, \
      headers, created_at, wire_format, state, attempts, next_attempt_at, held_at, last_error_code, \
      last_error_message";
 
@@ -582,10 +600,12 @@ impl InboxStore for SqliteInbox {
                 )
             })
             .collect();
-        Ok(sqlx::query_scalar(&format!("SELECT {}", parts.join(" OR ")))
-            .bind(&self.inner.consumer)
-            .bind(id)
-            .fetch_one(&mut *conn)
-            .await?)
+        Ok(
+            sqlx::query_scalar(&format!("SELECT {}", parts.join(" OR ")))
+                .bind(&self.inner.consumer)
+                .bind(id)
+                .fetch_one(&mut *conn)
+                .await?,
+        )
     }
 }

@@ -29,6 +29,7 @@ use outbox_core::{Event, EventId, InboundMessage, Outcome, Sink};
 use outbox_inbox::{Received, Source, SourceError};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -64,6 +65,13 @@ pub trait SourceHarness: Send + Sync + Sized + 'static {
     fn misconfigured(&self) -> impl Future<Output = SourceError> + Send;
     /// `Debug` of the source's config with `password` in its URL / properties.
     fn config_debug_with_password(&self, password: &str) -> String;
+    /// The broker's address, when a source can be pointed at a TCP proxy in
+    /// front of it (`None` for Kafka: its clients connect to the brokers
+    /// the cluster advertises, not to the bootstrap address).
+    fn broker_addr(&self) -> Option<SocketAddr>;
+    /// A source consuming as `name` whose connection goes to `addr`.
+    fn source_via(&self, addr: SocketAddr, name: &str)
+        -> impl Future<Output = Self::Source> + Send;
     /// How many messages consumer `name` would still get (its source closed).
     fn remaining(&self, name: &str) -> impl Future<Output = u64> + Send;
     /// Deletes the destination.
@@ -81,6 +89,7 @@ macro_rules! source_conformance_tests {
             recv_with_nothing_published_returns_empty,
             missing_destination_is_a_config_error,
             config_debug_hides_the_password,
+            lost_connection_is_unavailable_then_recovers,
         );
     };
     (@cases $module:ident, $harness:ty; $($case:ident),* $(,)?) => {
@@ -304,6 +313,23 @@ mod cases {
             );
             assert!(!raw.message.redelivered, "first delivery of {}", e.id);
         }
+        // `behind`, where the broker tells: never more than what was
+        // published, and nothing behind the last message of the backlog.
+        for r in &got {
+            if let Some(b) = r.message.behind {
+                assert!(
+                    b < events.len() as u64,
+                    "behind {b} of {} published",
+                    events.len()
+                );
+            }
+        }
+        let last = got.last().expect("messages");
+        assert!(
+            matches!(last.message.behind, None | Some(0)),
+            "nothing is behind the last message: {:?}",
+            last.message.behind
+        );
         ack_all(&mut source, got).await;
         source.close().await.expect("close");
         assert_nothing_left(h, &name).await;
@@ -449,6 +475,60 @@ mod cases {
         assert!(!e.is_retryable());
     }
 
+    /// The connection breaks (a proxy cuts it and refuses new ones): recv
+    /// reports `Unavailable` (never panics, never an error of the
+    /// configuration), acknowledging a token of the broken connection is
+    /// not an error; once the broker is reachable again the source
+    /// reconnects by itself and the unacknowledged message comes again.
+    /// Kafka skips this case (see `broker_addr`); librdkafka reconnects on
+    /// its own and an outage shows as empty batches.
+    pub(crate) async fn lost_connection_is_unavailable_then_recovers<H: SourceHarness>(h: &H) {
+        let Some(broker) = h.broker_addr() else {
+            eprintln!("skipped: the source cannot be put behind a proxy");
+            return;
+        };
+        let proxy = outbox_testkit::proxy::TcpProxy::start(broker).await;
+        let topic = h.topic();
+        let first = event(&topic, Some("k"), b"1".to_vec());
+        let second = event(&topic, Some("k"), b"2".to_vec());
+        publish(h, &[first.clone(), second.clone()]).await;
+        let name = consumer_name();
+        let mut source = h.source_via(proxy.addr(), &name).await;
+        let mut got = recv_n(&mut source, 2).await;
+        assert_eq!(ids(&got), vec![first.id, second.id]);
+        let second_token = got.pop().expect("second");
+        let first_token = got.pop().expect("first");
+        drop(second_token);
+
+        proxy.refuse();
+        let deadline = Instant::now() + BOUND;
+        loop {
+            assert!(
+                Instant::now() < deadline,
+                "no Unavailable from {} while its broker is unreachable",
+                source.describe()
+            );
+            match source.recv(10, Duration::from_millis(200)).await {
+                Err(SourceError::Unavailable(_)) => break,
+                Err(e) => panic!("a lost connection is not a configuration error: {e}"),
+                Ok(batch) => assert!(batch.is_empty(), "{:?}", ids(&batch)),
+            }
+        }
+        source
+            .ack(vec![first_token.token])
+            .await
+            .expect("acking a token of a lost connection is not an error");
+
+        proxy.restore();
+        let again = recv_until(&mut source, second.id).await;
+        for id in ids(&again) {
+            assert!(id == first.id || id == second.id, "unexpected event {id}");
+        }
+        ack_all(&mut source, again).await;
+        source.close().await.expect("close");
+        assert_nothing_left(h, &name).await;
+    }
+
     /// `Debug` of a config with a password never shows it.
     pub(crate) async fn config_debug_hides_the_password<H: SourceHarness>(h: &H) {
         let secret = "hunter2-s3cret";
@@ -500,6 +580,19 @@ mod nats_harness {
             NatsSource::connect(self.config(name))
                 .await
                 .expect("NATS source")
+        }
+
+        fn broker_addr(&self) -> Option<SocketAddr> {
+            Some(self.0.broker_addr())
+        }
+
+        async fn source_via(&self, addr: SocketAddr, name: &str) -> NatsSource {
+            let config = NatsSourceConfig::new(format!("nats://{addr}"), self.0.stream(), name)
+                .with_filter_subject(self.0.subject(&self.0.topic()))
+                .with_ack_wait(Duration::from_secs(2));
+            NatsSource::connect(config)
+                .await
+                .expect("NATS source via the proxy")
         }
 
         async fn misconfigured(&self) -> SourceError {
@@ -581,6 +674,19 @@ mod amqp_harness {
             AmqpSource::connect(config).await.expect("AMQP source")
         }
 
+        fn broker_addr(&self) -> Option<SocketAddr> {
+            Some(self.0.broker_addr())
+        }
+
+        async fn source_via(&self, addr: SocketAddr, name: &str) -> AmqpSource {
+            let config = AmqpSourceConfig::new(self.0.url_via(addr), self.0.queue())
+                .with_consumer_tag(name)
+                .with_connect_timeout(Duration::from_secs(2));
+            AmqpSource::connect(config)
+                .await
+                .expect("AMQP source via the proxy")
+        }
+
         async fn misconfigured(&self) -> SourceError {
             let config = AmqpSourceConfig::new(
                 self.0.url(),
@@ -656,6 +762,14 @@ mod kafka_harness {
             KafkaSource::new(self.config(name, &self.0.topic())).expect("Kafka source")
         }
 
+        fn broker_addr(&self) -> Option<SocketAddr> {
+            None
+        }
+
+        async fn source_via(&self, _addr: SocketAddr, name: &str) -> KafkaSource {
+            self.source(name).await
+        }
+
         async fn misconfigured(&self) -> SourceError {
             let mut source =
                 KafkaSource::new(self.config(&consumer_name(), &self.0.unknown_topic()))
@@ -726,4 +840,83 @@ mod kafka_harness {
     }
 
     source_conformance_tests!(kafka, Kafka);
+
+    /// Kafka only: a second member joins the group while the first holds
+    /// unacknowledged messages. The partitions are rebalanced (revoked ones
+    /// committed as far as they are acknowledged); the unacknowledged
+    /// messages come again, to whichever member now owns their partition,
+    /// and once everything is acknowledged the group has nothing left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rebalance_hands_unacked_messages_on() {
+        run_case::<Kafka, _, _>(|h| async move {
+            let h = &*h;
+            let topic = h.topic();
+            let events: Vec<Event> = (0..30)
+                .map(|i| event(&topic, Some(&format!("key-{}", i % 10)), vec![i]))
+                .collect();
+            publish(h, &events).await;
+            let group = consumer_name();
+            let mut a = h.source(&group).await;
+            let got = recv_n(&mut a, events.len()).await;
+            let held_key = decode(&got[0]).key.expect("keyed");
+            let held: Vec<EventId> = events
+                .iter()
+                .filter(|e| e.key.as_deref() == Some(held_key.as_str()))
+                .map(|e| e.id)
+                .collect();
+            let (keep, ack): (Vec<_>, Vec<_>) = got
+                .into_iter()
+                .partition(|r| decode(r).key.as_deref() == Some(held_key.as_str()));
+            ack_all(&mut a, ack).await;
+            drop(keep);
+
+            // Both members poll (a member that does not poll holds the
+            // rebalance up); each acknowledges what it gets.
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<EventId>();
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            let member = |mut source: KafkaSource| {
+                let tx = tx.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    while !*stop.borrow() {
+                        match source.recv(100, Duration::from_millis(500)).await {
+                            Ok(batch) => {
+                                for r in &batch {
+                                    let _ = tx.send(decode(r).id);
+                                }
+                                ack_all(&mut source, batch).await;
+                            }
+                            Err(e) => {
+                                assert!(e.is_retryable(), "{e}");
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                    source.close().await.expect("close");
+                })
+            };
+            let a = member(a);
+            let b = member(h.source(&group).await);
+            let deadline = Instant::now() + BOUND;
+            let mut again = Vec::new();
+            while !held.iter().all(|id| again.contains(id)) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, rx.recv()).await {
+                    Ok(Some(id)) => again.push(id),
+                    _ => {
+                        panic!("after the rebalance only {again:?} came again, not all of {held:?}")
+                    }
+                }
+            }
+            stop_tx.send(true).expect("stop");
+            a.await.expect("member a");
+            b.await.expect("member b");
+            let all: Vec<EventId> = events.iter().map(|e| e.id).collect();
+            for id in &again {
+                assert!(all.contains(id), "unexpected event {id}");
+            }
+            assert_nothing_left(h, &group).await;
+        })
+        .await;
+    }
 }

@@ -6,11 +6,17 @@
 //!   Prints the order id and the event id.
 //! - `orders relay [--stream NAME] [--until-idle]`: delivers the outbox to
 //!   NATS JetStream until Ctrl-C (or until nothing is left).
+//! - `orders billing --stream NAME [--until-idle]`: the consuming side, a
+//!   second service: reads the `order.placed` events from the stream through
+//!   the inbox and writes one invoice per order, exactly once (the invoice
+//!   and the inbox's record of the event commit in one transaction).
 //!
 //! Settings come from the environment: `DATABASE_URL`, `ORDERS_SCHEMA`,
 //! `NATS_URL`, `NATS_SUBJECT_PREFIX` (see the README).
 
 use outbox_core::NewEvent;
+use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
+use outbox_inbox::{handler_fn, HandlerError, Handlers, Inbox, PgInbox};
 use outbox_nats::{NatsConfig, NatsPublisher};
 use outbox_postgres::{Ident, PgLogOptions, PgLogStore};
 use outbox_worker::{Relay, RelayOptions};
@@ -20,8 +26,7 @@ use std::process::ExitCode;
 
 type Result<T, E = Box<dyn Error + Send + Sync>> = std::result::Result<T, E>;
 
-const USAGE: &str =
-    "usage: orders place CUSTOMER TOTAL_CENTS | orders relay [--stream NAME] [--until-idle]";
+const USAGE: &str = "usage: orders place CUSTOMER TOTAL_CENTS | orders relay [--stream NAME] [--until-idle] | orders billing --stream NAME [--until-idle]";
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -61,6 +66,19 @@ async fn run(args: &[String]) -> Result<()> {
                 }
             }
             relay(&settings, stream.as_deref(), until_idle).await
+        }
+        Some("billing") => {
+            let mut stream = None;
+            let mut until_idle = false;
+            let mut rest = args[1..].iter();
+            while let Some(arg) = rest.next() {
+                match arg.as_str() {
+                    "--stream" => stream = Some(rest.next().ok_or(USAGE)?.clone()),
+                    "--until-idle" => until_idle = true,
+                    _ => return Err(USAGE.into()),
+                }
+            }
+            billing(&settings, stream.as_deref().ok_or(USAGE)?, until_idle).await
         }
         _ => Err(USAGE.into()),
     }
@@ -168,6 +186,82 @@ async fn relay(settings: &Settings, stream: Option<&str>, until_idle: bool) -> R
         summary.delivered,
         summary.retried,
         summary.dead
+    )?;
+    Ok(())
+}
+
+/// The billing service: one invoice per placed order, exactly once. Its
+/// inbox (consumer `billing`) lives in the same schema as its invoices.
+async fn billing(settings: &Settings, stream: &str, until_idle: bool) -> Result<()> {
+    let pool = outbox_postgres::sqlx::PgPool::connect(&settings.database_url).await?;
+    let schema = settings.schema.clone();
+    let invoices = format!("{schema}.invoices");
+    outbox_postgres::sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}; "))
+        .execute(&pool)
+        .await?;
+    outbox_postgres::sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {invoices} (
+             id bigserial PRIMARY KEY,
+             order_id bigint NOT NULL,
+             customer text NOT NULL,
+             total_cents bigint NOT NULL,
+             event_id uuid NOT NULL)"
+    ))
+    .execute(&pool)
+    .await?;
+    let insert = format!(
+        "INSERT INTO {invoices} (order_id, customer, total_cents, event_id) VALUES ($1, $2, $3, $4)"
+    );
+    let handlers = Handlers::new().on(
+        "order.placed",
+        handler_fn(move |msg, tx| {
+            let insert = insert.clone();
+            Box::pin(async move {
+                let order: serde_json::Value = serde_json::from_slice(&msg.payload)
+                    .map_err(|e| HandlerError::permanent(format!("payload is not JSON: {e}")))?;
+                let field = |name: &str| {
+                    order
+                        .get(name)
+                        .cloned()
+                        .ok_or_else(|| HandlerError::permanent(format!("payload has no {name}")))
+                };
+                let order_id = field("order_id")?.as_i64().unwrap_or_default();
+                let customer = field("customer")?.as_str().unwrap_or_default().to_owned();
+                let total = field("total_cents")?.as_i64().unwrap_or_default();
+                // The effect, in the inbox's transaction.
+                outbox_postgres::sqlx::query(&insert)
+                    .bind(order_id)
+                    .bind(customer)
+                    .bind(total)
+                    .bind(msg.id.as_uuid())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        }),
+    );
+    let store = PgInbox::new(pool, "billing")?.with_schema(schema.as_str())?;
+    let config = NatsSourceConfig::new(&settings.nats_url, stream, "billing")
+        .with_filter_subject(format!("{}.orders", settings.subject_prefix));
+    let source = NatsSource::connect(config).await?;
+    let inbox = Inbox::new(store, handlers);
+    let counts = if until_idle {
+        inbox
+            .run_until_idle(source, std::time::Duration::from_secs(1))
+            .await?
+    } else {
+        inbox
+            .run(source, async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?
+    };
+    writeln!(
+        std::io::stdout().lock(),
+        "invoiced {} duplicates {} dead {}",
+        counts.handled,
+        counts.duplicates,
+        counts.dead
     )?;
     Ok(())
 }

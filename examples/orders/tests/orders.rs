@@ -88,6 +88,49 @@ async fn placed_orders_reach_the_stream_in_order_with_their_event_ids() {
         assert_eq!(m.event_type.as_deref(), Some("order.placed"));
     }
 
+    // The billing service: one invoice per order, exactly once.
+    let stream = nats.stream().to_owned();
+    let billed = orders(
+        &schema,
+        &prefix,
+        nats.url(),
+        &["billing", "--stream", &stream, "--until-idle"],
+    );
+    assert_eq!(billed.trim(), "invoiced 3 duplicates 0 dead 0");
+    // The whole stream again (its consumer deleted, as after a lost
+    // consumer state): every message is recognised, nothing invoiced twice.
+    nats.jetstream()
+        .get_stream(&stream)
+        .await
+        .unwrap()
+        .delete_consumer("billing")
+        .await
+        .unwrap();
+    let again = orders(
+        &schema,
+        &prefix,
+        nats.url(),
+        &["billing", "--stream", &stream, "--until-idle"],
+    );
+    assert_eq!(again.trim(), "invoiced 0 duplicates 3 dead 0");
+    let pool = outbox_postgres::sqlx::PgPool::connect(&database_url())
+        .await
+        .unwrap();
+    let invoices: Vec<(i64, String, i64)> = outbox_postgres::sqlx::query_as(&format!(
+        "SELECT order_id, customer, total_cents FROM {schema}.invoices ORDER BY id"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let mut expected: Vec<(i64, String, i64)> = placed
+        .iter()
+        .map(|(c, t, o, _)| (o.parse().unwrap(), (*c).to_owned(), t.parse().unwrap()))
+        .collect();
+    let mut got = invoices.clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected, "one invoice per order");
+
     nats.cleanup().await;
     let pool = outbox_postgres::sqlx::PgPool::connect(&database_url())
         .await

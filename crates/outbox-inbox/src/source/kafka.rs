@@ -294,19 +294,19 @@ impl Book {
 
     /// The positions that moved past their last commit (all of them when
     /// `all`), marked committed.
-    fn to_commit(&mut self, all: bool) -> Option<TopicPartitionList> {
+    fn take_commits(&mut self, all: bool) -> Option<TopicPartitionList> {
         let mut tpl = TopicPartitionList::new();
         let mut any = false;
         for ((topic, partition), p) in &mut self.parts {
             let pos = p.position();
-            if pos > p.committed || (all && pos > p.low) {
-                if tpl
+            let moved = pos > p.committed || (all && pos > p.low);
+            if moved
+                && tpl
                     .add_partition_offset(topic, *partition, Offset::Offset(pos))
                     .is_ok()
-                {
-                    p.committed = pos;
-                    any = true;
-                }
+            {
+                p.committed = pos;
+                any = true;
             }
         }
         any.then_some(tpl)
@@ -447,7 +447,7 @@ impl KafkaSource {
             return;
         }
         self.last_commit = Instant::now();
-        let tpl = lock(&self.book).to_commit(false);
+        let tpl = lock(&self.book).take_commits(false);
         if let Some(tpl) = tpl {
             if let Err(e) = self.consumer.commit(&tpl, CommitMode::Async) {
                 tracing::debug!(error = %e, "Kafka source: offset commit not sent");
@@ -550,7 +550,7 @@ impl Source for KafkaSource {
 
     async fn close(self) -> Result<(), SourceError> {
         let Self { consumer, book, .. } = self;
-        let tpl = lock(&book).to_commit(true);
+        let tpl = lock(&book).take_commits(true);
         // A synchronous commit and leaving the group block on the broker:
         // off the async threads.
         let done = tokio::task::spawn_blocking(move || {
@@ -606,16 +606,16 @@ mod tests {
             book.acked(&t);
         }
         assert_eq!(position(&book, 0), 10, "nothing below 10 is missing, 10 is");
-        assert!(book.to_commit(false).is_none());
+        assert!(book.take_commits(false).is_none());
         let t = token(&book, 0, 10);
         book.acked(&t);
         assert_eq!(position(&book, 0), 12);
-        let tpl = book.to_commit(false).unwrap();
+        let tpl = book.take_commits(false).unwrap();
         assert_eq!(
             tpl.find_partition("t", 0).unwrap().offset(),
             Offset::Offset(12)
         );
-        assert!(book.to_commit(false).is_none(), "already committed");
+        assert!(book.take_commits(false).is_none(), "already committed");
         let t = token(&book, 0, 12);
         book.acked(&t);
         assert_eq!(position(&book, 0), 15, "all acked: one past the last");

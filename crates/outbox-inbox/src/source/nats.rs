@@ -404,11 +404,10 @@ impl Source for NatsSource {
                 Ok(m) => out.push(received(m)),
                 Err(e) => {
                     let text = e.to_string();
-                    // The consumer was deleted (or the server lost it):
-                    // look it up again next time.
-                    if text.contains("Consumer Deleted") || text.contains("consumer deleted") {
-                        self.consumer = None;
-                    }
+                    // The consumer may be gone (deleted, the server lost
+                    // it, its stream deleted): look it up again next time,
+                    // one request, which also tells a missing stream apart.
+                    self.consumer = None;
                     if out.is_empty() {
                         return Err(SourceError::Unavailable(format!(
                             "JetStream pull failed: {text}"
@@ -485,5 +484,68 @@ fn received(m: jetstream::Message) -> Received<NatsToken> {
             acker,
             stream_sequence,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn validation_names_what_is_wrong() {
+        let ok = NatsSourceConfig::new("nats://127.0.0.1:4222", "ORDERS", "inbox")
+            .with_filter_subject("orders.>");
+        assert!(ok.validate().is_ok());
+        let e = NatsSourceConfig::new("", "S", "d").validate().unwrap_err();
+        assert!(e.to_string().contains("no NATS server"), "{e}");
+        let e = NatsSourceConfig::new("nats://h:4222", "a.b", "d")
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("stream name"), "{e}");
+        let e = NatsSourceConfig::new("nats://h:4222", "S", "with space")
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("durable consumer name"), "{e}");
+        let e = ok
+            .clone()
+            .with_filter_subject("orders..x")
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("filter subject"), "{e}");
+        let e = ok
+            .clone()
+            .with_ack_wait(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(e.to_string().contains("ack_wait"), "{e}");
+        assert!(matches!(e, SourceError::Config(_)));
+    }
+
+    #[test]
+    fn debug_and_errors_hide_credentials() {
+        let c = NatsSourceConfig::new(
+            "nats://app:hunter2@127.0.0.1:4222,nats://t0ken@other:4222",
+            "S",
+            "d",
+        );
+        let s = format!("{c:?}");
+        assert!(!s.contains("hunter2") && !s.contains("t0ken"), "{s}");
+        assert!(s.contains("other:4222"), "{s}");
+        let e = NatsSourceConfig::new("http://app:hunter2@h:1", "S", "d")
+            .validate()
+            .unwrap_err();
+        assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn one_or_several_filter_subjects() {
+        let c = NatsSourceConfig::new("nats://h:4222", "S", "d");
+        assert!(c.consumer_config().filter_subject.is_empty());
+        let one = c.clone().with_filter_subject("a.>").consumer_config();
+        assert_eq!(one.filter_subject, "a.>");
+        let many = c.with_filter_subjects(["a.>", "b.*"]).consumer_config();
+        assert_eq!(many.filter_subjects, vec!["a.>", "b.*"]);
+        assert_eq!(many.ack_policy, AckPolicy::Explicit);
+        assert_eq!(many.durable_name.as_deref(), Some("d"));
     }
 }
