@@ -136,9 +136,10 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     if dry_run {
         for s in &scenarios {
             println!(
-                "  {} + {}: {} ({} producer, {} ev/s for {} s, {} relays)  [{}]",
+                "  {} + {}{}: {} ({} producer, {} ev/s for {} s, {} relays)  [{}]",
                 s.store,
                 s.broker,
+                inbox_note(s),
                 s.faults,
                 s.producer,
                 s.rate,
@@ -175,11 +176,12 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         let out = out_root.join(s.label());
         let _ = std::fs::remove_dir_all(&out);
         println!(
-            "\n==> chaos [{}/{}] {} + {}: faults {}, {} producer, {} ev/s for {} s, {} relays ({})",
+            "\n==> chaos [{}/{}] {} + {}{}: faults {}, {} producer, {} ev/s for {} s, {} relays ({})",
             i + 1,
             scenarios.len(),
             s.store,
             s.broker,
+            inbox_note(s),
             s.faults,
             s.producer,
             s.rate,
@@ -261,4 +263,10 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     }
     println!("chaos {} passed", mode.name());
     Ok(())
+}
+
+/// ` -> inbox on <db>` for an end-to-end run, else nothing.
+fn inbox_note(s: &Scenario) -> String {
+    s.inbox
+        .map_or(String::new(), |db| format!(" -> inbox on {db}"))
 }
