@@ -274,6 +274,13 @@ fn allowed_internal(name: &str) -> Option<Vec<&'static str>> {
             v.extend_from_slice(PUBLISHERS);
             with(&v)
         }
+        // The consumer half: the publishers' client conventions (broker
+        // URLs, redaction), never a store crate or the relay.
+        "outbox-inbox" => {
+            let mut v = vec![BROKER];
+            v.extend_from_slice(PUBLISHERS);
+            with(&v)
+        }
         "outbox-testkit" => {
             let mut v = vec![BROKER];
             v.extend_from_slice(STORES);

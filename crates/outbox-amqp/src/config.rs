@@ -2,6 +2,7 @@
 
 use crate::AmqpError;
 use outbox_broker::ConnectPolicy;
+use outbox_core::WireFormat;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -59,6 +60,7 @@ const DEFAULT_MAX_IN_FLIGHT: usize = 2_048;
 /// | `connect_attempts` | 3 for [`crate::AmqpPublisher::connect`], exponential backoff |
 /// | reconnect | one attempt per batch after the connection broke, spaced by the policy's backoff (100 ms doubling to 500 ms: at most the relay breaker's probe delay of 0.5-1 s, so every probe after a broker's return tries to reconnect) |
 /// | persistent (delivery mode 2) | on |
+/// | `wire_format` | [`WireFormat::Headers`]: the payload as the body; [`WireFormat::Envelope`]: the protobuf envelope, `content_type` `application/x-protobuf` |
 #[derive(Clone)]
 pub struct AmqpConfig {
     pub(crate) uri: String,
@@ -71,6 +73,7 @@ pub struct AmqpConfig {
     pub(crate) connect: ConnectPolicy,
     pub(crate) persistent: bool,
     pub(crate) connection_name: String,
+    pub(crate) wire_format: WireFormat,
 }
 
 impl Default for AmqpConfig {
@@ -89,6 +92,7 @@ impl Default for AmqpConfig {
                 .with_delays(Duration::from_millis(100), Duration::from_millis(500)),
             persistent: true,
             connection_name: "outbox-relay".to_owned(),
+            wire_format: WireFormat::Headers,
         }
     }
 }
@@ -106,6 +110,7 @@ impl fmt::Debug for AmqpConfig {
             .field("connect", &self.connect)
             .field("persistent", &self.persistent)
             .field("connection_name", &self.connection_name)
+            .field("wire_format", &self.wire_format)
             .finish()
     }
 }
@@ -162,7 +167,8 @@ impl AmqpConfig {
         self
     }
 
-    /// Larger payloads fail with a permanent `PUBLISH_TOO_LARGE` without
+    /// Larger message bodies (the payload, or in the envelope format the
+    /// envelope around it) fail with a permanent `PUBLISH_TOO_LARGE` without
     /// being sent. Keep it at or below the broker's `max_message_size`: a
     /// broker refusing a message closes the channel, failing the whole window.
     pub fn with_max_message_bytes(mut self, n: usize) -> Self {
@@ -190,6 +196,21 @@ impl AmqpConfig {
     pub fn with_connection_name(mut self, name: impl Into<String>) -> Self {
         self.connection_name = name.into();
         self
+    }
+
+    /// How events are laid out: the payload as the body with the metadata
+    /// in properties and headers ([`WireFormat::Headers`], the default), or
+    /// the protobuf envelope as the body with `content_type`
+    /// `application/x-protobuf` ([`WireFormat::Envelope`]; see
+    /// [`outbox_core::BrokerMessage`]).
+    pub fn with_wire_format(mut self, format: WireFormat) -> Self {
+        self.wire_format = format;
+        self
+    }
+
+    /// The wire format.
+    pub fn wire_format(&self) -> WireFormat {
+        self.wire_format
     }
 
     /// The URI, password redacted.

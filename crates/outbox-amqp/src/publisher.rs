@@ -358,17 +358,21 @@ impl AmqpPublisher {
                 "exchange and routing key must be at most 255 bytes",
             ));
         }
+        let message = BrokerMessage::new(event).with_format(self.config.wire_format);
+        let body = message.body();
+        // What is sent: the payload, or the envelope around it.
         let max = self.config.max_message_bytes;
-        if event.payload.len() > max {
+        if body.len() > max {
             return refuse(DeliveryError::permanent(
                 ErrorCode::PUBLISH_TOO_LARGE,
                 format!(
-                    "payload is {} bytes, above the maximum of {max}",
-                    event.payload.len()
+                    "message body is {} bytes ({} format), above the maximum of {max}",
+                    body.len(),
+                    message.format()
                 ),
             ));
         }
-        let properties = match properties_for(&BrokerMessage::new(event), self.config.persistent) {
+        let properties = match properties_for(&message, self.config.persistent) {
             Ok(p) => p,
             Err(e) => return refuse(e),
         };
@@ -382,7 +386,7 @@ impl AmqpPublisher {
                     mandatory: true,
                     ..Default::default()
                 },
-                &event.payload,
+                &body,
                 properties,
             )
             .await;
@@ -672,6 +676,34 @@ mod tests {
         assert_eq!(
             h.get(HEADER_CONTENT_TYPE),
             Some(&AMQPValue::LongString("application/octet-stream".into()))
+        );
+    }
+
+    #[test]
+    fn envelope_properties_say_protobuf_and_mark_the_format() {
+        let e = event();
+        let message = BrokerMessage::new(&e).with_format(outbox_core::WireFormat::Envelope);
+        let p = properties_for(&message, true).unwrap();
+        assert_eq!(
+            p.content_type().as_ref().map(ShortString::as_str),
+            Some(outbox_core::wire::ENVELOPE_CONTENT_TYPE)
+        );
+        assert_eq!(
+            p.message_id().as_ref().map(|s| s.as_str().to_owned()),
+            Some(e.id.to_string())
+        );
+        let h = p.headers().as_ref().unwrap().inner();
+        assert_eq!(
+            h.get(outbox_core::headers::WIRE_FORMAT),
+            Some(&AMQPValue::LongString(
+                outbox_core::wire::ENVELOPE_MARKER.into()
+            ))
+        );
+        assert_eq!(
+            h.get(HEADER_CONTENT_TYPE),
+            Some(&AMQPValue::LongString(
+                outbox_core::wire::ENVELOPE_CONTENT_TYPE.into()
+            ))
         );
     }
 

@@ -1,7 +1,11 @@
 //! [`BrokerMessage`]: the one mapping from an [`Event`] to what a broker
-//! publisher puts on the wire, shared by every publisher crate.
+//! publisher puts on the wire, shared by every publisher crate, in either
+//! [`WireFormat`].
 
-use crate::{headers, Event};
+use crate::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
+use crate::{headers, Envelope, Event, WireFormat};
+use prost::Message as _;
+use std::borrow::Cow;
 use std::fmt;
 
 /// An event as every broker publisher sends it: the same headers, the same
@@ -9,6 +13,12 @@ use std::fmt;
 /// Publishers translate it into their client's message type (NATS headers,
 /// AMQP properties + header table, Kafka record headers); none of them
 /// builds headers on its own.
+///
+/// In [`WireFormat::Headers`] (the default) the body is the payload; in
+/// [`WireFormat::Envelope`] ([`BrokerMessage::with_format`]) it is the
+/// protobuf [`Envelope`], the content type is
+/// [`ENVELOPE_CONTENT_TYPE`] and [`headers::WIRE_FORMAT`] marks it. A
+/// consumer reads both back with [`crate::InboundMessage::decode`].
 ///
 /// ```
 /// use outbox_core::{headers, BrokerMessage, Event, EventId};
@@ -33,12 +43,23 @@ use std::fmt;
 /// assert_eq!(h[0], ("traceparent", "00-ab-cd-01"));
 /// assert!(h.contains(&(headers::EVENT_TYPE, "order.created")));
 /// assert!(h.contains(&(headers::KEY, "order-42")));
+/// assert_eq!(&*m.body(), b"{}");
+///
+/// // The same event as a protobuf envelope.
+/// use outbox_core::{wire, WireFormat};
+/// let m = m.with_format(WireFormat::Envelope);
+/// assert_eq!(m.content_type(), wire::ENVELOPE_CONTENT_TYPE);
+/// assert!(m.headers().any(|h| h == (headers::WIRE_FORMAT, wire::ENVELOPE_MARKER)));
+/// let back = outbox_core::InboundMessage::decode(m.headers(), &m.body(), "orders", None).unwrap();
+/// assert_eq!(back.id, event.id);
+/// assert_eq!(back.payload, b"{}");
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct BrokerMessage<'a> {
     event: &'a Event,
     id: String,
     content_type: &'a str,
+    format: WireFormat,
 }
 
 impl fmt::Debug for BrokerMessage<'_> {
@@ -48,7 +69,8 @@ impl fmt::Debug for BrokerMessage<'_> {
             .field("dedup_id", &self.id)
             .field("key", &self.event.key)
             .field("event_type", &self.event.event_type)
-            .field("content_type", &self.content_type)
+            .field("format", &self.format)
+            .field("content_type", &self.content_type())
             .field(
                 "headers",
                 &self.headers().map(|(k, _)| k).collect::<Vec<_>>(),
@@ -77,7 +99,20 @@ impl<'a> BrokerMessage<'a> {
             event,
             id: event.id.to_string(),
             content_type,
+            format: WireFormat::Headers,
         }
+    }
+
+    /// The same message laid out in `format` (default
+    /// [`WireFormat::Headers`]).
+    pub fn with_format(mut self, format: WireFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// The wire format.
+    pub fn format(&self) -> WireFormat {
+        self.format
     }
 
     /// The event.
@@ -113,22 +148,58 @@ impl<'a> BrokerMessage<'a> {
         &self.event.topic
     }
 
-    /// The content type: the event's `content-type` header (any letter
-    /// case), else the default.
+    /// The content type of the body: in [`WireFormat::Headers`] the
+    /// payload's ([`Self::payload_content_type`]); in
+    /// [`WireFormat::Envelope`] [`ENVELOPE_CONTENT_TYPE`].
     pub fn content_type(&self) -> &'a str {
+        match self.format {
+            WireFormat::Envelope => ENVELOPE_CONTENT_TYPE,
+            WireFormat::Headers => self.content_type,
+        }
+    }
+
+    /// The payload's content type, whatever the format: the event's
+    /// `content-type` header (any letter case), else the default.
+    pub fn payload_content_type(&self) -> &'a str {
         self.content_type
     }
 
-    /// The payload bytes.
+    /// The payload bytes (in the envelope format, inside the body).
     pub fn payload(&self) -> &'a [u8] {
         &self.event.payload
     }
 
+    /// The bytes to send as the message body: the payload itself
+    /// ([`WireFormat::Headers`], borrowed), or the protobuf-encoded
+    /// [`Envelope`] ([`WireFormat::Envelope`]). The envelope's headers are
+    /// the event's own headers without the reserved names
+    /// ([`headers::is_reserved`]), plus [`headers::CONTENT_TYPE`] set to
+    /// [`Self::payload_content_type`]: the envelope alone tells a consumer
+    /// how to read its payload.
+    pub fn body(&self) -> Cow<'a, [u8]> {
+        match self.format {
+            WireFormat::Envelope => Cow::Owned(self.envelope().encode_to_vec()),
+            WireFormat::Headers => Cow::Borrowed(&self.event.payload),
+        }
+    }
+
+    /// The [`Envelope`] sent as the body in [`WireFormat::Envelope`].
+    pub fn envelope(&self) -> Envelope {
+        let mut envelope = Envelope::from(self.event);
+        envelope.headers.retain(|k, _| !headers::is_reserved(k));
+        envelope.headers.insert(
+            headers::CONTENT_TYPE.to_owned(),
+            self.content_type.to_owned(),
+        );
+        envelope
+    }
+
     /// Every header to send, in order: the event's own headers except the
     /// reserved names ([`headers::is_reserved`]), then
-    /// [`headers::CONTENT_TYPE`], [`headers::EVENT_TYPE`],
-    /// [`headers::EVENT_ID`] and, when the event has a key, [`headers::KEY`].
-    /// No name appears twice.
+    /// [`headers::CONTENT_TYPE`] ([`Self::content_type`]),
+    /// [`headers::EVENT_TYPE`], [`headers::EVENT_ID`], when the event has a
+    /// key [`headers::KEY`], and in [`WireFormat::Envelope`]
+    /// [`headers::WIRE_FORMAT`] = [`ENVELOPE_MARKER`]. No name appears twice.
     pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
         let own = self
             .event
@@ -137,10 +208,12 @@ impl<'a> BrokerMessage<'a> {
             .filter(|(k, _)| !headers::is_reserved(k))
             .map(|(k, v)| (k.as_str(), v.as_str()));
         let ours = [
-            Some((headers::CONTENT_TYPE, self.content_type)),
+            Some((headers::CONTENT_TYPE, self.content_type())),
             Some((headers::EVENT_TYPE, self.event.event_type.as_str())),
             Some((headers::EVENT_ID, self.id.as_str())),
             self.event.key.as_deref().map(|k| (headers::KEY, k)),
+            (self.format == WireFormat::Envelope)
+                .then_some((headers::WIRE_FORMAT, ENVELOPE_MARKER)),
         ];
         own.chain(ours.into_iter().flatten())
     }
@@ -212,12 +285,110 @@ mod tests {
     }
 
     #[test]
+    fn envelope_format_marks_the_message_and_keeps_the_routing_headers() {
+        let e = event();
+        let m = BrokerMessage::new(&e).with_format(WireFormat::Envelope);
+        let id = e.id.to_string();
+        let h: Vec<(&str, &str)> = m.headers().collect();
+        assert_eq!(
+            h,
+            vec![
+                ("traceparent", "00-abc-def-01"),
+                ("content-type", ENVELOPE_CONTENT_TYPE),
+                ("Outbox-Event-Type", "order.created"),
+                ("Outbox-Event-Id", id.as_str()),
+                ("Outbox-Key", "k1"),
+                ("Outbox-Wire-Format", ENVELOPE_MARKER),
+            ]
+        );
+        assert_eq!(m.content_type(), ENVELOPE_CONTENT_TYPE);
+        assert_eq!(m.payload_content_type(), "application/json");
+        assert_eq!(m.format(), WireFormat::Envelope);
+        let env = Envelope::decode(&*m.body()).unwrap();
+        assert_eq!(env.id, id);
+        assert_eq!(env.key, "k1");
+        assert_eq!(env.event_type, "order.created");
+        assert_eq!(env.topic, "orders");
+        assert_eq!(env.payload, b"{}");
+        assert_eq!(env.created_at_unix_ms, e.created_at.timestamp_millis());
+        assert_eq!(env.attempt, 1);
+        // The event's own headers, its content type under the one spelling,
+        // no forged reserved names.
+        assert_eq!(
+            env.headers.into_iter().collect::<Vec<_>>(),
+            vec![
+                ("content-type".to_owned(), "application/json".to_owned()),
+                ("traceparent".to_owned(), "00-abc-def-01".to_owned()),
+            ]
+        );
+        // The default format has no marker and sends the payload as is.
+        let plain = BrokerMessage::new(&e);
+        assert!(plain.headers().all(|(k, _)| k != headers::WIRE_FORMAT));
+        assert!(matches!(plain.body(), Cow::Borrowed(b"{}")));
+    }
+
+    #[test]
+    fn both_formats_decode_to_the_same_event() {
+        use crate::InboundMessage;
+        let mut keyless = event();
+        keyless.key = None;
+        keyless.headers.clear();
+        let mut binary = event();
+        binary.payload = vec![0, 159, 146, 150, 255];
+        binary.created_at = chrono::DateTime::from_timestamp_millis(1_700_000_000_123).unwrap();
+        for e in [event(), keyless, binary] {
+            let decoded: Vec<InboundMessage> = [WireFormat::Headers, WireFormat::Envelope]
+                .into_iter()
+                .map(|format| {
+                    let m = BrokerMessage::with_default_content_type(&e, "text/plain")
+                        .with_format(format);
+                    let body = m.body();
+                    // The broker's own timestamp, where the headers format
+                    // takes its time from, is the creation time here.
+                    let got =
+                        InboundMessage::decode(m.headers(), &body, &e.topic, Some(e.created_at))
+                            .unwrap();
+                    assert_eq!(got.format, format);
+                    got
+                })
+                .collect();
+            let (h, env) = (&decoded[0], &decoded[1]);
+            assert_eq!(h.id, e.id);
+            assert_eq!(env.id, e.id);
+            assert_eq!(h.key, e.key);
+            assert_eq!(env.key, e.key);
+            assert_eq!(
+                (&h.event_type, &env.event_type),
+                (&e.event_type, &e.event_type)
+            );
+            assert_eq!((&h.topic, &env.topic), (&e.topic, &e.topic));
+            assert_eq!(h.payload, e.payload);
+            assert_eq!(env.payload, e.payload);
+            assert_eq!(h.content_type, env.content_type);
+            assert_eq!(h.headers, env.headers);
+            assert_eq!(
+                env.created_at.map(|t| t.timestamp_millis()),
+                Some(e.created_at.timestamp_millis())
+            );
+            assert_eq!(
+                h.created_at.map(|t| t.timestamp_millis()),
+                Some(e.created_at.timestamp_millis())
+            );
+        }
+    }
+
+    #[test]
     fn debug_shows_no_header_values_or_payload() {
         let mut e = event();
         e.headers
             .insert("authorization".into(), "Bearer s3cret".into());
         let s = format!("{:?}", BrokerMessage::new(&e));
         assert!(!s.contains("s3cret"), "{s}");
+        let s = format!(
+            "{:?}",
+            BrokerMessage::new(&e).with_format(WireFormat::Envelope)
+        );
+        assert!(!s.contains("s3cret") && s.contains("Envelope"), "{s}");
         assert!(s.contains("authorization"), "{s}");
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::KafkaError;
 use outbox_broker::ConnectPolicy;
+use outbox_core::WireFormat;
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -47,6 +48,7 @@ pub struct KafkaConfig {
     queue_full_timeout: Duration,
     max_in_flight: usize,
     connect: ConnectPolicy,
+    wire_format: WireFormat,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -73,6 +75,7 @@ impl fmt::Debug for KafkaConfig {
             .field("queue_full_timeout", &self.queue_full_timeout)
             .field("max_in_flight", &self.max_in_flight)
             .field("connect", &self.connect)
+            .field("wire_format", &self.wire_format)
             .finish()
     }
 }
@@ -99,7 +102,8 @@ impl KafkaConfig {
     /// Defaults: `message.timeout.ms=30000` (a send not acknowledged within
     /// 30 s is reported as a retryable `PUBLISH_TIMEOUT`, well inside the
     /// relay's lease), `client.id=outbox`, no topic mapping, unknown topics
-    /// permanent, content type `application/octet-stream`.
+    /// permanent, content type `application/octet-stream`, wire format
+    /// [`WireFormat::Headers`].
     pub fn new(brokers: impl Into<String>) -> Self {
         let mut properties = BTreeMap::new();
         properties.insert("message.timeout.ms".to_owned(), "30000".to_owned());
@@ -116,6 +120,7 @@ impl KafkaConfig {
             // librdkafka's reconnect backoff follows the cap (1 s).
             connect: ConnectPolicy::default()
                 .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
+            wire_format: WireFormat::Headers,
         }
     }
 
@@ -231,6 +236,23 @@ impl KafkaConfig {
     pub fn with_connect_policy(mut self, policy: ConnectPolicy) -> Self {
         self.connect = policy;
         self
+    }
+
+    /// How events are laid out: the payload as the record value with the
+    /// metadata in record headers ([`WireFormat::Headers`], the default),
+    /// or the protobuf envelope as the value ([`WireFormat::Envelope`]; see
+    /// [`outbox_core::BrokerMessage`]). The record key is the same in both.
+    /// librdkafka's `message.max.bytes` applies to the value sent (the
+    /// envelope in that format): a larger record fails with a permanent
+    /// `PUBLISH_TOO_LARGE`.
+    pub fn with_wire_format(mut self, format: WireFormat) -> Self {
+        self.wire_format = format;
+        self
+    }
+
+    /// The wire format.
+    pub fn wire_format(&self) -> WireFormat {
+        self.wire_format
     }
 
     /// The send window bound.

@@ -74,7 +74,10 @@ pub type OutboxProducer = FutureProducer<TracingContext>;
 /// - Headers: [`BrokerMessage::headers`], the same as on every broker: the
 ///   event's own headers (trace context such as `traceparent` /
 ///   `tracestate` lives there), then `content-type`, `Outbox-Event-Type`,
-///   `Outbox-Event-Id` and `Outbox-Key`.
+///   `Outbox-Event-Id` and `Outbox-Key`; in the envelope format
+///   ([`KafkaConfig::with_wire_format`]) `content-type` is
+///   `application/x-protobuf`, `Outbox-Wire-Format: outbox.v1.Envelope` is
+///   added and the value is the protobuf envelope.
 /// - A batch goes through the shared [`SendWindow`] (up to
 ///   [`KafkaConfig::with_max_in_flight`] sends waiting for their report;
 ///   librdkafka batches and pipelines them), every delivery report is
@@ -227,8 +230,12 @@ impl KafkaPublisher {
         event: &Event,
     ) -> Sent<Report, BoxFuture<'static, Report>> {
         let topic = self.config.kafka_topic(&event.topic);
-        let message = BrokerMessage::with_default_content_type(event, self.config.content_type());
-        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 4);
+        let message = BrokerMessage::with_default_content_type(event, self.config.content_type())
+            .with_format(self.config.wire_format());
+        // The payload, or the envelope around it: librdkafka checks this
+        // value against `message.max.bytes`.
+        let body = message.body();
+        let mut headers = OwnedHeaders::new_with_capacity(event.headers.len() + 5);
         for (name, value) in message.headers() {
             headers = headers.insert(Header {
                 key: name,
@@ -237,7 +244,7 @@ impl KafkaPublisher {
         }
         let mut record = FutureRecord::to(&topic)
             .key(message.partition_key())
-            .payload(message.payload())
+            .payload(&*body)
             .headers(headers);
         let started = Instant::now();
         loop {

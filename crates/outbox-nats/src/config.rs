@@ -2,6 +2,7 @@
 
 use crate::NatsError;
 use outbox_broker::ConnectPolicy;
+use outbox_core::WireFormat;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
@@ -70,6 +71,7 @@ pub struct NatsTls {
 /// | `ack_timeout` | 5 s (then `PUBLISH_TIMEOUT`: the sink is unavailable, maybe delivered) |
 /// | `connect_timeout` | 5 s per attempt |
 /// | `connect_attempts` | 8 (exponential backoff from 100 ms, jittered: about 1.5 s) |
+/// | `wire_format` | [`WireFormat::Headers`]: the payload as the body; [`WireFormat::Envelope`]: the protobuf envelope |
 /// | `reconnect_delay_max` | 250 ms between reconnect attempts (a returning server is in use within about a quarter of a second; a loopback or LAN connect attempt costs next to nothing) |
 ///
 /// Connecting and reconnecting follow one [`ConnectPolicy`] (the same type
@@ -89,6 +91,7 @@ pub struct NatsConfig {
     pub(crate) unroutable_retryable: bool,
     pub(crate) client_name: Option<String>,
     pub(crate) ignore_discovered_servers: bool,
+    pub(crate) wire_format: WireFormat,
 }
 
 impl Default for NatsConfig {
@@ -110,6 +113,7 @@ impl Default for NatsConfig {
             unroutable_retryable: false,
             client_name: Some("outbox-relay".to_owned()),
             ignore_discovered_servers: false,
+            wire_format: WireFormat::Headers,
         }
     }
 }
@@ -135,6 +139,7 @@ impl fmt::Debug for NatsConfig {
             .field("unroutable_retryable", &self.unroutable_retryable)
             .field("client_name", &self.client_name)
             .field("ignore_discovered_servers", &self.ignore_discovered_servers)
+            .field("wire_format", &self.wire_format)
             .finish()
     }
 }
@@ -271,6 +276,20 @@ impl NatsConfig {
     pub fn with_ignore_discovered_servers(mut self, ignore: bool) -> Self {
         self.ignore_discovered_servers = ignore;
         self
+    }
+
+    /// How events are laid out: the payload as the body with the metadata
+    /// in headers ([`WireFormat::Headers`], the default), or the protobuf
+    /// envelope as the body ([`WireFormat::Envelope`]; see
+    /// [`outbox_core::BrokerMessage`]).
+    pub fn with_wire_format(mut self, format: WireFormat) -> Self {
+        self.wire_format = format;
+        self
+    }
+
+    /// The wire format.
+    pub fn wire_format(&self) -> WireFormat {
+        self.wire_format
     }
 
     /// The subject an event of `topic` is published to.

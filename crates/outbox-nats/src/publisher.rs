@@ -284,17 +284,19 @@ impl NatsPublisher {
                 format!("{subject:?} is not a valid NATS subject to publish to"),
             )));
         }
-        let message = BrokerMessage::new(event);
+        let message = BrokerMessage::new(event).with_format(self.config.wire_format);
         let headers = headers_for(&message);
-        let size = event.payload.len() + header_bytes(&headers);
+        let body = message.body();
+        // What is sent: the payload, or the envelope around it.
+        let size = body.len() + header_bytes(&headers);
         if max_payload > 0 && size > max_payload {
             return Sent::Done(Outcome::Failed(DeliveryError::permanent(
                 ErrorCode::PUBLISH_TOO_LARGE,
-                format!("message is {size} bytes (payload + headers), above the server's max_payload of {max_payload}"),
+                format!("message is {size} bytes (body + headers, {} format), above the server's max_payload of {max_payload}", message.format()),
             )));
         }
         let publish = Publish::build()
-            .payload(event.payload.clone().into())
+            .payload(body.into_owned().into())
             .headers(headers)
             .message_id(message.dedup_id());
         let unroutable_retryable = self.config.unroutable_retryable;
@@ -498,6 +500,25 @@ mod tests {
             Some("application/octet-stream")
         );
         assert!(h.get(HEADER_KEY).is_none());
+    }
+
+    #[test]
+    fn envelope_headers_mark_the_format() {
+        let e = event();
+        let message = BrokerMessage::new(&e).with_format(outbox_core::WireFormat::Envelope);
+        let h = headers_for(&message);
+        assert_eq!(
+            h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
+            Some(outbox_core::wire::ENVELOPE_CONTENT_TYPE)
+        );
+        assert_eq!(
+            h.get(outbox_core::headers::WIRE_FORMAT).map(|v| v.as_str()),
+            Some(outbox_core::wire::ENVELOPE_MARKER)
+        );
+        assert_eq!(h.get(HEADER_KEY).map(|v| v.as_str()), Some("k1"));
+        assert!(headers_for(&BrokerMessage::new(&e))
+            .get(outbox_core::headers::WIRE_FORMAT)
+            .is_none());
     }
 
     #[test]

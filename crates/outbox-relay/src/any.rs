@@ -20,7 +20,7 @@ use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
     redact_url, Claim, ClaimRequest, ControlStore, DeadLetter, DeadLetterFilter, DeadLetterQuery,
     DeadLetterStore, Event, FencingToken, Outcome, PauseNote, Paused, RelayId, Retryable,
-    SettleReport, Settlement, Sink, Stats, Store,
+    SettleReport, Settlement, Sink, Stats, Store, WireFormat,
 };
 use outbox_worker::JsonLinesSink;
 use std::fmt;
@@ -194,22 +194,9 @@ async fn open<B: Backend>(
     open_with::<B, _>(d, url, settings, B::connect).await
 }
 
-/// Configures sink backend `B` and opens it with [`Backend::connect_lazy`]:
-/// an unreachable broker does not fail this.
-#[cfg_attr(
-    not(any(feature = "nats", feature = "amqp", feature = "kafka")),
-    allow(dead_code)
-)]
-async fn open_lazy<B: Backend>(
-    d: &'static Descriptor,
-    url: &str,
-    settings: &Settings,
-) -> Result<B::Connected, ConnectError> {
-    open_with::<B, _>(d, url, settings, B::connect_lazy).await
-}
-
-/// Configures backend `B` and connects it with `connect` (its `connect` or
-/// `connect_lazy`).
+/// Configures backend `B` and connects it with `connect` (its `connect`, or
+/// for a sink its `connect_lazy` with the wire format applied: an
+/// unreachable broker does not fail this).
 async fn open_with<B: Backend, F: Future<Output = Result<B::Connected, B::Error>>>(
     d: &'static Descriptor,
     url: &str,
@@ -413,12 +400,21 @@ pub(crate) enum AnySink {
     Kafka(Box<outbox_kafka::KafkaPublisher>),
 }
 
+/// Whether `spec` names a sink that writes JSON lines (`stdout`,
+/// `jsonl:PATH`), not a broker: the wire format does not apply to it.
+pub(crate) fn is_local_sink(spec: &str) -> bool {
+    let spec = spec.trim();
+    spec == "stdout" || spec.starts_with("jsonl:")
+}
+
 impl AnySink {
     /// Opens a sink from its text form: `stdout` (JSON lines on standard
     /// output), `jsonl:PATH` (JSON lines appended to a file), or a broker URL
-    /// of a compiled sink backend, configured with `settings_for`. A broker
-    /// that is unreachable does not fail this: the publisher is opened
-    /// lazily (`Backend::connect_lazy`) and the relay starts with its
+    /// of a compiled sink backend, configured with `settings_for` and
+    /// publishing in `wire_format` (the JSON-lines sinks have their own
+    /// format: [`crate::config::run_config`] refuses the envelope for them).
+    /// A broker that is unreachable does not fail this: the publisher is
+    /// opened lazily (`Backend::connect_lazy`) and the relay starts with its
     /// breaker open; a configuration, credential or TLS error does.
     #[cfg_attr(
         not(any(feature = "nats", feature = "amqp", feature = "kafka")),
@@ -427,6 +423,7 @@ impl AnySink {
     pub(crate) async fn connect(
         spec: &str,
         settings_for: impl Fn(&Descriptor) -> Settings,
+        wire_format: WireFormat,
     ) -> Result<Self, ConnectError> {
         let spec = spec.trim();
         if spec == "stdout" || spec == "jsonl:-" {
@@ -458,17 +455,32 @@ impl AnySink {
         let settings = settings_for(d);
         match d.name() {
             #[cfg(feature = "nats")]
-            "nats" => open_lazy::<outbox_nats::descriptor::NatsBackend>(d, spec, &settings)
+            "nats" => {
+                use outbox_nats::descriptor::NatsBackend as B;
+                open_with::<B, _>(d, spec, &settings, |c| {
+                    B::connect_lazy(c.with_wire_format(wire_format))
+                })
                 .await
-                .map(|p| AnySink::Nats(Box::new(p))),
+                .map(|p| AnySink::Nats(Box::new(p)))
+            }
             #[cfg(feature = "amqp")]
-            "amqp" => open_lazy::<outbox_amqp::descriptor::AmqpBackend>(d, spec, &settings)
+            "amqp" => {
+                use outbox_amqp::descriptor::AmqpBackend as B;
+                open_with::<B, _>(d, spec, &settings, |c| {
+                    B::connect_lazy(c.with_wire_format(wire_format))
+                })
                 .await
-                .map(|p| AnySink::Amqp(Box::new(p))),
+                .map(|p| AnySink::Amqp(Box::new(p)))
+            }
             #[cfg(feature = "kafka")]
-            "kafka" => open_lazy::<outbox_kafka::descriptor::KafkaBackend>(d, spec, &settings)
+            "kafka" => {
+                use outbox_kafka::descriptor::KafkaBackend as B;
+                open_with::<B, _>(d, spec, &settings, |c| {
+                    B::connect_lazy(c.with_wire_format(wire_format))
+                })
                 .await
-                .map(|p| AnySink::Kafka(Box::new(p))),
+                .map(|p| AnySink::Kafka(Box::new(p)))
+            }
             _ => Err(ConnectError::NotCompiled {
                 role: Role::Sink,
                 feature: d.name(),
@@ -499,12 +511,16 @@ mod tests {
     async fn sink_specs() {
         let none = |_: &Descriptor| Settings::new();
         assert!(matches!(
-            AnySink::connect("stdout", none).await,
+            AnySink::connect("stdout", none, WireFormat::Headers).await,
             Ok(AnySink::JsonLines(_))
         ));
-        let e = AnySink::connect("jsonl:", none).await.unwrap_err();
+        let e = AnySink::connect("jsonl:", none, WireFormat::Headers)
+            .await
+            .unwrap_err();
         assert!(e.to_string().contains("jsonl:PATH"), "{e}");
-        let e = AnySink::connect("smtp://u:pw@h", none).await.unwrap_err();
+        let e = AnySink::connect("smtp://u:pw@h", none, WireFormat::Headers)
+            .await
+            .unwrap_err();
         assert!(matches!(e, ConnectError::Unknown { .. }), "{e}");
         assert!(!e.to_string().contains("pw"), "{e}");
     }

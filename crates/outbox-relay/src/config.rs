@@ -15,7 +15,7 @@ use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use outbox_core::backend::{
     Descriptor, InvalidSetting, Role, Setting, SettingKind, SettingValue, Settings,
 };
-use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec, DEFAULT_GROUP};
+use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec, WireFormat, DEFAULT_GROUP};
 use outbox_worker::RelayOptions;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -48,12 +48,22 @@ const STORE: &[Setting] = &[
     .with_value_name("NAME"),
 ];
 
+const WIRE_FORMAT_KEY: &str = "wire_format";
+
 /// Where events go: `run`.
-const SINK: &[Setting] = &[Setting::text(
-    SINK_KEY,
-    "Where events go: `stdout`, `jsonl:PATH` or a broker URL.",
-)
-.with_value_name("SINK")];
+const SINK: &[Setting] = &[
+    Setting::text(
+        SINK_KEY,
+        "Where events go: `stdout`, `jsonl:PATH` or a broker URL.",
+    )
+    .with_value_name("SINK"),
+    Setting::text(
+        WIRE_FORMAT_KEY,
+        "How a broker sink lays events out: `headers` (the payload as the message body, the metadata in headers) or `envelope` (the protobuf outbox.v1.Envelope as the body, content type application/x-protobuf, header Outbox-Wire-Format: outbox.v1.Envelope). `envelope` with the stdout or jsonl: sink is refused: they write JSON lines.",
+    )
+    .with_default("headers")
+    .with_value_name("FORMAT"),
+];
 
 /// `max_batch_size`: the one relay setting whose default is not the
 /// library's. The library keeps `batch_size` (no growth, the seed's
@@ -677,6 +687,8 @@ fn scalar(v: &toml::Value) -> Option<String> {
 #[derive(Debug)]
 pub(crate) struct RunConfig {
     pub(crate) sink: String,
+    /// How a broker sink lays events out (`--wire-format`).
+    pub(crate) wire_format: WireFormat,
     pub(crate) options: RelayOptions,
     pub(crate) migrate: bool,
     pub(crate) metrics_addr: Option<SocketAddr>,
@@ -685,6 +697,15 @@ pub(crate) struct RunConfig {
 /// The relay's own settings of `run`.
 pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
     let sink = r.sink()?;
+    let wire_format = r.parse::<WireFormat>(WIRE_FORMAT_KEY)?.unwrap_or_default();
+    if wire_format == WireFormat::Envelope && crate::any::is_local_sink(&sink) {
+        // Refused, not ignored: whoever asked for envelopes expects a
+        // consumer to decode them, and would silently get JSON instead.
+        bail!(
+            "{} is {wire_format}, but sink {sink:?} writes JSON lines: the wire format applies to broker sinks only (nats://, amqp://, kafka://); remove it or use `headers`",
+            r.origin(WIRE_FORMAT_KEY)
+        );
+    }
     let defaults = RelayOptions::default();
     let ms = |key: &str, default: Duration| -> anyhow::Result<Duration> {
         Ok(r.parse::<u64>(key)?.map_or(default, Duration::from_millis))
@@ -732,6 +753,7 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
     options.validate().context("invalid relay settings")?;
     Ok(RunConfig {
         sink,
+        wire_format,
         options,
         migrate: r.bool("migrate")?.unwrap_or(false),
         metrics_addr: r.parse::<SocketAddr>("metrics_addr")?,
@@ -808,6 +830,32 @@ mod tests {
         let d = run_config(&resolved("sink = \"stdout\"").unwrap()).unwrap();
         assert!(d.options.relay_id().as_str().starts_with("relay-"));
         assert!(!d.options.relay_id().as_str().contains('#'));
+    }
+
+    #[test]
+    fn wire_format_is_parsed_and_refused_for_local_sinks() {
+        let cfg = |file: &str| run_config(&resolved(file).unwrap());
+        let nats = "sink = \"nats://127.0.0.1:4222\"\n";
+        assert_eq!(cfg(nats).unwrap().wire_format, WireFormat::Headers);
+        assert_eq!(
+            cfg(&format!("{nats}wire_format = \"envelope\""))
+                .unwrap()
+                .wire_format,
+            WireFormat::Envelope
+        );
+        let err = cfg(&format!("{nats}wire_format = \"json\""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("`wire_format` in outbox.toml") && err.contains("\"json\""),
+            "{err}"
+        );
+        let err = cfg("sink = \"stdout\"\nwire_format = \"envelope\"")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("broker sinks only"), "{err}");
+        // The default format is accepted by every sink.
+        assert!(cfg("sink = \"jsonl:x.jsonl\"\nwire_format = \"headers\"").is_ok());
     }
 
     #[test]

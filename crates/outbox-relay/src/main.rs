@@ -221,7 +221,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     if cfg.migrate {
         store.migrate().await.context("migration failed")?;
     }
-    let sink = AnySink::connect(&cfg.sink, |d| resolved.backend_settings(d))
+    let sink = AnySink::connect(&cfg.sink, |d| resolved.backend_settings(d), cfg.wire_format)
         .await
         .map_err(|e| connect_error(resolved, e))?;
     // Bound before the relay starts, so a taken port fails the command.
@@ -242,6 +242,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     info!(
         store = %redact_url(&url),
         sink = %redact_url(&cfg.sink),
+        wire_format = %cfg.wire_format,
         relay_id = %cfg.options.relay_id(),
         configured_relay_id = cfg.options.relay_id().configured(),
         shard = %cfg.options.shard(),

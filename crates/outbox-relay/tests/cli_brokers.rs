@@ -199,3 +199,102 @@ async fn run_relays_to_kafka() {
     let _ = admin.delete_topics(&[&topic], &AdminOptions::new()).await;
     assert_eq!(ids.len(), EVENTS, "distinct event ids read back");
 }
+
+/// `--wire-format envelope`: every message on the stream is the protobuf
+/// envelope of its event, marked as such; the broker's dedup id is still
+/// the event id.
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_wire_format_envelope_delivers_envelopes_to_nats() {
+    use outbox_core::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
+    use outbox_core::{headers, Envelope};
+    use outbox_testkit::nats::NatsFixture;
+    use prost::Message as _;
+    let h = NatsFixture::new().await;
+    let subject = h.subject("orders");
+    let prefix = subject.strip_suffix(".orders").unwrap().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, db) = outbox_with_events(dir.path(), "orders").await;
+    relay_until_drained(
+        &store,
+        &db,
+        &[
+            "--sink",
+            h.url(),
+            "--nats-subject-prefix",
+            &prefix,
+            "--wire-format",
+            "envelope",
+        ],
+    )
+    .await;
+
+    let got = h.next(EVENTS).await;
+    let stored = h.stored().await;
+    h.cleanup().await;
+    assert_eq!(stored, EVENTS as u64);
+    let mut payloads = std::collections::BTreeSet::new();
+    for m in &got {
+        assert_eq!(
+            m.headers.get(headers::WIRE_FORMAT).map(String::as_str),
+            Some(ENVELOPE_MARKER)
+        );
+        assert_eq!(
+            m.headers.get(headers::CONTENT_TYPE).map(String::as_str),
+            Some(ENVELOPE_CONTENT_TYPE)
+        );
+        let env = Envelope::decode(m.payload.as_slice()).expect("an Envelope body");
+        assert_eq!(env.event_id(), m.message_id, "Nats-Msg-Id is the event id");
+        assert_eq!(env.event_type, "cli.broker");
+        assert_eq!(env.topic, "orders");
+        assert_eq!(Some(env.key.as_str()), m.key.as_deref());
+        assert!(env.created_at_unix_ms > 0 && env.attempt == 1, "{env:?}");
+        assert_eq!(
+            env.headers.get(headers::CONTENT_TYPE).map(String::as_str),
+            Some(headers::DEFAULT_CONTENT_TYPE)
+        );
+        payloads.insert(String::from_utf8(env.payload).unwrap());
+    }
+    let expected: std::collections::BTreeSet<String> =
+        (0..EVENTS).map(|i| format!("{{\"n\":{i}}}")).collect();
+    assert_eq!(payloads, expected);
+}
+
+/// A wire format the relay does not know fails `run` before it opens
+/// anything, naming the value and where it came from; `envelope` with a
+/// JSON-lines sink is refused, not ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_an_unknown_wire_format() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let out = relay(&[
+        "run",
+        "--store",
+        &db,
+        "--migrate",
+        "--sink",
+        "stdout",
+        "--wire-format",
+        "json",
+    ])
+    .output()
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--wire-format") && stderr.contains("\"json\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("envelope"), "names the choices: {stderr}");
+
+    let out = relay(&["run", "--store", &db, "--sink", "stdout"])
+        .env("OUTBOX_WIRE_FORMAT", "envelope")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("OUTBOX_WIRE_FORMAT") && stderr.contains("broker sinks only"),
+        "{stderr}"
+    );
+}

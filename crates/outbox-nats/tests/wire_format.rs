@@ -1,0 +1,158 @@
+//! `NatsConfig::with_wire_format`: the envelope format against the real
+//! NATS JetStream server at `NATS_URL` (default `nats://127.0.0.1:4222`),
+//! each test in its own stream.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
+
+use outbox_core::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
+use outbox_core::{
+    headers, BrokerMessage, Envelope, Event, InboundMessage, Outcome, Sink, WireFormat,
+};
+use outbox_nats::NatsPublisher;
+use outbox_testkit::nats::NatsFixture;
+use outbox_testkit::publisher::{event, Received};
+use prost::Message as _;
+use std::sync::Arc;
+
+async fn with_fixture<F, Fut>(f: F)
+where
+    F: FnOnce(Arc<NatsFixture>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let h = Arc::new(NatsFixture::new().await);
+    outbox_testkit::publisher::run_case(h, f).await;
+}
+
+fn traced_event(topic: &str) -> Event {
+    let mut e = event(topic, Some("order-7"), b"{\"total\":42}".to_vec());
+    e.event_type = "order.created".into();
+    e.headers = [
+        ("content-type".to_owned(), "application/json".to_owned()),
+        (
+            "traceparent".to_owned(),
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
+        ),
+    ]
+    .into();
+    e
+}
+
+/// The message says what it is, its body is the event's envelope, and the
+/// one decoder reads it back.
+fn assert_envelope(got: &Received, e: &Event) {
+    assert_eq!(
+        got.headers.get(headers::CONTENT_TYPE).map(String::as_str),
+        Some(ENVELOPE_CONTENT_TYPE)
+    );
+    assert_eq!(
+        got.headers.get(headers::WIRE_FORMAT).map(String::as_str),
+        Some(ENVELOPE_MARKER)
+    );
+    // Broker-side dedup and routing headers are unchanged.
+    assert_eq!(got.message_id, Some(e.id));
+    assert_eq!(got.event_id_header, Some(e.id));
+    assert_eq!(got.key.as_deref(), Some("order-7"));
+    let env = Envelope::decode(got.payload.as_slice()).expect("the body is an Envelope");
+    assert_eq!(env.id, e.id.to_string());
+    assert_eq!(env.key, "order-7");
+    assert_eq!(env.event_type, "order.created");
+    assert_eq!(env.topic, e.topic);
+    assert_eq!(env.payload, e.payload);
+    assert_eq!(env.headers, e.headers);
+    assert_eq!(env.created_at_unix_ms, e.created_at.timestamp_millis());
+    assert_eq!(env.attempt, 1);
+    let inbound = InboundMessage::decode(
+        got.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+        &got.payload,
+        "ignored",
+        None,
+    )
+    .unwrap();
+    assert_eq!(inbound.format, WireFormat::Envelope);
+    assert_eq!(inbound.id, e.id);
+    assert_eq!(inbound.content_type, "application/json");
+    assert_eq!(inbound.payload, e.payload);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn envelope_format_publishes_the_protobuf_envelope() {
+    with_fixture(|h| async move {
+        let config = h.config().with_wire_format(WireFormat::Envelope);
+        assert_eq!(config.wire_format(), WireFormat::Envelope);
+        let sink = NatsPublisher::connect(config).await.unwrap();
+        let e = traced_event(&h.topic());
+        assert_eq!(
+            sink.deliver(std::slice::from_ref(&e)).await,
+            vec![Outcome::Delivered]
+        );
+        assert_envelope(&h.next(1).await[0], &e);
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn default_format_is_unchanged() {
+    with_fixture(|h| async move {
+        assert_eq!(h.config().wire_format(), WireFormat::Headers);
+        let sink = h.sink().await;
+        let e = traced_event(&h.topic());
+        assert_eq!(
+            sink.deliver(std::slice::from_ref(&e)).await,
+            vec![Outcome::Delivered]
+        );
+        let got = &h.next(1).await[0];
+        assert_eq!(got.payload, e.payload);
+        assert_eq!(
+            got.headers.get(headers::CONTENT_TYPE).map(String::as_str),
+            Some("application/json")
+        );
+        assert!(!got.headers.contains_key(headers::WIRE_FORMAT));
+        assert_eq!(got.headers.get("traceparent"), e.headers.get("traceparent"));
+    })
+    .await;
+}
+
+/// Bytes of the NATS header block the publisher sends for `m`
+/// (`NATS/1.0`, one line per header, `Nats-Msg-Id`).
+fn header_block(m: &BrokerMessage<'_>) -> usize {
+    12 + m
+        .headers()
+        .map(|(k, v)| k.len() + v.len() + 4)
+        .sum::<usize>()
+        + 11
+        + 4
+        + 36
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn max_payload_applies_to_the_envelope() {
+    with_fixture(|h| async move {
+        let max = h.max_payload();
+        // A payload that fits as the body, with a little room to spare...
+        let mut e = traced_event(&h.topic());
+        let room = header_block(&BrokerMessage::new(&e)) + 16;
+        e.payload = vec![b'x'; max - room];
+        let wrapped = BrokerMessage::new(&e).with_format(WireFormat::Envelope);
+        // ...but not once wrapped in the envelope.
+        assert!(wrapped.body().len() + header_block(&wrapped) > max);
+        let plain = h.sink().await;
+        assert_eq!(
+            plain.deliver(std::slice::from_ref(&e)).await,
+            vec![Outcome::Delivered]
+        );
+        let envelope = NatsPublisher::connect(h.config().with_wire_format(WireFormat::Envelope))
+            .await
+            .unwrap();
+        let mut again = e.clone();
+        again.id = outbox_core::EventId::new();
+        match &envelope.deliver(std::slice::from_ref(&again)).await[0] {
+            Outcome::Failed(err) => {
+                assert_eq!(err.code(), &outbox_core::ErrorCode::PUBLISH_TOO_LARGE);
+                assert!(!err.is_retryable());
+                assert!(err.message().contains("envelope"), "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.stored().await, 1);
+    })
+    .await;
+}
