@@ -19,11 +19,17 @@
 //!   kills (per-key order when every task writes every key) and one
 //!   `pg-crash` (a PostgreSQL backend killed: the cluster's crash
 //!   recovery). `cargo xtask ci` runs the quick suite after every test,
-//!   alone: the one place a CI run crashes the shared cluster.
+//!   alone: the one place a CI run crashes the shared cluster. And one
+//!   end-to-end run per broker through the inbox (`--inbox`), the
+//!   consumers' database alternating: NATS -> PostgreSQL, RabbitMQ ->
+//!   SQLite, Kafka -> PostgreSQL, with consumer kills, terminated consumer
+//!   database connections and relay kills.
 //! - `--medium`: every store x broker, each fault kind alone and mixed,
 //!   shorter than full; and for PostgreSQL with each broker the
 //!   `contended` producer alone and with relay kills, `pg-crash` alone and
 //!   with the `contended` producer.
+//!   Medium and full have the end-to-end runs of every broker with each
+//!   consumer database, broker flaps among their faults.
 //! - `--full`: the same with 60 s outages and 2 s-every-5 s flaps at 2,000
 //!   events/s, >= 1M events and >= 100 faults in total (about an hour with
 //!   Kafka); `--allow-pg-restart` adds PostgreSQL restarts.
@@ -36,8 +42,9 @@
 //! allowance per kill is one such batch. `--full` runs release builds of
 //! the relay and the harness (`--release` asks for them in other modes).
 //!
-//! Other flags: `--only pg-nats,sq-amqp,pg-nats-pg-crash,...` (store-broker
-//! pairs, or runs by their label: `<pair>[-contended]-<faults>`; a subset
+//! Other flags: `--only pg-nats,sq-amqp,pg-nats-pg-crash,inbox,...`
+//! (store-broker pairs, `inbox` for the end-to-end runs, or runs by their
+//! label: `<pair>[-contended][-inbox-<pg|sq>]-<faults>`; a subset
 //! replaces its runs in the mode's last summary), `--keep` (keep each
 //! run's schema / stream / queue / topic and records), `--no-doc` (leave
 //! RELIABILITY.md alone), `--dry-run` (print the plan only).
@@ -97,7 +104,8 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         scenarios.retain(|s| {
             let store = if s.store == "postgres" { "pg" } else { "sq" };
             let pair = format!("{store}-{}", s.broker);
-            only.iter().any(|o| *o == pair || *o == s.label())
+            only.iter()
+                .any(|o| *o == pair || *o == s.label() || (o == "inbox" && s.inbox.is_some()))
         });
         if scenarios.is_empty() {
             let labels: Vec<String> = selection.plan().iter().map(Scenario::label).collect();
@@ -128,9 +136,10 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     if dry_run {
         for s in &scenarios {
             println!(
-                "  {} + {}: {} ({} producer, {} ev/s for {} s, {} relays)  [{}]",
+                "  {} + {}{}: {} ({} producer, {} ev/s for {} s, {} relays)  [{}]",
                 s.store,
                 s.broker,
+                inbox_note(s),
                 s.faults,
                 s.producer,
                 s.rate,
@@ -167,11 +176,12 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
         let out = out_root.join(s.label());
         let _ = std::fs::remove_dir_all(&out);
         println!(
-            "\n==> chaos [{}/{}] {} + {}: faults {}, {} producer, {} ev/s for {} s, {} relays ({})",
+            "\n==> chaos [{}/{}] {} + {}{}: faults {}, {} producer, {} ev/s for {} s, {} relays ({})",
             i + 1,
             scenarios.len(),
             s.store,
             s.broker,
+            inbox_note(s),
             s.faults,
             s.producer,
             s.rate,
@@ -206,6 +216,7 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
                 r["scenario"]["broker"].clone(),
                 r["scenario"]["faults"].clone(),
                 producer_of(r).to_owned(),
+                r["scenario"]["inbox"].clone(),
             )
         };
         if let Ok(old) = std::fs::read(&summary_path) {
@@ -252,4 +263,10 @@ pub(crate) fn run(rest: &[String]) -> Result<()> {
     }
     println!("chaos {} passed", mode.name());
     Ok(())
+}
+
+/// ` -> inbox on <db>` for an end-to-end run, else nothing.
+fn inbox_note(s: &Scenario) -> String {
+    s.inbox
+        .map_or(String::new(), |db| format!(" -> inbox on {db}"))
 }

@@ -43,6 +43,33 @@ pub(crate) struct Scenario {
     pub(crate) producer: String,
     /// Run start, microseconds since the epoch.
     pub(crate) start_us: i64,
+    /// End to end through the inbox (`run --inbox`): its database,
+    /// `postgres` or `sqlite`. The arrivals are then the consumers'
+    /// effects, and one duplicate effect fails the run.
+    #[serde(default)]
+    pub(crate) inbox: Option<String>,
+    /// Inbox consumer processes (`run --inbox`).
+    #[serde(default)]
+    pub(crate) consumers: u32,
+}
+
+/// What the inbox consumers did (`run --inbox`), besides the effects the
+/// checker reads as arrivals.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct InboxReport {
+    /// The sum of every consumer process's counts (`duplicates`: copies
+    /// the inbox absorbed: the broker's redeliveries and the relays'
+    /// duplicates). `last` is false when a process was killed: its counts
+    /// after its last periodic write (500 ms) are missing, so the figures
+    /// are lower bounds.
+    pub(crate) counts: crate::inbox::Counts,
+    /// Messages the broker stored beyond one per committed event (the
+    /// relays' duplicates), when the broker tells: JetStream's stream
+    /// count (its dedup window is 100 ms in these runs) and Kafka's high
+    /// watermarks; `None` for RabbitMQ (a queue forgets what it delivered).
+    pub(crate) relay_copies: Option<u64>,
+    /// Consumer processes that exited by themselves (each restarted).
+    pub(crate) consumer_exits: Vec<String>,
 }
 
 fn partitioned() -> String {
@@ -171,6 +198,9 @@ pub(crate) struct Report {
     /// was up against the steady rate.
     #[serde(default)]
     pub(crate) sink_up: Option<SinkUpRates>,
+    /// End to end through the inbox: what the consumers counted.
+    #[serde(default)]
+    pub(crate) inbox: Option<InboxReport>,
     /// Every target met.
     pub(crate) passed: bool,
     /// The targets missed, in words.
@@ -418,7 +448,13 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         })
         .sum();
     let broker_cuts: u64 = input.faults.iter().map(|f| u64::from(f.broker_cuts)).sum();
-    let duplicate_allowance = (dup_faults + broker_cuts) * u64::from(input.scenario.max_batch_size);
+    // Through the inbox every copy must be absorbed: no duplicate effect.
+    let inbox_mode = input.scenario.inbox.is_some();
+    let duplicate_allowance = if inbox_mode {
+        0
+    } else {
+        (dup_faults + broker_cuts) * u64::from(input.scenario.max_batch_size)
+    };
     let drain_s = match prefix_max.last() {
         None => Some(0.0),
         Some(&i64::MAX) => None,
@@ -463,7 +499,11 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     if order_violations > 0 {
         failures.push(format!("{order_violations} per-key order violation(s)"));
     }
-    if extra_copies > duplicate_allowance {
+    if inbox_mode && extra_copies > 0 {
+        failures.push(format!(
+            "{extra_copies} duplicate effect(s) of {duplicated} event(s): the inbox applied them more than once"
+        ));
+    } else if extra_copies > duplicate_allowance {
         failures.push(format!(
             "{extra_copies} extra copies, more than one batch (up to {}) per kill / lease loss / relay in a database crash ({dup_faults}) and per broker connection cut ({broker_cuts}): allowance {duplicate_allowance}",
             input.scenario.max_batch_size
@@ -501,6 +541,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         recovery_misses,
         relay_exits: Vec::new(),
         sink_up,
+        inbox: None,
         passed: failures.is_empty(),
         failures,
     }
@@ -514,6 +555,8 @@ fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
         // Every event delivered within lease + 5 s of the database
         // accepting connections again.
         "pg-crash" => Some(lease_ms as f64 / 1000.0 + 5.0),
+        // The inbox consumer back (restarted, reconnected) and caught up.
+        "consumer-kill" | "consumer-db-cut" => Some(5.0),
         _ => None,
     }
 }
@@ -557,381 +600,4 @@ pub(crate) fn by_kind(report: &Report) -> BTreeMap<String, KindSummary> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-    use std::collections::HashSet;
-
-    fn scenario() -> Scenario {
-        Scenario {
-            name: "t".into(),
-            store: "postgres".into(),
-            broker: "nats".into(),
-            relays: 2,
-            rate: 1,
-            duration_s: 1,
-            max_batch_size: 2,
-            lease_ms: 1000,
-            faults: String::new(),
-            producer: partitioned(),
-            start_us: 0,
-        }
-    }
-
-    fn p(key: &str, seq: u64, outcome: TxOutcome, at: i64) -> Produced {
-        Produced {
-            id: Uuid::now_v7(),
-            key: key.into(),
-            seq,
-            tx: Uuid::now_v7(),
-            outcome,
-            at_us: at,
-        }
-    }
-
-    fn a(p: &Produced, at: i64) -> Arrival {
-        Arrival {
-            id: p.id,
-            key: p.key.clone(),
-            seq: p.seq,
-            at_us: at,
-        }
-    }
-
-    #[test]
-    fn counts_lost_duplicates_unexpected_and_order() {
-        let e1 = p("a", 1, TxOutcome::Committed, 100);
-        let e2 = p("a", 2, TxOutcome::Committed, 200);
-        let e3 = p("b", 1, TxOutcome::Committed, 300);
-        let rb = p("b", 2, TxOutcome::RolledBack, 400);
-        let lost = p("c", 1, TxOutcome::Committed, 500);
-        let unk = p("d", 1, TxOutcome::Unknown, 600);
-        let produced = vec![
-            e1.clone(),
-            e2.clone(),
-            e3.clone(),
-            rb.clone(),
-            lost.clone(),
-            unk,
-        ];
-        let arrivals = vec![
-            a(&e2, 1_000),
-            a(&e1, 2_000), // a:1 after a:2
-            a(&e2, 3_000), // duplicate
-            a(&e3, 4_000),
-            a(&rb, 5_000), // rolled back
-        ];
-        let faults = vec![FaultRecord {
-            may_duplicate: true,
-            ..fault("kill", 2_500, 2_600, Vec::new())
-        }];
-        let r = run(&produced, &arrivals, &faults, 700);
-        assert_eq!((r.committed, r.rolled_back, r.unknown), (4, 1, 1));
-        assert_eq!(r.lost, 1);
-        assert_eq!(r.lost_sample, vec![lost.id]);
-        assert_eq!((r.duplicated, r.extra_copies), (1, 1));
-        assert_eq!((r.unexpected, r.unexpected_rolled_back), (1, 1));
-        assert_eq!(r.order_violations, 1);
-        assert_eq!(r.faults[0].extra_copies, 1);
-        assert_eq!(r.faults[0].recovery_s, None, "the lost event poisons it");
-        assert_eq!(r.duplicate_allowance, 2);
-        assert!(!r.passed);
-        assert_eq!(r.failures.len(), 3, "{:?}", r.failures);
-        assert!(r.sink_up.is_none(), "no sink fault, no sink-up figures");
-    }
-
-    #[test]
-    fn recovery_is_the_wait_for_events_committed_before_the_fault_ended() {
-        let e1 = p("a", 1, TxOutcome::Committed, 1_000_000);
-        let e2 = p("b", 1, TxOutcome::Committed, 2_000_000);
-        let e3 = p("a", 2, TxOutcome::Committed, 9_000_000);
-        let produced = vec![e1.clone(), e2.clone(), e3.clone()];
-        let arrivals = vec![a(&e1, 1_001_000), a(&e2, 6_500_000), a(&e3, 9_002_000)];
-        let faults = vec![FaultRecord {
-            may_duplicate: true,
-            ..fault("kill", 2_500_000, 2_500_000, Vec::new())
-        }];
-        let r = run(&produced, &arrivals, &faults, 9_000_000);
-        assert!(r.passed, "{:?}", r.failures);
-        assert_eq!(r.faults[0].recovery_s, Some(4.0));
-        assert_eq!(r.latency_ms.max, 4_500.0);
-        assert_eq!(r.drain_s, Some(0.002));
-    }
-
-    #[test]
-    fn overlapping_faults_are_one_incident_measured_from_the_last_end() {
-        // A kill at 2 s during a broker outage from 2 s to 6 s; an event
-        // committed at 1.9 s arrives at 7 s.
-        let e1 = p("a", 1, TxOutcome::Committed, 1_900_000);
-        let e2 = p("b", 1, TxOutcome::Committed, 9_000_000);
-        let produced = vec![e1.clone(), e2.clone()];
-        let arrivals = vec![a(&e1, 7_000_000), a(&e2, 9_001_000)];
-        let faults = vec![
-            fault("kill", 2_000_000, 2_000_000, Vec::new()),
-            fault(
-                "broker-outage",
-                2_000_000,
-                6_000_000,
-                vec![(2_000_000, 6_000_000)],
-            ),
-        ];
-        let r = run(&produced, &arrivals, &faults, 9_000_000);
-        for f in &r.faults {
-            assert_eq!(f.recovery_s, Some(1.0), "{}", f.kind);
-            // The group's largest target: 5 s after the broker returns
-            // (lease 1 s + 1 s for the kill alone).
-            assert_eq!(f.recovery_target_s, Some(5.0), "{}", f.kind);
-            assert_eq!(f.interrupted_after_s, None);
-        }
-        assert_eq!(r.recovery_misses, 0);
-    }
-
-    #[test]
-    fn a_recovery_the_next_fault_interrupts_is_marked_and_not_a_miss() {
-        // An outage from 1 s to 3 s, the next one from 4 s to 8 s; an event
-        // committed at 2.9 s arrives at 9 s (6 s after the first outage).
-        let e1 = p("a", 1, TxOutcome::Committed, 2_900_000);
-        let produced = vec![e1.clone()];
-        let arrivals = vec![a(&e1, 9_000_000)];
-        let faults = vec![
-            fault(
-                "broker-outage",
-                1_000_000,
-                3_000_000,
-                vec![(1_000_000, 3_000_000)],
-            ),
-            fault(
-                "broker-outage",
-                4_000_000,
-                8_000_000,
-                vec![(4_000_000, 8_000_000)],
-            ),
-        ];
-        let r = run(&produced, &arrivals, &faults, 9_000_000);
-        assert_eq!(r.faults[0].recovery_s, Some(6.0));
-        assert_eq!(r.faults[0].interrupted_after_s, Some(1.0));
-        // The second outage's recovery: the same event, 1 s after it.
-        assert_eq!(r.faults[1].recovery_s, Some(1.0));
-        assert_eq!(r.faults[1].interrupted_after_s, None);
-        assert_eq!(r.recovery_misses, 0, "the interrupted one is not a miss");
-        let k = by_kind(&r)["broker-outage"];
-        assert_eq!((k.count, k.interrupted, k.worst), (2, 1, Some(1.0)));
-    }
-
-    const S: i64 = 1_000_000;
-
-    /// A synthetic run: one event committed every 10 ms for 20 s (100/s,
-    /// 10 keys), a relay delivering in commit order at `cap(t)` events/s
-    /// while the sink is up (outside `down`), until everything arrived.
-    fn timeline(cap: impl Fn(i64) -> f64, down: &[(i64, i64)]) -> (Vec<Produced>, Vec<Arrival>) {
-        let tick = 10_000;
-        let mut produced = Vec::new();
-        let mut arrivals = Vec::new();
-        let mut queue = std::collections::VecDeque::new();
-        let mut budget = 0.0;
-        let mut t = 0;
-        while t < 20 * S || !queue.is_empty() {
-            if t < 20 * S {
-                let n = produced.len() as u64;
-                let e = p(&format!("k{}", n % 10), n / 10, TxOutcome::Committed, t);
-                queue.push_back(e.clone());
-                produced.push(e);
-            }
-            if down.iter().all(|(a, b)| t < *a || t >= *b) {
-                budget += cap(t) * 0.01;
-                while budget >= 1.0 {
-                    let Some(e) = queue.pop_front() else { break };
-                    arrivals.push(a(&e, t));
-                    budget -= 1.0;
-                }
-                if queue.is_empty() {
-                    budget = budget.min(1.0);
-                }
-            }
-            t += tick;
-        }
-        (produced, arrivals)
-    }
-
-    fn fault(kind: &str, from: i64, to: i64, sink_down: Vec<(i64, i64)>) -> FaultRecord {
-        FaultRecord {
-            kind: kind.into(),
-            target: "t".into(),
-            start_us: from,
-            end_us: to,
-            recovery_from_us: None,
-            may_duplicate: false,
-            broker_cuts: u32::try_from(sink_down.len()).unwrap(),
-            sink_down,
-            db_ready_us: None,
-        }
-    }
-
-    /// Checks a run of `scenario()` whose production ended at `produce_end_us`
-    /// (no transaction of unknown outcome turned out committed).
-    fn run(
-        produced: &[Produced],
-        arrivals: &[Arrival],
-        faults: &[FaultRecord],
-        produce_end_us: i64,
-    ) -> Report {
-        check(&Inputs {
-            scenario: scenario(),
-            produced,
-            arrivals,
-            faults,
-            produce_end_us,
-            resolved_committed: &HashSet::new(),
-        })
-    }
-
-    #[test]
-    fn a_relay_draining_its_backlog_at_full_speed_meets_the_sink_up_rate() {
-        let down = [(5 * S, 9 * S)];
-        let (produced, arrivals) = timeline(|_| 150.0, &down);
-        let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
-        let r = run(&produced, &arrivals, &faults, 20 * S);
-        assert!(r.passed, "{:?}", r.failures);
-        let up = r.sink_up.unwrap();
-        let steady = up.steady_rate.unwrap();
-        assert!((steady - 100.0).abs() < 1.0, "{steady}");
-        assert_eq!(up.steady_window_s, 5.0);
-        assert_eq!(up.windows.len(), 1);
-        let w = &up.windows[0];
-        assert_eq!((w.at_s, w.from_s), (9.0, 9.0));
-        // 401 events committed by 9 s waited, 2 of them sent at 9 s
-        // itself; 150/s against 100/s of new ones: 2.67 s to drain.
-        assert_eq!(w.backlog, 399);
-        assert!((w.measured_s - 2.67).abs() < 0.02, "{w:?}");
-        assert!((w.rate.unwrap() - 150.0).abs() < 2.0, "{w:?}");
-        assert!((w.ratio.unwrap() - 1.5).abs() < 0.03, "{w:?}");
-        assert_eq!(w.verdict, "ok");
-        assert_eq!(up.worst_ratio, w.ratio);
-    }
-
-    #[test]
-    fn a_relay_slower_after_the_sink_returns_is_reported_slow() {
-        let down = [(5 * S, 9 * S)];
-        // 150/s before the outage, 70/s after it: below 80% of the 100/s
-        // it sustained in the warm-up.
-        let (produced, arrivals) = timeline(|t| if t < 9 * S { 150.0 } else { 70.0 }, &down);
-        let faults = [fault("broker-outage", 5 * S, 9 * S, down.to_vec())];
-        let r = run(&produced, &arrivals, &faults, 20 * S);
-        assert_eq!(r.lost, 0);
-        let w = &r.sink_up.as_ref().unwrap().windows[0];
-        assert_eq!(w.verdict, "slow");
-        assert!((w.ratio.unwrap() - 0.7).abs() < 0.03, "{w:?}");
-        assert!((w.measured_s - 400.0 / 70.0).abs() < 0.05, "{w:?}");
-        assert!(r.passed, "reported, not gating: {:?}", r.failures);
-        assert!(
-            sink_up_lines(&r).iter().any(|l| l.contains("slow")),
-            "{:?}",
-            sink_up_lines(&r)
-        );
-    }
-
-    #[test]
-    fn short_spans_spans_without_backlog_and_a_short_warm_up_are_not_measured() {
-        // A flap (down 5-6 s and 8-9 s) and a relay stopped 4-6.5 s (its
-        // keys blocked for the 1 s lease after): the first span is measured
-        // from 7.5 s, when nothing waits any more; the second drains its
-        // backlog in 0.1 s.
-        let down = [(5 * S, 6 * S), (8 * S, 9 * S)];
-        let (produced, arrivals) = timeline(|_| 1000.0, &down);
-        let faults = [
-            fault("stop", 4 * S, 6 * S + S / 2, Vec::new()),
-            fault("broker-flap", 5 * S, 9 * S, down.to_vec()),
-        ];
-        let r = run(&produced, &arrivals, &faults, 20 * S);
-        assert!(r.passed, "{:?}", r.failures);
-        let up = r.sink_up.unwrap();
-        let w: Vec<(f64, f64, u64, &str)> = up
-            .windows
-            .iter()
-            .map(|w| (w.at_s, w.from_s, w.backlog, w.verdict.as_str()))
-            .collect();
-        assert_eq!(w[0], (6.0, 7.5, 0, "n/a: no backlog"));
-        // 101 committed by 9 s, 11 of them sent at 9 s itself.
-        assert_eq!((w[1].0, w[1].2), (9.0, 90));
-        assert!(w[1].3.starts_with("n/a: measurable for 0."), "{w:?}");
-        assert!(up.windows[1].measured_s < 0.2, "{:?}", up.windows[1]);
-        assert_eq!(up.worst_ratio, None);
-
-        // The first fault 1 s in: no steady rate to compare with.
-        let down = [(S, 5 * S)];
-        let (produced, arrivals) = timeline(|_| 150.0, &down);
-        let faults = [fault("broker-outage", S, 5 * S, Vec::new())];
-        let r = run(&produced, &arrivals, &faults, 20 * S);
-        assert!(r.passed, "{:?}", r.failures);
-        let up = r.sink_up.unwrap();
-        assert_eq!(up.steady_rate, None);
-        assert!(up.windows[0].rate.is_some());
-        assert_eq!(up.windows[0].verdict, "n/a: no steady rate (warm-up < 2 s)");
-    }
-
-    #[test]
-    fn a_database_crash_is_measured_from_the_database_back_and_allows_a_batch_per_relay() {
-        // Crash at 2 s, the database back at 3 s; one event a second before
-        // the crash, delivered at 5 s; new events every 100 ms after 3 s
-        // (each its own key), each delivered 2.5 s after its commit until
-        // 4.5 s, then after 50 ms.
-        let mut produced = vec![p("a", 1, TxOutcome::Committed, S)];
-        let mut arrivals = vec![a(&produced[0], 5 * S)];
-        for i in 0..60 {
-            let at = 3 * S + (i + 1) * S / 10;
-            let e = p(&format!("b{i}"), 1, TxOutcome::Committed, at);
-            let lag = if at < 4 * S + S / 2 {
-                5 * S / 2
-            } else {
-                S / 20
-            };
-            arrivals.push(a(&e, at + lag));
-            produced.push(e);
-        }
-        arrivals.sort_by_key(|a| a.at_us);
-        // Two relays (scenario()): 2 batches of 2 copies allowed.
-        for e in &produced[1..5] {
-            arrivals.push(a(e, 9 * S));
-        }
-        let faults = vec![FaultRecord {
-            may_duplicate: true,
-            db_ready_us: Some(3 * S),
-            ..fault("pg-crash", 2 * S, 3 * S, Vec::new())
-        }];
-        let r = run(&produced, &arrivals, &faults, 9 * S);
-        assert!(r.passed, "{:?}", r.failures);
-        let f = &r.faults[0];
-        assert_eq!(f.db_down_s, Some(1.0));
-        assert_eq!(f.recovery_s, Some(2.0), "the pre-crash event, 2 s after");
-        // lease 1 s + 5 s.
-        assert_eq!(f.recovery_target_s, Some(6.0));
-        // Events committed before 4.5 s arrive 2.5 s late (the last at
-        // 6.9 s); from there every event older than 1 s has arrived:
-        // 6.9 s = 3.9 s after the database was back.
-        let c = f.caught_up_s.unwrap();
-        assert!((c - 3.9).abs() < 0.011, "{c}");
-        assert_eq!((r.extra_copies, r.duplicate_allowance), (4, 4));
-    }
-
-    #[test]
-    fn each_broker_cut_allows_one_batch_of_copies() {
-        let e = p("a", 1, TxOutcome::Committed, 100);
-        let produced = vec![e.clone()];
-        // Batch size 2, one flap of 2 cuts: 4 extra copies allowed.
-        let flap = |n: usize| {
-            let arrivals: Vec<Arrival> = (0..=n).map(|i| a(&e, 200 + i as i64)).collect();
-            let faults = vec![FaultRecord {
-                broker_cuts: 2,
-                ..fault("broker-flap", 150, 160, Vec::new())
-            }];
-            run(&produced, &arrivals, &faults, 100)
-        };
-        let ok = flap(4);
-        assert_eq!(
-            (ok.extra_copies, ok.duplicate_allowance, ok.broker_cuts),
-            (4, 4, 2)
-        );
-        assert!(ok.passed, "{:?}", ok.failures);
-        assert!(!flap(5).passed);
-    }
-}
+mod tests;

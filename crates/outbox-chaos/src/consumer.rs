@@ -134,6 +134,37 @@ impl Destination {
         }
     }
 
+    /// Messages the stream / topic stores now, when the broker tells
+    /// (JetStream: the stream's message count; Kafka: the sum of the
+    /// partitions' high watermarks); `None` for a RabbitMQ queue (it
+    /// forgets what it delivered) or when the broker does not answer.
+    pub(crate) async fn stored_messages(&self) -> Option<u64> {
+        match self {
+            Self::Nats { url, stream, .. } => {
+                let js = nats_js(url).await.ok()?;
+                let s = js.get_stream(stream).await.ok()?;
+                Some(s.cached_info().state.messages)
+            }
+            Self::Amqp { .. } => None,
+            Self::Kafka { brokers, topic } => {
+                use outbox_kafka::rdkafka::consumer::{BaseConsumer, Consumer};
+                let (brokers, topic) = (brokers.clone(), topic.clone());
+                tokio::task::spawn_blocking(move || {
+                    let c: BaseConsumer = kafka_config(&brokers).create().ok()?;
+                    let mut total = 0u64;
+                    for p in 0..KAFKA_PARTITIONS {
+                        let (low, high) =
+                            c.fetch_watermarks(&topic, p, Duration::from_secs(5)).ok()?;
+                        total += u64::try_from(high - low).ok()?;
+                    }
+                    Some(total)
+                })
+                .await
+                .ok()?
+            }
+        }
+    }
+
     /// Consumes until `stop` turns true, recording every message.
     pub(crate) async fn consume(
         &self,

@@ -5,6 +5,7 @@
 //! Steps are spread evenly over the production time, one after the other.
 //! Example: `kill*2,stop,broker-outage+kill,db-flap`.
 
+use crate::consumers::Consumers;
 use crate::kafka::PrivateKafka;
 use crate::nats::PrivateNats;
 use crate::rabbit::PrivateRabbit;
@@ -46,11 +47,17 @@ pub(crate) enum FaultKind {
     DbOutage,
     /// The database connection cut and refused repeatedly.
     DbFlap,
+    /// `kill -9` of an inbox consumer process (`run --inbox`), started
+    /// again after a short pause.
+    ConsumerKill,
+    /// `pg_terminate_backend` of every connection of the inbox consumers
+    /// (`run --inbox postgres`).
+    ConsumerDbCut,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 10] = [
+    pub(crate) const ALL: [FaultKind; 12] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -61,6 +68,8 @@ impl FaultKind {
         Self::BrokerRestart,
         Self::DbOutage,
         Self::DbFlap,
+        Self::ConsumerKill,
+        Self::ConsumerDbCut,
     ];
 
     /// The name used in plans and reports.
@@ -76,6 +85,8 @@ impl FaultKind {
             Self::BrokerRestart => "broker-restart",
             Self::DbOutage => "db-outage",
             Self::DbFlap => "db-flap",
+            Self::ConsumerKill => "consumer-kill",
+            Self::ConsumerDbCut => "consumer-db-cut",
         }
     }
 
@@ -134,6 +145,8 @@ pub(crate) struct FaultTimes {
     /// The least time between the end of a step and the start of the next
     /// (zero: the even spread alone decides).
     pub(crate) recovery_room: Duration,
+    /// How long a killed inbox consumer stays down.
+    pub(crate) consumer_pause: Duration,
 }
 
 /// What the faults act on.
@@ -152,6 +165,11 @@ pub(crate) struct Targets {
     pub(crate) allow_pg_crash: bool,
     /// The run's own broker, which `broker-restart` restarts.
     pub(crate) broker_server: Option<Arc<Mutex<PrivateBroker>>>,
+    /// The inbox consumer processes (`run --inbox`).
+    pub(crate) consumers: Option<Arc<Mutex<Consumers>>>,
+    /// An admin connection to the consumers' PostgreSQL database and their
+    /// `application_name` (`run --inbox postgres`).
+    pub(crate) consumer_db: Option<(PgPool, String)>,
 }
 
 /// A broker the run started for itself, so that `broker-restart` restarts
@@ -257,6 +275,12 @@ impl Targets {
                     kind.name()
                 )
             }
+            FaultKind::ConsumerKill if self.consumers.is_none() => {
+                bail!("consumer-kill needs the inbox consumers (`run --inbox ...`)")
+            }
+            FaultKind::ConsumerDbCut if self.consumer_db.is_none() => {
+                bail!("consumer-db-cut needs the inbox on PostgreSQL (`run --inbox postgres`)")
+            }
             _ => Ok(()),
         }
     }
@@ -281,11 +305,21 @@ pub(crate) async fn run_plan(
         let planned = start + warmup + spacing * u32::try_from(i).unwrap_or(u32::MAX);
         tokio::time::sleep_until(planned.max(not_before)).await;
         let n = targets.relays.lock().await.len();
+        let consumers = match &targets.consumers {
+            Some(c) => c.lock().await.len(),
+            None => 1,
+        };
         let mut set = tokio::task::JoinSet::new();
-        // Distinct relays for the relay faults of one step.
+        // Distinct relays for the relay faults of one step (and consumers
+        // for the consumer faults).
         let first = rng.random_range(0..n.max(1));
+        let first_consumer = rng.random_range(0..consumers.max(1));
         for (j, kind) in step.into_iter().enumerate() {
-            let relay = (first + j) % n.max(1);
+            let relay = if kind == FaultKind::ConsumerKill {
+                (first_consumer + j) % consumers.max(1)
+            } else {
+                (first + j) % n.max(1)
+            };
             let (targets, times) = (targets.clone(), times.clone());
             set.spawn(async move { inject(kind, relay, &targets, &times).await });
         }
@@ -334,6 +368,31 @@ async fn inject(
                 .await
                 .context("pg_terminate_backend")?;
                 target = format!("{n} relay connection(s)");
+            }
+        }
+        FaultKind::ConsumerKill => {
+            let consumers = t
+                .consumers
+                .as_ref()
+                .context("consumer-kill without inbox consumers")?;
+            // `relay` is the consumer's index here.
+            consumers.lock().await.kill(relay).await?;
+            // Recovery from the restart (the fault's end), as after a
+            // relay's kill: the pause is the fault's length.
+            tokio::time::sleep(times.consumer_pause).await;
+            consumers.lock().await.restart(relay)?;
+            target = format!("consumer-{relay}");
+        }
+        FaultKind::ConsumerDbCut => {
+            if let Some((pool, app)) = &t.consumer_db {
+                let (n,): (i64,) = sqlx::query_as(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1 AND pid <> pg_backend_pid()",
+                )
+                .bind(app)
+                .fetch_one(pool)
+                .await
+                .context("pg_terminate_backend")?;
+                target = format!("{n} consumer connection(s)");
             }
         }
         FaultKind::PgRestart => {

@@ -15,14 +15,24 @@
 //! (nats.rs) or RabbitMQ node (rabbit.rs) in the run's directory, and a
 //! broker fault on Kafka a private Tansu behind the fault proxy (kafka.rs).
 //!
+//! `outbox-chaos run --inbox postgres|sqlite` is the end-to-end run: inbox
+//! consumer processes (`outbox-chaos inbox-consumer`, inbox.rs, supervised
+//! by consumers.rs) replace the recorder and apply every event to a
+//! business table; the checker reads that table and fails on a single
+//! duplicate effect.
+//!
 //! `outbox-chaos check DIR` runs the checker again over a kept run.
 
 #![allow(clippy::print_stdout, reason = "a command-line tool")]
 
 mod checker;
 mod child;
+mod cli;
 mod consumer;
+mod consumers;
+mod e2e;
 mod faults;
+mod inbox;
 mod kafka;
 mod nats;
 mod producer;
@@ -31,13 +41,15 @@ mod record;
 mod relays;
 
 use anyhow::{bail, Context as _, Result};
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::Parser;
+use cli::{BrokerKind, Cli, Command, InboxDb, RunArgs, StoreKind};
 use consumer::Destination;
+use e2e::{inbox_schema, inbox_sqlite, start_inbox};
 use faults::{FaultKind, FaultTimes, PrivateBroker, Targets};
 use kafka::PrivateKafka;
 use nats::PrivateNats;
 use outbox_testkit::proxy::TcpProxy;
-use producer::{AppDb, ProducerConfig, ProducerMode};
+use producer::{AppDb, ProducerConfig};
 use rabbit::PrivateRabbit;
 use rand::Rng;
 use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
@@ -47,179 +59,11 @@ use std::io::{BufRead, BufWriter, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
-
-#[derive(Debug, Parser)]
-#[command(
-    name = "outbox-chaos",
-    about = "The outbox reliability suite (cargo xtask chaos)"
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Command,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// One run: producer, relays, consumer, faults, checker.
-    Run(Box<RunArgs>),
-    /// Runs the checker again over a kept run directory.
-    Check {
-        /// The run's directory (holds run.json, produced.jsonl, arrivals.jsonl, faults.json).
-        dir: PathBuf,
-    },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum StoreKind {
-    Postgres,
-    Sqlite,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BrokerKind {
-    Nats,
-    Amqp,
-    Kafka,
-}
-
-#[derive(Debug, Clone, clap::Args)]
-struct RunArgs {
-    /// The store.
-    #[arg(long, value_enum)]
-    store: StoreKind,
-    /// PostgreSQL mode of the relays and of the application's enqueue
-    /// handle: `log` (the default) or `queue`.
-    #[arg(long, default_value = "log")]
-    pg_mode: outbox_postgres::PgMode,
-    /// The broker.
-    #[arg(long, value_enum)]
-    broker: BrokerKind,
-    /// The `outbox-relay` binary [default: next to this binary].
-    #[arg(long)]
-    relay_bin: Option<PathBuf>,
-    /// Output directory (logs, records, report.json).
-    #[arg(long)]
-    out: PathBuf,
-    /// Relay processes.
-    #[arg(long, default_value_t = 2)]
-    relays: usize,
-    /// Offered events per second.
-    #[arg(long, default_value_t = 400)]
-    rate: u32,
-    /// Production time, seconds.
-    #[arg(long, default_value_t = 30)]
-    duration_s: u64,
-    /// Fault plan, e.g. `kill*2,stop,broker-outage+kill` (see faults.rs), or `none`.
-    #[arg(long, default_value = "kill,stop")]
-    faults: String,
-    /// Seconds before the first fault.
-    #[arg(long, default_value_t = 3)]
-    warmup_s: u64,
-    /// The relays' lease (`--lock-timeout-ms`).
-    #[arg(long, default_value_t = 4000)]
-    lease_ms: u64,
-    /// The relays' `--batch-size`.
-    #[arg(long, default_value_t = 20)]
-    batch_size: u32,
-    /// The relays' `--max-batch-size` (batches grow to it through a
-    /// backlog; one kill may duplicate up to one such batch).
-    #[arg(long, default_value_t = 200)]
-    max_batch_size: u32,
-    /// The relays' `--poll-interval-ms`.
-    #[arg(long, default_value_t = 100)]
-    poll_ms: u64,
-    /// SIGSTOP length beyond the lease, ms.
-    #[arg(long, default_value_t = 2000)]
-    stop_extra_ms: u64,
-    /// The least time between the end of a fault step and the start of
-    /// the next, seconds (0: steps only spread evenly; a step that outlasts
-    /// its slot, e.g. a RabbitMQ restart, is then followed at once).
-    #[arg(long, default_value_t = 0)]
-    recovery_room_s: u64,
-    /// Broker / database outage length, seconds.
-    #[arg(long, default_value_t = 5)]
-    outage_s: u64,
-    /// Flap cycles per flap fault.
-    #[arg(long, default_value_t = 3)]
-    flap_cycles: u32,
-    /// Down time of one flap, ms.
-    #[arg(long, default_value_t = 2000)]
-    flap_down_ms: u64,
-    /// Up time between flaps, ms.
-    #[arg(long, default_value_t = 3000)]
-    flap_up_ms: u64,
-    /// Longest wait for the last events after production, seconds.
-    #[arg(long, default_value_t = 60)]
-    drain_timeout_s: u64,
-    /// Producer tasks (connections).
-    #[arg(long, default_value_t = 4)]
-    tasks: usize,
-    /// The producer's shape: `partitioned` (each task its own keys, numbered
-    /// by the task) or `contended` (PostgreSQL: every task writes every key;
-    /// each transaction writes its business row, then locks the key's
-    /// aggregate row and takes the key's next sequence number from it; see
-    /// producer.rs).
-    #[arg(long, value_enum, default_value_t = ProducerMode::Partitioned)]
-    producer: ProducerMode,
-    /// Keys per producer task (`partitioned`), or in all (`contended`).
-    #[arg(long, default_value_t = 16)]
-    keys: usize,
-    /// Most events per transaction.
-    #[arg(long, default_value_t = 5)]
-    max_per_tx: usize,
-    /// One transaction in N is rolled back.
-    #[arg(long, default_value_t = 20)]
-    rollback_one_in: u32,
-    /// Payload padding, bytes.
-    #[arg(long, default_value_t = 64)]
-    pad: usize,
-    /// Random seed [default: random].
-    #[arg(long)]
-    seed: Option<u64>,
-    /// PostgreSQL URL (the application's and the admin connection).
-    #[arg(
-        long,
-        env = "DATABASE_URL",
-        default_value = "postgres://postgres@127.0.0.1:5432/test"
-    )]
-    database_url: String,
-    /// NATS URL (a run with `broker-restart` starts its own server
-    /// instead: see nats.rs).
-    #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]
-    nats_url: String,
-    /// RabbitMQ URL (a run with `broker-restart` starts its own node
-    /// instead: see rabbit.rs).
-    #[arg(
-        long,
-        env = "AMQP_URL",
-        default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
-    )]
-    amqp_url: String,
-    /// Kafka bootstrap servers (a run with a broker fault starts its own
-    /// broker instead: see kafka.rs).
-    #[arg(long, env = "KAFKA_BROKERS", default_value = "127.0.0.1:9092")]
-    kafka_brokers: String,
-    /// Keep the schema / stream / queue / topic and the SQLite file (of a
-    /// private NATS server or RabbitMQ node, its data directory; not the
-    /// topic of a private Kafka broker, which keeps it in memory).
-    #[arg(long)]
-    keep: bool,
-    /// Allow the `pg-restart` fault (restarts the machine's PostgreSQL);
-    /// also allows `pg-crash`.
-    #[arg(long)]
-    allow_pg_restart: bool,
-    /// Allow the `pg-crash` fault (`kill -9` of a PostgreSQL backend: the
-    /// machine's cluster ends every session and runs crash recovery).
-    #[arg(long)]
-    allow_pg_crash: bool,
-    /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
-    #[arg(long)]
-    timeout_s: Option<u64>,
-}
 
 /// What `check` needs besides the records (written as run.json).
 #[derive(Debug, Serialize, Deserialize)]
@@ -228,6 +72,9 @@ struct RunMeta {
     produce_end_us: i64,
     resolved_committed: Vec<uuid::Uuid>,
     relay_exits: Vec<String>,
+    /// End to end through the inbox: the consumers' counts.
+    #[serde(default)]
+    inbox: Option<checker::InboxReport>,
 }
 
 fn main() -> ExitCode {
@@ -247,6 +94,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run_bounded(*args).await,
             Command::Check { dir } => check_dir(&dir),
+            Command::InboxConsumer(args) => inbox::run_consumer(*args).await.map(|()| true),
         }
     });
     // Child processes are killed on drop; give the runtime a moment to
@@ -295,7 +143,6 @@ fn host_port(url: &str) -> Result<(String, u16)> {
     Ok((host.to_owned(), port.parse().context("bad port")?))
 }
 
-/// `url` with its host:port replaced by `addr`.
 /// `url` through `proxy` (see [`via`]), or `url` itself when the run has
 /// no proxy on that connection.
 fn through(url: &str, proxy: Option<&Arc<TcpProxy>>) -> Result<String> {
@@ -305,6 +152,7 @@ fn through(url: &str, proxy: Option<&Arc<TcpProxy>>) -> Result<String> {
     }
 }
 
+/// `url` with its host:port replaced by `addr`.
 fn via(url: &str, addr: SocketAddr) -> Result<String> {
     let (host, port) = host_port(url)?;
     let from = format!("{host}:{port}");
@@ -442,6 +290,28 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         dest.delete().await;
     }
     if !args.keep {
+        match args.inbox {
+            Some(InboxDb::Postgres) => {
+                if let Ok(pool) = sqlx::PgPool::connect(&args.database_url).await {
+                    let _ = sqlx::query(&format!(
+                        "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+                        inbox_schema(&name)
+                    ))
+                    .execute(&pool)
+                    .await;
+                    pool.close().await;
+                }
+            }
+            Some(InboxDb::Sqlite) => {
+                for ext in ["", "-wal", "-shm"] {
+                    let _ = std::fs::remove_file(format!(
+                        "{}{ext}",
+                        inbox_sqlite(&out, &name).display()
+                    ));
+                }
+            }
+            None => {}
+        }
         match args.store {
             StoreKind::Postgres => {
                 if let Ok(pool) = sqlx::PgPool::connect(&args.database_url).await {
@@ -607,10 +477,39 @@ async fn run_created(
 
     let ledger = Arc::new(Ledger::default());
     let (stop_tx, stop_rx) = watch::channel(false);
-    let consumer = {
-        let (dest, ledger) = (dest.clone(), ledger.clone());
-        tokio::spawn(async move { dest.consume(ledger, stop_rx).await })
+    // The drain reads the whole effects table on each pass.
+    let drain_full = Arc::new(AtomicBool::new(false));
+    let e2e = match args.inbox {
+        None => None,
+        Some(db) => {
+            let url = match dest {
+                Destination::Nats { url, .. } | Destination::Amqp { url, .. } => {
+                    through(url, broker_proxy.as_ref())?
+                }
+                Destination::Kafka { brokers, .. } => brokers.clone(),
+            };
+            Some(start_inbox(args, db, name, out, dest, &url).await?)
+        }
     };
+    let consumer = match &e2e {
+        None => {
+            let (dest, ledger) = (dest.clone(), ledger.clone());
+            tokio::spawn(async move { dest.consume(ledger, stop_rx).await })
+        }
+        Some(e) => {
+            let follow = consumers::follow(
+                e.effects.clone(),
+                ledger.clone(),
+                drain_full.clone(),
+                stop_rx,
+            );
+            tokio::spawn(async move {
+                follow.await;
+                anyhow::Ok(Vec::new())
+            })
+        }
+    };
+    let mut consumer_exits: Vec<String> = Vec::new();
 
     let mut relay_args = store_args;
     relay_args.extend(sink_args);
@@ -640,6 +539,8 @@ async fn run_created(
         allow_pg_restart: args.allow_pg_restart,
         allow_pg_crash: args.allow_pg_crash || args.allow_pg_restart,
         broker_server,
+        consumers: e2e.as_ref().map(|e| e.consumers.clone()),
+        consumer_db: e2e.as_ref().and_then(|e| e.consumer_db.clone()),
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;
@@ -672,6 +573,12 @@ async fn run_created(
             flap_up: Duration::from_millis(args.flap_up_ms),
             lease: Duration::from_millis(args.lease_ms),
             recovery_room: Duration::from_secs(args.recovery_room_s),
+            consumer_pause: Duration::from_millis(args.consumer_pause_ms.unwrap_or(
+                match args.broker {
+                    BrokerKind::Nats => args.nats_ack_wait_ms + 1000,
+                    BrokerKind::Amqp | BrokerKind::Kafka => 1000,
+                },
+            )),
         },
         start,
         warmup,
@@ -690,6 +597,9 @@ async fn run_created(
             () = tokio::time::sleep(Duration::from_millis(500)) => {}
         }
         relay_exits.extend(relays.lock().await.reap_and_restart()?);
+        if let Some(e) = &e2e {
+            consumer_exits.extend(e.consumers.lock().await.reap_and_restart()?);
+        }
         if last_print.elapsed() >= Duration::from_secs(5) {
             last_print = Instant::now();
             eprintln!(
@@ -726,9 +636,13 @@ async fn run_created(
     // Drain: until every committed event arrived, or the timeout; then a
     // quiet period for late copies.
     let drain_deadline = Instant::now() + Duration::from_secs(args.drain_timeout_s);
+    drain_full.store(true, Ordering::Relaxed);
     while ledger.outstanding() > 0 && Instant::now() < drain_deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
         relay_exits.extend(relays.lock().await.reap_and_restart()?);
+        if let Some(e) = &e2e {
+            consumer_exits.extend(e.consumers.lock().await.reap_and_restart()?);
+        }
     }
     eprintln!(
         "chaos {name}: drained, outstanding {} after {:.1} s",
@@ -737,11 +651,40 @@ async fn run_created(
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
     relays.lock().await.shutdown(Duration::from_secs(10)).await;
+    if let Some(e) = &e2e {
+        e.consumers
+            .lock()
+            .await
+            .shutdown(Duration::from_secs(10))
+            .await;
+    }
     let _ = stop_tx.send(true);
     let arrivals = tokio::time::timeout(Duration::from_secs(10), consumer)
         .await
         .context("the consumer did not stop")?
         .context("consumer panicked")??;
+    // End to end: the arrivals are the effects, in insertion order.
+    let (arrivals, inbox_report) = match &e2e {
+        None => (arrivals, None),
+        Some(e) => {
+            let effects = e.effects.arrivals().await?;
+            let distinct = effects
+                .iter()
+                .map(|a| a.id)
+                .collect::<std::collections::HashSet<_>>()
+                .len() as u64;
+            let report = checker::InboxReport {
+                counts: e.consumers.lock().await.counts(),
+                relay_copies: dest
+                    .stored_messages()
+                    .await
+                    .map(|m| m.saturating_sub(distinct)),
+                consumer_exits: std::mem::take(&mut consumer_exits),
+            };
+            e.close().await;
+            (effects, Some(report))
+        }
+    };
 
     if let AppDb::Postgres { pool, .. } = &app_db {
         pool.close().await;
@@ -769,10 +712,21 @@ async fn run_created(
             faults: args.faults.clone(),
             producer: args.producer.name().to_owned(),
             start_us,
+            inbox: args.inbox.map(|db| {
+                match db {
+                    InboxDb::Postgres => "postgres",
+                    InboxDb::Sqlite => "sqlite",
+                }
+                .to_owned()
+            }),
+            consumers: e2e
+                .as_ref()
+                .map_or(0, |e| u32::try_from(e.count).unwrap_or(0)),
         },
         produce_end_us,
         resolved_committed: resolved_committed.into_iter().collect(),
         relay_exits,
+        inbox: inbox_report,
     };
     write_records(out, &meta, &produced, &arrivals, &fault_records)?;
     let report = report(&meta, &produced, &arrivals, &fault_records);
@@ -833,6 +787,7 @@ fn report(
     // A relay that exits is restarted, as a supervisor would: what counts
     // is what the consumer received. The exits are reported beside it.
     report.relay_exits.clone_from(&meta.relay_exits);
+    report.inbox.clone_from(&meta.inbox);
     report
 }
 
@@ -918,6 +873,27 @@ fn print_summary(r: &checker::Report) {
     }
     for line in checker::sink_up_lines(r) {
         println!("{line}");
+    }
+    if let Some(i) = &r.inbox {
+        let c = &i.counts;
+        println!(
+            "  inbox ({} x{}): effects {} ({} duplicate effects), absorbed duplicates {}{}, handled {}, parked {}, retries {}, dead {}, faults retried {}, relay copies at the broker {}",
+            s.inbox.as_deref().unwrap_or("?"),
+            s.consumers,
+            r.messages,
+            r.extra_copies,
+            c.duplicates,
+            if c.last { "" } else { " (at least: a killed process's last 500 ms are not counted)" },
+            c.handled,
+            c.parked,
+            c.retries,
+            c.dead,
+            c.faults,
+            i.relay_copies.map_or("unknown".to_owned(), |n| n.to_string()),
+        );
+        for e in &i.consumer_exits {
+            println!("  NOTE: {e}");
+        }
     }
     for e in &r.relay_exits {
         println!("  NOTE: {e}");

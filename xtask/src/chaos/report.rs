@@ -35,7 +35,11 @@ pub(super) fn markdown(summary: &Value) -> String {
 /// run, then the totals.
 fn tables(summary: &Value, heading: &str) -> String {
     let mut md = String::new();
-    let runs = summary["runs"].as_array().cloned().unwrap_or_default();
+    let all = summary["runs"].as_array().cloned().unwrap_or_default();
+    // The independent recorder's runs; the inbox's have their own tables.
+    let (inbox, runs): (Vec<Value>, Vec<Value>) = all
+        .into_iter()
+        .partition(|r| !r["scenario"]["inbox"].is_null());
     let mut pairs: Vec<(String, String)> = runs
         .iter()
         .map(|r| {
@@ -67,63 +71,7 @@ fn tables(summary: &Value, heading: &str) -> String {
             let fs = r["faults"].as_array().cloned().unwrap_or_default();
             events += r["committed"].as_u64().unwrap_or(0);
             faults += fs.len() as u64;
-            let mut kinds: Vec<String> = Vec::new();
-            let mut seen = Vec::new();
-            for f in &fs {
-                let k = f["kind"].as_str().unwrap_or("?").to_owned();
-                if seen.contains(&k) {
-                    continue;
-                }
-                seen.push(k.clone());
-                let of_kind: Vec<&Value> = fs.iter().filter(|g| g["kind"] == k.as_str()).collect();
-                // A recovery the next fault interrupted is not this fault's
-                // alone: shown apart, not in the worst.
-                let (clean, interrupted): (Vec<&Value>, Vec<&Value>) = of_kind
-                    .iter()
-                    .partition(|g| g["interrupted_after_s"].is_null());
-                let never = clean.iter().any(|g| g["recovery_s"].is_null());
-                let worst = clean
-                    .iter()
-                    .map(|g| f64_of(&g["recovery_s"]))
-                    .fold(0.0, f64::max);
-                let target = of_kind
-                    .first()
-                    .and_then(|g| g["recovery_target_s"].as_f64())
-                    .map_or(String::new(), |t| format!(" [{t:.0}]"));
-                let mut shown = if never {
-                    "never".to_owned()
-                } else if clean.is_empty() {
-                    "-".to_owned()
-                } else {
-                    format!("{worst:.1} s")
-                };
-                if !interrupted.is_empty() {
-                    let _ = write!(shown, " ({} interrupted)", interrupted.len());
-                }
-                if k == "pg-crash" {
-                    // From the database accepting connections again: the
-                    // last event committed before delivered (above), and the
-                    // relays caught up (lag < 1 s).
-                    let down = of_kind
-                        .iter()
-                        .map(|g| f64_of(&g["db_down_s"]))
-                        .fold(0.0, f64::max);
-                    let caught = if of_kind.iter().any(|g| g["caught_up_s"].is_null()) {
-                        "never".to_owned()
-                    } else {
-                        let c = of_kind
-                            .iter()
-                            .map(|g| f64_of(&g["caught_up_s"]))
-                            .fold(0.0, f64::max);
-                        format!("{c:.1} s")
-                    };
-                    let _ = write!(
-                        shown,
-                        " after the database was back (down {down:.1} s), caught up {caught}"
-                    );
-                }
-                kinds.push(format!("{k} {shown}{target}"));
-            }
+            let kinds = recovery_cell(&fs);
             let _ = writeln!(
                 md,
                 "| `{}`{} | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} | {} |",
@@ -142,11 +90,7 @@ fn tables(summary: &Value, heading: &str) -> String {
                 r["duplicate_allowance"],
                 r["unexpected"],
                 r["order_violations"],
-                if kinds.is_empty() {
-                    "-".to_owned()
-                } else {
-                    kinds.join(", ")
-                },
+                kinds,
                 f64_of(&r["latency_ms"]["p50"]),
                 f64_of(&r["latency_ms"]["p99"]),
                 sink_up_cell(&r["sink_up"]),
@@ -156,8 +100,154 @@ fn tables(summary: &Value, heading: &str) -> String {
         }
         md.push('\n');
     }
+    let (inbox_events, inbox_faults) = inbox_tables(&mut md, &inbox, heading);
+    events += inbox_events;
+    faults += inbox_faults;
     let _ = writeln!(md, "Total: {events} committed events, {faults} faults.");
     md
+}
+
+/// The end-to-end runs through the inbox (`inbox` set in the scenario):
+/// one table per broker x consumer database, whose arrivals are the
+/// consumers' effects. Returns the events and faults they add up to.
+fn inbox_tables(md: &mut String, runs: &[Value], heading: &str) -> (u64, u64) {
+    let key = |r: &Value| {
+        (
+            r["scenario"]["broker"].as_str().unwrap_or("?").to_owned(),
+            r["scenario"]["inbox"].as_str().unwrap_or("?").to_owned(),
+        )
+    };
+    let mut combos: Vec<(String, String)> = runs.iter().map(key).collect();
+    combos.sort_by_key(|(br, db)| {
+        let b = ["nats", "amqp", "kafka"]
+            .iter()
+            .position(|x| x == br)
+            .unwrap_or(9);
+        (b, db != "postgres")
+    });
+    combos.dedup();
+    let (mut events, mut faults) = (0u64, 0u64);
+    for (broker, db) in combos {
+        let _ = writeln!(
+            md,
+            "{heading} end to end: postgres + {broker} -> inbox on {db}\n"
+        );
+        md.push_str("| faults | relays | consumers | events | faults injected | effects exactly once (lost / duplicate effects) | unexpected | order violations | duplicates absorbed by the inbox | relay copies at the broker | recovery per fault kind, worst | p50 / p99 commit to effect | exits (relay / consumer) | result |\n");
+        md.push_str(
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n",
+        );
+        for r in runs
+            .iter()
+            .filter(|r| key(r) == (broker.clone(), db.clone()))
+        {
+            let fs = r["faults"].as_array().cloned().unwrap_or_default();
+            events += r["committed"].as_u64().unwrap_or(0);
+            faults += fs.len() as u64;
+            let once = r["lost"] == 0 && r["extra_copies"] == 0;
+            let counts = &r["inbox"]["counts"];
+            // A process killed with `kill -9` took its last 500 ms of
+            // counts with it: the figure is then a lower bound.
+            let absorbed = format!(
+                "{}{}",
+                if counts["last"] == true { "" } else { ">= " },
+                counts["duplicates"].as_u64().unwrap_or(0)
+            );
+            let relay_copies = r["inbox"]["relay_copies"]
+                .as_u64()
+                .map_or("-".to_owned(), |n| n.to_string());
+            let _ = writeln!(
+                md,
+                "| `{}` | {} | {} | {} | {} | {} ({} / {}) | {} | {} | {} | {} | {} | {:.0} / {:.0} ms | {} / {} | {} |",
+                r["scenario"]["faults"].as_str().unwrap_or("?"),
+                r["scenario"]["relays"],
+                r["scenario"]["consumers"],
+                r["committed"],
+                fs.len(),
+                if once { "yes" } else { "**no**" },
+                r["lost"],
+                r["extra_copies"],
+                r["unexpected"],
+                r["order_violations"],
+                absorbed,
+                relay_copies,
+                recovery_cell(&fs),
+                f64_of(&r["latency_ms"]["p50"]),
+                f64_of(&r["latency_ms"]["p99"]),
+                r["relay_exits"].as_array().map_or(0, Vec::len),
+                r["inbox"]["consumer_exits"].as_array().map_or(0, Vec::len),
+                if r["passed"] == true { "pass" } else { "**FAIL**" }
+            );
+        }
+        md.push('\n');
+    }
+    (events, faults)
+}
+
+/// The recovery cell of a run: per fault kind, the worst recovery of the
+/// faults the next one did not interrupt, with its target.
+fn recovery_cell(fs: &[Value]) -> String {
+    let mut kinds: Vec<String> = Vec::new();
+    let mut seen = Vec::new();
+    for f in fs {
+        let k = f["kind"].as_str().unwrap_or("?").to_owned();
+        if seen.contains(&k) {
+            continue;
+        }
+        seen.push(k.clone());
+        let of_kind: Vec<&Value> = fs.iter().filter(|g| g["kind"] == k.as_str()).collect();
+        // A recovery the next fault interrupted is not this fault's
+        // alone: shown apart, not in the worst.
+        let (clean, interrupted): (Vec<&Value>, Vec<&Value>) = of_kind
+            .iter()
+            .partition(|g| g["interrupted_after_s"].is_null());
+        let never = clean.iter().any(|g| g["recovery_s"].is_null());
+        let worst = clean
+            .iter()
+            .map(|g| f64_of(&g["recovery_s"]))
+            .fold(0.0, f64::max);
+        let target = of_kind
+            .first()
+            .and_then(|g| g["recovery_target_s"].as_f64())
+            .map_or(String::new(), |t| format!(" [{t:.0}]"));
+        let mut shown = if never {
+            "never".to_owned()
+        } else if clean.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{worst:.1} s")
+        };
+        if !interrupted.is_empty() {
+            let _ = write!(shown, " ({} interrupted)", interrupted.len());
+        }
+        if k == "pg-crash" {
+            // From the database accepting connections again: the
+            // last event committed before delivered (above), and the
+            // relays caught up (lag < 1 s).
+            let down = of_kind
+                .iter()
+                .map(|g| f64_of(&g["db_down_s"]))
+                .fold(0.0, f64::max);
+            let caught = if of_kind.iter().any(|g| g["caught_up_s"].is_null()) {
+                "never".to_owned()
+            } else {
+                let c = of_kind
+                    .iter()
+                    .map(|g| f64_of(&g["caught_up_s"]))
+                    .fold(0.0, f64::max);
+                format!("{c:.1} s")
+            };
+            let _ = write!(
+                shown,
+                " after the database was back (down {down:.1} s), caught up {caught}"
+            );
+        }
+        kinds.push(format!("{k} {shown}{target}"));
+    }
+    if kinds.is_empty() {
+        "-".to_owned()
+    } else {
+        kinds.join(", ")
+    }
 }
 
 /// The worst delivered rate while the sink was up with a backlog, as a
@@ -382,7 +472,11 @@ mod tests {
             .map(|s| {
                 serde_json::json!({
                     "scenario": {"store": s.store, "broker": s.broker, "faults": s.faults,
-                                 "relays": s.relays, "producer": s.producer},
+                                 "relays": s.relays, "producer": s.producer,
+                                 "inbox": s.inbox, "consumers": u32::from(s.inbox.is_some())},
+                    "inbox": s.inbox.map(|_| serde_json::json!({
+                        "counts": {"duplicates": 7, "last": false}, "relay_copies": 3,
+                        "consumer_exits": []})),
                     "suite_run": {"label": s.label(), "args": s.args()},
                     "committed": 100, "faults": [], "lost": 0, "duplicated": 0,
                     "extra_copies": 0, "duplicate_allowance": 20, "unexpected": 0,
@@ -410,6 +504,11 @@ mod tests {
         assert!(new.ends_with(&format!("{END}\n\n## After\n")), "{new}");
         assert!(!new.contains("\nold\n"));
         assert!(new.contains("### postgres + nats"), "{new}");
+        assert!(
+            new.contains("### end to end: postgres + nats -> inbox on postgres"),
+            "{new}"
+        );
+        assert!(new.contains("| yes (0 / 0) | 0 | 0 | >= 7 | 3 |"), "{new}");
         assert_eq!(check_section(&new), Vec::<String>::new());
         // Idempotent: writing it again changes nothing.
         assert_eq!(replace_section(&new, &section).unwrap(), new);

@@ -51,6 +51,9 @@ pub(crate) struct Scenario {
     pub(super) producer: &'static str,
     /// The relays' `--max-batch-size`.
     pub(super) max_batch: u32,
+    /// End to end through the inbox (`--inbox`): the consumers' database,
+    /// `postgres` or `sqlite`; `None`: the independent recorder.
+    pub(super) inbox: Option<&'static str>,
 }
 
 /// The steps of a plan, `none` and empty ones left out.
@@ -62,7 +65,7 @@ fn plan_steps(faults: &str) -> impl Iterator<Item = &str> {
 }
 
 impl Scenario {
-    /// The run's name: `<pg|sq>-<broker>[-contended]-<faults>`.
+    /// The run's name: `<pg|sq>-<broker>[-contended][-inbox-<pg|sq>]-<faults>`.
     pub(crate) fn label(&self) -> String {
         let store = if self.store == "postgres" { "pg" } else { "sq" };
         let faults: String = self
@@ -81,7 +84,12 @@ impl Scenario {
         } else {
             ""
         };
-        format!("{store}-{}{producer}-{faults}", self.broker)
+        let inbox = match self.inbox {
+            Some("postgres") => "-inbox-pg",
+            Some(_) => "-inbox-sq",
+            None => "",
+        };
+        format!("{store}-{}{producer}{inbox}-{faults}", self.broker)
     }
 
     /// The run's parameters as `outbox-chaos run` arguments: everything
@@ -113,6 +121,9 @@ impl Scenario {
         if self.allow_pg_crash {
             args.push("--allow-pg-crash".to_owned());
         }
+        if let Some(db) = self.inbox {
+            args.extend(["--inbox".to_owned(), db.to_owned()]);
+        }
         args
     }
 
@@ -137,6 +148,8 @@ impl Scenario {
                     // A RabbitMQ node takes 5-10 s to stop and boot again.
                     "broker-restart" if self.broker == "amqp" => 12,
                     "broker-restart" => 2,
+                    // Down for NATS's ack wait + 1 s (2 s + 1 s), else 1 s.
+                    "consumer-kill" if self.broker == "nats" => 3,
                     _ => 1,
                 })
                 .max()
@@ -233,6 +246,7 @@ pub(crate) fn plan(
             Mode::Medium => 500,
             Mode::Full => 1000,
         },
+        inbox: None,
     };
     let mut out = Vec::new();
     match mode {
@@ -383,7 +397,74 @@ pub(crate) fn plan(
             }
         }
     }
+    out.extend(inbox_runs(mode, kafka, &base));
     out
+}
+
+/// The end-to-end runs through the inbox (issue 36's proof): producer ->
+/// outbox -> relays -> broker -> inbox consumers -> a business table,
+/// with consumer kills, terminated consumer database connections (on
+/// PostgreSQL), relay kills and (medium, full) broker cuts. The relays'
+/// store is PostgreSQL; what varies is the consumers' database.
+/// Quick: one run per broker, the consumer database alternating
+/// (NATS + PostgreSQL, RabbitMQ + SQLite, Kafka + PostgreSQL), about
+/// 40 s of production each. Medium and full: every broker with each
+/// database.
+fn inbox_runs(
+    mode: Mode,
+    kafka: bool,
+    base: &dyn Fn(&'static str, &'static str) -> Scenario,
+) -> Vec<Scenario> {
+    let mut brokers = vec!["nats", "amqp"];
+    if kafka {
+        brokers.push("kafka");
+    }
+    let mut combos: Vec<(&'static str, &'static str)> = Vec::new();
+    for (i, broker) in brokers.iter().enumerate() {
+        match mode {
+            // nats + pg, amqp + sqlite, kafka + pg.
+            Mode::Quick => combos.push((broker, if i % 2 == 0 { "postgres" } else { "sqlite" })),
+            Mode::Medium | Mode::Full => {
+                combos.extend([(*broker, "postgres"), (*broker, "sqlite")]);
+            }
+        }
+    }
+    combos
+        .into_iter()
+        .map(|(broker, db)| {
+            let mut s = base("postgres", broker);
+            s.inbox = Some(db);
+            let db_cut = if db == "postgres" {
+                "consumer-db-cut"
+            } else {
+                "consumer-kill"
+            };
+            s.faults = match mode {
+                Mode::Quick => format!("consumer-kill,kill,{db_cut},consumer-kill+kill"),
+                Mode::Medium | Mode::Full => {
+                    s.relays = 3;
+                    s.lease_ms = 5000;
+                    s.rate = if mode == Mode::Full { 1000 } else { 500 };
+                    s.outage_s = 10;
+                    s.flap_cycles = 3;
+                    s.flap_down_ms = 2000;
+                    s.flap_up_ms = 3000;
+                    let reps = if mode == Mode::Full { 2 } else { 1 };
+                    std::iter::repeat_n(
+                        format!(
+                            "consumer-kill*2,kill,{db_cut}*2,broker-flap,consumer-kill+broker-flap,consumer-kill+kill,{db_cut}+kill"
+                        ),
+                        reps,
+                    )
+                    .collect::<Vec<_>>()
+                    .join(",")
+                }
+            };
+            s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+            s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+            s
+        })
+        .collect()
 }
 
 /// What selects a plan: the mode and the flags that add or drop runs.
@@ -440,7 +521,9 @@ mod tests {
     /// database crash.
     fn mixed(p: &[Scenario]) -> Vec<&Scenario> {
         p.iter()
-            .filter(|s| s.producer == "partitioned" && !s.faults.contains("pg-crash"))
+            .filter(|s| {
+                s.producer == "partitioned" && !s.faults.contains("pg-crash") && s.inbox.is_none()
+            })
             .collect()
     }
 
@@ -569,5 +652,81 @@ mod tests {
         assert_eq!(args.iter().filter(|a| a.starts_with("--")).count(), 16);
         assert_eq!(Mode::from_name("medium"), Some(Mode::Medium));
         assert_eq!(Mode::from_name("slow"), None);
+    }
+
+    #[test]
+    fn quick_has_one_inbox_run_per_broker_alternating_the_database_within_six_minutes() {
+        let p = plan(Mode::Quick, true, false, true);
+        let inbox: Vec<&Scenario> = p.iter().filter(|s| s.inbox.is_some()).collect();
+        let combos: Vec<(&str, Option<&str>)> = inbox.iter().map(|s| (s.broker, s.inbox)).collect();
+        assert_eq!(
+            combos,
+            vec![
+                ("nats", Some("postgres")),
+                ("amqp", Some("sqlite")),
+                ("kafka", Some("postgres"))
+            ]
+        );
+        for s in &inbox {
+            assert!(
+                s.faults.contains("consumer-kill") && s.faults.contains("kill,"),
+                "{}",
+                s.faults
+            );
+            assert_eq!(
+                s.faults.contains("consumer-db-cut"),
+                s.inbox == Some("postgres"),
+                "{}",
+                s.faults
+            );
+            assert!((30..=60).contains(&s.duration_s), "{} s", s.duration_s);
+            assert!(s
+                .args()
+                .windows(2)
+                .any(|w| w[0] == "--inbox" && Some(w[1].as_str()) == s.inbox));
+        }
+        assert_eq!(
+            inbox[0].label(),
+            "pg-nats-inbox-pg-consumer-kill_kill_consumer-db-cut_consumer-kill_kill"
+        );
+        // Each run's production, its set-up and its drain (about 20 s).
+        let secs: u64 = inbox.iter().map(|s| s.duration_s + 20).sum();
+        assert!(secs <= 360, "the inbox runs add {secs} s to quick mode");
+        assert_eq!(
+            plan(Mode::Quick, false, false, true)
+                .iter()
+                .filter(|s| s.inbox.is_some())
+                .count(),
+            2
+        );
+    }
+
+    #[test]
+    fn medium_and_full_have_every_broker_with_each_inbox_database() {
+        for mode in [Mode::Medium, Mode::Full] {
+            let p = plan(mode, true, false, true);
+            let mut combos: Vec<(&str, &str)> = p
+                .iter()
+                .filter_map(|s| s.inbox.map(|db| (s.broker, db)))
+                .collect();
+            combos.sort_unstable();
+            assert_eq!(
+                combos,
+                vec![
+                    ("amqp", "postgres"),
+                    ("amqp", "sqlite"),
+                    ("kafka", "postgres"),
+                    ("kafka", "sqlite"),
+                    ("nats", "postgres"),
+                    ("nats", "sqlite")
+                ]
+            );
+            for s in p.iter().filter(|s| s.inbox.is_some()) {
+                assert!(
+                    s.faults.contains("broker-flap") && s.faults.contains("consumer-kill+kill")
+                );
+                assert!(!(s.inbox == Some("sqlite") && s.faults.contains("consumer-db-cut")));
+            }
+        }
     }
 }
