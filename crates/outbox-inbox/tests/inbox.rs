@@ -552,7 +552,10 @@ async fn both_wire_formats_are_one_event<X: Harness>() {
     broker.push(support::raw_as(&b, outbox_core::WireFormat::Envelope));
     until("all acked", || async { broker.acked().len() == 4 }).await;
     let counts = run.stop().await;
-    assert_eq!(h.effects().await, vec![(a.id, "a".to_owned()), (b.id, "a".to_owned())]);
+    assert_eq!(
+        h.effects().await,
+        vec![(a.id, "a".to_owned()), (b.id, "a".to_owned())]
+    );
     assert_eq!((counts.handled, counts.duplicates), (2, 2));
 }
 

@@ -87,8 +87,12 @@ fn counters_gauges_and_a_span_continuing_the_producers_trace() {
             .iter()
             .find(|(k, _, _, _)| {
                 k.key().name() == name
-                    && k.key().labels().any(|l| l.key() == "consumer" && l.value() == "metrics")
-                    && label.is_none_or(|(lk, lv)| k.key().labels().any(|l| l.key() == lk && l.value() == lv))
+                    && k.key()
+                        .labels()
+                        .any(|l| l.key() == "consumer" && l.value() == "metrics")
+                    && label.is_none_or(|(lk, lv)| {
+                        k.key().labels().any(|l| l.key() == lk && l.value() == lv)
+                    })
             })
             .map(|(_, _, _, v)| v)
     };
@@ -98,8 +102,14 @@ fn counters_gauges_and_a_span_continuing_the_producers_trace() {
         value(m::DEAD, Some(("code", "HANDLER_PERMANENT_FAILURE"))),
         Some(&DebugValue::Counter(1))
     );
-    assert!(matches!(value(m::LAG_SECONDS, None), Some(DebugValue::Gauge(_))));
-    assert!(matches!(value(m::BATCH_SECONDS, None), Some(DebugValue::Histogram(_))));
+    assert!(matches!(
+        value(m::LAG_SECONDS, None),
+        Some(DebugValue::Gauge(_))
+    ));
+    assert!(matches!(
+        value(m::BATCH_SECONDS, None),
+        Some(DebugValue::Histogram(_))
+    ));
 
     // The handler ran in the producer's trace; the exported span's parent
     // is the producer's span.
