@@ -127,6 +127,12 @@ impl Console {
         let dir = tempfile::tempdir().unwrap();
         let token_file = dir.path().join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        #[cfg(unix)]
+        std::fs::set_permissions(
+            &token_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         let log = dir.path().join("console.log");
         let addr = free_addr();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_outbox-relay"));
