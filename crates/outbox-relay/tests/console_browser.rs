@@ -83,6 +83,11 @@ async fn lag_of(store: &PgLogStore, pool: &sqlx::PgPool, n: usize) {
     }
     store.settle(claim.token, &s).await.unwrap();
     store.leave(&relay).await.unwrap();
+    enqueue(store, pool, n).await;
+}
+
+/// Commits `n` events in one transaction.
+async fn enqueue(store: &PgLogStore, pool: &sqlx::PgPool, n: usize) {
     let mut tx = pool.begin().await.unwrap();
     let events = (0..n).map(|i| {
         NewEvent::new("order.created", "orders", format!("{{\"n\":{i}}}").into_bytes())
@@ -105,7 +110,7 @@ async fn the_overview_shows_the_lag_a_test_created() {
     assert!(lag.ends_with(" s") || lag.contains("min"), "lag {lag:?}");
     assert!(browser.text("#total-pending").contains('7'));
     // The live refresh keeps it current: 3 more, without a reload.
-    lag_of(&store, &pool, 3).await;
+    enqueue(&store, &pool, 3).await;
     browser.wait_for("the refreshed overview shows 10 behind", |b| {
         b.text("[data-test=pending]") == "10"
     });

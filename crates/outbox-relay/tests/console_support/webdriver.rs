@@ -36,15 +36,7 @@ fn call(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Va
         body.len()
     );
     s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, rest) = text.split_once("\r\n\r\n").ok_or("no HTTP head")?;
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(rest)
-    } else {
-        rest.to_owned()
-    };
+    let body = read_response(&mut s).map_err(|e| format!("{method} {path}: {e}"))?;
     let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
     let value = v.get("value").cloned().unwrap_or(Value::Null);
     if let Some(err) = value.get("error").and_then(Value::as_str) {
@@ -54,6 +46,43 @@ fn call(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Va
         ));
     }
     Ok(value)
+}
+
+/// Reads one response's body: chromedriver keeps the connection open
+/// (it ignores `Connection: close`), so read by `Content-Length`, or
+/// chunks up to the last one.
+fn read_response(s: &mut std::net::TcpStream) -> std::io::Result<String> {
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
+        let rest = &raw[end + 4..];
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok());
+        match length {
+            Some(len) if rest.len() >= len => {
+                return Ok(String::from_utf8_lossy(&rest[..len]).into_owned())
+            }
+            None if head.contains("transfer-encoding: chunked")
+                && rest.ends_with(b"0\r\n\r\n") =>
+            {
+                return Ok(dechunk(&String::from_utf8_lossy(rest)))
+            }
+            _ => {}
+        }
+    }
+    let text = String::from_utf8_lossy(&raw);
+    Ok(text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned())
 }
 
 fn dechunk(mut rest: &str) -> String {
