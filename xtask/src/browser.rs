@@ -79,8 +79,8 @@ pub(crate) fn screenshots(_rest: &[String]) -> Result<()> {
         "test",
         "-p",
         "outbox-relay",
-        "--features",
-        "console,postgres",
+        // The feature set of `cargo xtask ci`'s test run: its build is reused.
+        "--all-features",
         "--test",
         "console_browser",
     ];
