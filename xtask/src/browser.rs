@@ -43,7 +43,13 @@ pub(crate) fn ensure_chromium() -> Result<()> {
     );
     let install = || {
         Command::new("apt-get")
-            .args(["install", "-y", "--no-install-recommends", "chromium", "chromium-driver"])
+            .args([
+                "install",
+                "-y",
+                "--no-install-recommends",
+                "chromium",
+                "chromium-driver",
+            ])
             .env("DEBIAN_FRONTEND", "noninteractive")
             .status()
             .context("running apt-get install chromium chromium-driver")
@@ -84,7 +90,11 @@ pub(crate) fn screenshots(_rest: &[String]) -> Result<()> {
         "--test",
         "console_browser",
     ];
-    println!("\n==> OUTBOX_CONSOLE_SCREENSHOTS={} cargo {}", dir.display(), args.join(" "));
+    println!(
+        "\n==> OUTBOX_CONSOLE_SCREENSHOTS={} cargo {}",
+        dir.display(),
+        args.join(" ")
+    );
     let status = Command::new(&cargo)
         .args(args)
         .env("OUTBOX_CONSOLE_SCREENSHOTS", &dir)

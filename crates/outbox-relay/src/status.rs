@@ -95,7 +95,11 @@ fn secs(d: Option<Duration>) -> Value {
 }
 
 /// The status document (the JSON form; the text form is rendered from it).
-pub(crate) async fn collect(store: &AnyStore, url: &str, relays: &[String]) -> anyhow::Result<Value> {
+pub(crate) async fn collect(
+    store: &AnyStore,
+    url: &str,
+    relays: &[String],
+) -> anyhow::Result<Value> {
     let stats = store.stats().await.context("cannot read stats")?;
     let mut doc = json!({
         "store": redact_url(url),

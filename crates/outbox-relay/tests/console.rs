@@ -52,9 +52,16 @@ async fn three(store: &PgLogStore, pool: &outbox_postgres::sqlx::PgPool) -> [Eve
         store,
         pool,
         vec![
-            NewEvent::new("order.created", "orders", br#"{"n":1,"items":[1,2]}"#.to_vec())
-                .with_key("k1")
-                .with_header("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            NewEvent::new(
+                "order.created",
+                "orders",
+                br#"{"n":1,"items":[1,2]}"#.to_vec(),
+            )
+            .with_key("k1")
+            .with_header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
             NewEvent::new("order.created", "orders", b"<b>not json</b>".to_vec()).with_key("k2"),
         ],
         ErrorCode::HANDLER_PERMANENT_FAILURE,
@@ -84,9 +91,17 @@ async fn read_only_console_shows_every_page_and_refuses_every_change() {
 
     let overview = console.get("/", None);
     assert_eq!(overview.status, 200, "{}", overview.body);
-    assert!(overview.body.contains("Consumer groups"), "{}", overview.body);
+    assert!(
+        overview.body.contains("Consumer groups"),
+        "{}",
+        overview.body
+    );
     assert!(overview.body.contains("read-only"), "{}", overview.body);
-    assert!(!overview.body.contains("<form method=\"post\""), "{}", overview.body);
+    assert!(
+        !overview.body.contains("<form method=\"post\""),
+        "{}",
+        overview.body
+    );
     assert!(overview
         .header("content-security-policy")
         .is_some_and(|v| v.contains("default-src 'none'")));
@@ -95,7 +110,10 @@ async fn read_only_console_shows_every_page_and_refuses_every_change() {
     let list = console.get("/dead", None);
     assert_eq!(list.status, 200);
     assert_eq!(marked(&list.body, "dead-count"), Some("3"));
-    assert!(!list.body.contains(r#"name="id""#), "no selection boxes read-only");
+    assert!(
+        !list.body.contains(r#"name="id""#),
+        "no selection boxes read-only"
+    );
     let detail = console.get(&format!("/dead/{a}"), None);
     assert_eq!(detail.status, 200);
     for page in [&overview, &shards, &list, &detail] {
@@ -105,8 +123,8 @@ async fn read_only_console_shows_every_page_and_refuses_every_change() {
     for (path, body) in [
         ("/groups/pause", "group=default&reason=x".to_owned()),
         ("/groups/resume", "group=default".to_owned()),
-        ("/dead/confirm", format!("do=purge:all")),
-        ("/dead/act", format!("do=purge:all&expected=3")),
+        ("/dead/confirm", "do=purge:all".to_owned()),
+        ("/dead/act", "do=purge:all&expected=3".to_owned()),
         ("/login", format!("who=eve&token={}", enc(TOKEN))),
     ] {
         let r = console.post(path, None, &body);
@@ -157,7 +175,10 @@ async fn pause_and_resume_need_the_token_a_session_and_its_csrf_token() {
         cookie: "outbox_console=forged".into(),
         csrf: s.csrf.clone(),
     };
-    let r = pause(Some(&forged), &format!("group=default&reason=x&csrf={}", s.csrf));
+    let r = pause(
+        Some(&forged),
+        &format!("group=default&reason=x&csrf={}", s.csrf),
+    );
     assert_eq!(r.status, 401, "{}", r.body);
     assert!(r.body.contains("Session expired"), "{}", r.body);
     // A cross-site form post, with the victim's cookie and even its token.
@@ -181,9 +202,16 @@ async fn pause_and_resume_need_the_token_a_session_and_its_csrf_token() {
     assert!(r.body.contains("no consumer group"), "{}", r.body);
 
     // The real thing.
-    let r = pause(Some(&s), &format!("group=default&reason=db+upgrade&csrf={}", s.csrf));
+    let r = pause(
+        Some(&s),
+        &format!("group=default&reason=db+upgrade&csrf={}", s.csrf),
+    );
     assert_eq!(r.status, 200, "{}", r.body);
-    assert!(r.body.contains("Paused consumer group default"), "{}", r.body);
+    assert!(
+        r.body.contains("Paused consumer group default"),
+        "{}",
+        r.body
+    );
     let p = store.paused("default").await.unwrap().expect("paused");
     assert_eq!(p.by.as_deref(), Some("alice (console)"));
     assert_eq!(p.reason.as_deref(), Some("db upgrade"));
@@ -260,9 +288,15 @@ async fn dead_letters_filter_show_confirm_replay_and_purge() {
     assert!(d.contains("JSON, 21 bytes"), "{d}");
     assert!(d.contains("  &quot;items&quot;: [\n    1,"), "{d}");
     assert!(d.contains("traceparent"), "{d}");
-    assert!(d.contains("bad &lt;order&gt;") && !d.contains("bad <order>"), "{d}");
+    assert!(
+        d.contains("bad &lt;order&gt;") && !d.contains("bad <order>"),
+        "{d}"
+    );
     let d = console.get(&format!("/dead/{b}"), None).body;
-    assert!(d.contains("text, not JSON") && d.contains("&lt;b&gt;not json"), "{d}");
+    assert!(
+        d.contains("text, not JSON") && d.contains("&lt;b&gt;not json"),
+        "{d}"
+    );
 
     let s = console.login("bob");
     // Purge all of one code: the confirmation states the count and
@@ -359,7 +393,11 @@ async fn dead_letters_filter_show_confirm_replay_and_purge() {
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(r.body.contains("nothing was changed"), "{}", r.body);
     assert_eq!(dead_ids(&store).await.len(), 2);
-    let r = console.post("/dead/act", Some(&s), &format!("do=explode&csrf={}", s.csrf));
+    let r = console.post(
+        "/dead/act",
+        Some(&s),
+        &format!("do=explode&csrf={}", s.csrf),
+    );
     assert_eq!(r.status, 400, "{}", r.body);
 
     let log = console.log_text();
@@ -463,7 +501,9 @@ async fn a_store_that_is_down_gives_a_503_page_and_the_console_recovers() {
 async fn sqlite_console_shows_its_one_group_and_pauses_it() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
-    let out = support::relay(&["migrate", "--store", &url]).output().unwrap();
+    let out = support::relay(&["migrate", "--store", &url])
+        .output()
+        .unwrap();
     support::assert_success(&out, "migrate");
     let console = Console::start(&["--store".into(), url.clone()], true, &[]);
     let overview = console.get("/", None);
@@ -471,7 +511,10 @@ async fn sqlite_console_shows_its_one_group_and_pauses_it() {
     assert!(overview.body.contains("sqlite") && overview.body.contains("default"));
     let shards = console.get("/shards", None);
     assert!(shards.body.contains("no shard cursors"), "{}", shards.body);
-    assert_eq!(marked(&console.get("/dead", None).body, "dead-count"), Some("0"));
+    assert_eq!(
+        marked(&console.get("/dead", None).body, "dead-count"),
+        Some("0")
+    );
     let s = console.login("carol");
     let r = console.post(
         "/groups/pause",
@@ -497,7 +540,10 @@ fn a_non_loopback_listen_address_is_refused_without_allow_remote() {
     .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not a loopback address") && err.contains("--allow-remote"), "{err}");
+    assert!(
+        err.contains("not a loopback address") && err.contains("--allow-remote"),
+        "{err}"
+    );
     let out = support::relay(&[
         "console",
         "--store",

@@ -63,7 +63,7 @@ async fn lag_of(store: &PgLogStore, pool: &sqlx::PgPool, n: usize) {
     let mut tx = pool.begin().await.unwrap();
     store
         .outbox()
-        .enqueue(&mut *tx, NewEvent::new("warm.up", "t", b"{}".to_vec()))
+        .enqueue(&mut tx, NewEvent::new("warm.up", "t", b"{}".to_vec()))
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -90,10 +90,18 @@ async fn lag_of(store: &PgLogStore, pool: &sqlx::PgPool, n: usize) {
 async fn enqueue(store: &PgLogStore, pool: &sqlx::PgPool, n: usize) {
     let mut tx = pool.begin().await.unwrap();
     let events = (0..n).map(|i| {
-        NewEvent::new("order.created", "orders", format!("{{\"n\":{i}}}").into_bytes())
-            .with_key(format!("k{}", i % 3))
+        NewEvent::new(
+            "order.created",
+            "orders",
+            format!("{{\"n\":{i}}}").into_bytes(),
+        )
+        .with_key(format!("k{}", i % 3))
     });
-    store.outbox().enqueue_batch(&mut *tx, events).await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut tx, events)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 }
 
@@ -135,9 +143,16 @@ async fn a_dead_letter_found_by_filter_is_replayed_then_delivered() {
     let wanted = dead_letters(
         &store,
         &pool,
-        vec![NewEvent::new("payment.failed", "payments", br#"{"amount":42,"currency":"EUR"}"#.to_vec())
-            .with_key("acct-7")
-            .with_header("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")],
+        vec![NewEvent::new(
+            "payment.failed",
+            "payments",
+            br#"{"amount":42,"currency":"EUR"}"#.to_vec(),
+        )
+        .with_key("acct-7")
+        .with_header(
+            "traceparent",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        )],
         ErrorCode::HANDLER_PERMANENT_FAILURE,
         "card declined: insufficient funds",
     )
@@ -175,17 +190,29 @@ async fn a_dead_letter_found_by_filter_is_replayed_then_delivered() {
     assert!(browser.source().contains(&wanted.to_string()));
     shot(&browser, "dead-letters");
     browser.click(&format!("a[href^=\"/dead/{wanted}\"]"));
-    browser.wait_for("the detail page", |b| b.find("[data-test=payload]").is_some());
-    assert!(browser.text("[data-test=payload]").contains("\"amount\": 42"));
-    assert!(browser.text("[data-test=final-error]").contains("card declined"));
+    browser.wait_for("the detail page", |b| {
+        b.find("[data-test=payload]").is_some()
+    });
+    assert!(browser
+        .text("[data-test=payload]")
+        .contains("\"amount\": 42"));
+    assert!(browser
+        .text("[data-test=final-error]")
+        .contains("card declined"));
     shot(&browser, "dead-letter");
     browser.goto(&format!("http://{}/dead?type=payment.failed", console.addr));
     browser.click(&format!("input[name=id][value=\"{wanted}\"]"));
     browser.click("[data-test=replay-selected]");
-    browser.wait_for("the confirmation", |b| b.find("[data-test=confirm]").is_some());
+    browser.wait_for("the confirmation", |b| {
+        b.find("[data-test=confirm]").is_some()
+    });
     assert_eq!(browser.text("[data-test=confirm-count]"), "1");
     shot(&browser, "replay-confirm");
-    assert_eq!(dead_ids(&store).await.len(), 2, "nothing before the confirmation");
+    assert_eq!(
+        dead_ids(&store).await.len(),
+        2,
+        "nothing before the confirmation"
+    );
     browser.click("[data-test=confirm]");
     browser.wait_for("the result", |b| b.find("[data-test=done]").is_some());
     assert!(browser.text("[data-test=done]").contains("Replayed 1"));
@@ -203,18 +230,35 @@ async fn purge_asks_for_confirmation_first() {
     let (schema, pool) = migrated_log("outbox_browser_purge").await;
     let store = log_store(&schema, |o| o).await;
     let events = (0..3)
-        .map(|i| NewEvent::new("user.deleted", "users", format!("{{\"u\":{i}}}").into_bytes()))
+        .map(|i| {
+            NewEvent::new(
+                "user.deleted",
+                "users",
+                format!("{{\"u\":{i}}}").into_bytes(),
+            )
+        })
         .collect();
-    dead_letters(&store, &pool, events, ErrorCode::HANDLER_PERMANENT_FAILURE, "gone").await;
+    dead_letters(
+        &store,
+        &pool,
+        events,
+        ErrorCode::HANDLER_PERMANENT_FAILURE,
+        "gone",
+    )
+    .await;
     let console = Console::start(&store_args(&schema), true, &[]);
     let browser = Browser::start();
     login(&browser, &console, "erin");
     browser.goto(&format!("http://{}/dead", console.addr));
     browser.click("#select-all");
     browser.click("[data-test=purge-selected]");
-    browser.wait_for("the confirmation", |b| b.find("[data-test=confirm]").is_some());
+    browser.wait_for("the confirmation", |b| {
+        b.find("[data-test=confirm]").is_some()
+    });
     assert_eq!(browser.text("[data-test=confirm-count]"), "3");
-    assert!(browser.text("[data-test=confirm-text]").starts_with("Purge 3"));
+    assert!(browser
+        .text("[data-test=confirm-text]")
+        .starts_with("Purge 3"));
     shot(&browser, "purge-confirm");
     // Asking changed nothing; cancelling neither.
     assert_eq!(dead_ids(&store).await.len(), 3);
@@ -226,7 +270,9 @@ async fn purge_asks_for_confirmation_first() {
     assert_eq!(dead_ids(&store).await.len(), 3);
     // Confirmed, they are gone.
     browser.click("[data-test=purge-all]");
-    browser.wait_for("the confirmation", |b| b.find("[data-test=confirm]").is_some());
+    browser.wait_for("the confirmation", |b| {
+        b.find("[data-test=confirm]").is_some()
+    });
     browser.click("[data-test=confirm]");
     browser.wait_for("the result", |b| b.find("[data-test=done]").is_some());
     assert!(browser.text("[data-test=done]").contains("Purged 3"));
@@ -313,26 +359,44 @@ async fn ten_thousand_dead_letters_stay_paged_in_the_browser() {
                 .with_key(format!("k{}", i % 100))
         })
         .collect();
-    dead_letters(&store, &pool, events, ErrorCode::HANDLER_PERMANENT_FAILURE, "bulk").await;
+    dead_letters(
+        &store,
+        &pool,
+        events,
+        ErrorCode::HANDLER_PERMANENT_FAILURE,
+        "bulk",
+    )
+    .await;
     let console = Console::start(&store_args(&schema), true, &[]);
     let browser = Browser::start();
     login(&browser, &console, "gina");
     browser.goto(&format!("http://{}/dead", console.addr));
     assert_eq!(browser.text("[data-test=dead-count]"), "10000");
-    let rows = |b: &Browser| b.script("return document.querySelectorAll('table.dead tbody tr').length;");
+    let rows =
+        |b: &Browser| b.script("return document.querySelectorAll('table.dead tbody tr').length;");
     assert_eq!(rows(&browser), 50);
-    let first = browser.script("return document.querySelector('table.dead tbody tr a').textContent;");
+    let first =
+        browser.script("return document.querySelector('table.dead tbody tr a').textContent;");
     browser.click("[data-test=next-page]");
     browser.wait_for("the second page", |b| b.url().contains("after="));
     assert_eq!(rows(&browser), 50);
-    let second = browser.script("return document.querySelector('table.dead tbody tr a').textContent;");
+    let second =
+        browser.script("return document.querySelector('table.dead tbody tr a').textContent;");
     assert_ne!(first, second);
     // The page answers clicks: select all on the page, then confirm 50.
     browser.click("#select-all");
     browser.click("[data-test=purge-selected]");
-    browser.wait_for("the confirmation", |b| b.find("[data-test=confirm]").is_some());
+    browser.wait_for("the confirmation", |b| {
+        b.find("[data-test=confirm]").is_some()
+    });
     assert_eq!(browser.text("[data-test=confirm-count]"), "50");
-    assert_eq!(store.count_dead(&outbox_core::DeadLetterFilter::all()).await.unwrap(), 10_000);
+    assert_eq!(
+        store
+            .count_dead(&outbox_core::DeadLetterFilter::all())
+            .await
+            .unwrap(),
+        10_000
+    );
     drop(browser);
     drop(console);
     drop_schema(&pool, &schema).await;

@@ -361,9 +361,15 @@ mod tests {
     fn cross_site_requests_are_refused() {
         let mut h = with_cookie("x");
         assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, HeaderValue::from_static("http://127.0.0.1:8089"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("http://127.0.0.1:8089"),
+        );
         assert!(same_origin(&h).is_ok());
-        h.insert(header::ORIGIN, HeaderValue::from_static("https://evil.example"));
+        h.insert(
+            header::ORIGIN,
+            HeaderValue::from_static("https://evil.example"),
+        );
         assert!(same_origin(&h).is_err());
         let mut h = with_cookie("x");
         h.insert("sec-fetch-site", HeaderValue::from_static("cross-site"));

@@ -168,9 +168,17 @@ pub(crate) fn duration(secs: Option<f64>) -> String {
     } else if s < 3600.0 {
         format!("{} min {} s", (s / 60.0) as u64, (s % 60.0) as u64)
     } else if s < 86_400.0 {
-        format!("{} h {} min", (s / 3600.0) as u64, ((s % 3600.0) / 60.0) as u64)
+        format!(
+            "{} h {} min",
+            (s / 3600.0) as u64,
+            ((s % 3600.0) / 60.0) as u64
+        )
     } else {
-        format!("{} d {} h", (s / 86_400.0) as u64, ((s % 86_400.0) / 3600.0) as u64)
+        format!(
+            "{} d {} h",
+            (s / 86_400.0) as u64,
+            ((s % 86_400.0) / 3600.0) as u64
+        )
     }
 }
 

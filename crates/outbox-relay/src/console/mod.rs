@@ -168,7 +168,11 @@ pub(crate) struct ConsoleError {
 
 impl ConsoleError {
     /// An error page.
-    pub(crate) fn new(status: StatusCode, title: impl Into<String>, detail: impl Into<String>) -> Self {
+    pub(crate) fn new(
+        status: StatusCode,
+        title: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
         Self {
             status,
             title: title.into(),
@@ -261,7 +265,10 @@ fn security_headers(h: &mut HeaderMap) {
     );
     // `same-origin`, not `no-referrer`: with `no-referrer` browsers send
     // `Origin: null` on form posts, which [`auth::same_origin`] refuses.
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("same-origin"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
 }
 
@@ -297,7 +304,10 @@ async fn method_not_allowed() -> ConsoleError {
 }
 
 async fn css() -> Response {
-    asset("text/css; charset=utf-8", include_str!("assets/console.css"))
+    asset(
+        "text/css; charset=utf-8",
+        include_str!("assets/console.css"),
+    )
 }
 
 async fn js() -> Response {
@@ -324,10 +334,13 @@ struct Seen {
 
 impl Seen {
     fn of(console: &Console, headers: &HeaderMap) -> Self {
-        let who = console.auth.as_ref().and_then(|a| match a.session(headers) {
-            auth::SessionState::Live(s) => Some((s.who, s.csrf)),
-            _ => None,
-        });
+        let who = console
+            .auth
+            .as_ref()
+            .and_then(|a| match a.session(headers) {
+                auth::SessionState::Live(s) => Some((s.who, s.csrf)),
+                _ => None,
+            });
         Self {
             who,
             admin: console.auth.is_some(),
@@ -605,7 +618,11 @@ async fn dead_confirm(
         .call("cannot count the dead letters", store.count_dead(&filter))
         .await?;
     let seen = Seen::of(&c, &headers);
-    let title = if retry { "Replay dead letters?" } else { "Purge dead letters?" };
+    let title = if retry {
+        "Replay dead letters?"
+    } else {
+        "Purge dead letters?"
+    };
     let body = if count == 0 {
         format!(
             r#"<p data-test="confirm-count">No dead letter of group {} matches ({}): nothing to do.</p><p><a href="/dead?{}">Back</a></p>"#,
@@ -788,7 +805,15 @@ async fn set_paused(
     );
     Ok(html_response(
         StatusCode::OK,
-        html::page(&c.frame(if pause { "Paused" } else { "Resumed" }, "overview", &seen, None), &body),
+        html::page(
+            &c.frame(
+                if pause { "Paused" } else { "Resumed" },
+                "overview",
+                &seen,
+                None,
+            ),
+            &body,
+        ),
     ))
 }
 

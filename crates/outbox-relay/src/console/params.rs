@@ -82,14 +82,18 @@ fn value(p: &Params, name: &str, label: &str) -> Result<Option<String>, ConsoleE
         Some(v) if v.chars().count() > MAX_VALUE => Err(bad(format!(
             "the {label} filter is longer than {MAX_VALUE} characters"
         ))),
-        Some(v) if v.chars().any(char::is_control) => Err(bad(format!(
-            "the {label} filter holds a control character"
-        ))),
+        Some(v) if v.chars().any(char::is_control) => {
+            Err(bad(format!("the {label} filter holds a control character")))
+        }
         v => Ok(v.map(str::to_owned)),
     }
 }
 
-fn age(p: &Params, name: &str, label: &str) -> Result<(Option<String>, Option<Duration>), ConsoleError> {
+fn age(
+    p: &Params,
+    name: &str,
+    label: &str,
+) -> Result<(Option<String>, Option<Duration>), ConsoleError> {
     match p.get(name) {
         None => Ok((None, None)),
         Some(text) => match crate::dead::parse_age(text) {

@@ -110,10 +110,13 @@ impl Samples {
             }
             prev = Some((s.at, d));
         }
-        points.iter().any(|s| s.delivered.is_some()).then(|| Series {
-            name: "delivered / s (relays of --relay)".to_owned(),
-            points: out,
-        })
+        points
+            .iter()
+            .any(|s| s.delivered.is_some())
+            .then(|| Series {
+                name: "delivered / s (relays of --relay)".to_owned(),
+                points: out,
+            })
     }
 }
 

@@ -115,10 +115,7 @@ pub(crate) fn overview(
         n = groups.len(),
         pending = groups.iter().map(|g| g.pending).sum::<u64>(),
         lag = esc(&duration(
-            groups
-                .iter()
-                .filter_map(|g| g.lag_secs)
-                .reduce(f64::max)
+            groups.iter().filter_map(|g| g.lag_secs).reduce(f64::max)
         )),
         dead = groups.iter().map(|g| g.dead).sum::<u64>(),
         npaused = paused.values().filter(|p| p.is_some()).count(),
@@ -293,11 +290,7 @@ pub(crate) fn overview(
                 },
             ),
         };
-        let _ = write!(
-            out,
-            "<p>Oldest open transaction: {}.</p>",
-            esc(&oldest)
-        );
+        let _ = write!(out, "<p>Oldest open transaction: {}.</p>", esc(&oldest));
         let slots: Vec<String> = h["replication_slots"]
             .as_array()
             .into_iter()
@@ -316,7 +309,13 @@ pub(crate) fn overview(
         if !slots.is_empty() {
             out.push_str(&table(
                 "slots",
-                &["Replication slot", "Type", "", "xmin age", "catalog xmin age"],
+                &[
+                    "Replication slot",
+                    "Type",
+                    "",
+                    "xmin age",
+                    "catalog xmin age",
+                ],
                 &slots,
             ));
         }
@@ -371,7 +370,9 @@ pub(crate) fn shards(doc: &Value) -> String {
     for g in groups_of(doc) {
         let _ = write!(out, "<h2>Group {}</h2>", esc(&g.name));
         if g.shards.is_empty() {
-            out.push_str(r#"<p class="muted">No cursor yet: no relay of this group has claimed.</p>"#);
+            out.push_str(
+                r#"<p class="muted">No cursor yet: no relay of this group has claimed.</p>"#,
+            );
             continue;
         }
         let rows: Vec<String> = g
@@ -585,7 +586,8 @@ const HEX_LIMIT: usize = 4096;
 /// replay / purge buttons.
 pub(crate) fn dead_detail(group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> String {
     let e = &d.event;
-    let time = |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
+    let time =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
     let mut out = String::new();
     let fields = [
         ("Event id", e.id.to_string()),
@@ -614,7 +616,13 @@ pub(crate) fn dead_detail(group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> S
         let rows: Vec<String> = e
             .headers
             .iter()
-            .map(|(k, v)| format!("<td class=\"mono\">{}</td><td class=\"mono\">{}</td>", esc(k), esc(v)))
+            .map(|(k, v)| {
+                format!(
+                    "<td class=\"mono\">{}</td><td class=\"mono\">{}</td>",
+                    esc(k),
+                    esc(v)
+                )
+            })
             .collect();
         out.push_str(&table("headers", &["Header", "Value"], &rows));
     }
@@ -719,7 +727,8 @@ pub(crate) fn confirm(c: &Confirm<'_>, viewer: &Viewer<'_>) -> String {
         scope = esc(&scope),
         csrf = viewer.csrf_field(),
         hidden = c.params.hidden_fields(),
-        do_ = if c.retry { "retry" } else { "purge" }.to_owned() + if c.all { ":all" } else { ":selected" },
+        do_ = if c.retry { "retry" } else { "purge" }.to_owned()
+            + if c.all { ":all" } else { ":selected" },
         cls = if c.retry { "" } else { "danger" },
         verb_lc = verb.to_lowercase(),
         back = esc(&c.params.query(None)),

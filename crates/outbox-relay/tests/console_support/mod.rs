@@ -160,7 +160,10 @@ impl Console {
                     std::fs::read_to_string(&log).unwrap_or_default()
                 );
             }
-            assert!(Instant::now() < deadline, "the console did not answer in 60 s");
+            assert!(
+                Instant::now() < deadline,
+                "the console did not answer in 60 s"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         Console {
@@ -183,7 +186,13 @@ impl Console {
     /// else: the caller puts the CSRF token in the form).
     pub fn post(&self, path: &str, session: Option<&Session>, body: &str) -> Resp {
         match session {
-            Some(s) => http(&self.addr, "POST", path, &[("Cookie", &s.cookie)], Some(body)),
+            Some(s) => http(
+                &self.addr,
+                "POST",
+                path,
+                &[("Cookie", &s.cookie)],
+                Some(body),
+            ),
             None => http(&self.addr, "POST", path, &[], Some(body)),
         }
     }
@@ -197,12 +206,18 @@ impl Console {
         );
         assert_eq!(r.status, 303, "login: {}", r.body);
         let set = r.header("set-cookie").expect("a session cookie");
-        assert!(set.contains("HttpOnly") && set.contains("SameSite=Strict"), "{set}");
+        assert!(
+            set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+            "{set}"
+        );
         let cookie = set.split(';').next().unwrap().to_owned();
-        let page = self.get("/", Some(&Session {
-            cookie: cookie.clone(),
-            csrf: String::new(),
-        }));
+        let page = self.get(
+            "/",
+            Some(&Session {
+                cookie: cookie.clone(),
+                csrf: String::new(),
+            }),
+        );
         let csrf = csrf_of(&page.body).expect("a CSRF token on the page of a session");
         Session { cookie, csrf }
     }
@@ -246,7 +261,7 @@ pub async fn dead_letters(
     let mut events = events.into_iter().peekable();
     while events.peek().is_some() {
         let chunk: Vec<NewEvent> = events.by_ref().take(1000).collect();
-        ids.extend(store.outbox().enqueue_batch(&mut *tx, chunk).await.unwrap());
+        ids.extend(store.outbox().enqueue_batch(&mut tx, chunk).await.unwrap());
     }
     tx.commit().await.unwrap();
     let mut done = 0;

@@ -73,16 +73,17 @@ fn read_response(s: &mut std::net::TcpStream) -> std::io::Result<String> {
             Some(len) if rest.len() >= len => {
                 return Ok(String::from_utf8_lossy(&rest[..len]).into_owned())
             }
-            None if head.contains("transfer-encoding: chunked")
-                && rest.ends_with(b"0\r\n\r\n") =>
-            {
+            None if head.contains("transfer-encoding: chunked") && rest.ends_with(b"0\r\n\r\n") => {
                 return Ok(dechunk(&String::from_utf8_lossy(rest)))
             }
             _ => {}
         }
     }
     let text = String::from_utf8_lossy(&raw);
-    Ok(text.split_once("\r\n\r\n").map_or("", |(_, b)| b).to_owned())
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned())
 }
 
 fn dechunk(mut rest: &str) -> String {
@@ -179,7 +180,10 @@ impl Browser {
 
     /// The current URL.
     pub fn url(&self) -> String {
-        self.cmd("GET", "/url", None).as_str().unwrap_or("").to_owned()
+        self.cmd("GET", "/url", None)
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
     }
 
     /// The page's HTML as the browser has it now.
