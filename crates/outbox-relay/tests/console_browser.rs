@@ -97,11 +97,7 @@ async fn enqueue(store: &PgLogStore, pool: &sqlx::PgPool, n: usize) {
         )
         .with_key(format!("k{}", i % 3))
     });
-    store
-        .outbox()
-        .enqueue_batch(&mut tx, events)
-        .await
-        .unwrap();
+    store.outbox().enqueue_batch(&mut tx, events).await.unwrap();
     tx.commit().await.unwrap();
 }
 

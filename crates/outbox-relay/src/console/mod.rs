@@ -153,7 +153,9 @@ pub(crate) struct Console {
     sample_secs: u64,
     /// Passwords and the token: scrubbed from every message shown or logged.
     secrets: Vec<String>,
-    /// The event log as seen by each other group, opened on first use.
+    /// The event log as seen by each other group, opened on first use
+    /// (only the event log has other groups).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     scoped: tokio::sync::Mutex<HashMap<String, AnyStore>>,
 }
 
