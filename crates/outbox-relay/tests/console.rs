@@ -557,3 +557,49 @@ fn a_non_loopback_listen_address_is_refused_without_allow_remote() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("OUTBOX_TEST_UNSET_TOKEN_VAR"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_relay_the_overview_shows_its_sink_state_and_throughput() {
+    let (schema, pool) = migrated_log("outbox_console_relay").await;
+    let store = log_store(&schema, |o| o).await;
+    let url = database_url();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let metrics = console_support::free_addr();
+    let mut relay = outbox_testkit::process::ChildGuard::new(
+        support::relay(&["run"])
+            .args(store_args(&url, &schema))
+            .args(["--sink", &format!("jsonl:{}", file.display())])
+            .args(["--poll-interval-ms", "100", "--metrics-addr", &metrics])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let console = Console::start(&store_args(&url, &schema), false, &["--relay", &metrics]);
+    let mut tx = pool.begin().await.unwrap();
+    let events = (0..20).map(|i| NewEvent::new("t", "t", format!("{i}").into_bytes()));
+    store.outbox().enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let delivered = support::wait_jsonl_ids(&file, 20, &mut relay).await;
+    assert_eq!(delivered.len(), 20);
+    // The sampler reads the relay's counter every second: the chart shows
+    // once two samples have it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let page = loop {
+        let r = console.get("/", None);
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.body.contains("Throughput: events delivered per second") {
+            break r.body;
+        }
+        assert!(Instant::now() < deadline, "no throughput chart: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        page.contains(&format!("relay {metrics}: ready")),
+        "the relay's sink state: {page}"
+    );
+    assert!(page.contains("sink: closed"), "{page}");
+    support::stop(&mut relay);
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
