@@ -124,6 +124,9 @@ async fn the_overview_shows_the_lag_a_test_created() {
         b.find("figure.chart polyline").is_some()
     });
     shot(&browser, "overview");
+    if let Some(dir) = screenshot_dir() {
+        browser.screenshot_width(&dir.join("overview-phone.png"), 390);
+    }
     browser.goto(&format!("http://{}/shards", console.addr));
     assert!(browser.source().contains("Group default"));
     shot(&browser, "shards");

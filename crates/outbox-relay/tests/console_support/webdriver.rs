@@ -265,8 +265,18 @@ impl Browser {
     }
 
     /// Saves a PNG of the whole page (its full height, at most 4000 px)
-    /// to `path`.
+    /// to `path`, 1280 px wide.
     pub fn screenshot(&self, path: &Path) {
+        self.screenshot_width(path, 1280);
+    }
+
+    /// [`Browser::screenshot`] at `width` px (390: a phone).
+    pub fn screenshot_width(&self, path: &Path, width: u64) {
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(json!({"width": width, "height": 900})),
+        );
         let height = self
             .script("return Math.min(4000, document.documentElement.scrollHeight);")
             .as_u64()
@@ -274,7 +284,7 @@ impl Browser {
         self.cmd(
             "POST",
             "/window/rect",
-            Some(json!({"width": 1280, "height": height.max(600) + 140})),
+            Some(json!({"width": width, "height": height.max(600) + 140})),
         );
         let b64 = self.cmd("GET", "/screenshot", None);
         let png = base64::Engine::decode(
