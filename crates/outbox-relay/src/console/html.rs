@@ -33,6 +33,8 @@ pub(crate) fn enc(s: &str) -> String {
 /// Who is looking: shown in the header, and whether action forms appear.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Viewer<'a> {
+    /// Not known (an error page, rendered without the request's session).
+    Unknown,
     /// The console has no admin token: nothing can be changed.
     ReadOnly,
     /// An admin token is configured, but this browser has no session.
@@ -97,6 +99,7 @@ pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
     })
     .collect::<String>();
     let who = match frame.viewer {
+        Viewer::Unknown => String::new(),
         Viewer::ReadOnly => {
             r#"<span class="badge" title="started without an admin token">read-only</span>"#
                 .to_owned()
@@ -134,12 +137,16 @@ pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
 <main{refresh}>
 {body}
 </main>
-<footer>store <code>{store}</code> · outbox-relay {version}</footer>
+<footer>{store}outbox-relay {version}</footer>
 </body>
 </html>
 "#,
         title = esc(frame.title),
-        store = esc(frame.store),
+        store = if frame.store.is_empty() {
+            String::new()
+        } else {
+            format!("store <code>{}</code> · ", esc(frame.store))
+        },
         version = env!("CARGO_PKG_VERSION"),
     )
 }

@@ -204,7 +204,7 @@ impl IntoResponse for ConsoleError {
         let frame = Frame {
             title: &self.title,
             active: "",
-            viewer: Viewer::ReadOnly,
+            viewer: Viewer::Unknown,
             refresh: None,
             store: "",
         };
@@ -394,7 +394,8 @@ impl Console {
             return Ok(());
         }
         Err(ConsoleError::not_found(format!(
-            "There is no consumer group {group:?} in this outbox (groups: {}).",
+            "There is no consumer group {group:?} in this outbox (groups: {}). A group exists once \
+             a relay of it has claimed; to pause one before that, start the console with --group {group}.",
             names.join(", ")
         )))
     }
