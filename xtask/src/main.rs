@@ -12,10 +12,13 @@
 //! - `cargo xtask chaos [--quick|--medium|--full]`: the reliability suite
 //!   (RELIABILITY.md).
 //! - `cargo xtask services`: report (and start what the project starts itself).
+//! - `cargo xtask screenshots`: the console's browser tests, saving each
+//!   page as a PNG under `docs/console/` (installs chromium when missing).
 
 #![allow(clippy::print_stdout, reason = "xtask is a command-line tool")]
 
 mod bench;
+mod browser;
 mod chaos;
 mod deploy;
 mod kafka;
@@ -41,6 +44,7 @@ fn main() -> Result<()> {
         "chaos" => chaos::run(rest),
         "services" => services::report_and_hold(rest),
         "bench" => bench::run(rest),
+        "screenshots" => browser::screenshots(rest),
         "help" | "--help" | "-h" => {
             print_help();
             Ok(())
@@ -70,7 +74,9 @@ fn print_help() {
          \x20          rewrites RELIABILITY.md's results section (`--no-doc` leaves it)\n\
          services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\
          \x20          `--hold` keeps what it started running until Ctrl-C\n\
-         bench      [--quick] [--scenario NAME]: throughput / latency / cost vs ceilings (BENCHMARKS.md)\n"
+         bench      [--quick] [--scenario NAME]: throughput / latency / cost vs ceilings (BENCHMARKS.md)\n\
+         screenshots the console's browser tests (headless chromium, installed when missing),\n\
+         \x20          saving a PNG of each page under docs/console/ (README \"Operator console\")\n"
     );
 }
 
@@ -131,6 +137,10 @@ fn ci(rest: &[String]) -> Result<()> {
     cargo(&["test", "--workspace", "--all-features", "--no-run"])?;
     package::outside_project(&packaged, false)?;
     let _services = services::ensure_all()?;
+    // The console's browser tests (in the test run below) drive Debian's
+    // headless chromium through chromedriver: install them when missing.
+    println!("\n==> browser for the console's tests");
+    browser::ensure_chromium()?;
     let quickstart = std::time::Instant::now();
     package::outside_project(&packaged, true)?;
     println!(

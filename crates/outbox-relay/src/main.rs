@@ -1,7 +1,8 @@
 //! `outbox-relay`: runs the outbox relay, its demo, and store administration.
 //!
 //! Commands: `demo`, `run`, `migrate`, `status`, `pause`, `resume`,
-//! `dead list|show|retry|purge`, `group list|drop`.
+//! `dead list|show|retry|purge`, `group list|drop`, `console` (feature
+//! `console`: the operator's web console).
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
 //! Errors are printed as one line, each cause once, root cause last, with
 //! every password the user passed replaced by `***`.
@@ -18,6 +19,8 @@
 mod any;
 mod backends;
 mod config;
+#[cfg(feature = "console")]
+mod console;
 mod control;
 mod dead;
 #[cfg(feature = "sqlite")]
@@ -77,6 +80,11 @@ enum Command {
         #[command(subcommand)]
         command: groups::GroupCommand,
     },
+    /// Serve the operator console: a web page of the groups, shards,
+    /// relays and dead letters, with replay, purge and pause/resume for an
+    /// operator holding the admin token (read-only without one).
+    #[cfg(feature = "console")]
+    Console(Box<console::ConsoleArgs>),
     /// Print the README's configuration table (generated from the settings
     /// and the backends' descriptors), or check or update a file's copy.
     #[command(hide = true)]
@@ -177,6 +185,12 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
         Command::Group { command } => {
             init_logging("warn");
             groups::run(command, secrets).await
+        }
+        #[cfg(feature = "console")]
+        Command::Console(args) => {
+            // The audit lines (who changed what) are INFO.
+            init_logging("info");
+            console::run(*args, secrets).await
         }
         Command::ConfigTable(args) => match (args.check, args.write) {
             (Some(path), _) => table::check(&path),

@@ -95,7 +95,11 @@ fn secs(d: Option<Duration>) -> Value {
 }
 
 /// The status document (the JSON form; the text form is rendered from it).
-async fn collect(store: &AnyStore, url: &str, relays: &[String]) -> anyhow::Result<Value> {
+pub(crate) async fn collect(
+    store: &AnyStore,
+    url: &str,
+    relays: &[String],
+) -> anyhow::Result<Value> {
     let stats = store.stats().await.context("cannot read stats")?;
     let mut doc = json!({
         "store": redact_url(url),
@@ -222,6 +226,7 @@ pub(crate) fn group_json(g: &outbox_postgres::GroupStatus) -> Value {
             "parked_keys": s.parked_keys,
             "owner": s.cursor.owner,
             "leased": s.cursor.leased,
+            "lease_until": s.cursor.lease_until.map(|t| t.to_rfc3339()),
             "epoch": s.cursor.epoch,
             "updated_at": s.cursor.updated_at.to_rfc3339(),
         })).collect::<Vec<_>>(),

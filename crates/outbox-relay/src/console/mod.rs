@@ -1,0 +1,477 @@
+//! `outbox-relay console`: the operator console, a small web application
+//! served by the binary (axum's HTTP/1 server, server-rendered HTML, every
+//! asset embedded: no CDN, works offline, no Node build step).
+//!
+//! | path | page |
+//! |------|------|
+//! | `GET /` | overview: groups with events behind and lag, paused groups, charts of the last hour, relays' sink state (`--relay`), rotation and horizon |
+//! | `GET /shards` | shards & relays: who holds which shard, lease expiry, per-shard lag |
+//! | `GET /dead` | dead letters of a group, filtered (`type`, `code`, `key`, `older_than`, `newer_than`), paged by id (`after`, `limit`) |
+//! | `GET /dead/{id}` | one dead letter: headers, payload (pretty JSON when JSON), final error, attempts |
+//! | `POST /dead/confirm` | the confirmation page of a replay or purge: states the count |
+//! | `POST /dead/act` | replays or purges the confirmed selection |
+//! | `POST /groups/pause`, `POST /groups/resume` | pause (with a reason) or resume a group |
+//! | `GET /login`, `POST /login`, `POST /logout` | the admin session |
+//!
+//! Every read and change goes through the store calls the CLI uses
+//! (`status`'s document, [`DeadLetterStore`], [`ControlStore`]); the
+//! console adds no SQL. Safety ([`auth`]): read-only without an admin
+//! token; every change needs a session opened with the token and the
+//! session's CSRF token; loopback only unless `--allow-remote`; every
+//! change is logged (target `outbox_relay::console::audit`: who, what,
+//! which group, the selection, how many) and a pause records its author
+//! in the store's pause note. Errors are pages with a status code and a
+//! message (passwords and the token scrubbed), never a blank page.
+
+mod auth;
+mod html;
+mod pages;
+mod params;
+mod samples;
+mod views;
+
+use crate::any::AnyStore;
+use crate::config::StoreArgs;
+use anyhow::{bail, Context as _};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use clap::Args;
+use html::{esc, Frame, Viewer};
+use outbox_core::redact_url;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tracing::{info, warn};
+
+/// The longest a page waits for the store before it says the store did
+/// not answer (the pool's own acquire timeout is 30 s).
+const STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The audit log's target: one INFO line per change.
+const AUDIT: &str = "outbox_relay::console::audit";
+
+/// `console`.
+#[derive(Debug, Args)]
+pub(crate) struct ConsoleArgs {
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Where to serve the console. A non-loopback address needs --allow-remote.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8089")]
+    listen: SocketAddr,
+    /// Serve on a non-loopback --listen address (put TLS in front of it:
+    /// the console speaks plain HTTP).
+    #[arg(long)]
+    allow_remote: bool,
+    /// A file holding the admin token (at least 16 characters): without a
+    /// token the console is read-only.
+    #[arg(long, value_name = "FILE", conflicts_with = "admin_token_env")]
+    admin_token_file: Option<PathBuf>,
+    /// The environment variable holding the admin token.
+    #[arg(long, value_name = "VAR")]
+    admin_token_env: Option<String>,
+    /// A running relay's --metrics-addr (host:port): its sink state on the
+    /// overview, its delivered events in the throughput chart. Repeatable.
+    #[arg(long = "relay", value_name = "ADDR")]
+    relays: Vec<String>,
+    /// Seconds between two chart samples (the charts keep an hour).
+    #[arg(long, value_name = "SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    sample_secs: u64,
+    /// How long an admin session lasts, in minutes.
+    #[arg(long, value_name = "MIN", default_value_t = 720,
+          value_parser = clap::value_parser!(u64).range(1..=10_080))]
+    session_minutes: u64,
+}
+
+/// Runs `console` until SIGINT/SIGTERM.
+pub(crate) async fn run(args: ConsoleArgs, secrets: &mut Vec<String>) -> anyhow::Result<()> {
+    if !args.listen.ip().is_loopback() && !args.allow_remote {
+        bail!(
+            "refusing to serve the console on {}: not a loopback address; pass --allow-remote to \
+             serve it there (and put TLS in front: the console speaks plain HTTP)",
+            args.listen
+        );
+    }
+    let token = auth::load_token(
+        args.admin_token_file.as_deref(),
+        args.admin_token_env.as_deref(),
+    )?;
+    if let Some(t) = &token {
+        secrets.push(t.clone());
+    }
+    let (store, url) = crate::open(&args.store, secrets).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot serve the console on {}", args.listen))?;
+    let addr = listener.local_addr().unwrap_or(args.listen);
+    let console = Arc::new(Console {
+        store,
+        store_url: redact_url(&url),
+        relays: args.relays,
+        auth: token.map(|t| auth::Auth::new(t, Duration::from_secs(args.session_minutes * 60))),
+        samples: samples::Samples::default(),
+        sample_secs: args.sample_secs,
+        secrets: secrets.clone(),
+        scoped: tokio::sync::Mutex::new(HashMap::new()),
+    });
+    tokio::spawn(samples::run(
+        console.clone(),
+        Duration::from_secs(args.sample_secs),
+    ));
+    info!(
+        url = %format!("http://{addr}/"),
+        store = %console.store_url,
+        admin = console.auth.is_some(),
+        "console: serving (read-only unless an admin token is configured)"
+    );
+    axum::serve(listener, router(console))
+        .with_graceful_shutdown(crate::shutdown_signal())
+        .await
+        .context("the console's server failed")?;
+    Ok(())
+}
+
+/// What every handler reads.
+#[derive(Debug)]
+pub(crate) struct Console {
+    store: AnyStore,
+    /// The store URL, password redacted.
+    store_url: String,
+    relays: Vec<String>,
+    auth: Option<auth::Auth>,
+    samples: samples::Samples,
+    sample_secs: u64,
+    /// Passwords and the token: scrubbed from every message shown or logged.
+    secrets: Vec<String>,
+    /// The event log as seen by each other group, opened on first use
+    /// (only the event log has other groups).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    scoped: tokio::sync::Mutex<HashMap<String, AnyStore>>,
+}
+
+/// A page that explains what went wrong, with its status code.
+#[derive(Debug)]
+pub(crate) struct ConsoleError {
+    pub(crate) status: StatusCode,
+    pub(crate) title: String,
+    pub(crate) detail: String,
+    login: bool,
+}
+
+impl ConsoleError {
+    /// An error page.
+    pub(crate) fn new(
+        status: StatusCode,
+        title: impl Into<String>,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            title: title.into(),
+            detail: detail.into(),
+            login: false,
+        }
+    }
+
+    /// Adds a link to the login page.
+    pub(crate) fn with_login(mut self) -> Self {
+        self.login = true;
+        self
+    }
+
+    /// A change asked of a console without an admin token.
+    pub(crate) fn read_only() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "Read-only console",
+            "This console was started without an admin token, so nothing can be changed from it. \
+             Restart it with --admin-token-file FILE or --admin-token-env VAR to allow changes.",
+        )
+    }
+
+    fn not_found(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "Not found", detail)
+    }
+}
+
+impl IntoResponse for ConsoleError {
+    fn into_response(self) -> Response {
+        let frame = Frame {
+            title: &self.title,
+            active: "",
+            viewer: Viewer::Unknown,
+            refresh: None,
+            store: "",
+        };
+        let login = if self.login {
+            r#"<p><a href="/login" class="button">Log in</a></p>"#
+        } else {
+            ""
+        };
+        let body = format!(
+            r#"<section class="error" data-test="error"><p><strong>{} {}</strong></p><p data-test="error-detail">{}</p>{login}<p><a href="/">Back to the overview</a></p></section>"#,
+            self.status.as_u16(),
+            esc(self.status.canonical_reason().unwrap_or("")),
+            esc(&self.detail),
+        );
+        html_response(self.status, html::page(&frame, &body))
+    }
+}
+
+/// A store call failed: `503`, with the error (scrubbed), logged.
+fn store_down(console: &Console, what: &str, e: impl Into<anyhow::Error>) -> ConsoleError {
+    let e: anyhow::Error = e.into();
+    let text = crate::report::render(&e, &console.secrets);
+    warn!(error = %text, "console: {what}");
+    ConsoleError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The store did not answer",
+        format!("{what}: {text}. The page works again once the store answers; reload it."),
+    )
+}
+
+/// `200 text/html` with the console's security headers.
+fn html_response(status: StatusCode, body: String) -> Response {
+    let mut r = (status, body).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    security_headers(h);
+    r
+}
+
+fn security_headers(h: &mut HeaderMap) {
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
+             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        ),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    // `same-origin`, not `no-referrer`: with `no-referrer` browsers send
+    // `Origin: null` on form posts, which [`auth::same_origin`] refuses.
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+}
+
+fn router(console: Arc<Console>) -> Router {
+    Router::new()
+        .route("/", get(pages::overview))
+        .route("/shards", get(pages::shards))
+        .route("/dead", get(pages::dead_list))
+        .route("/dead/confirm", post(pages::dead_confirm))
+        .route("/dead/act", post(pages::dead_act))
+        .route("/dead/{id}", get(pages::dead_detail))
+        .route("/groups/pause", post(pages::pause))
+        .route("/groups/resume", post(pages::resume))
+        .route("/login", get(pages::login_page).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/assets/console.css", get(css))
+        .route("/assets/console.js", get(js))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(console)
+}
+
+async fn not_found() -> ConsoleError {
+    ConsoleError::not_found("There is no such page in the console.")
+}
+
+async fn method_not_allowed() -> ConsoleError {
+    ConsoleError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "Method not allowed",
+        "This page does not take that kind of request (changes are forms sent with POST from the console's pages).",
+    )
+}
+
+async fn css() -> Response {
+    asset(
+        "text/css; charset=utf-8",
+        include_str!("assets/console.css"),
+    )
+}
+
+async fn js() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        include_str!("assets/console.js"),
+    )
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = body.into_response();
+    let h = r.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    security_headers(h);
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// The session of a request, as a [`Viewer`] (owned parts).
+struct Seen {
+    who: Option<(String, String)>,
+    admin: bool,
+}
+
+impl Seen {
+    fn of(console: &Console, headers: &HeaderMap) -> Self {
+        let who = console
+            .auth
+            .as_ref()
+            .and_then(|a| match a.session(headers) {
+                auth::SessionState::Live(s) => Some((s.who, s.csrf)),
+                _ => None,
+            });
+        Self {
+            who,
+            admin: console.auth.is_some(),
+        }
+    }
+
+    fn viewer(&self) -> Viewer<'_> {
+        match (&self.who, self.admin) {
+            (Some((who, csrf)), _) => Viewer::Admin { who, csrf },
+            (None, true) => Viewer::Anonymous,
+            (None, false) => Viewer::ReadOnly,
+        }
+    }
+}
+
+impl Console {
+    fn frame<'a>(
+        &'a self,
+        title: &'a str,
+        active: &'a str,
+        seen: &'a Seen,
+        refresh: Option<u64>,
+    ) -> Frame<'a> {
+        Frame {
+            title,
+            active,
+            viewer: seen.viewer(),
+            refresh,
+            store: &self.store_url,
+        }
+    }
+
+    /// The groups a page may name: the event log's groups (and the
+    /// console's own `--group`), or `default`.
+    async fn group_names(&self) -> Result<Vec<String>, ConsoleError> {
+        #[cfg(feature = "postgres")]
+        if let AnyStore::PgLog(log) = &self.store {
+            let mut names = self
+                .call("cannot read the consumer groups", log.group_names())
+                .await?;
+            if !names.iter().any(|n| n == log.group()) {
+                names.push(log.group().to_owned());
+                names.sort();
+            }
+            return Ok(names);
+        }
+        Ok(vec![self.store.group().to_owned()])
+    }
+
+    /// `group`, checked: a `404` page names the known groups otherwise.
+    async fn known_group(&self, group: &str) -> Result<(), ConsoleError> {
+        let names = self.group_names().await?;
+        if names.iter().any(|n| n == group) {
+            return Ok(());
+        }
+        Err(ConsoleError::not_found(format!(
+            "There is no consumer group {group:?} in this outbox (groups: {}). A group exists once \
+             a relay of it has claimed; to pause one before that, start the console with --group {group}.",
+            names.join(", ")
+        )))
+    }
+
+    /// The store as consumer group `group` reads it (its dead letters).
+    async fn store_for(&self, group: &str) -> Result<AnyStore, ConsoleError> {
+        self.known_group(group).await?;
+        if group == self.store.group() {
+            return Ok(self.store.clone());
+        }
+        #[cfg(feature = "postgres")]
+        if let AnyStore::PgLog(log) = &self.store {
+            let mut scoped = self.scoped.lock().await;
+            if let Some(s) = scoped.get(group) {
+                return Ok(s.clone());
+            }
+            let name = outbox_postgres::GroupName::new(group).map_err(|e| {
+                ConsoleError::new(
+                    StatusCode::BAD_REQUEST,
+                    "Invalid group",
+                    format!("group {group:?}: {e}"),
+                )
+            })?;
+            let s = AnyStore::PgLog(
+                self.call("cannot open the consumer group", log.for_group(&name))
+                    .await?,
+            );
+            scoped.insert(group.to_owned(), s.clone());
+            return Ok(s);
+        }
+        Err(ConsoleError::not_found(format!(
+            "There is no consumer group {group:?} in this outbox."
+        )))
+    }
+
+    async fn status(&self) -> Result<serde_json::Value, ConsoleError> {
+        self.call(
+            "cannot read the outbox's status",
+            crate::status::collect(&self.store, &self.store_url, &self.relays),
+        )
+        .await
+    }
+
+    /// Awaits a store call for at most [`STORE_TIMEOUT`]: its error, or
+    /// its silence, is a `503` page saying `what` failed.
+    async fn call<T, E: Into<anyhow::Error>>(
+        &self,
+        what: &str,
+        call: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, ConsoleError> {
+        match tokio::time::timeout(STORE_TIMEOUT, call).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(store_down(self, what, e)),
+            Err(_) => Err(store_down(
+                self,
+                what,
+                anyhow::anyhow!("no answer within {} s", STORE_TIMEOUT.as_secs()),
+            )),
+        }
+    }
+}
+
+/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the body, at
+/// most 1 MiB.
+pub(crate) async fn get_text(addr: &str, path: &str) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut raw = Vec::new();
+    stream.take(1024 * 1024).read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    Ok(text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned())
+}

@@ -1,0 +1,452 @@
+//! The handlers of the console's pages and forms (routes: the module docs
+//! of [`super`]). Each reads through [`Console`]'s store calls, renders with
+//! [`views`], and answers a [`ConsoleError`] page when something is wrong.
+
+use super::html::{self, esc};
+use super::params::{DeadParams, Params};
+use super::{auth, html_response, views, Console, ConsoleError, Seen, AUDIT};
+use axum::body::Bytes;
+use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use outbox_core::{
+    ControlStore, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, EventId, PauseNote,
+};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tracing::{info, warn};
+
+pub(super) async fn overview(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+) -> Result<Response, ConsoleError> {
+    let doc = c.status().await?;
+    let mut paused = BTreeMap::new();
+    for g in views::groups_of(&doc) {
+        let p = c
+            .call("cannot read the pause state", c.store.paused(&g.name))
+            .await?;
+        paused.insert(g.name, p);
+    }
+    let seen = Seen::of(&c, &headers);
+    let body = views::overview(&doc, &paused, &c.samples, c.sample_secs, &seen.viewer());
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(&c.frame("Overview", "overview", &seen, Some(5)), &body),
+    ))
+}
+
+pub(super) async fn shards(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+) -> Result<Response, ConsoleError> {
+    let doc = c.status().await?;
+    let seen = Seen::of(&c, &headers);
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(
+            &c.frame("Shards & relays", "shards", &seen, Some(5)),
+            &views::shards(&doc),
+        ),
+    ))
+}
+
+pub(super) async fn dead_list(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(query.as_deref().unwrap_or("").as_bytes());
+    let params = DeadParams::parse(&p, c.store.group())?;
+    let store = c.store_for(&params.group).await?;
+    let filter = params.filter();
+    let total = c
+        .call("cannot count the dead letters", store.count_dead(&filter))
+        .await?;
+    let query = DeadLetterQuery {
+        filter,
+        limit: params.limit + 1,
+        after: params.after,
+    };
+    let mut rows = c
+        .call("cannot list the dead letters", store.list_dead(&query))
+        .await?;
+    let next = if rows.len() > params.limit as usize {
+        rows.truncate(params.limit as usize);
+        rows.last().map(|d| d.event.id)
+    } else {
+        None
+    };
+    let groups = c.group_names().await?;
+    let seen = Seen::of(&c, &headers);
+    let body = views::dead_list(&params, &groups, total, &rows, next, &seen.viewer());
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(&c.frame("Dead letters", "dead", &seen, None), &body),
+    ))
+}
+
+pub(super) async fn dead_detail(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(query.as_deref().unwrap_or("").as_bytes());
+    let group = p.get("group").unwrap_or(c.store.group()).to_owned();
+    let id: EventId = id.parse().map_err(|_| {
+        ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "Invalid event id",
+            format!("{id:?} is not an event id (a UUID)."),
+        )
+    })?;
+    let store = c.store_for(&group).await?;
+    let query = DeadLetterQuery {
+        filter: DeadLetterFilter::ids([id]),
+        limit: 1,
+        after: None,
+    };
+    let found = c
+        .call("cannot read the dead letter", store.list_dead(&query))
+        .await?;
+    let Some(d) = found.first() else {
+        return Err(ConsoleError::not_found(format!(
+            "Group {group:?} has no dead letter with id {id} (replayed or purged since?)."
+        )));
+    };
+    let seen = Seen::of(&c, &headers);
+    let title = format!("Dead letter {id}");
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(
+            &c.frame(&title, "dead", &seen, None),
+            &views::dead_detail(&group, d, &seen.viewer()),
+        ),
+    ))
+}
+
+/// `do=retry:selected` etc.: replay or purge, and whether "all matching".
+fn action(p: &Params) -> Result<(bool, bool), ConsoleError> {
+    match p.get("do") {
+        Some("retry:selected") => Ok((true, false)),
+        Some("retry:all") => Ok((true, true)),
+        Some("purge:selected") => Ok((false, false)),
+        Some("purge:all") => Ok((false, true)),
+        other => Err(ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "Unknown action",
+            format!(
+                "action {:?}: the console replays (retry) or purges the selected or all matching dead letters",
+                other.unwrap_or("")
+            ),
+        )),
+    }
+}
+
+/// The form's selection: with "selected", at least one id.
+fn selection(c: &Console, p: &Params, all: bool) -> Result<DeadParams, ConsoleError> {
+    let mut params = DeadParams::parse(p, c.store.group())?;
+    if all {
+        params.ids.clear();
+    } else if params.ids.is_empty() {
+        return Err(ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "Nothing selected",
+            "Select at least one dead letter (the boxes on the left), or use \"all matching\".",
+        ));
+    }
+    Ok(params)
+}
+
+pub(super) async fn dead_confirm(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(&body);
+    auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    let (retry, all) = action(&p)?;
+    let params = selection(&c, &p, all)?;
+    let store = c.store_for(&params.group).await?;
+    let filter = params.filter();
+    let count = c
+        .call("cannot count the dead letters", store.count_dead(&filter))
+        .await?;
+    let seen = Seen::of(&c, &headers);
+    let title = if retry {
+        "Replay dead letters?"
+    } else {
+        "Purge dead letters?"
+    };
+    let body = if count == 0 {
+        format!(
+            r#"<p data-test="confirm-count">No dead letter of group {} matches ({}): nothing to do.</p><p><a href="/dead?{}">Back</a></p>"#,
+            esc(&params.group),
+            esc(&params.describe()),
+            esc(&params.query(None))
+        )
+    } else {
+        views::confirm(
+            &views::Confirm {
+                retry,
+                all,
+                count,
+                params: &params,
+            },
+            &seen.viewer(),
+        )
+    };
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(&c.frame(title, "dead", &seen, None), &body),
+    ))
+}
+
+pub(super) async fn dead_act(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(&body);
+    let session = auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    let (retry, all) = action(&p)?;
+    let params = selection(&c, &p, all)?;
+    let expected: u64 = p
+        .get("expected")
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| {
+            ConsoleError::new(
+                StatusCode::BAD_REQUEST,
+                "Not confirmed",
+                "A replay or purge needs its confirmation page first (the form carries the count you confirmed).",
+            )
+        })?;
+    let store = c.store_for(&params.group).await?;
+    let filter = params.filter();
+    // "All matching" may have grown since the confirmation (new dead
+    // letters): never touch more than the operator saw.
+    if all {
+        let now = c
+            .call("cannot count the dead letters", store.count_dead(&filter))
+            .await?;
+        if now > expected {
+            return Err(ConsoleError::new(
+                StatusCode::CONFLICT,
+                "The selection changed",
+                format!(
+                    "{now} dead letters match now, {expected} when you confirmed: nothing was changed. Go back to the list and confirm again."
+                ),
+            ));
+        }
+    }
+    let verb = if retry { "replay" } else { "purge" };
+    let what = format!("cannot {verb} the dead letters");
+    let done = if retry {
+        c.call(&what, store.retry_dead(&filter)).await?
+    } else {
+        c.call(&what, store.purge_dead(&filter)).await?
+    };
+    info!(
+        target: AUDIT,
+        who = %session.who,
+        action = verb,
+        group = %params.group,
+        selection = %params.describe(),
+        confirmed = expected,
+        changed = done,
+        "console: {verb} of dead letters"
+    );
+    let seen = Seen::of(&c, &headers);
+    let text = if retry {
+        format!("Replayed {done} dead letter(s) of group {}: they are pending again and the relays deliver them.", params.group)
+    } else {
+        format!("Purged {done} dead letter(s) of group {}.", params.group)
+    };
+    let body = format!(
+        r#"<p class="big" data-test="done">{}</p>{}<p><a href="/dead?{}">Back to the dead letters</a> · <a href="/">Overview</a></p>"#,
+        esc(&text),
+        if done != expected {
+            format!(
+                r#"<p class="muted">You confirmed {expected}; {done} still matched (others changed meanwhile).</p>"#
+            )
+        } else {
+            String::new()
+        },
+        esc(&params.query(None))
+    );
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(&c.frame("Done", "dead", &seen, None), &body),
+    ))
+}
+
+pub(super) async fn pause(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    set_paused(c, headers, body, true).await
+}
+
+pub(super) async fn resume(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    set_paused(c, headers, body, false).await
+}
+
+async fn set_paused(
+    c: Arc<Console>,
+    headers: HeaderMap,
+    body: Bytes,
+    pause: bool,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(&body);
+    let session = auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    let Some(group) = p.get("group") else {
+        return Err(ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "No group",
+            "Name the consumer group to pause or resume.",
+        ));
+    };
+    c.known_group(group).await?;
+    let reason = p.get("reason").map(str::to_owned);
+    if pause && reason.is_none() {
+        return Err(ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "A reason is needed",
+            "Say why the group is paused: the reason is shown by the console, `outbox-relay status` and the relays' /readyz.",
+        ));
+    }
+    if reason.as_ref().is_some_and(|r| r.chars().count() > 500) {
+        return Err(ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "Reason too long",
+            "Keep the reason under 500 characters.",
+        ));
+    }
+    let mut note = PauseNote::new().with_by(format!("{} (console)", session.who));
+    if let Some(r) = &reason {
+        note = note.with_reason(r.clone());
+    }
+    let what = if pause { "pause" } else { "resume" };
+    let changed = c
+        .call(
+            &format!("cannot {what} the consumer group"),
+            c.store.set_paused(group, pause, &note),
+        )
+        .await?;
+    info!(
+        target: AUDIT,
+        who = %session.who,
+        action = what,
+        group = %group,
+        reason = reason.as_deref().unwrap_or(""),
+        changed,
+        "console: {what} of a consumer group"
+    );
+    let text = match (pause, changed) {
+        (true, true) => format!("Paused consumer group {group}: its relays stop claiming within about a second (what they claimed is delivered and settled)."),
+        (true, false) => format!("Consumer group {group} was already paused: its first pause (time, author, reason) is kept."),
+        (false, true) => format!("Resumed consumer group {group}: its relays claim again within about a second."),
+        (false, false) => format!("Consumer group {group} was not paused."),
+    };
+    let seen = Seen::of(&c, &headers);
+    let body = format!(
+        r#"<p class="big" data-test="done">{}</p><p><a href="/">Back to the overview</a></p>"#,
+        esc(&text)
+    );
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(
+            &c.frame(
+                if pause { "Paused" } else { "Resumed" },
+                "overview",
+                &seen,
+                None,
+            ),
+            &body,
+        ),
+    ))
+}
+
+pub(super) async fn login_page(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    let seen = Seen::of(&c, &headers);
+    let body = if c.auth.is_none() {
+        r#"<p>This console is read-only: it was started without an admin token (<code>--admin-token-file</code> or <code>--admin-token-env</code>).</p>"#.to_owned()
+    } else {
+        login_form("")
+    };
+    html_response(
+        StatusCode::OK,
+        html::page(&c.frame("Log in", "", &seen, None), &body),
+    )
+}
+
+fn login_form(name: &str) -> String {
+    format!(
+        r#"<form method="post" action="/login" class="login">
+<label>Your name (recorded with every change) <input name="who" value="{}" required maxlength="64" autocomplete="username"></label>
+<label>Admin token <input name="token" type="password" required autocomplete="current-password"></label>
+<button type="submit" data-test="login">Log in</button>
+</form>"#,
+        esc(name)
+    )
+}
+
+pub(super) async fn login(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let Some(auth) = c.auth.as_ref() else {
+        return Err(ConsoleError::read_only());
+    };
+    auth::same_origin(&headers)?;
+    let p = Params::parse(&body);
+    let who = p.get("who").unwrap_or("");
+    if who.is_empty() || who.chars().count() > 64 || who.chars().any(char::is_control) {
+        return Err(ConsoleError::new(
+            StatusCode::BAD_REQUEST,
+            "Name needed",
+            "Give your name (1 to 64 characters): it is recorded with every change you make.",
+        ));
+    }
+    if !auth.check_token(p.get("token").unwrap_or("")) {
+        warn!(target: AUDIT, who = %who, "console: login refused (wrong admin token)");
+        return Err(ConsoleError::new(
+            StatusCode::UNAUTHORIZED,
+            "Wrong admin token",
+            "That is not the console's admin token. Nothing was changed.",
+        )
+        .with_login());
+    }
+    let (id, _) = auth.login(who.to_owned());
+    info!(target: AUDIT, who = %who, "console: login");
+    let mut r = Redirect::to("/").into_response();
+    if let Ok(v) = HeaderValue::from_str(&auth.set_cookie(&id)) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}
+
+pub(super) async fn logout(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(&body);
+    let session = auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    if let Some(a) = c.auth.as_ref() {
+        a.logout(&headers);
+    }
+    info!(target: AUDIT, who = %session.who, "console: logout");
+    let mut r = Redirect::to("/").into_response();
+    if let Ok(v) = HeaderValue::from_str(&auth::clear_cookie()) {
+        r.headers_mut().insert(header::SET_COOKIE, v);
+    }
+    Ok(r)
+}

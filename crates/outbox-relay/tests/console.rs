@@ -1,0 +1,605 @@
+//! `outbox-relay console` over HTTP, as a real process against PostgreSQL
+//! (the event log, each test in its own schema) and SQLite: the pages, the
+//! read-only default, the token / session / CSRF refusals, the dead-letter
+//! filters, paging, confirmation, replay and purge, pause and resume, and
+//! the message pages of bad input and of a store that is down.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod console_support;
+mod support;
+
+use console_support::{dead_letters, enc, http, Console, Session, TOKEN};
+use outbox_core::{
+    ClaimRequest, ControlStore, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent,
+    RelayId, Resolution, Settlement, ShardSpec, Store,
+};
+use outbox_postgres::PgLogStore;
+use std::time::{Duration, Instant};
+use support::pg::{database_url, drop_schema, log_store, migrated_log};
+
+fn store_args(url: &str, schema: &str) -> Vec<String> {
+    vec![
+        "--store".into(),
+        url.into(),
+        "--pg-schema".into(),
+        schema.into(),
+    ]
+}
+
+async fn dead_ids(store: &PgLogStore) -> Vec<EventId> {
+    store
+        .list_dead(&DeadLetterQuery::default())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.event.id)
+        .collect()
+}
+
+/// The text of `data-test="NAME">...<` on `page`.
+fn marked<'a>(page: &'a str, name: &str) -> Option<&'a str> {
+    let tag = format!(r#"data-test="{name}">"#);
+    let at = page.find(&tag)? + tag.len();
+    let rest = &page[at..];
+    Some(&rest[..rest.find('<')?])
+}
+
+/// Two `order.created` (`k1` with a JSON payload and a header, `k2`)
+/// dead with HANDLER_PERMANENT_FAILURE, one `invoice.sent` (`k1`) with
+/// HANDLER_NOT_REGISTERED.
+async fn three(store: &PgLogStore, pool: &outbox_postgres::sqlx::PgPool) -> [EventId; 3] {
+    let ab = dead_letters(
+        store,
+        pool,
+        vec![
+            NewEvent::new(
+                "order.created",
+                "orders",
+                br#"{"n":1,"items":[1,2]}"#.to_vec(),
+            )
+            .with_key("k1")
+            .with_header(
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
+            NewEvent::new("order.created", "orders", b"<b>not json</b>".to_vec()).with_key("k2"),
+        ],
+        ErrorCode::HANDLER_PERMANENT_FAILURE,
+        "bad <order>",
+    )
+    .await;
+    let c = dead_letters(
+        store,
+        pool,
+        vec![NewEvent::new("invoice.sent", "invoices", b"plain".to_vec()).with_key("k1")],
+        ErrorCode::HANDLER_NOT_REGISTERED,
+        "no handler",
+    )
+    .await;
+    [ab[0], ab[1], c[0]]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_console_shows_every_page_and_refuses_every_change() {
+    let (schema, pool) = migrated_log("outbox_console_ro").await;
+    let store = log_store(&schema, |o| o).await;
+    let [a, _, _] = three(&store, &pool).await;
+    // A password in the store URL (PostgreSQL trusts loopback and ignores
+    // it) must reach no page and no log line.
+    let url = database_url().replacen("://postgres@", "://postgres:s3cret-pw@", 1);
+    let console = Console::start(&store_args(&url, &schema), false, &[]);
+
+    let overview = console.get("/", None);
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    assert!(
+        overview.body.contains("Consumer groups"),
+        "{}",
+        overview.body
+    );
+    assert!(overview.body.contains("read-only"), "{}", overview.body);
+    assert!(
+        !overview.body.contains("<form method=\"post\""),
+        "{}",
+        overview.body
+    );
+    assert!(overview
+        .header("content-security-policy")
+        .is_some_and(|v| v.contains("default-src 'none'")));
+    let shards = console.get("/shards", None);
+    assert_eq!(shards.status, 200);
+    let list = console.get("/dead", None);
+    assert_eq!(list.status, 200);
+    assert_eq!(marked(&list.body, "dead-count"), Some("3"));
+    assert!(
+        !list.body.contains(r#"name="id""#),
+        "no selection boxes read-only"
+    );
+    let detail = console.get(&format!("/dead/{a}"), None);
+    assert_eq!(detail.status, 200);
+    for page in [&overview, &shards, &list, &detail] {
+        assert!(!page.body.contains("s3cret-pw"), "{}", page.body);
+    }
+
+    for (path, body) in [
+        ("/groups/pause", "group=default&reason=x".to_owned()),
+        ("/groups/resume", "group=default".to_owned()),
+        ("/dead/confirm", "do=purge:all".to_owned()),
+        ("/dead/act", "do=purge:all&expected=3".to_owned()),
+        ("/login", format!("who=eve&token={}", enc(TOKEN))),
+    ] {
+        let r = console.post(path, None, &body);
+        assert_eq!(r.status, 403, "{path}: {}", r.body);
+        assert!(r.body.contains("Read-only console"), "{path}: {}", r.body);
+    }
+    assert_eq!(store.paused("default").await.unwrap(), None);
+    assert_eq!(dead_ids(&store).await.len(), 3);
+
+    // Unknown pages and methods get a page too.
+    let r = console.get("/nope", None);
+    assert_eq!(r.status, 404);
+    assert!(r.body.contains("no such page"), "{}", r.body);
+    let r = http(&console.addr, "DELETE", "/dead", &[], None);
+    assert_eq!(r.status, 405);
+    assert!(r.body.contains("Method not allowed"), "{}", r.body);
+    assert!(!console.log_text().contains("s3cret-pw"));
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume_need_the_token_a_session_and_its_csrf_token() {
+    let (schema, pool) = migrated_log("outbox_console_auth").await;
+    let store = log_store(&schema, |o| o).await;
+    let console = Console::start(&store_args(&database_url(), &schema), true, &[]);
+    let pause = |s: Option<&Session>, body: &str| console.post("/groups/pause", s, body);
+
+    // No session.
+    let r = pause(None, "group=default&reason=deploy");
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.body.contains("Log in first"), "{}", r.body);
+    // A wrong token opens none.
+    let r = console.post("/login", None, "who=mallory&token=not-the-token-at-all");
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.body.contains("Wrong admin token"), "{}", r.body);
+    assert!(r.header("set-cookie").is_none());
+
+    let s = console.login("alice");
+    // The session without the form's CSRF token, or with another one.
+    let r = pause(Some(&s), "group=default&reason=deploy");
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("CSRF"), "{}", r.body);
+    let r = pause(Some(&s), "group=default&reason=deploy&csrf=0000");
+    assert_eq!(r.status, 403, "{}", r.body);
+    // A cookie naming no session (expired, or forged) with a real token.
+    let forged = Session {
+        cookie: "outbox_console=forged".into(),
+        csrf: s.csrf.clone(),
+    };
+    let r = pause(
+        Some(&forged),
+        &format!("group=default&reason=x&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 401, "{}", r.body);
+    assert!(r.body.contains("Session expired"), "{}", r.body);
+    // A cross-site form post, with the victim's cookie and even its token.
+    let r = http(
+        &console.addr,
+        "POST",
+        "/groups/pause",
+        &[("Cookie", &s.cookie), ("Origin", "https://evil.example")],
+        Some(&format!("group=default&reason=x&csrf={}", s.csrf)),
+    );
+    assert_eq!(r.status, 403, "{}", r.body);
+    assert!(r.body.contains("Cross-site"), "{}", r.body);
+    assert_eq!(store.paused("default").await.unwrap(), None);
+
+    // Bad input: no reason, an unknown group.
+    let r = pause(Some(&s), &format!("group=default&csrf={}", s.csrf));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("reason"), "{}", r.body);
+    let r = pause(Some(&s), &format!("group=nosuch&reason=x&csrf={}", s.csrf));
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(r.body.contains("no consumer group"), "{}", r.body);
+
+    // The real thing.
+    let r = pause(
+        Some(&s),
+        &format!("group=default&reason=db+upgrade&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body.contains("Paused consumer group default"),
+        "{}",
+        r.body
+    );
+    let p = store.paused("default").await.unwrap().expect("paused");
+    assert_eq!(p.by.as_deref(), Some("alice (console)"));
+    assert_eq!(p.reason.as_deref(), Some("db upgrade"));
+    let overview = console.get("/", Some(&s));
+    assert!(overview.body.contains("db upgrade"), "{}", overview.body);
+    assert!(overview.body.contains("Resume"), "{}", overview.body);
+    let r = console.post(
+        "/groups/resume",
+        Some(&s),
+        &format!("group=default&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(store.paused("default").await.unwrap(), None);
+
+    // After logout the session is gone.
+    let r = console.post("/logout", Some(&s), &format!("csrf={}", s.csrf));
+    assert_eq!(r.status, 303, "{}", r.body);
+    let r = pause(Some(&s), &format!("group=default&reason=x&csrf={}", s.csrf));
+    assert_eq!(r.status, 401, "{}", r.body);
+
+    // Every change is in the audit log, by whom; the token is not.
+    let log = console.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("console: pause of a consumer group") && l.contains("alice")),
+        "{log}"
+    );
+    assert!(log.contains("console: resume of a consumer group"), "{log}");
+    assert!(log.contains("login refused"), "{log}");
+    assert!(!log.contains(TOKEN), "{log}");
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dead_letters_filter_show_confirm_replay_and_purge() {
+    let (schema, pool) = migrated_log("outbox_console_dead").await;
+    let store = log_store(&schema, |o| o).await;
+    let [a, b, c] = three(&store, &pool).await;
+    let console = Console::start(&store_args(&database_url(), &schema), true, &[]);
+    let count = |path: &str| {
+        let r = console.get(path, None);
+        assert_eq!(r.status, 200, "{path}: {}", r.body);
+        marked(&r.body, "dead-count").unwrap().to_owned()
+    };
+    assert_eq!(count("/dead"), "3");
+    assert_eq!(count("/dead?type=order.created"), "2");
+    assert_eq!(count("/dead?code=HANDLER_NOT_REGISTERED"), "1");
+    assert_eq!(count("/dead?key=k2"), "1");
+    assert_eq!(count("/dead?type=order.created&key=k1"), "1");
+    assert_eq!(count("/dead?older_than=1h"), "0");
+    assert_eq!(count("/dead?newer_than=1h"), "3");
+    let page = console.get("/dead?type=invoice.sent", None).body;
+    assert!(page.contains(&c.to_string()) && !page.contains(&a.to_string()));
+
+    // Bad filters and ids: a page saying what is wrong.
+    for (path, status, needle) in [
+        ("/dead?older_than=yesterday", 400, "invalid age"),
+        ("/dead?limit=0", 400, "limit"),
+        ("/dead?after=xyz", 400, "not an event id"),
+        ("/dead?group=nosuch", 404, "no consumer group"),
+        ("/dead/not-a-uuid", 400, "not an event id"),
+    ] {
+        let r = console.get(path, None);
+        assert_eq!(r.status, status, "{path}: {}", r.body);
+        assert!(r.body.contains(needle), "{path}: {}", r.body);
+    }
+    let missing = EventId::new();
+    let r = console.get(&format!("/dead/{missing}"), None);
+    assert_eq!(r.status, 404, "{}", r.body);
+
+    // One event's detail: pretty JSON, headers, final error (escaped).
+    let d = console.get(&format!("/dead/{a}"), None).body;
+    assert!(d.contains("JSON, 21 bytes"), "{d}");
+    assert!(d.contains("  &quot;items&quot;: [\n    1,"), "{d}");
+    assert!(d.contains("traceparent"), "{d}");
+    assert!(
+        d.contains("bad &lt;order&gt;") && !d.contains("bad <order>"),
+        "{d}"
+    );
+    let d = console.get(&format!("/dead/{b}"), None).body;
+    assert!(
+        d.contains("text, not JSON") && d.contains("&lt;b&gt;not json"),
+        "{d}"
+    );
+
+    let s = console.login("bob");
+    // Purge all of one code: the confirmation states the count and
+    // changes nothing; the act does.
+    let r = console.post(
+        "/dead/confirm",
+        Some(&s),
+        &format!("do=purge:all&code=HANDLER_NOT_REGISTERED&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(marked(&r.body, "confirm-count"), Some("1"), "{}", r.body);
+    assert_eq!(dead_ids(&store).await, vec![a, b, c]);
+    let r = console.post(
+        "/dead/act",
+        Some(&s),
+        &format!("do=purge:all&code=HANDLER_NOT_REGISTERED&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 400, "unconfirmed: {}", r.body);
+    let r = console.post(
+        "/dead/act",
+        Some(&s),
+        &format!(
+            "do=purge:all&code=HANDLER_NOT_REGISTERED&expected=1&csrf={}",
+            s.csrf
+        ),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("Purged 1 dead letter"), "{}", r.body);
+    assert_eq!(dead_ids(&store).await, vec![a, b]);
+
+    // Replay a selection of one: it leaves the dead letters and is
+    // claimable again, with its attempts reset.
+    let r = console.post(
+        "/dead/confirm",
+        Some(&s),
+        &format!("do=retry:selected&id={a}&csrf={}", s.csrf),
+    );
+    assert_eq!(marked(&r.body, "confirm-count"), Some("1"), "{}", r.body);
+    let r = console.post(
+        "/dead/confirm",
+        Some(&s),
+        &format!("do=retry:selected&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 400, "nothing selected: {}", r.body);
+    let r = console.post(
+        "/dead/act",
+        Some(&s),
+        &format!("do=retry:selected&id={a}&expected=1&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("Replayed 1 dead letter"), "{}", r.body);
+    assert_eq!(dead_ids(&store).await, vec![b]);
+    let claim = store
+        .claim(&ClaimRequest {
+            relay_id: RelayId::new("console-test"),
+            batch_size: 10,
+            lease: Duration::from_secs(60),
+            shard: ShardSpec::ALL,
+        })
+        .await
+        .unwrap();
+    let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+    assert_eq!(ids, vec![a], "the replayed event is pending again");
+    let settled = store
+        .settle(
+            claim.token,
+            &Settlement::new().with(a, Resolution::Delivered),
+        )
+        .await
+        .unwrap();
+    assert_eq!(settled.applied, 1);
+
+    // "All matching" that grew after the confirmation is refused.
+    let r = console.post(
+        "/dead/confirm",
+        Some(&s),
+        &format!("do=purge:all&csrf={}", s.csrf),
+    );
+    assert_eq!(marked(&r.body, "confirm-count"), Some("1"), "{}", r.body);
+    let late = dead_letters(
+        &store,
+        &pool,
+        vec![NewEvent::new("late", "t", b"x".to_vec())],
+        ErrorCode::HANDLER_PERMANENT_FAILURE,
+        "late",
+    )
+    .await;
+    assert_eq!(late.len(), 1);
+    let r = console.post(
+        "/dead/act",
+        Some(&s),
+        &format!("do=purge:all&expected=1&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.contains("nothing was changed"), "{}", r.body);
+    assert_eq!(dead_ids(&store).await.len(), 2);
+    let r = console.post(
+        "/dead/act",
+        Some(&s),
+        &format!("do=explode&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+
+    let log = console.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("console: purge of dead letters") && l.contains("bob")),
+        "{log}"
+    );
+    assert!(log.contains("console: replay of dead letters"), "{log}");
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_dead_letters_are_paged() {
+    let (schema, pool) = migrated_log("outbox_console_10k").await;
+    let store = log_store(&schema, |o| o).await;
+    let events: Vec<NewEvent> = (0..10_000)
+        .map(|i| {
+            NewEvent::new("bulk.event", "bulk", format!("{{\"i\":{i}}}").into_bytes())
+                .with_key(format!("k{}", i % 100))
+        })
+        .collect();
+    let ids = dead_letters(
+        &store,
+        &pool,
+        events,
+        ErrorCode::HANDLER_PERMANENT_FAILURE,
+        "bulk",
+    )
+    .await;
+    let mut sorted = ids.clone();
+    sorted.sort();
+    let console = Console::start(&store_args(&database_url(), &schema), false, &[]);
+    let rows = |page: &str| page.matches(r#"class="mono">"#).count();
+    let first = console.get("/dead", None);
+    assert_eq!(first.status, 200);
+    assert_eq!(marked(&first.body, "dead-count"), Some("10000"));
+    assert_eq!(rows(&first.body), 50, "one page of 50");
+    assert!(first.body.len() < 200_000, "{} bytes", first.body.len());
+    assert!(first.body.contains(&sorted[0].to_string()));
+    assert!(!first.body.contains(&sorted[50].to_string()));
+    assert_eq!(ids.len(), 10_000);
+    let next = first
+        .body
+        .split(r#"rel="next" data-test="next-page""#)
+        .next()
+        .and_then(|b| b.rsplit("href=\"").next())
+        .map(|h| h.trim_end_matches("\" ").replace("&amp;", "&"))
+        .expect("a next-page link");
+    let second = console.get(&next, None);
+    assert_eq!(second.status, 200, "{next}: {}", second.body);
+    assert_eq!(rows(&second.body), 50);
+    let row = |id: &EventId| format!(r#"href="/dead/{id}?"#);
+    assert!(second.body.contains(&row(&sorted[50])), "{next}");
+    assert!(!second.body.contains(&row(&sorted[49])));
+    assert!(second.body.contains(&row(&sorted[99])));
+    assert!(!second.body.contains(&row(&sorted[100])));
+    let big = console.get("/dead?limit=500", None);
+    assert_eq!(rows(&big.body), 500);
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_gives_a_503_page_and_the_console_recovers() {
+    let (schema, pool) = migrated_log("outbox_console_down").await;
+    let url = database_url();
+    let authority = url
+        .split_once('@')
+        .map_or(url.as_str(), |(_, r)| r)
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let upstream: std::net::SocketAddr = authority.parse().expect("DATABASE_URL host:port");
+    let proxy = outbox_testkit::proxy::TcpProxy::start(upstream).await;
+    let via = url.replacen(&authority, &proxy.addr().to_string(), 1);
+    let console = Console::start(&store_args(&via, &schema), true, &[]);
+    assert_eq!(console.get("/", None).status, 200);
+    proxy.cut();
+    for path in ["/", "/dead", "/shards"] {
+        let r = console.get(path, None);
+        assert_eq!(r.status, 503, "{path}: {}", r.body);
+        assert!(r.body.contains("The store did not answer"), "{}", r.body);
+    }
+    proxy.restore();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if console.get("/", None).status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the console did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_console_shows_its_one_group_and_pauses_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let out = support::relay(&["migrate", "--store", &url])
+        .output()
+        .unwrap();
+    support::assert_success(&out, "migrate");
+    let console = Console::start(&["--store".into(), url.clone()], true, &[]);
+    let overview = console.get("/", None);
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    assert!(overview.body.contains("sqlite") && overview.body.contains("default"));
+    let shards = console.get("/shards", None);
+    assert!(shards.body.contains("no shard cursors"), "{}", shards.body);
+    assert_eq!(
+        marked(&console.get("/dead", None).body, "dead-count"),
+        Some("0")
+    );
+    let s = console.login("carol");
+    let r = console.post(
+        "/groups/pause",
+        Some(&s),
+        &format!("group=default&reason=maintenance&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let store = outbox_sqlite::SqliteStore::connect(&url).await.unwrap();
+    let p = store.paused("default").await.unwrap().expect("paused");
+    assert_eq!(p.reason.as_deref(), Some("maintenance"));
+}
+
+#[test]
+fn a_non_loopback_listen_address_is_refused_without_allow_remote() {
+    let out = support::relay(&[
+        "console",
+        "--store",
+        "sqlite://never-opened.db",
+        "--listen",
+        "0.0.0.0:0",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not a loopback address") && err.contains("--allow-remote"),
+        "{err}"
+    );
+    let out = support::relay(&[
+        "console",
+        "--store",
+        "sqlite://never-opened.db",
+        "--admin-token-env",
+        "OUTBOX_TEST_UNSET_TOKEN_VAR",
+    ])
+    .output()
+    .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("OUTBOX_TEST_UNSET_TOKEN_VAR"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_relay_the_overview_shows_its_sink_state_and_throughput() {
+    let (schema, pool) = migrated_log("outbox_console_relay").await;
+    let store = log_store(&schema, |o| o).await;
+    let url = database_url();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let metrics = console_support::free_addr();
+    let mut relay = outbox_testkit::process::ChildGuard::new(
+        support::relay(&["run"])
+            .args(store_args(&url, &schema))
+            .args(["--sink", &format!("jsonl:{}", file.display())])
+            .args(["--poll-interval-ms", "100", "--metrics-addr", &metrics])
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let console = Console::start(&store_args(&url, &schema), false, &["--relay", &metrics]);
+    let mut tx = pool.begin().await.unwrap();
+    let events = (0..20).map(|i| NewEvent::new("t", "t", format!("{i}").into_bytes()));
+    store.outbox().enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let delivered = support::wait_jsonl_ids(&file, 20, &mut relay).await;
+    assert_eq!(delivered.len(), 20);
+    // The sampler reads the relay's counter every second: the chart shows
+    // once two samples have it.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let page = loop {
+        let r = console.get("/", None);
+        assert_eq!(r.status, 200, "{}", r.body);
+        if r.body.contains("Throughput: events delivered per second") {
+            break r.body;
+        }
+        assert!(Instant::now() < deadline, "no throughput chart: {}", r.body);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert!(
+        page.contains(&format!("relay {metrics}: ready")),
+        "the relay's sink state: {page}"
+    );
+    assert!(page.contains("sink: closed"), "{page}");
+    support::stop(&mut relay);
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
