@@ -243,6 +243,9 @@ pub struct NatsSource {
     /// `None` after the server said the consumer is gone: looked up (or
     /// created) again on the next [`Source::recv`].
     consumer: Option<PullConsumer>,
+    /// The long-lived pull subscription `recv` reads from (`None` until the
+    /// first `recv`, and after it failed).
+    messages: Option<pull::Stream>,
 }
 
 impl fmt::Debug for NatsSource {
@@ -293,6 +296,7 @@ impl NatsSource {
             client,
             js,
             consumer: None,
+            messages: None,
         };
         source.consumer().await?;
         tracing::info!(
@@ -389,33 +393,65 @@ impl Source for NatsSource {
                 self.config.servers_redacted()
             )));
         }
-        let consumer = self.consumer().await?;
-        let mut fetch = consumer.fetch().max_messages(max);
-        if !wait.is_zero() {
-            fetch = fetch.expires(wait);
-        }
-        let mut batch = fetch
-            .messages()
-            .await
-            .map_err(|e| SourceError::Unavailable(format!("JetStream pull request failed: {e}")))?;
-        let mut out = Vec::new();
-        while let Some(next) = batch.next().await {
-            match next {
-                Ok(m) => out.push(received(m)),
-                Err(e) => {
-                    let text = e.to_string();
-                    // The consumer may be gone (deleted, the server lost
-                    // it, its stream deleted): look it up again next time,
-                    // one request, which also tells a missing stream apart.
+        // One long-lived pull subscription, refilled by the client in
+        // batches as it is read: a receive takes what has arrived and waits
+        // only when nothing has (a one-shot fetch per receive would wait out
+        // its expiry whenever fewer than `max` messages may be delivered).
+        if self.messages.is_none() {
+            let consumer = self.consumer().await?;
+            let batch = usize::try_from(self.config.max_ack_pending)
+                .unwrap_or(1_024)
+                .clamp(1, 1_024);
+            let stream = consumer
+                .stream()
+                .max_messages_per_batch(batch)
+                .messages()
+                .await
+                .map_err(|e| {
                     self.consumer = None;
-                    if out.is_empty() {
-                        return Err(SourceError::Unavailable(format!(
-                            "JetStream pull failed: {text}"
-                        )));
-                    }
-                    tracing::debug!(error = %text, got = out.len(), "JetStream pull ended early");
+                    SourceError::Unavailable(format!("JetStream pull subscription failed: {e}"))
+                })?;
+            self.messages = Some(stream);
+        }
+        let Some(stream) = self.messages.as_mut() else {
+            return Ok(Vec::new());
+        };
+        let first =
+            match tokio::time::timeout(wait.max(Duration::from_millis(1)), stream.next()).await {
+                Err(_) => return Ok(Vec::new()),
+                Ok(Some(Ok(m))) => m,
+                Ok(Some(Err(e))) => {
+                    // Missed heartbeats, a deleted consumer: subscribe again
+                    // next time (what the dropped subscription held comes again
+                    // after ack_wait).
+                    self.messages = None;
+                    self.consumer = None;
+                    return Err(SourceError::Unavailable(format!(
+                        "JetStream pull failed: {e}"
+                    )));
+                }
+                Ok(None) => {
+                    self.messages = None;
+                    return Err(SourceError::Unavailable(
+                        "JetStream pull subscription ended".to_owned(),
+                    ));
+                }
+            };
+        let mut out = vec![received(first)];
+        while out.len() < max {
+            match futures::FutureExt::now_or_never(stream.next()) {
+                Some(Some(Ok(m))) => out.push(received(m)),
+                Some(Some(Err(e))) => {
+                    tracing::debug!(error = %e, got = out.len(), "JetStream pull ended early");
+                    self.messages = None;
+                    self.consumer = None;
                     break;
                 }
+                Some(None) => {
+                    self.messages = None;
+                    break;
+                }
+                None => break,
             }
         }
         Ok(out)
