@@ -24,7 +24,6 @@ use outbox_inbox::{
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Postgres, Transaction};
-use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
