@@ -19,6 +19,17 @@
 //!   to acknowledge, which is not an error (the broker redelivers);
 //! - [`Source::close`] flushes pending acknowledgements (Kafka commits its
 //!   offsets) and leaves the consumer group / closes the connection.
+//!
+//! How the three brokers differ (each module's docs say more):
+//!
+//! | | NATS JetStream | RabbitMQ | Kafka |
+//! |---|---|---|---|
+//! | consumer state | durable pull consumer | the queue | consumer group offsets |
+//! | an unacknowledged message comes again | after `ack_wait` | when the channel closes | with every later one of its partition, when the partition is next assigned |
+//! | `redelivered` | delivery count > 1 | the broker's flag | always `false` |
+//! | `behind` | `num_pending` | `None` | `None` |
+//! | missing destination ([`SourceError::Config`]) | when connecting | when connecting | on the first `recv` that hears of it |
+//! | reconnects | async-nats, by itself | on the next `recv`, with backoff (100 ms doubling to 5 s) | librdkafka, by itself (an outage is empty batches) |
 
 use chrono::{DateTime, Utc};
 use std::fmt;

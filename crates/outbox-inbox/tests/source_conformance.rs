@@ -313,6 +313,23 @@ mod cases {
             );
             assert!(!raw.message.redelivered, "first delivery of {}", e.id);
         }
+        // `behind`, where the broker tells: never more than what was
+        // published, and nothing behind the last message of the backlog.
+        for r in &got {
+            if let Some(b) = r.message.behind {
+                assert!(
+                    b < events.len() as u64,
+                    "behind {b} of {} published",
+                    events.len()
+                );
+            }
+        }
+        let last = got.last().expect("messages");
+        assert!(
+            matches!(last.message.behind, None | Some(0)),
+            "nothing is behind the last message: {:?}",
+            last.message.behind
+        );
         ack_all(&mut source, got).await;
         source.close().await.expect("close");
         assert_nothing_left(h, &name).await;
@@ -823,4 +840,83 @@ mod kafka_harness {
     }
 
     source_conformance_tests!(kafka, Kafka);
+
+    /// Kafka only: a second member joins the group while the first holds
+    /// unacknowledged messages. The partitions are rebalanced (revoked ones
+    /// committed as far as they are acknowledged); the unacknowledged
+    /// messages come again, to whichever member now owns their partition,
+    /// and once everything is acknowledged the group has nothing left.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rebalance_hands_unacked_messages_on() {
+        run_case::<Kafka, _, _>(|h| async move {
+            let h = &*h;
+            let topic = h.topic();
+            let events: Vec<Event> = (0..30)
+                .map(|i| event(&topic, Some(&format!("key-{}", i % 10)), vec![i]))
+                .collect();
+            publish(h, &events).await;
+            let group = consumer_name();
+            let mut a = h.source(&group).await;
+            let got = recv_n(&mut a, events.len()).await;
+            let held_key = decode(&got[0]).key.expect("keyed");
+            let held: Vec<EventId> = events
+                .iter()
+                .filter(|e| e.key.as_deref() == Some(held_key.as_str()))
+                .map(|e| e.id)
+                .collect();
+            let (keep, ack): (Vec<_>, Vec<_>) = got
+                .into_iter()
+                .partition(|r| decode(r).key.as_deref() == Some(held_key.as_str()));
+            ack_all(&mut a, ack).await;
+            drop(keep);
+
+            // Both members poll (a member that does not poll holds the
+            // rebalance up); each acknowledges what it gets.
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<EventId>();
+            let (stop_tx, stop) = tokio::sync::watch::channel(false);
+            let member = |mut source: KafkaSource| {
+                let tx = tx.clone();
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    while !*stop.borrow() {
+                        match source.recv(100, Duration::from_millis(500)).await {
+                            Ok(batch) => {
+                                for r in &batch {
+                                    let _ = tx.send(decode(r).id);
+                                }
+                                ack_all(&mut source, batch).await;
+                            }
+                            Err(e) => {
+                                assert!(e.is_retryable(), "{e}");
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        }
+                    }
+                    source.close().await.expect("close");
+                })
+            };
+            let a = member(a);
+            let b = member(h.source(&group).await);
+            let deadline = Instant::now() + BOUND;
+            let mut again = Vec::new();
+            while !held.iter().all(|id| again.contains(id)) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, rx.recv()).await {
+                    Ok(Some(id)) => again.push(id),
+                    _ => {
+                        panic!("after the rebalance only {again:?} came again, not all of {held:?}")
+                    }
+                }
+            }
+            stop_tx.send(true).expect("stop");
+            a.await.expect("member a");
+            b.await.expect("member b");
+            let all: Vec<EventId> = events.iter().map(|e| e.id).collect();
+            for id in &again {
+                assert!(all.contains(id), "unexpected event {id}");
+            }
+            assert_nothing_left(h, &group).await;
+        })
+        .await;
+    }
 }

@@ -19,7 +19,7 @@
 //!
 //! After the connection or the channel is lost, the next [`Source::recv`]
 //! reports [`SourceError::Unavailable`] and the one after reconnects (after
-//! [`reconnect_delay`](super::reconnect_delay) once attempts fail) and
+//! a backoff of 100 ms doubling to 5 s once attempts fail) and
 //! consumes again.
 //!
 //! [`RawMessage::headers`]: the header table (text values as they are,
@@ -253,11 +253,19 @@ impl AmqpSource {
         }
     }
 
-    /// The open consumer, reconnecting first when there is none.
-    async fn live(&mut self) -> Result<&mut Live, SourceError> {
+    /// The open consumer, reconnecting first when there is none: waiting
+    /// (at most `wait`) for the backoff after failed attempts to pass.
+    async fn live(&mut self, wait: Duration) -> Result<&mut Live, SourceError> {
         if self.live.is_none() {
             if let Some(at) = self.next_attempt {
-                tokio::time::sleep_until(at).await;
+                tokio::time::sleep_until(at.min(Instant::now() + wait)).await;
+                if Instant::now() < at {
+                    return Err(SourceError::Unavailable(format!(
+                        "not connected to {} (next attempt in {:?})",
+                        self.config.uri_redacted(),
+                        at - Instant::now()
+                    )));
+                }
             }
             self.reconnect().await?;
             tracing::info!(queue = %self.config.queue, "AMQP source consuming again");
@@ -342,7 +350,7 @@ impl Source for AmqpSource {
         if max == 0 {
             return Ok(Vec::new());
         }
-        let live = self.live().await?;
+        let live = self.live(wait).await?;
         let generation = live.generation;
         let mut out = Vec::new();
         let mut broken = None;

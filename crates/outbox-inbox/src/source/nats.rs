@@ -404,11 +404,10 @@ impl Source for NatsSource {
                 Ok(m) => out.push(received(m)),
                 Err(e) => {
                     let text = e.to_string();
-                    // The consumer was deleted (or the server lost it):
-                    // look it up again next time.
-                    if text.contains("Consumer Deleted") || text.contains("consumer deleted") {
-                        self.consumer = None;
-                    }
+                    // The consumer may be gone (deleted, the server lost
+                    // it, its stream deleted): look it up again next time,
+                    // one request, which also tells a missing stream apart.
+                    self.consumer = None;
                     if out.is_empty() {
                         return Err(SourceError::Unavailable(format!(
                             "JetStream pull failed: {text}"
