@@ -50,6 +50,11 @@ struct Cli {
     /// Relay batch size (events per claim).
     #[arg(long, default_value_t = 1000)]
     batch: u32,
+    /// Inbox options of the `inbox` scenario, for experiments (e.g.
+    /// `lanes=16,lane_batch=512,recv_batch=1024,max_in_flight=4096,window=4096`);
+    /// default: the product defaults.
+    #[arg(long, hide = true)]
+    inbox_options: Option<String>,
     /// A sentence for the results header (e.g. what else the machine ran).
     #[arg(long)]
     note: Option<String>,
@@ -152,6 +157,9 @@ fn main() -> Result<()> {
         .build()?;
     let started = Instant::now();
     let mut ctx = scenarios::Ctx::new(services, cli.quick || cli.smoke, cli.smoke, cli.batch);
+    if let Some(o) = &cli.inbox_options {
+        ctx.inbox_tuning = scenarios::Tuning::parse(o)?;
+    }
     let machine = runtime.block_on(ctx.machine());
     for name in &selected {
         eprintln!(

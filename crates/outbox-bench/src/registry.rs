@@ -95,6 +95,10 @@ pub(crate) const SCENARIOS: &[(&str, &str)] = &[
         "blocked-keys",
         "queue table: claims when the heads of many keys are in retry backoff or leased (the parking of blocked keys) vs a claim with none blocked",
     ),
+    (
+        "inbox",
+        "the consumer half, per broker: the inbox on PostgreSQL with a one-row handler vs the raw consume ceiling (source recv + ack), and the dedup record's cost per message",
+    ),
 ];
 
 /// Sizes and durations of a quick or full run.
@@ -145,6 +149,10 @@ pub(crate) struct Sizes {
     pub(crate) rotation_interval: Duration,
     /// `blocked-keys`: the backlog whose keys' heads are blocked.
     pub(crate) blocked_backlog: u64,
+    /// `inbox`: messages prefilled per broker (each consumer reads them
+    /// all), and rounds of the inbox / handler-only pair (medians).
+    pub(crate) inbox_events: u64,
+    pub(crate) inbox_rounds: u32,
 }
 
 impl Sizes {
@@ -175,6 +183,8 @@ impl Sizes {
                 rotation_run: Duration::from_secs(6),
                 rotation_interval: Duration::from_secs(1),
                 blocked_backlog: 5_000,
+                inbox_events: 2_000,
+                inbox_rounds: 1,
             }
         } else if quick {
             Self {
@@ -201,6 +211,8 @@ impl Sizes {
                 rotation_run: Duration::from_secs(40),
                 rotation_interval: Duration::from_secs(5),
                 blocked_backlog: 20_000,
+                inbox_events: 50_000,
+                inbox_rounds: 1,
             }
         } else {
             Self {
@@ -227,6 +239,8 @@ impl Sizes {
                 rotation_run: Duration::from_secs(180),
                 rotation_interval: Duration::from_secs(20),
                 blocked_backlog: 100_000,
+                inbox_events: 200_000,
+                inbox_rounds: 3,
             }
         }
     }

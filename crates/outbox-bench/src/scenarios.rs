@@ -3,14 +3,16 @@
 //! `drain`, `brokers`, `naive`, `repeatable-read`, `scale-out`), `latency`,
 //! `producer`, `backlog` and the event log's own targets ([`log_targets`]),
 //! `event-log` ([`event_log`]), relay and consumer groups ([`groups`]),
-//! rotation under load ([`rotation`]) and the queue table's blocked keys
-//! ([`blocked_keys`]). What is shared lives here: the run's [`Ctx`], the
+//! rotation under load ([`rotation`]), the queue table's blocked keys
+//! ([`blocked_keys`]) and the consumer half ([`inbox`]). What is shared lives here: the run's [`Ctx`], the
 //! handlers, the open-loop producer.
 
 mod blocked_keys;
 mod event_log;
 mod groups;
 mod headline;
+mod inbox;
+pub(crate) use inbox::Tuning;
 mod latency;
 mod log_targets;
 mod producer;
@@ -42,6 +44,9 @@ pub(crate) struct Ctx {
     res: Resources,
     pub(crate) rows: Vec<Row>,
     pub(crate) failures: Vec<String>,
+    /// The inbox options of the `inbox` scenario (the product defaults
+    /// unless `--inbox-options` changed them).
+    pub(crate) inbox_tuning: Tuning,
 }
 
 fn noop_handlers() -> Arc<HandlerRegistry> {
@@ -101,6 +106,7 @@ impl Ctx {
             res: Resources::default(),
             rows: Vec::new(),
             failures: Vec::new(),
+            inbox_tuning: Tuning::default(),
         }
     }
 
@@ -149,6 +155,7 @@ impl Ctx {
             "rebalance" => self.rebalance().await,
             "fan-out" => self.fan_out().await,
             "blocked-keys" => self.blocked_keys().await,
+            "inbox" => self.inbox().await,
             other => bail!("unknown scenario {other}"),
         }
     }

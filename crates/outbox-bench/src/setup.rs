@@ -100,6 +100,7 @@ pub(crate) struct Resources {
     schemas: Vec<String>,
     streams: Vec<String>,
     queues: Vec<String>,
+    exchanges: Vec<String>,
     topics: Vec<String>,
     sqlite_dirs: Vec<std::path::PathBuf>,
 }
@@ -142,6 +143,11 @@ impl Resources {
         for q in self.queues.drain(..) {
             if let Err(e) = delete_queue(&services.amqp_url, &q).await {
                 eprintln!("bench: could not delete queue {q}: {e:#}");
+            }
+        }
+        for x in self.exchanges.drain(..) {
+            if let Err(e) = delete_exchange(&services.amqp_url, &x).await {
+                eprintln!("bench: could not delete exchange {x}: {e:#}");
             }
         }
         if !self.topics.is_empty() {
@@ -452,6 +458,66 @@ pub(crate) async fn broker(
     }
 }
 
+/// Where a prefilled backlog for the inbox lives: every consumer of a
+/// measurement reads all of it from the start.
+#[derive(Debug, Clone)]
+pub(crate) enum InboxDest {
+    /// A stream; each consumer is a new durable consumer of it.
+    Nats { stream: String },
+    /// One queue per consumer, each bound to the exchange the publisher
+    /// publishes to, so one publish fills every copy.
+    Amqp { queues: Vec<String> },
+    /// A topic; each consumer is a new consumer group reading from the
+    /// earliest offset.
+    Kafka { topic: String },
+}
+
+/// A connected publisher, the topic to publish under, and a fresh
+/// destination that `copies` consumers can each read whole (RabbitMQ: a
+/// topic exchange with `copies` queues bound to it); recorded in `res` for
+/// cleanup.
+pub(crate) async fn inbox_destination(
+    services: &Services,
+    res: &mut Resources,
+    which: Broker,
+    name: &str,
+    copies: usize,
+) -> Result<(BrokerSink, String, InboxDest)> {
+    match which {
+        Broker::Nats => {
+            let (sink, subject) = broker(services, res, which, name).await?;
+            let stream = res
+                .streams
+                .last()
+                .cloned()
+                .context("the stream just created")?;
+            Ok((sink, subject, InboxDest::Nats { stream }))
+        }
+        Broker::Amqp => {
+            let sfx = suffix();
+            let exchange = format!("obench.{name}.{sfx}.x");
+            let topic = format!("obench.{name}.{sfx}");
+            let config = AmqpConfig::from_url(&services.amqp_url)?.with_exchange(exchange.clone());
+            let p = AmqpPublisher::connect(config)
+                .await
+                .context("cannot connect to RabbitMQ (is it running? `cargo xtask services`)")?;
+            res.exchanges.push(exchange.clone());
+            let mut queues = Vec::with_capacity(copies);
+            for i in 0..copies {
+                let queue = format!("{topic}.{i}");
+                res.queues.push(queue.clone());
+                p.declare_queue(&exchange, &queue, &topic).await?;
+                queues.push(queue);
+            }
+            Ok((BrokerSink::Amqp(p), topic, InboxDest::Amqp { queues }))
+        }
+        Broker::Kafka => {
+            let (sink, topic) = broker(services, res, which, name).await?;
+            Ok((sink, topic.clone(), InboxDest::Kafka { topic }))
+        }
+    }
+}
+
 fn kafka_admin(brokers: &str) -> Result<AdminClient<DefaultClientContext>> {
     ClientConfig::new()
         .set("bootstrap.servers", brokers)
@@ -487,6 +553,18 @@ async fn delete_topics(brokers: &str, topics: &[String]) -> Result<()> {
             &AdminOptions::new().operation_timeout(Some(Duration::from_secs(30))),
         )
         .await?;
+    Ok(())
+}
+
+async fn delete_exchange(url: &str, exchange: &str) -> Result<()> {
+    use outbox_amqp::lapin::options::ExchangeDeleteOptions;
+    use outbox_amqp::lapin::{Connection, ConnectionProperties};
+    let conn = Connection::connect(url, ConnectionProperties::default()).await?;
+    let channel = conn.create_channel().await?;
+    channel
+        .exchange_delete(exchange, ExchangeDeleteOptions::default())
+        .await?;
+    let _ = conn.close(200, "bench cleanup").await;
     Ok(())
 }
 

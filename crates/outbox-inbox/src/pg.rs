@@ -346,13 +346,20 @@ impl InboxStore for PgInbox {
         }
         let ids: Vec<Uuid> = messages.iter().map(|m| m.id.as_uuid()).collect();
         let keys: Vec<String> = messages.iter().map(InboundMessage::order_key).collect();
+        // `seen` probes the (consumer, event id) indexes once per message
+        // (a LATERAL ... LIMIT 1 cannot be turned into a join): written as
+        // `event_id IN (SELECT id FROM cand)`, the planner hashed the batch
+        // and read every record of the consumer, a cost that grew with the
+        // table (49 ms per 64-message batch at 50k records; 0.7 ms probed).
         let sql = format!(
             "WITH held AS (SELECT DISTINCT order_key FROM {pending} \
                WHERE consumer = $1 AND order_key = ANY($3) AND ($4 OR state <> 'dead')), \
              cand AS (SELECT DISTINCT t.id FROM unnest($2::uuid[], $3::text[]) AS t(id, k) \
                WHERE t.k NOT IN (SELECT order_key FROM held)), \
-             seen AS (SELECT event_id FROM {records} WHERE consumer = $1 AND event_id IN (SELECT id FROM cand) \
-               UNION ALL SELECT event_id FROM {pending} WHERE consumer = $1 AND event_id IN (SELECT id FROM cand)), \
+             seen AS (SELECT c.id AS event_id FROM cand c CROSS JOIN LATERAL (SELECT 1 FROM {records} r \
+                 WHERE r.consumer = $1 AND r.event_id = c.id LIMIT 1) hit \
+               UNION ALL SELECT c.id FROM cand c CROSS JOIN LATERAL (SELECT 1 FROM {pending} p \
+                 WHERE p.consumer = $1 AND p.event_id = c.id LIMIT 1) hit), \
              ins AS (INSERT INTO {records} (consumer, event_id, slot) \
                SELECT $1, c.id, {slot} FROM cand c WHERE c.id NOT IN (SELECT event_id FROM seen) \
                ON CONFLICT DO NOTHING RETURNING event_id) \
