@@ -7,6 +7,7 @@ mod envelope;
 mod error;
 mod event;
 pub mod headers;
+mod held;
 pub mod ident;
 mod message;
 pub mod migration;
@@ -26,6 +27,7 @@ pub use event::{
     Delivery, DeliveryDelay, Event, EventField, EventId, EventLimits, LastError, NewEvent,
     ValidationError, MAX_DELIVERY_DELAY,
 };
+pub use held::{HeadState, HeldKey, HeldKeyStore, HeldKeys};
 pub use message::BrokerMessage;
 pub use pool::PoolSettings;
 pub use redact::redact_url;

@@ -6,8 +6,8 @@ use crate::{MigrateError, PgOutbox, PgStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
-    Event, EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement,
-    ShardSpec, Stats, Store,
+    Event, EventId, FencingToken, HeadState, HeldKey, HeldKeyStore, HeldKeys, LastError, Rejected,
+    Resolution, SettleReport, Settlement, ShardSpec, Stats, Store,
 };
 use sqlx::postgres::{PgListener, PgRow};
 use sqlx::{PgPool, Row};
@@ -842,5 +842,37 @@ impl DeadLetterStore for PgStore {
                 .await?
                 .rows_affected(),
         )
+    }
+}
+
+impl HeldKeyStore for PgStore {
+    type Error = StoreError;
+
+    async fn held_keys(&self, limit: u32) -> Result<HeldKeys, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.held_keys)
+            .bind(i64::from(limit))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        let mut out = HeldKeys::default();
+        for row in &rows {
+            let head = match event_from(row, |h| Ok(headers_lenient(h)))? {
+                Ok(event) => event,
+                Err((id, detail)) => return Err(StoreError::Corrupt { id, detail }),
+            };
+            let state = match row.try_get::<Option<DateTime<Utc>>, _>(12)? {
+                Some(lease_until) => HeadState::InFlight { lease_until },
+                None => HeadState::Retrying {
+                    next_attempt_at: head.next_attempt_at,
+                },
+            };
+            out.total = count(row.try_get(15)?);
+            out.heads.push(HeldKey {
+                head,
+                state,
+                waiting: count(row.try_get(13)?),
+                first_waiting: row.try_get::<Option<Uuid>, _>(14)?.map(EventId::from_uuid),
+            });
+        }
+        Ok(out)
     }
 }

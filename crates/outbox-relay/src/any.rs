@@ -19,8 +19,8 @@ use crate::config::{role_name, GroupScope};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
 use outbox_core::{
     redact_url, Claim, ClaimRequest, ControlStore, DeadLetter, DeadLetterFilter, DeadLetterQuery,
-    DeadLetterStore, Event, FencingToken, Outcome, PauseNote, Paused, RelayId, Retryable,
-    SettleReport, Settlement, Sink, Stats, Store, WireFormat,
+    DeadLetterStore, Event, FencingToken, HeldKeyStore, HeldKeys, Outcome, PauseNote, Paused,
+    RelayId, Retryable, SettleReport, Settlement, Sink, Stats, Store, WireFormat,
 };
 use outbox_worker::JsonLinesSink;
 use std::fmt;
@@ -379,6 +379,14 @@ impl DeadLetterStore for AnyStore {
 
     async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, AnyStoreError> {
         each_store!(self, s => s.purge_dead(filter).await.map_err(AnyStoreError::new))
+    }
+}
+
+impl HeldKeyStore for AnyStore {
+    type Error = AnyStoreError;
+
+    async fn held_keys(&self, limit: u32) -> Result<HeldKeys, AnyStoreError> {
+        each_store!(self, s => s.held_keys(limit).await.map_err(AnyStoreError::new))
     }
 }
 

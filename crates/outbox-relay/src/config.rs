@@ -131,7 +131,30 @@ const RELAY: &[Setting] = &[
         "Serve http://ADDR/metrics (Prometheus, feature `prometheus`), /healthz and /readyz (store answered, sink breaker closed, shard leases held), e.g. 127.0.0.1:9464.",
     )
     .with_value_name("ADDR"),
+    Setting::text(
+        CONSOLE_ADDR_KEY,
+        "Serve the operator console (the pages of `outbox-relay console`, feature `console`) at http://ADDR/ beside the relay, e.g. 127.0.0.1:8089; with metrics_addr set, the overview shows this relay's sink state. Read-only unless an admin token is given.",
+    )
+    .with_value_name("ADDR"),
+    Setting::bool(
+        "console_allow_remote",
+        "Serve the console on a non-loopback console_addr (put TLS in front of it: the console speaks plain HTTP).",
+    )
+    .with_default("false"),
+    Setting::text(
+        "console_admin_token_file",
+        "A file holding the console's admin token (at least 16 characters); without one the console is read-only.",
+    )
+    .with_value_name("FILE"),
+    Setting::text(
+        "console_admin_token_env",
+        "The environment variable holding the console's admin token (instead of console_admin_token_file).",
+    )
+    .with_value_name("VAR"),
 ];
+
+/// `run`'s setting that serves the console beside the relay.
+const CONSOLE_ADDR_KEY: &str = "console_addr";
 
 /// Settings without a default that a command cannot do without.
 pub(crate) const REQUIRED: &[&str] = &[STORE_KEY, SINK_KEY];
@@ -692,6 +715,54 @@ pub(crate) struct RunConfig {
     pub(crate) options: RelayOptions,
     pub(crate) migrate: bool,
     pub(crate) metrics_addr: Option<SocketAddr>,
+    /// The console to serve beside the relay (`--console-addr`).
+    #[cfg_attr(not(feature = "console"), allow(dead_code))]
+    pub(crate) console: Option<ConsoleConfig>,
+}
+
+/// `run`'s console settings, resolved (the token file is read at start).
+#[derive(Debug)]
+#[cfg_attr(not(feature = "console"), allow(dead_code))]
+pub(crate) struct ConsoleConfig {
+    pub(crate) listen: SocketAddr,
+    pub(crate) allow_remote: bool,
+    pub(crate) token_file: Option<PathBuf>,
+    pub(crate) token_env: Option<String>,
+}
+
+/// The console settings of `run`: none without `console_addr`; refused
+/// when this build has no console, and when both token sources are given.
+fn console_config(r: &Resolved) -> anyhow::Result<Option<ConsoleConfig>> {
+    let token_file = r.text("console_admin_token_file").map(PathBuf::from);
+    let token_env = r.text("console_admin_token_env").map(str::to_owned);
+    let Some(listen) = r.parse::<SocketAddr>(CONSOLE_ADDR_KEY)? else {
+        if token_file.is_some() || token_env.is_some() {
+            bail!(
+                "a console admin token is set but no console is served: add {} (e.g. 127.0.0.1:8089)",
+                r.origin(CONSOLE_ADDR_KEY)
+            );
+        }
+        return Ok(None);
+    };
+    if !cfg!(feature = "console") {
+        bail!(
+            "{} asks for the console, but this build has no console: build outbox-relay with the `console` feature",
+            r.origin(CONSOLE_ADDR_KEY)
+        );
+    }
+    if token_file.is_some() && token_env.is_some() {
+        bail!(
+            "{} and {} both name the console's admin token: give one",
+            r.origin("console_admin_token_file"),
+            r.origin("console_admin_token_env")
+        );
+    }
+    Ok(Some(ConsoleConfig {
+        listen,
+        allow_remote: r.bool("console_allow_remote")?.unwrap_or(false),
+        token_file,
+        token_env,
+    }))
 }
 
 /// The relay's own settings of `run`.
@@ -757,6 +828,7 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
         options,
         migrate: r.bool("migrate")?.unwrap_or(false),
         metrics_addr: r.parse::<SocketAddr>("metrics_addr")?,
+        console: console_config(r)?,
     })
 }
 

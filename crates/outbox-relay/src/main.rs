@@ -252,6 +252,10 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         Some(_) => install_prometheus()?,
         None => None,
     };
+    #[cfg(feature = "console")]
+    if let Some(c) = &cfg.console {
+        spawn_console(c, &store, &url, cfg.metrics_addr, secrets).await?;
+    }
     outbox_worker::metrics::describe_metrics();
     info!(
         store = %redact_url(&url),
@@ -303,6 +307,37 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         released = summary.released,
         "relay exited"
     );
+    Ok(())
+}
+
+/// Serves the console beside the relay: bound (and its token read) before
+/// the relay starts, so a taken port or a bad token fails `run`. The
+/// console reads the store through its own clone (the relay's pool); with
+/// `--metrics-addr` its overview shows this relay's sink state.
+#[cfg(feature = "console")]
+async fn spawn_console(
+    c: &config::ConsoleConfig,
+    store: &AnyStore,
+    url: &str,
+    metrics_addr: Option<std::net::SocketAddr>,
+    secrets: &[String],
+) -> anyhow::Result<()> {
+    let mut secrets = secrets.to_vec();
+    let mut serving = console::Serving::new(c.listen);
+    serving.allow_remote = c.allow_remote;
+    serving.token = console::load_token(
+        c.token_file.as_deref(),
+        c.token_env.as_deref(),
+        &mut secrets,
+    )?;
+    serving.relays = metrics_addr.map(|a| a.to_string()).into_iter().collect();
+    let listener = serving.bind().await?;
+    let (store, url) = (store.clone(), url.to_owned());
+    tokio::spawn(async move {
+        if let Err(e) = console::serve(listener, store, &url, serving, secrets.clone()).await {
+            tracing::error!(error = %report::render(&e, &secrets), "the console stopped");
+        }
+    });
     Ok(())
 }
 

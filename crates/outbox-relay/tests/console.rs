@@ -8,10 +8,10 @@
 mod console_support;
 mod support;
 
-use console_support::{dead_letters, enc, http, Console, Session, TOKEN};
+use console_support::{dead_letters, enc, enqueue_and_settle, http, Console, Session, TOKEN};
 use outbox_core::{
-    ClaimRequest, ControlStore, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent,
-    RelayId, Resolution, Settlement, ShardSpec, Store,
+    ClaimRequest, ControlStore, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, LastError,
+    NewEvent, RelayId, Resolution, Settlement, ShardSpec, Store,
 };
 use outbox_postgres::PgLogStore;
 use std::time::{Duration, Instant};
@@ -601,5 +601,164 @@ async fn with_relay_the_overview_shows_its_sink_state_and_throughput() {
     assert!(page.contains("sink: closed"), "{page}");
     support::stop(&mut relay);
     drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_lane_shows_which_key_waits_behind_which_head() {
+    let (schema, pool) = migrated_log("outbox_console_lane").await;
+    let store = log_store(&schema, |o| {
+        o.with_dead_head_policy(outbox_postgres::DeadHeadPolicy::Block)
+    })
+    .await;
+    let dead = enqueue_and_settle(
+        &store,
+        &pool,
+        vec![NewEvent::new("payment.captured", "payments", b"{}".to_vec()).with_key("acct-7")],
+        Resolution::Dead {
+            error: LastError {
+                code: ErrorCode::HANDLER_PERMANENT_FAILURE,
+                message: "card <expired>".into(),
+            },
+        },
+    )
+    .await[0];
+    let retried = enqueue_and_settle(
+        &store,
+        &pool,
+        vec![NewEvent::new("order.created", "orders", b"{}".to_vec()).with_key("order-1")],
+        Resolution::Retry {
+            delay: Duration::from_secs(3600),
+            error: LastError {
+                code: ErrorCode::HANDLER_TEMPORARY_FAILURE,
+                message: "inventory service down".into(),
+            },
+        },
+    )
+    .await[0];
+    // Later events of both keys: the claim parks them behind their heads.
+    let behind = enqueue_and_settle(
+        &store,
+        &pool,
+        vec![
+            NewEvent::new("payment.refunded", "payments", b"{}".to_vec()).with_key("acct-7"),
+            NewEvent::new("payment.closed", "payments", b"{}".to_vec()).with_key("acct-7"),
+            NewEvent::new("order.paid", "orders", b"{}".to_vec()).with_key("order-1"),
+        ],
+        Resolution::Released,
+    )
+    .await;
+    store.leave(&RelayId::new("console-test")).await.unwrap();
+    let console = Console::start(&store_args(&database_url(), &schema), false, &[]);
+
+    let page = console.get("/lane?group=default", None);
+    assert_eq!(page.status, 200, "{}", page.body);
+    let body = &page.body;
+    assert_eq!(marked(body, "held-count"), Some("2"), "{body}");
+    // The dead head first (two events wait behind it), linked to its
+    // detail; its message escaped.
+    let at_dead = body.find(&dead.to_string()).expect("the dead head");
+    let at_retried = body.find(&retried.to_string()).expect("the retried head");
+    assert!(at_dead < at_retried, "most waiting first: {body}");
+    assert!(
+        body.contains(&format!("/dead/{dead}?group=default")),
+        "{body}"
+    );
+    assert!(body.contains("dead, blocks its key"), "{body}");
+    assert!(body.contains("card &lt;expired&gt;"), "{body}");
+    assert!(body.contains("inventory service down"), "{body}");
+    let waiting: Vec<&str> = body
+        .match_indices(r#"data-test="waiting">"#)
+        .map(|(i, m)| {
+            let rest = &body[i + m.len()..];
+            &rest[..rest.find('<').unwrap()]
+        })
+        .collect();
+    assert_eq!(waiting, vec!["2", "1"], "{body}");
+    // Next in line: the first event parked behind each head.
+    assert!(body.contains(&behind[0].to_string()), "{body}");
+    assert!(body.contains(&behind[2].to_string()), "{body}");
+    // The overview links its lane counts here; a bad group is a 404 page.
+    assert!(console.get("/", None).body.contains("/lane?group=default"));
+    let r = console.get("/lane?group=nope", None);
+    assert_eq!(r.status, 404, "{}", r.body);
+    assert!(
+        r.body.contains("no consumer group &quot;nope&quot;"),
+        "{}",
+        r.body
+    );
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_with_console_addr_serves_the_console_beside_the_relay() {
+    let (schema, pool) = migrated_log("outbox_console_embedded").await;
+    let store = log_store(&schema, |o| o).await;
+    let url = database_url().replacen("://postgres@", "://postgres:s3cret-pw@", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("out.jsonl");
+    let token = dir.path().join("token");
+    std::fs::write(&token, TOKEN).unwrap();
+    // Before the relay starts: it would hold the shard lease otherwise.
+    dead_letters(
+        &store,
+        &pool,
+        vec![NewEvent::new("t", "t", b"x".to_vec())],
+        ErrorCode::HANDLER_NOT_REGISTERED,
+        "no handler",
+    )
+    .await;
+    let (addr, metrics) = (console_support::free_addr(), console_support::free_addr());
+    let mut relay = outbox_testkit::process::ChildGuard::new(
+        support::relay(&["run"])
+            .args(store_args(&url, &schema))
+            .args(["--sink", &format!("jsonl:{}", file.display())])
+            .args(["--poll-interval-ms", "100", "--metrics-addr", &metrics])
+            .args(["--console-addr", &addr, "--console-admin-token-file"])
+            .arg(&token)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let page = loop {
+        if let Some(r) = console_support::try_http(&addr, "GET", "/", &[], None) {
+            if r.body.contains(&format!("relay {metrics}: ready")) {
+                break r;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no console with the relay's sink state on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(!page.body.contains("s3cret-pw"), "{}", page.body);
+    let console = Console::attach(addr);
+    let session = console.login("ops");
+    let list = console.get("/dead?group=default", Some(&session));
+    assert_eq!(marked(&list.body, "dead-count"), Some("1"), "{}", list.body);
+    // The relay still relays.
+    let mut tx = pool.begin().await.unwrap();
+    store
+        .outbox()
+        .enqueue_batch(&mut tx, vec![NewEvent::new("t", "t", b"y".to_vec())])
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(support::wait_jsonl_ids(&file, 1, &mut relay).await.len(), 1);
+    support::stop(&mut relay);
+
+    // A console on a non-loopback address needs --console-allow-remote.
+    let out = support::relay(&["run"])
+        .args(store_args(&database_url(), &schema))
+        .args(["--sink", "stdout", "--console-addr", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not a loopback address"), "{err}");
     drop_schema(&pool, &schema).await;
 }

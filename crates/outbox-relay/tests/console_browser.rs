@@ -4,7 +4,7 @@
 //! the lag a test created; a dead letter found by filter is replayed and
 //! then delivered by a running relay; purge asks for confirmation; without
 //! the token every change is refused; a page of 10,000 dead letters stays
-//! paged. With `OUTBOX_CONSOLE_SCREENSHOTS=DIR` (`cargo xtask
+//! paged; the retry lane leads from a held key to its dead head. With `OUTBOX_CONSOLE_SCREENSHOTS=DIR` (`cargo xtask
 //! screenshots`) the pages are also saved as PNGs into DIR.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -12,7 +12,7 @@ mod console_support;
 mod support;
 
 use console_support::webdriver::{screenshot_dir, Browser};
-use console_support::{dead_letters, Console, TOKEN};
+use console_support::{dead_letters, enqueue_and_settle, Console, TOKEN};
 use outbox_core::{
     ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId,
     Resolution, Settlement, ShardSpec, Store,
@@ -130,6 +130,78 @@ async fn the_overview_shows_the_lag_a_test_created() {
     browser.goto(&format!("http://{}/shards", console.addr));
     assert!(browser.source().contains("Group default"));
     shot(&browser, "shards");
+    drop(browser);
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_lane_leads_from_a_held_key_to_its_dead_head() {
+    let (schema, pool) = migrated_log("outbox_browser_lane").await;
+    let store = log_store(&schema, |o| {
+        o.with_dead_head_policy(outbox_postgres::DeadHeadPolicy::Block)
+    })
+    .await;
+    let dead = enqueue_and_settle(
+        &store,
+        &pool,
+        vec![
+            NewEvent::new("payment.captured", "payments", br#"{"amount":42}"#.to_vec())
+                .with_key("acct-7"),
+        ],
+        Resolution::Dead {
+            error: outbox_core::LastError {
+                code: ErrorCode::HANDLER_PERMANENT_FAILURE,
+                message: "card expired".into(),
+            },
+        },
+    )
+    .await[0];
+    let events = (0..3).map(|i| {
+        NewEvent::new(
+            "payment.refunded",
+            "payments",
+            format!("{{\"n\":{i}}}").into_bytes(),
+        )
+        .with_key("acct-7")
+    });
+    enqueue_and_settle(&store, &pool, events.collect(), Resolution::Released).await;
+    // A second key, waiting for its retry with one event behind it.
+    enqueue_and_settle(
+        &store,
+        &pool,
+        vec![NewEvent::new("order.created", "orders", b"{}".to_vec()).with_key("order-1")],
+        Resolution::Retry {
+            delay: Duration::from_secs(600),
+            error: outbox_core::LastError {
+                code: ErrorCode::HANDLER_TEMPORARY_FAILURE,
+                message: "inventory service unavailable".into(),
+            },
+        },
+    )
+    .await;
+    enqueue_and_settle(
+        &store,
+        &pool,
+        vec![NewEvent::new("order.paid", "orders", b"{}".to_vec()).with_key("order-1")],
+        Resolution::Released,
+    )
+    .await;
+    store.leave(&RelayId::new("console-test")).await.unwrap();
+    let console = Console::start(&store_args(&schema), false, &[]);
+    let browser = Browser::start();
+    browser.goto(&format!("http://{}/lane", console.addr));
+    assert_eq!(browser.text("[data-test=held-count]"), "2");
+    assert_eq!(browser.text("[data-test=held-key]"), "acct-7");
+    assert_eq!(browser.text("[data-test=waiting]"), "3");
+    shot(&browser, "retry-lane");
+    browser.click(&format!("a[href^=\"/dead/{dead}\"]"));
+    browser.wait_for("the dead head's detail", |b| {
+        b.find("[data-test=final-error]").is_some()
+    });
+    assert!(browser
+        .text("[data-test=final-error]")
+        .contains("card expired"));
     drop(browser);
     drop(console);
     drop_schema(&pool, &schema).await;

@@ -11,8 +11,8 @@ use crate::{MigrateError, SqliteStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
-    Event, EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement, Stats,
-    Store, MAX_DEAD_LETTER_AGE,
+    Event, EventId, FencingToken, HeadState, HeldKey, HeldKeyStore, HeldKeys, LastError, Rejected,
+    Resolution, SettleReport, Settlement, Stats, Store, MAX_DEAD_LETTER_AGE,
 };
 use sqlx::sqlite::{
     SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
@@ -834,5 +834,79 @@ impl DeadLetterStore for SqliteStore {
         tx.commit().await?;
         tracing::info!(purged, "purged dead letters");
         Ok(purged)
+    }
+}
+
+/// The heads of the table ([`HeldKeyStore`]): a key's first event when it
+/// failed or waits for a later time (a keyless one only when it failed),
+/// with the key's events behind it. A leased row is not a head unless it
+/// failed before (its retry is in flight).
+const HELD_KEYS_SQL: &str = concat!(
+    "WITH heads AS (
+    SELECT e.* FROM {{events}} e
+    WHERE (e.last_error_code IS NOT NULL
+           OR (e.key IS NOT NULL AND e.locked_until IS NULL AND e.next_attempt_at > ",
+    now_ms!(),
+    "))
+      AND (e.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {{events}} p WHERE p.key = e.key AND p.seq < e.seq))
+)
+SELECT h.seq, h.id, h.key, h.event_type, h.topic, h.payload, h.headers, h.created_at, h.attempts,
+       h.next_attempt_at, h.last_error_code, h.last_error_message,
+       CASE WHEN h.locked_until > ",
+    now_ms!(),
+    " THEN h.locked_until END AS lease_until,
+       (SELECT count(*) FROM {{events}} x
+         WHERE h.key IS NOT NULL AND x.key = h.key AND x.seq > h.seq) AS waiting,
+       (SELECT x.id FROM {{events}} x
+         WHERE h.key IS NOT NULL AND x.key = h.key AND x.seq > h.seq
+         ORDER BY x.seq LIMIT 1) AS first_waiting,
+       count(*) OVER () AS total
+FROM heads h
+ORDER BY waiting DESC, h.created_at, h.id
+LIMIT ?"
+);
+
+impl HeldKeyStore for SqliteStore {
+    type Error = StoreError;
+
+    async fn held_keys(&self, limit: u32) -> Result<HeldKeys, StoreError> {
+        let rows = sqlx::query(&self.names().render(HELD_KEYS_SQL))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await?;
+        let mut out = HeldKeys::default();
+        for row in &rows {
+            out.total = u64::try_from(row.try_get::<i64, _>("total")?).unwrap_or(0);
+            // Like a dead letter, a head stays listable with a corrupt
+            // column: only an id that is not a UUID hides one.
+            let head = match decode_event(row, true) {
+                Ok(event) => event,
+                Err(e) => {
+                    tracing::warn!(error = %e, "skipping a held event whose id is not a UUID");
+                    continue;
+                }
+            };
+            let state = match row
+                .try_get::<Option<i64>, _>("lease_until")?
+                .and_then(DateTime::<Utc>::from_timestamp_millis)
+            {
+                Some(lease_until) => HeadState::InFlight { lease_until },
+                None => HeadState::Retrying {
+                    next_attempt_at: head.next_attempt_at,
+                },
+            };
+            out.heads.push(HeldKey {
+                head,
+                state,
+                waiting: u64::try_from(row.try_get::<i64, _>("waiting")?).unwrap_or(0),
+                first_waiting: row
+                    .try_get::<Option<Uuid>, _>("first_waiting")
+                    .ok()
+                    .flatten()
+                    .map(EventId::from_uuid),
+            });
+        }
+        Ok(out)
     }
 }

@@ -35,6 +35,8 @@
 //! - A delayed event (`deliver_at` / `deliver_after`) is not claimed before
 //!   its time (database clock); it delays no other key, and its key's later
 //!   events wait behind it.
+//! - `held_keys` names each event that failed and holds its key, with the
+//!   key's events waiting behind it, the most waiting first.
 
 use outbox_core::{
     Claim, ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
@@ -86,7 +88,7 @@ pub enum RowState {
 /// every store handle it returns points at.
 pub trait StoreHarness: Send + Sync + 'static {
     /// The store under test.
-    type Store: Store + DeadLetterStore;
+    type Store: Store + DeadLetterStore + outbox_core::HeldKeyStore;
 
     /// A store handle on this harness's database. May be called several times
     /// (the concurrency case takes one per claimer).
@@ -158,6 +160,7 @@ macro_rules! store_conformance_tests {
             batch_enqueue_writes_all,
             delayed_events_wait_without_delaying_other_keys,
             delayed_event_stays_behind_a_retried_event_of_its_key,
+            held_keys_name_each_head_and_what_waits_behind_it,
         );
     };
     ($harness:expr) => {
@@ -192,6 +195,7 @@ macro_rules! store_conformance_tests {
             batch_enqueue_writes_all,
             delayed_events_wait_without_delaying_other_keys,
             delayed_event_stays_behind_a_retried_event_of_its_key,
+            held_keys_name_each_head_and_what_waits_behind_it,
         );
     };
 }

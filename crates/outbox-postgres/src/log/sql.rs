@@ -464,6 +464,42 @@ WHERE grp = $1 AND {{filter}}
 ORDER BY id
 LIMIT $9";
 
+/// The heads of a group's retry lane ([`HeldKeyStore`](outbox_core::HeldKeyStore)):
+/// a lane row that failed or waits for a later time (a key's first lane
+/// row, unless a blocking dead letter of its key comes first; a keyless one
+/// only when it failed), and a key's first blocking dead letter; each with
+/// the key's lane rows behind it. `$1` group, `$2` limit.
+const HELD_KEYS: &str = "\
+WITH lane_heads AS (
+    SELECT l.id, l.key, l.event_type, l.topic, l.payload, l.headers, l.created_at, l.attempts,
+           l.next_attempt_at AS at, l.last_error_code, l.last_error_message, false AS dead
+    FROM {{lane}} l
+    WHERE l.grp = $1
+      AND (l.last_error_code IS NOT NULL OR (l.key IS NOT NULL AND l.next_attempt_at > now()))
+      AND (l.key IS NULL OR (
+            NOT EXISTS (SELECT 1 FROM {{lane}} p WHERE p.grp = l.grp AND p.key = l.key AND p.ord < l.ord)
+        AND NOT EXISTS (SELECT 1 FROM {{dead}} d WHERE d.grp = l.grp AND d.blocking AND d.key = l.key)))
+),
+dead_heads AS (
+    SELECT d.id, d.key, d.event_type, d.topic, d.payload, d.headers, d.created_at, d.attempts,
+           d.dead_at AS at, d.last_error_code, d.last_error_message, true AS dead
+    FROM {{dead}} d
+    WHERE d.grp = $1 AND d.blocking AND d.key IS NOT NULL
+      AND NOT EXISTS (SELECT 1 FROM {{dead}} e
+                      WHERE e.grp = d.grp AND e.blocking AND e.key = d.key AND e.ord < d.ord)
+),
+heads AS (SELECT * FROM lane_heads UNION ALL SELECT * FROM dead_heads)
+SELECT h.id, h.key, h.event_type, h.topic, h.payload, h.headers::text, h.created_at, h.attempts,
+       h.at, h.last_error_code, h.last_error_message, h.dead, w.n, w.first, count(*) OVER ()
+FROM heads h
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, (array_agg(x.id ORDER BY x.ord))[1] AS first
+    FROM {{lane}} x
+    WHERE x.grp = $1 AND h.key IS NOT NULL AND x.key = h.key AND x.id <> h.id
+) w
+ORDER BY w.n DESC, h.created_at, h.id
+LIMIT $2";
+
 const COUNT_DEAD: &str = "SELECT count(*) FROM {{dead}} WHERE grp = $1 AND {{filter}}";
 
 /// Replays dead letters into the retry lane, eligible now with attempts 0.
@@ -740,6 +776,7 @@ pub(crate) struct Sql {
     pub(crate) cursors: String,
     pub(crate) list_dead: String,
     pub(crate) count_dead: String,
+    pub(crate) held_keys: String,
     pub(crate) retry_dead: String,
     pub(crate) purge_dead: String,
     pub(crate) rotate_due: String,
@@ -861,6 +898,7 @@ impl Sql {
             cursors: names.render(CURSORS),
             list_dead: dead(LIST_DEAD),
             count_dead: dead(COUNT_DEAD),
+            held_keys: names.render(HELD_KEYS),
             retry_dead: dead(RETRY_DEAD),
             purge_dead: dead(PURGE_DEAD),
             rotate_due: names.render(ROTATE_DUE),

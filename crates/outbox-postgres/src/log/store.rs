@@ -29,7 +29,8 @@ use crate::{redact_url, StoreError};
 use context::Ctx;
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore,
-    FencingToken, RelayId, SettleReport, Settlement, ShardSpec, Stats, Store,
+    FencingToken, HeldKeyStore, HeldKeys, RelayId, SettleReport, Settlement, ShardSpec, Stats,
+    Store,
 };
 use relays::RelayGroups;
 use sqlx::PgPool;
@@ -330,5 +331,13 @@ impl DeadLetterStore for PgLogStore {
     async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let ctx = &self.inner.ctx;
         lane::dead_statement(ctx, &ctx.sql.purge_dead, filter).await
+    }
+}
+
+impl HeldKeyStore for PgLogStore {
+    type Error = StoreError;
+
+    async fn held_keys(&self, limit: u32) -> Result<HeldKeys, StoreError> {
+        lane::held_keys(&self.inner.ctx, limit).await
     }
 }

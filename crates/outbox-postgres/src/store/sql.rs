@@ -348,6 +348,35 @@ WHERE {{filter}}
 ORDER BY id
 LIMIT $8";
 
+/// The heads of the table ([`HeldKeyStore`](outbox_core::HeldKeyStore)):
+/// a key's first undelivered event when it failed or waits for a later
+/// time (a keyless one only when it failed), with the key's undelivered
+/// events behind it. A leased row's `next_attempt_at` is its lease end, so
+/// a first attempt in flight is not a head. Columns as [`event_from`]
+/// reads them, then `locked_until`, waiting, first waiting, total. `$1` limit.
+///
+/// [`event_from`]: super::rows::event_from
+pub(super) const HELD_KEYS_SQL: &str = "\
+WITH heads AS (
+    SELECT e.* FROM {{events}} e
+    WHERE e.delivered_at IS NULL
+      AND (e.last_error_code IS NOT NULL
+           OR (e.key IS NOT NULL AND e.locked_until IS NULL AND e.next_attempt_at > now()))
+      AND (e.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {{events}} p WHERE p.key = e.key AND p.delivered_at IS NULL AND p.seq < e.seq))
+)
+SELECT h.id, h.key, h.event_type, h.topic, h.payload, h.headers::text, h.created_at, h.attempts,
+       h.next_attempt_at, NULL, h.last_error_code, h.last_error_message,
+       CASE WHEN h.locked_until > now() THEN h.locked_until END, w.n, w.first, count(*) OVER ()
+FROM heads h
+CROSS JOIN LATERAL (
+    SELECT count(*) AS n, (array_agg(x.id ORDER BY x.seq))[1] AS first
+    FROM {{events}} x
+    WHERE h.key IS NOT NULL AND x.key = h.key AND x.delivered_at IS NULL AND x.seq > h.seq
+) w
+ORDER BY w.n DESC, h.created_at, h.id
+LIMIT $1";
+
 pub(super) const COUNT_DEAD_SQL: &str = "SELECT count(*) FROM {{dead}} WHERE {{filter}}";
 
 /// A replayed dead letter takes a new `seq`: it goes behind the events of
@@ -381,6 +410,7 @@ pub(super) struct StoreSql {
     pub(super) purge_delivered: String,
     pub(super) list_dead: String,
     pub(super) count_dead: String,
+    pub(super) held_keys: String,
     pub(super) retry_dead: String,
     pub(super) purge_dead: String,
 }
@@ -425,6 +455,7 @@ impl StoreSql {
             purge_delivered: names.render(PURGE_DELIVERED_SQL),
             list_dead: dead(LIST_DEAD_SQL),
             count_dead: dead(COUNT_DEAD_SQL),
+            held_keys: names.render(HELD_KEYS_SQL),
             retry_dead: dead(RETRY_DEAD_SQL),
             purge_dead: dead(PURGE_DEAD_SQL),
         }

@@ -124,11 +124,20 @@ pub(crate) enum SessionState {
     Live(Session),
 }
 
+/// Wrong tokens tolerated within [`FAILURE_WINDOW`]; beyond them every
+/// login (even with the right token) waits until the window has room.
+const MAX_FAILURES: usize = 10;
+
+/// The window [`MAX_FAILURES`] counts in.
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
 /// The admin token and the live sessions.
 pub(crate) struct Auth {
     token: String,
     ttl: Duration,
     sessions: Mutex<HashMap<String, Session>>,
+    /// When the recent wrong tokens were given (at most [`MAX_FAILURES`]).
+    failures: Mutex<std::collections::VecDeque<Instant>>,
 }
 
 impl fmt::Debug for Auth {
@@ -147,12 +156,41 @@ impl Auth {
             token,
             ttl,
             sessions: Mutex::new(HashMap::new()),
+            failures: Mutex::new(std::collections::VecDeque::new()),
         }
     }
 
     /// Whether `given` is the admin token.
     pub(crate) fn check_token(&self, given: &str) -> bool {
         same(given.trim(), &self.token)
+    }
+
+    /// Checks `given` unless too many wrong tokens came lately: `Err`
+    /// with how long to wait then (every guess is refused meanwhile, the
+    /// right one too, so guessing is bounded at [`MAX_FAILURES`] a
+    /// [`FAILURE_WINDOW`]); otherwise whether it is the token, a wrong
+    /// one counted.
+    pub(crate) fn try_token(&self, given: &str) -> Result<bool, Duration> {
+        let mut failures = self
+            .failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = Instant::now();
+        while failures
+            .front()
+            .is_some_and(|t| now.duration_since(*t) >= FAILURE_WINDOW)
+        {
+            failures.pop_front();
+        }
+        if failures.len() >= MAX_FAILURES {
+            let oldest = failures.front().copied().unwrap_or(now);
+            return Err(FAILURE_WINDOW.saturating_sub(now.duration_since(oldest)));
+        }
+        let ok = self.check_token(given);
+        if !ok {
+            failures.push_back(now);
+        }
+        Ok(ok)
     }
 
     fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, Session>> {
@@ -323,6 +361,28 @@ mod tests {
         );
         h.insert(header::HOST, HeaderValue::from_static("127.0.0.1:8089"));
         h
+    }
+
+    #[test]
+    fn wrong_tokens_beyond_the_limit_lock_every_login_for_a_while() {
+        let auth = Auth::new("0123456789abcdef".into(), Duration::from_secs(60));
+        assert_eq!(auth.try_token("0123456789abcdef"), Ok(true));
+        for _ in 0..MAX_FAILURES {
+            assert_eq!(auth.try_token("guess"), Ok(false));
+        }
+        let wait = auth.try_token("0123456789abcdef").unwrap_err();
+        assert!(
+            wait > Duration::from_secs(50) && wait <= FAILURE_WINDOW,
+            "{wait:?}"
+        );
+        // Once the window has passed, the token works again.
+        let past = Instant::now().checked_sub(FAILURE_WINDOW).unwrap();
+        auth.failures
+            .lock()
+            .unwrap()
+            .iter_mut()
+            .for_each(|t| *t = past);
+        assert_eq!(auth.try_token("0123456789abcdef"), Ok(true));
     }
 
     #[test]

@@ -70,7 +70,7 @@ impl Viewer<'_> {
 pub(crate) struct Frame<'a> {
     /// The `<title>` and `<h1>`.
     pub(crate) title: &'a str,
-    /// Which navigation entry is current (`overview`, `shards`, `dead`).
+    /// Which navigation entry is current (`overview`, `shards`, `lane`, `dead`).
     pub(crate) active: &'a str,
     /// Who is looking.
     pub(crate) viewer: Viewer<'a>,
@@ -86,6 +86,7 @@ pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
     let nav = [
         ("overview", "/", "Overview"),
         ("shards", "/shards", "Shards &amp; relays"),
+        ("lane", "/lane", "Retry lane"),
         ("dead", "/dead", "Dead letters"),
     ]
     .iter()

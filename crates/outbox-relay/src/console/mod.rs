@@ -6,6 +6,7 @@
 //! |------|------|
 //! | `GET /` | overview: groups with events behind and lag, paused groups, charts of the last hour, relays' sink state (`--relay`), rotation and horizon |
 //! | `GET /shards` | shards & relays: who holds which shard, lease expiry, per-shard lag |
+//! | `GET /lane` | the retry lane of a group (`group`): each head (an event that failed, is scheduled for later, or is dead and blocks its key) with the events of its key waiting behind it |
 //! | `GET /dead` | dead letters of a group, filtered (`type`, `code`, `key`, `older_than`, `newer_than`), paged by id (`after`, `limit`) |
 //! | `GET /dead/{id}` | one dead letter: headers, payload (pretty JSON when JSON), final error, attempts |
 //! | `POST /dead/confirm` | the confirmation page of a replay or purge: states the count |
@@ -14,7 +15,8 @@
 //! | `GET /login`, `POST /login`, `POST /logout` | the admin session |
 //!
 //! Every read and change goes through the store calls the CLI uses
-//! (`status`'s document, [`DeadLetterStore`], [`ControlStore`]); the
+//! (`status`'s document, [`DeadLetterStore`], [`ControlStore`],
+//! [`HeldKeyStore`](outbox_core::HeldKeyStore)); the
 //! console adds no SQL. Safety ([`auth`]): read-only without an admin
 //! token; every change needs a session opened with the token and the
 //! session's CSRF token; loopback only unless `--allow-remote`; every
@@ -88,40 +90,120 @@ pub(crate) struct ConsoleArgs {
     session_minutes: u64,
 }
 
+/// How a console is served: `console`'s flags, or the settings of
+/// `run --console-addr` (the same pages beside a running relay).
+#[derive(Debug)]
+pub(crate) struct Serving {
+    /// Where to listen.
+    pub(crate) listen: SocketAddr,
+    /// A non-loopback `listen` was asked for explicitly.
+    pub(crate) allow_remote: bool,
+    /// The admin token: `None` serves a read-only console.
+    pub(crate) token: Option<String>,
+    /// Relays' metrics addresses whose sink state the overview shows.
+    pub(crate) relays: Vec<String>,
+    /// Seconds between two chart samples.
+    pub(crate) sample_secs: u64,
+    /// How long an admin session lasts, in minutes.
+    pub(crate) session_minutes: u64,
+}
+
+impl Serving {
+    /// The defaults of `console`'s flags, listening on `listen`.
+    pub(crate) fn new(listen: SocketAddr) -> Self {
+        Self {
+            listen,
+            allow_remote: false,
+            token: None,
+            relays: Vec::new(),
+            sample_secs: 10,
+            session_minutes: 720,
+        }
+    }
+
+    /// Refuses a non-loopback address unless `allow_remote`, so a console
+    /// is never exposed by accident.
+    pub(crate) fn check(&self) -> anyhow::Result<()> {
+        if !self.listen.ip().is_loopback() && !self.allow_remote {
+            bail!(
+                "refusing to serve the console on {}: not a loopback address; allow it explicitly \
+                 (`console --allow-remote`, `run --console-allow-remote`) and put TLS in front: \
+                 the console speaks plain HTTP",
+                self.listen
+            );
+        }
+        Ok(())
+    }
+
+    /// Binds the listener ([`Serving::check`] first).
+    pub(crate) async fn bind(&self) -> anyhow::Result<tokio::net::TcpListener> {
+        self.check()?;
+        tokio::net::TcpListener::bind(self.listen)
+            .await
+            .with_context(|| format!("cannot serve the console on {}", self.listen))
+    }
+}
+
 /// Runs `console` until SIGINT/SIGTERM.
 pub(crate) async fn run(args: ConsoleArgs, secrets: &mut Vec<String>) -> anyhow::Result<()> {
-    if !args.listen.ip().is_loopback() && !args.allow_remote {
-        bail!(
-            "refusing to serve the console on {}: not a loopback address; pass --allow-remote to \
-             serve it there (and put TLS in front: the console speaks plain HTTP)",
-            args.listen
-        );
-    }
-    let token = auth::load_token(
-        args.admin_token_file.as_deref(),
-        args.admin_token_env.as_deref(),
-    )?;
+    let serving = Serving {
+        listen: args.listen,
+        allow_remote: args.allow_remote,
+        token: load_token(
+            args.admin_token_file.as_deref(),
+            args.admin_token_env.as_deref(),
+            secrets,
+        )?,
+        relays: args.relays,
+        sample_secs: args.sample_secs,
+        session_minutes: args.session_minutes,
+    };
+    // Refuse a remote address before connecting to anything.
+    serving.check()?;
+    let (store, url) = crate::open(&args.store, secrets).await?;
+    let listener = serving.bind().await?;
+    serve(listener, store, &url, serving, secrets.clone()).await
+}
+
+/// Reads the admin token from `file` or the variable `var` (at least 16
+/// characters) and adds it to `secrets`, so no message ever shows it.
+pub(crate) fn load_token(
+    file: Option<&std::path::Path>,
+    var: Option<&str>,
+    secrets: &mut Vec<String>,
+) -> anyhow::Result<Option<String>> {
+    let token = auth::load_token(file, var)?;
     if let Some(t) = &token {
         secrets.push(t.clone());
     }
-    let (store, url) = crate::open(&args.store, secrets).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("cannot serve the console on {}", args.listen))?;
-    let addr = listener.local_addr().unwrap_or(args.listen);
+    Ok(token)
+}
+
+/// Serves the console on `listener` until SIGINT/SIGTERM. `secrets`
+/// (passwords, the token) are scrubbed from every page and log line.
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    store: AnyStore,
+    url: &str,
+    serving: Serving,
+    secrets: Vec<String>,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr().unwrap_or(serving.listen);
     let console = Arc::new(Console {
         store,
-        store_url: redact_url(&url),
-        relays: args.relays,
-        auth: token.map(|t| auth::Auth::new(t, Duration::from_secs(args.session_minutes * 60))),
+        store_url: redact_url(url),
+        relays: serving.relays,
+        auth: serving
+            .token
+            .map(|t| auth::Auth::new(t, Duration::from_secs(serving.session_minutes * 60))),
         samples: samples::Samples::default(),
-        sample_secs: args.sample_secs,
-        secrets: secrets.clone(),
+        sample_secs: serving.sample_secs,
+        secrets,
         scoped: tokio::sync::Mutex::new(HashMap::new()),
     });
     tokio::spawn(samples::run(
         console.clone(),
-        Duration::from_secs(args.sample_secs),
+        Duration::from_secs(serving.sample_secs),
     ));
     info!(
         url = %format!("http://{addr}/"),
@@ -273,6 +355,7 @@ fn router(console: Arc<Console>) -> Router {
     Router::new()
         .route("/", get(pages::overview))
         .route("/shards", get(pages::shards))
+        .route("/lane", get(pages::lane))
         .route("/dead", get(pages::dead_list))
         .route("/dead/confirm", post(pages::dead_confirm))
         .route("/dead/act", post(pages::dead_act))

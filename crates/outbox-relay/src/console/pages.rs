@@ -10,7 +10,8 @@ use axum::extract::{Path as UrlPath, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use outbox_core::{
-    ControlStore, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, EventId, PauseNote,
+    ControlStore, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, EventId, HeldKeyStore,
+    PauseNote,
 };
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -47,6 +48,31 @@ pub(super) async fn shards(
         html::page(
             &c.frame("Shards & relays", "shards", &seen, Some(5)),
             &views::shards(&doc),
+        ),
+    ))
+}
+
+/// Most heads the retry lane page lists.
+const LANE_LIMIT: u32 = 200;
+
+pub(super) async fn lane(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<Response, ConsoleError> {
+    let p = Params::parse(query.as_deref().unwrap_or("").as_bytes());
+    let group = p.get("group").unwrap_or(c.store.group()).to_owned();
+    let store = c.store_for(&group).await?;
+    let held = c
+        .call("cannot read the retry lane", store.held_keys(LANE_LIMIT))
+        .await?;
+    let groups = c.group_names().await?;
+    let seen = Seen::of(&c, &headers);
+    Ok(html_response(
+        StatusCode::OK,
+        html::page(
+            &c.frame("Retry lane", "lane", &seen, Some(5)),
+            &views::lane(&group, &groups, &held),
         ),
     ))
 }
@@ -415,7 +441,18 @@ pub(super) async fn login(
             "Give your name (1 to 64 characters): it is recorded with every change you make.",
         ));
     }
-    if !auth.check_token(p.get("token").unwrap_or("")) {
+    let right = auth.try_token(p.get("token").unwrap_or("")).map_err(|wait| {
+        warn!(target: AUDIT, who = %who, "console: login refused (too many wrong tokens lately)");
+        ConsoleError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too many wrong tokens",
+            format!(
+                "The console refuses every login for {} s after too many wrong admin tokens. Nothing was changed.",
+                wait.as_secs().max(1)
+            ),
+        )
+    })?;
+    if !right {
         warn!(target: AUDIT, who = %who, "console: login refused (wrong admin token)");
         return Err(ConsoleError::new(
             StatusCode::UNAUTHORIZED,

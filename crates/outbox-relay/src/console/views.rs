@@ -1,10 +1,11 @@
 //! The pages' bodies, rendered from the `status` document (the same one
-//! `outbox-relay status --json` prints) and from the store's dead letters.
+//! `outbox-relay status --json` prints), the store's dead letters and the
+//! heads of its retry lane.
 
 use super::html::{chart, duration, enc, esc, table, Viewer};
 use super::params::DeadParams;
 use super::samples::{Samples, WINDOW};
-use outbox_core::{DeadLetter, EventId, Paused};
+use outbox_core::{DeadLetter, EventId, HeadState, HeldKeys, Paused};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -152,7 +153,7 @@ pub(crate) fn overview(
                 None => "-".to_owned(),
             };
             format!(
-                r#"<td data-label="group"><strong>{name}</strong></td><td data-label="events behind" class="num" data-test="pending">{pending}</td><td data-label="lag" class="num" data-test="lag">{lag}</td><td class="num">{lane}</td><td class="num">{parked}</td><td class="num"><a href="/dead?group={gq}">{dead}</a> <span class="small">{codes}</span></td><td>{rotation}</td><td>{state}</td><td>{form}</td>"#,
+                r#"<td data-label="group"><strong>{name}</strong></td><td data-label="events behind" class="num" data-test="pending">{pending}</td><td data-label="lag" class="num" data-test="lag">{lag}</td><td class="num"><a href="/lane?group={gq}">{lane}</a></td><td class="num"><a href="/lane?group={gq}">{parked}</a></td><td class="num"><a href="/dead?group={gq}">{dead}</a> <span class="small">{codes}</span></td><td>{rotation}</td><td>{state}</td><td>{form}</td>"#,
                 name = esc(&g.name),
                 gq = enc(&g.name),
                 pending = g.pending,
@@ -429,16 +430,7 @@ pub(crate) fn dead_list(
     viewer: &Viewer<'_>,
 ) -> String {
     let mut out = String::new();
-    let options: String = groups
-        .iter()
-        .map(|g| {
-            format!(
-                r#"<option value="{0}"{1}>{0}</option>"#,
-                esc(g),
-                if *g == params.group { " selected" } else { "" }
-            )
-        })
-        .collect();
+    let options = group_options(groups, &params.group);
     let val = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
     let _ = write!(
         out,
@@ -566,6 +558,109 @@ pub(crate) fn dead_list(
     if !pager.is_empty() {
         let _ = write!(out, r#"<nav class="pager">{pager}</nav>"#);
     }
+    out
+}
+
+/// The `<option>`s of a group picker, `current` selected.
+fn group_options(groups: &[String], current: &str) -> String {
+    groups
+        .iter()
+        .map(|g| {
+            format!(
+                r#"<option value="{0}"{1}>{0}</option>"#,
+                esc(g),
+                if g == current { " selected" } else { "" }
+            )
+        })
+        .collect()
+}
+
+/// The retry lane page: a group picker, then each head (the event its key
+/// waits for, and why) with how many events wait behind it.
+pub(crate) fn lane(group: &str, groups: &[String], held: &HeldKeys) -> String {
+    let mut out = String::new();
+    let options = group_options(groups, group);
+    let _ = write!(
+        out,
+        r#"<form method="get" action="/lane" class="filters"><label>Group <select name="group">{options}</select></label> <button type="submit">Show</button></form>
+<p><strong data-test="held-count">{total}</strong> head(s) in the retry lane of group <strong>{g}</strong>{shown}. A head is an event that failed and waits for its retry (or is being retried), an event scheduled for later, or a dead letter that blocks its key (dead-head policy <code>block</code>): every later event of its key waits behind it, in order.</p>"#,
+        total = held.total,
+        g = esc(group),
+        shown = if held.total as usize > held.heads.len() {
+            format!(
+                ", the {} with the most events waiting shown",
+                held.heads.len()
+            )
+        } else {
+            String::new()
+        },
+    );
+    if held.heads.is_empty() {
+        out.push_str(
+            r#"<p class="muted" data-test="lane-empty">Nothing waits: no key is held back.</p>"#,
+        );
+        return out;
+    }
+    let time =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let now = chrono::Utc::now();
+    let rows: Vec<String> = held
+        .heads
+        .iter()
+        .map(|h| {
+            let e = &h.head;
+            let id = e.id.to_string();
+            let (state, head_cell) = match &h.state {
+                HeadState::Dead { dead_at } => (
+                    format!(r#"<span class="badge bad">dead, blocks its key</span> <span class="small">since {}</span>"#, esc(&time(*dead_at))),
+                    format!(
+                        r#"<a href="/dead/{}?group={}" class="mono">{}</a>"#,
+                        enc(&id),
+                        enc(group),
+                        esc(&id)
+                    ),
+                ),
+                HeadState::InFlight { lease_until } => (
+                    format!(r#"<span class="badge ok">being retried</span> <span class="small">lease until {}</span>"#, esc(&time(*lease_until))),
+                    format!(r#"<span class="mono">{}</span>"#, esc(&id)),
+                ),
+                HeadState::Retrying { next_attempt_at } if *next_attempt_at <= now => (
+                    format!(r#"<span class="badge ok">due</span> <span class="small">the next claim takes it (since {})</span>"#, esc(&time(*next_attempt_at))),
+                    format!(r#"<span class="mono">{}</span>"#, esc(&id)),
+                ),
+                HeadState::Retrying { next_attempt_at } => (
+                    format!(r#"<span class="badge warn">waits</span> <span class="small">next attempt {}</span>"#, esc(&time(*next_attempt_at))),
+                    format!(r#"<span class="mono">{}</span>"#, esc(&id)),
+                ),
+            };
+            let error = h.last_error().map_or_else(
+                || "-".to_owned(),
+                |l| format!("{}: {}", esc(l.code.as_str()), esc(&truncate(&l.message, 160))),
+            );
+            format!(
+                r#"<td data-test="held-key">{key}</td><td>{head_cell}</td><td>{ty}</td><td>{state}</td><td class="num">{att}</td><td class="msg">{error}</td><td class="num" data-test="waiting">{waiting}</td><td class="mono small">{first}</td>"#,
+                key = esc(e.key.as_deref().unwrap_or("- (no key)")),
+                ty = esc(&e.event_type),
+                att = e.attempts,
+                waiting = h.waiting,
+                first = esc(&h.first_waiting.map_or_else(|| "-".to_owned(), |i| i.to_string())),
+            )
+        })
+        .collect();
+    out.push_str(&table(
+        "lane",
+        &[
+            "Key",
+            "Head event",
+            "Type",
+            "State",
+            "Attempts",
+            "Last error",
+            "Waiting behind",
+            "Next in line",
+        ],
+        &rows,
+    ));
     out
 }
 

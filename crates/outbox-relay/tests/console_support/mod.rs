@@ -104,9 +104,10 @@ pub fn enc(s: &str) -> String {
         .collect()
 }
 
-/// A running `outbox-relay console`.
+/// A running `outbox-relay console` (or, [`Console::attach`]ed, the
+/// console of a running relay).
 pub struct Console {
-    pub child: ChildGuard,
+    pub child: Option<ChildGuard>,
     pub addr: String,
     pub log: PathBuf,
     _dir: tempfile::TempDir,
@@ -167,9 +168,20 @@ impl Console {
             std::thread::sleep(Duration::from_millis(100));
         }
         Console {
-            child,
+            child: Some(child),
             addr,
             log,
+            _dir: dir,
+        }
+    }
+
+    /// The console another process serves on `addr` (`run --console-addr`).
+    pub fn attach(addr: String) -> Console {
+        let dir = tempfile::tempdir().unwrap();
+        Console {
+            child: None,
+            addr,
+            log: dir.path().join("console.log"),
             _dir: dir,
         }
     }
@@ -294,5 +306,34 @@ pub async fn dead_letters(
     }
     // Give the shard leases back: a relay started next claims at once.
     store.leave(&RelayId::new("console-test")).await.unwrap();
+    ids
+}
+
+/// Commits `events` in one transaction and claims once through `store`:
+/// the events the claim returned, settled with `resolution` (what it did
+/// not return waits behind its key).
+pub async fn enqueue_and_settle(
+    store: &PgLogStore,
+    pool: &sqlx::PgPool,
+    events: Vec<NewEvent>,
+    resolution: Resolution,
+) -> Vec<EventId> {
+    let mut tx = pool.begin().await.unwrap();
+    let ids = store.outbox().enqueue_batch(&mut tx, events).await.unwrap();
+    tx.commit().await.unwrap();
+    let claim = store
+        .claim(&ClaimRequest {
+            relay_id: RelayId::new("console-test"),
+            batch_size: 100,
+            lease: Duration::from_secs(60),
+            shard: ShardSpec::ALL,
+        })
+        .await
+        .unwrap();
+    let mut s = Settlement::new();
+    for e in &claim.events {
+        s.push(e.id, resolution.clone());
+    }
+    store.settle(claim.token, &s).await.unwrap();
     ids
 }

@@ -168,9 +168,13 @@ impl Browser {
     }
 
     fn cmd(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        self.try_cmd(method, path, body)
+            .unwrap_or_else(|e| panic!("webdriver {method} {path}: {e}"))
+    }
+
+    fn try_cmd(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
         let full = format!("/session/{}{path}", self.session);
         call(&self.addr, method, &full, body.as_ref())
-            .unwrap_or_else(|e| panic!("webdriver {method} {path}: {e}"))
     }
 
     /// Opens `url` and waits for the page to load.
@@ -213,31 +217,60 @@ impl Browser {
             .unwrap_or_else(|| panic!("no element {css:?} on {}:\n{}", self.url(), self.source()))
     }
 
+    /// Runs `op` on the first element matching `css`, finding it again
+    /// when the page was replaced between the lookup and the command (a
+    /// navigation that a click started, or the live refresh swapping
+    /// `<main>`): a stale reference is a race of the test, not a result.
+    /// Panics with the page when no element matches within 30 s.
+    fn on_element(&self, css: &str, op: impl Fn(&str) -> Result<Value, String>) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let Some(e) = self.find(css) else {
+                // Between two pages: the next one may not be there yet.
+                if Instant::now() >= deadline {
+                    self.el(css);
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            };
+            match op(&e) {
+                Ok(v) => return v,
+                Err(err) if err.starts_with("stale element") && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(err) => panic!("webdriver on {css:?}: {err}"),
+            }
+        }
+    }
+
     /// Clicks the first element matching `css` (a submit button waits for
     /// the next page).
     pub fn click(&self, css: &str) {
-        let e = self.el(css);
-        self.cmd("POST", &format!("/element/{e}/click"), Some(json!({})));
+        self.on_element(css, |e| {
+            self.try_cmd("POST", &format!("/element/{e}/click"), Some(json!({})))
+        });
     }
 
     /// Types `text` into the first element matching `css` (cleared first).
     pub fn fill(&self, css: &str, text: &str) {
-        let e = self.el(css);
-        self.cmd("POST", &format!("/element/{e}/clear"), Some(json!({})));
-        self.cmd(
-            "POST",
-            &format!("/element/{e}/value"),
-            Some(json!({ "text": text })),
-        );
+        self.on_element(css, |e| {
+            self.try_cmd("POST", &format!("/element/{e}/clear"), Some(json!({})))?;
+            self.try_cmd(
+                "POST",
+                &format!("/element/{e}/value"),
+                Some(json!({ "text": text })),
+            )
+        });
     }
 
     /// The rendered text of the first element matching `css`.
     pub fn text(&self, css: &str) -> String {
-        let e = self.el(css);
-        self.cmd("GET", &format!("/element/{e}/text"), None)
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
+        self.on_element(css, |e| {
+            self.try_cmd("GET", &format!("/element/{e}/text"), None)
+        })
+        .as_str()
+        .unwrap_or("")
+        .to_owned()
     }
 
     /// Runs `script` (a function body; `return` gives the result).

@@ -5,12 +5,14 @@ use super::*;
 mod claim;
 mod dead_letters;
 mod enqueue;
+mod held;
 mod order;
 mod settle;
 
 pub use self::claim::*;
 pub use self::dead_letters::*;
 pub use self::enqueue::*;
+pub use self::held::*;
 pub use self::order::*;
 pub use self::settle::*;
 

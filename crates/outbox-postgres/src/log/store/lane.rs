@@ -8,9 +8,9 @@ use super::rows::count;
 use crate::log::options::DeadHeadPolicy;
 use crate::store::{bind_dead_filter, headers_lenient_under};
 use crate::StoreError;
-use chrono::{DateTime, Utc};
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterQuery, ErrorCode, Event, EventId, LastError,
+    DeadLetter, DeadLetterFilter, DeadLetterQuery, ErrorCode, Event, EventId, HeadState, HeldKey,
+    HeldKeys, LastError,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -165,31 +165,77 @@ pub(super) async fn list_dead(
     .await?;
     rows.iter()
         .map(|r| {
-            let headers: String = r.try_get(5)?;
-            let attempts: i32 = r.try_get(7)?;
-            let dead_at: DateTime<Utc> = r.try_get(8)?;
-            let error = LastError {
-                code: ErrorCode::new(r.try_get::<String, _>(9)?),
-                message: r.try_get(10)?,
-            };
+            let event = event_of(r)?;
+            let error = event.last_error.clone().unwrap_or(LastError {
+                code: ErrorCode::MANUAL,
+                message: String::new(),
+            });
             Ok(DeadLetter {
-                event: Event {
-                    id: EventId::from_uuid(r.try_get::<Uuid, _>(0)?),
-                    key: r.try_get(1)?,
-                    event_type: r.try_get(2)?,
-                    topic: r.try_get(3)?,
-                    payload: r.try_get(4)?,
-                    headers: headers_lenient_under(&headers, "x-outbox-undecodable-headers"),
-                    created_at: r.try_get(6)?,
-                    attempts: u32::try_from(attempts).unwrap_or(0),
-                    next_attempt_at: dead_at,
-                    last_error: Some(error.clone()),
-                },
+                dead_at: event.next_attempt_at,
+                event,
                 error,
-                dead_at,
             })
         })
         .collect()
+}
+
+/// An event from the columns `list_dead` and `held_keys` share: id, key,
+/// type, topic, payload, headers (text), created_at, attempts, then the
+/// time it waits for (dead_at or next_attempt_at) and its last error
+/// (code, message). Headers that are not a JSON object of strings are
+/// kept under `x-outbox-undecodable-headers` (it stays listable).
+fn event_of(r: &PgRow) -> Result<Event, StoreError> {
+    let headers: String = r.try_get(5)?;
+    let attempts: i32 = r.try_get(7)?;
+    let last_error = match r.try_get::<Option<String>, _>(9)? {
+        Some(code) => Some(LastError {
+            code: ErrorCode::new(code),
+            message: r.try_get::<Option<String>, _>(10)?.unwrap_or_default(),
+        }),
+        None => None,
+    };
+    Ok(Event {
+        id: EventId::from_uuid(r.try_get::<Uuid, _>(0)?),
+        key: r.try_get(1)?,
+        event_type: r.try_get(2)?,
+        topic: r.try_get(3)?,
+        payload: r.try_get(4)?,
+        headers: headers_lenient_under(&headers, "x-outbox-undecodable-headers"),
+        created_at: r.try_get(6)?,
+        attempts: u32::try_from(attempts).unwrap_or(0),
+        next_attempt_at: r.try_get(8)?,
+        last_error,
+    })
+}
+
+/// The heads of this group's retry lane and the events waiting behind
+/// them ([`HeldKeyStore`](outbox_core::HeldKeyStore)).
+pub(super) async fn held_keys(ctx: &Ctx, limit: u32) -> Result<HeldKeys, StoreError> {
+    let rows = sqlx::query(&ctx.sql.held_keys)
+        .bind(&ctx.group)
+        .bind(i64::from(limit))
+        .fetch_all(&ctx.pool)
+        .await?;
+    let mut out = HeldKeys::default();
+    for r in &rows {
+        let head = event_of(r)?;
+        let at = head.next_attempt_at;
+        let state = if r.try_get::<bool, _>(11)? {
+            HeadState::Dead { dead_at: at }
+        } else {
+            HeadState::Retrying {
+                next_attempt_at: at,
+            }
+        };
+        out.total = count(r.try_get(14)?);
+        out.heads.push(HeldKey {
+            head,
+            state,
+            waiting: count(r.try_get(12)?),
+            first_waiting: r.try_get::<Option<Uuid>, _>(13)?.map(EventId::from_uuid),
+        });
+    }
+    Ok(out)
 }
 
 /// How many of this group's dead letters `filter` selects.
