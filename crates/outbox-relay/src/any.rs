@@ -408,13 +408,6 @@ pub(crate) enum AnySink {
     Kafka(Box<outbox_kafka::KafkaPublisher>),
 }
 
-/// Whether `spec` names a sink that writes JSON lines (`stdout`,
-/// `jsonl:PATH`), not a broker: the wire format does not apply to it.
-pub(crate) fn is_local_sink(spec: &str) -> bool {
-    let spec = spec.trim();
-    spec == "stdout" || spec.starts_with("jsonl:")
-}
-
 impl AnySink {
     /// Opens a sink from its text form: `stdout` (JSON lines on standard
     /// output), `jsonl:PATH` (JSON lines appended to a file), or a broker URL

@@ -154,6 +154,13 @@ impl Section {
     }
 }
 
+/// Whether `spec` names a sink that writes JSON lines (`stdout`,
+/// `jsonl:PATH`), not a broker: the wire format does not apply to it.
+pub(crate) fn is_local_sink(spec: &str) -> bool {
+    let spec = spec.trim();
+    spec == "stdout" || spec.starts_with("jsonl:")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

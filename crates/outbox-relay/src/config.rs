@@ -769,7 +769,7 @@ fn console_config(r: &Resolved) -> anyhow::Result<Option<ConsoleConfig>> {
 pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
     let sink = r.sink()?;
     let wire_format = r.parse::<WireFormat>(WIRE_FORMAT_KEY)?.unwrap_or_default();
-    if wire_format == WireFormat::Envelope && crate::any::is_local_sink(&sink) {
+    if wire_format == WireFormat::Envelope && backends::is_local_sink(&sink) {
         // Refused, not ignored: whoever asked for envelopes expects a
         // consumer to decode them, and would silently get JSON instead.
         bail!(

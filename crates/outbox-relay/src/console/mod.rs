@@ -26,6 +26,7 @@
 //! message (passwords and the token scrubbed), never a blank page.
 
 mod auth;
+mod groups;
 mod html;
 mod pages;
 mod params;

@@ -23,7 +23,7 @@ pub(super) async fn overview(
 ) -> Result<Response, ConsoleError> {
     let doc = c.status().await?;
     let mut paused = BTreeMap::new();
-    for g in views::groups_of(&doc) {
+    for g in super::groups::groups_of(&doc) {
         let p = c
             .call("cannot read the pause state", c.store.paused(&g.name))
             .await?;

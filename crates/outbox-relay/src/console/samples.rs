@@ -122,7 +122,7 @@ impl Samples {
 
 /// The groups of a `status` document as chart points.
 pub(crate) fn group_points(doc: &serde_json::Value) -> BTreeMap<String, GroupPoint> {
-    super::views::groups_of(doc)
+    super::groups::groups_of(doc)
         .into_iter()
         .map(|g| {
             (

@@ -2,12 +2,12 @@
 //! the shutdown grace and the lease watch, and what its end means for the
 //! loop.
 
-use super::settle::{join_ids, Fate, ReleaseReason};
+use super::settle::{join_ids, Deferred, Fate, ReleaseReason};
 use super::{Held, Relay, RelaySummary, SINK_PANICKED};
 use crate::lease::Leases;
 use crate::metrics as m;
 use futures::FutureExt;
-use outbox_core::{Claim, DeliveryError, ErrorCode, EventId, Outcome, Sink, Store};
+use outbox_core::{DeliveryError, ErrorCode, EventId, Outcome, Sink, Store};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -42,15 +42,6 @@ pub(super) struct Processed {
     /// The delivery was stopped because the lease was lost (a half-open
     /// probe stopped that way proves nothing about the sink).
     pub(super) lease_lost: bool,
-}
-
-/// A processed batch whose settlement waits for the loop.
-pub(super) struct Deferred {
-    pub(super) claim: Claim,
-    pub(super) fates: Vec<Fate>,
-    pub(super) started: Instant,
-    /// The lease end known at claim time (a renewal may have moved it).
-    pub(super) until: Instant,
 }
 
 impl<St: Store, Si: Sink> Relay<St, Si> {

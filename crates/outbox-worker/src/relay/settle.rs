@@ -2,7 +2,6 @@
 //! settlements, and what a settlement report means for the summary, the
 //! metrics, the logs and the listener.
 
-use super::deliver::Deferred;
 use super::{Held, Progress, Relay, RelaySummary};
 use crate::lease::Leases;
 use crate::metrics as m;
@@ -19,6 +18,15 @@ use tracing::{debug, error, info, warn};
 pub(super) const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between two settle attempts.
 pub(super) const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// A processed batch whose settlement waits for the loop.
+pub(super) struct Deferred {
+    pub(super) claim: Claim,
+    pub(super) fates: Vec<Fate>,
+    pub(super) started: Instant,
+    /// The lease end known at claim time (a renewal may have moved it).
+    pub(super) until: Instant,
+}
 
 /// Why events were released (the `reason` label of `outbox_events_released_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
