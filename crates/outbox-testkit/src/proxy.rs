@@ -39,8 +39,41 @@ struct ProxyState {
     accept: Option<AbortHandle>,
 }
 
+/// A loopback listener on a free port BELOW the kernel's ephemeral range.
+/// A port from that range (what binding port 0 gives) can be taken, while
+/// [`TcpProxy::refuse`] has it closed, as the local port of any outgoing
+/// connection on the machine (parallel tests open many), and then
+/// [`TcpProxy::restore`] cannot listen on it again. Falls back to port 0
+/// when no such port is free (or the range is unknown).
+fn listen_outside_ephemeral_range() -> std::net::TcpListener {
+    const LOWEST: u32 = 10_000;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768);
+    if ephemeral_low > LOWEST + 1_000 {
+        let span = ephemeral_low - LOWEST;
+        // Spread the processes and proxies over the span: a start that
+        // differs per process and per call, then the next ports in turn.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let start = (std::process::id().wrapping_mul(7_919) ^ nanos) % span;
+        for i in 0..256 {
+            let port = LOWEST + (start + i * 97) % span;
+            let Ok(port) = u16::try_from(port) else {
+                continue;
+            };
+            if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+                return l;
+            }
+        }
+    }
+    std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy")
+}
+
 impl TcpProxy {
-    /// Listens on an ephemeral loopback port and forwards to `upstream`.
+    /// Listens on a free loopback port and forwards to `upstream`.
     pub async fn start(upstream: SocketAddr) -> Self {
         Self::bind(upstream)
     }
@@ -48,7 +81,7 @@ impl TcpProxy {
     /// [`start`](Self::start) from synchronous code running inside a tokio
     /// runtime (the accept loop is spawned on it).
     pub fn bind(upstream: SocketAddr) -> Self {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        let listener = listen_outside_ephemeral_range();
         let addr = listener.local_addr().expect("proxy address");
         let state = Arc::new(Mutex::new(ProxyState {
             mode: ProxyMode::Forward,

@@ -352,18 +352,29 @@ LIMIT $8";
 /// a key's first undelivered event when it failed or waits for a later
 /// time (a keyless one only when it failed), with the key's undelivered
 /// events behind it. A leased row's `next_attempt_at` is its lease end, so
-/// a first attempt in flight is not a head. Columns as [`event_from`]
-/// reads them, then `locked_until`, waiting, first waiting, total. `$1` limit.
+/// a first attempt in flight is not a head. Read as two halves, unparked
+/// and parked, so each is a scan of its partial index (the claim's and the
+/// parked keys'): the pending rows only, never the delivered rows a table
+/// retains. Columns as [`event_from`] reads them, then `locked_until`,
+/// waiting, first waiting, total. `$1` limit.
 ///
 /// [`event_from`]: super::rows::event_from
 pub(super) const HELD_KEYS_SQL: &str = "\
-WITH heads AS (
+WITH candidates AS (
     SELECT e.* FROM {{events}} e
-    WHERE e.delivered_at IS NULL
+    WHERE e.delivered_at IS NULL AND NOT e.parked
       AND (e.last_error_code IS NOT NULL
            OR (e.key IS NOT NULL AND e.locked_until IS NULL AND e.next_attempt_at > now()))
-      AND (e.key IS NULL OR NOT EXISTS (
-            SELECT 1 FROM {{events}} p WHERE p.key = e.key AND p.delivered_at IS NULL AND p.seq < e.seq))
+    UNION ALL
+    SELECT e.* FROM {{events}} e
+    WHERE e.delivered_at IS NULL AND e.parked
+      AND (e.last_error_code IS NOT NULL
+           OR (e.locked_until IS NULL AND e.next_attempt_at > now()))
+),
+heads AS (
+    SELECT e.* FROM candidates e
+    WHERE e.key IS NULL OR NOT EXISTS (
+            SELECT 1 FROM {{events}} p WHERE p.key = e.key AND p.delivered_at IS NULL AND p.seq < e.seq)
 )
 SELECT h.id, h.key, h.event_type, h.topic, h.payload, h.headers::text, h.created_at, h.attempts,
        h.next_attempt_at, NULL, h.last_error_code, h.last_error_message,

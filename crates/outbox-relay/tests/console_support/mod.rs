@@ -337,3 +337,77 @@ pub async fn enqueue_and_settle(
     store.settle(claim.token, &s).await.unwrap();
     ids
 }
+
+/// Two held keys of group `default` ([`held_keys`]).
+pub struct Held {
+    /// `acct-7`'s head: a `payment.captured` dead with
+    /// HANDLER_PERMANENT_FAILURE `card <expired>`.
+    pub dead: EventId,
+    /// The three `payment.refunded` parked behind it, in order.
+    pub behind_dead: Vec<EventId>,
+    /// `order-1`'s head: an `order.created` waiting ten minutes for its
+    /// retry after HANDLER_TEMPORARY_FAILURE `inventory service unavailable`.
+    pub retried: EventId,
+    /// The `order.paid` parked behind it.
+    pub behind_retried: EventId,
+}
+
+/// Makes two held keys through `store` (an event log opened with the
+/// dead-head policy `block`), then gives the shard leases back.
+pub async fn held_keys(store: &PgLogStore, pool: &sqlx::PgPool) -> Held {
+    let error = |code: ErrorCode, message: &str| LastError {
+        code,
+        message: message.to_owned(),
+    };
+    let dead = enqueue_and_settle(
+        store,
+        pool,
+        vec![
+            NewEvent::new("payment.captured", "payments", br#"{"amount":42}"#.to_vec())
+                .with_key("acct-7"),
+        ],
+        Resolution::Dead {
+            error: error(ErrorCode::HANDLER_PERMANENT_FAILURE, "card <expired>"),
+        },
+    )
+    .await[0];
+    let retried = enqueue_and_settle(
+        store,
+        pool,
+        vec![NewEvent::new("order.created", "orders", b"{}".to_vec()).with_key("order-1")],
+        Resolution::Retry {
+            delay: Duration::from_secs(600),
+            error: error(
+                ErrorCode::HANDLER_TEMPORARY_FAILURE,
+                "inventory service unavailable",
+            ),
+        },
+    )
+    .await[0];
+    // Later events of both keys: the claim parks them behind their heads.
+    let mut behind = enqueue_and_settle(
+        store,
+        pool,
+        (0..3)
+            .map(|i| {
+                NewEvent::new(
+                    "payment.refunded",
+                    "payments",
+                    format!("{{\"n\":{i}}}").into_bytes(),
+                )
+                .with_key("acct-7")
+            })
+            .chain([NewEvent::new("order.paid", "orders", b"{}".to_vec()).with_key("order-1")])
+            .collect(),
+        Resolution::Released,
+    )
+    .await;
+    store.leave(&RelayId::new("console-test")).await.unwrap();
+    let behind_retried = behind.pop().unwrap();
+    Held {
+        dead,
+        behind_dead: behind,
+        retried,
+        behind_retried,
+    }
+}
