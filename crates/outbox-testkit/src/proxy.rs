@@ -37,6 +37,12 @@ struct ProxyState {
     upstream: SocketAddr,
     connections: Vec<AbortHandle>,
     accept: Option<AbortHandle>,
+    /// The accept loop's listening socket (a second handle on it), to shut
+    /// it down at once: the loop's own handle closes only when the aborted
+    /// task is dropped, which a runtime may put off (the task can sit in
+    /// the LIFO slot of the very worker that is about to block in
+    /// [`TcpProxy::restore`]).
+    listening: Option<socket2::Socket>,
 }
 
 /// A loopback listener on a free port BELOW the kernel's ephemeral range.
@@ -88,6 +94,7 @@ impl TcpProxy {
             upstream,
             connections: Vec::new(),
             accept: None,
+            listening: None,
         }));
         let proxy = Self { addr, state };
         proxy.listen(listener);
@@ -98,11 +105,18 @@ impl TcpProxy {
         listener
             .set_nonblocking(true)
             .expect("non-blocking listener");
+        let handle = listener
+            .try_clone()
+            .map(socket2::Socket::from)
+            .expect("a second handle on the listener");
         let listener = TcpListener::from_std(listener).expect("tokio listener");
         let st = self.state.clone();
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((mut downstream, _)) = listener.accept().await else {
+                    // Shut down by `refuse` (this task is being aborted),
+                    // or out of descriptors: do not spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
                     continue;
                 };
                 let mut guard = st.lock().expect("proxy state");
@@ -126,7 +140,9 @@ impl TcpProxy {
             }
         })
         .abort_handle();
-        self.state.lock().expect("proxy state").accept = Some(accept);
+        let mut guard = self.state.lock().expect("proxy state");
+        guard.accept = Some(accept);
+        guard.listening = Some(handle);
     }
 
     /// Where clients connect.
@@ -164,6 +180,12 @@ impl TcpProxy {
         if let Some(a) = guard.accept.take() {
             a.abort();
         }
+        // Stop listening now: connections are refused from here on, and
+        // the port can be bound again at once (a shut-down socket no
+        // longer listens, whenever its last handle closes).
+        if let Some(l) = guard.listening.take() {
+            let _ = l.shutdown(std::net::Shutdown::Both);
+        }
     }
 
     /// Forwards new connections again (listening again on the same port
@@ -176,7 +198,8 @@ impl TcpProxy {
             was == ProxyMode::Refuse
         };
         if relisten {
-            // The aborted accept task releases the port shortly after.
+            // `refuse` shut the old listener down; binding again can only
+            // fail while another socket took the port meanwhile.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
             let listener = loop {
                 match std::net::TcpListener::bind(self.addr) {
@@ -201,6 +224,9 @@ impl Drop for TcpProxy {
         if let Ok(mut guard) = self.state.lock() {
             if let Some(a) = guard.accept.take() {
                 a.abort();
+            }
+            if let Some(l) = guard.listening.take() {
+                let _ = l.shutdown(std::net::Shutdown::Both);
             }
             for c in guard.connections.drain(..) {
                 c.abort();
