@@ -5,14 +5,10 @@
 
 use lapin::types::ShortString;
 use outbox_amqp::AmqpPublisher;
-use outbox_core::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
-use outbox_core::{
-    headers, BrokerMessage, Envelope, ErrorCode, Event, EventId, InboundMessage, Outcome, Sink,
-    WireFormat,
-};
+use outbox_core::wire::ENVELOPE_CONTENT_TYPE;
+use outbox_core::{BrokerMessage, ErrorCode, EventId, Outcome, Sink, WireFormat};
 use outbox_testkit::amqp::{received, AmqpFixture};
-use outbox_testkit::publisher::event;
-use prost::Message as _;
+use outbox_testkit::publisher::wire::{assert_envelope, assert_headers_format, traced_event};
 use std::sync::Arc;
 
 async fn with_fixture<F, Fut>(f: F)
@@ -22,20 +18,6 @@ where
 {
     let h = Arc::new(AmqpFixture::new().await);
     outbox_testkit::publisher::run_case(h, f).await;
-}
-
-fn traced_event(topic: &str) -> Event {
-    let mut e = event(topic, Some("order-7"), b"{\"total\":42}".to_vec());
-    e.event_type = "order.created".into();
-    e.headers = [
-        ("content-type".to_owned(), "application/json".to_owned()),
-        (
-            "traceparent".to_owned(),
-            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01".to_owned(),
-        ),
-    ]
-    .into();
-    e
 }
 
 fn content_type(d: &lapin::message::Delivery) -> Option<&str> {
@@ -60,39 +42,10 @@ async fn envelope_format_publishes_the_protobuf_envelope() {
         // The AMQP property and the header both say protobuf.
         assert_eq!(content_type(delivery), Some(ENVELOPE_CONTENT_TYPE));
         let got = received(delivery);
-        assert_eq!(
-            got.headers.get(headers::CONTENT_TYPE).map(String::as_str),
-            Some(ENVELOPE_CONTENT_TYPE)
-        );
-        assert_eq!(
-            got.headers.get(headers::WIRE_FORMAT).map(String::as_str),
-            Some(ENVELOPE_MARKER)
-        );
-        // message_id, type and key are unchanged.
+        assert_envelope(&got, &e, h.queue());
+        // message_id and the type header are unchanged.
         assert_eq!(got.message_id, Some(e.id));
         assert_eq!(got.event_type.as_deref(), Some("order.created"));
-        assert_eq!(got.key.as_deref(), Some("order-7"));
-        let env = Envelope::decode(got.payload.as_slice()).expect("the body is an Envelope");
-        assert_eq!(env.id, e.id.to_string());
-        assert_eq!(env.key, "order-7");
-        assert_eq!(env.event_type, "order.created");
-        assert_eq!(env.topic, e.topic);
-        assert_eq!(env.payload, e.payload);
-        assert_eq!(env.headers, e.headers);
-        assert_eq!(env.created_at_unix_ms, e.created_at.timestamp_millis());
-        assert_eq!(env.attempt, 1);
-        let inbound = InboundMessage::decode(
-            got.headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            &got.payload,
-            h.queue(),
-            None,
-        )
-        .unwrap();
-        assert_eq!(inbound.format, WireFormat::Envelope);
-        assert_eq!(inbound.id, e.id);
-        assert_eq!(inbound.topic, e.topic);
-        assert_eq!(inbound.content_type, "application/json");
-        assert_eq!(inbound.payload, e.payload);
     })
     .await;
 }
@@ -109,10 +62,7 @@ async fn default_format_is_unchanged() {
         );
         let delivery = &h.next_from(h.queue(), 1).await[0];
         assert_eq!(content_type(delivery), Some("application/json"));
-        let got = received(delivery);
-        assert_eq!(got.payload, e.payload);
-        assert!(!got.headers.contains_key(headers::WIRE_FORMAT));
-        assert_eq!(got.headers.get("traceparent"), e.headers.get("traceparent"));
+        assert_headers_format(&received(delivery), &e);
     })
     .await;
 }

@@ -57,26 +57,14 @@ pub(crate) struct FilterArgs {
 impl FilterArgs {
     /// The store's filter.
     fn filter(&self) -> DeadLetterFilter {
-        let mut f = DeadLetterFilter::all();
-        if !self.id.is_empty() {
-            f = f.with_ids(self.id.iter().copied());
-        }
-        if let Some(t) = &self.event_type {
-            f = f.with_event_type(t.clone());
-        }
-        if let Some(c) = &self.code {
-            f = f.with_code(ErrorCode::new(c.clone()));
-        }
-        if let Some(k) = &self.key {
-            f = f.with_key(k.clone());
-        }
-        if let Some(d) = self.older_than {
-            f = f.older_than(d);
-        }
-        if let Some(d) = self.newer_than {
-            f = f.newer_than(d);
-        }
-        f
+        dead_filter(
+            &self.id,
+            self.event_type.as_deref(),
+            self.code.as_deref(),
+            self.key.as_deref(),
+            self.older_than,
+            self.newer_than,
+        )
     }
 }
 
@@ -259,6 +247,38 @@ pub(crate) async fn ask(question: &str) -> anyhow::Result<bool> {
         answer.trim().to_ascii_lowercase().as_str(),
         "y" | "yes"
     ))
+}
+
+/// The store's filter of the dead-letter criteria the CLI and the console
+/// take (ids, type, code, key, ages): every one that is set must hold.
+pub(crate) fn dead_filter(
+    ids: &[EventId],
+    event_type: Option<&str>,
+    code: Option<&str>,
+    key: Option<&str>,
+    older_than: Option<Duration>,
+    newer_than: Option<Duration>,
+) -> DeadLetterFilter {
+    let mut f = DeadLetterFilter::all();
+    if !ids.is_empty() {
+        f = f.with_ids(ids.iter().copied());
+    }
+    if let Some(t) = event_type {
+        f = f.with_event_type(t.to_owned());
+    }
+    if let Some(c) = code {
+        f = f.with_code(ErrorCode::new(c.to_owned()));
+    }
+    if let Some(k) = key {
+        f = f.with_key(k.to_owned());
+    }
+    if let Some(d) = older_than {
+        f = f.older_than(d);
+    }
+    if let Some(d) = newer_than {
+        f = f.newer_than(d);
+    }
+    f
 }
 
 /// An age: one or more `<number><unit>` with unit `s`, `m`, `h`, `d` or

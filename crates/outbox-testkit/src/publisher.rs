@@ -26,6 +26,8 @@
 
 pub use crate::broker::Received;
 pub use crate::proxy::TcpProxy;
+pub mod wire;
+
 use outbox_core::{ErrorCode, Event, EventId, Outcome, Sink};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;

@@ -6,7 +6,7 @@
 use super::html::{enc, esc};
 use super::ConsoleError;
 use axum::http::StatusCode;
-use outbox_core::{DeadLetterFilter, ErrorCode, EventId};
+use outbox_core::{DeadLetterFilter, EventId};
 use std::time::Duration;
 
 /// Most dead letters on one page.
@@ -164,26 +164,14 @@ impl DeadParams {
 
     /// The store's filter (every criterion set must hold).
     pub(crate) fn filter(&self) -> DeadLetterFilter {
-        let mut f = DeadLetterFilter::all();
-        if !self.ids.is_empty() {
-            f = f.with_ids(self.ids.iter().copied());
-        }
-        if let Some(t) = &self.event_type {
-            f = f.with_event_type(t.clone());
-        }
-        if let Some(c) = &self.code {
-            f = f.with_code(ErrorCode::new(c.clone()));
-        }
-        if let Some(k) = &self.key {
-            f = f.with_key(k.clone());
-        }
-        if let Some(d) = self.older_than {
-            f = f.older_than(d);
-        }
-        if let Some(d) = self.newer_than {
-            f = f.newer_than(d);
-        }
-        f
+        crate::dead::dead_filter(
+            &self.ids,
+            self.event_type.as_deref(),
+            self.code.as_deref(),
+            self.key.as_deref(),
+            self.older_than,
+            self.newer_than,
+        )
     }
 
     /// Whether no filter (and no id) is set.
