@@ -209,8 +209,10 @@ fn no_incarnation_check_skips_an_event_after_a_crash() {
     assert!(contains(&c, "DATABASE CRASH"), "{c}");
 }
 
-/// BROKEN: settles not fenced by the epoch: the old holder, paused past its
-/// lease, moves the cursor the new holder owns.
+/// BROKEN: settles not fenced by the epoch: the old holder published its
+/// batch, paused past its lease (its own clock leaves it only the settle),
+/// and its settle reaches the database after the takeover: it moves the
+/// cursor the new holder owns.
 #[test]
 fn no_fencing_lets_a_stale_relay_move_the_cursor() {
     let c = fails(
@@ -397,6 +399,23 @@ fn larger_sizes() {
             .with_claim_commit(Durability::Sync)
             .with_crashes(2)
             .with_claims(4),
+    );
+    passes(
+        "cut from the database + crash, 2 relays",
+        cut_relay().with_crashes(1),
+    );
+    passes(
+        "move + crash, 2 relays",
+        Config::default()
+            .with_relays(2)
+            .with_moves(1)
+            .with_crashes(1)
+            .with_claims(3)
+            .with_aborts(false),
+    );
+    passes(
+        "cut (pauses too) + move, 2 relays, batch 2",
+        cut_relay().with_pauses(true).with_moves(1).with_batch(2),
     );
     passes(
         "crash, shared snapshots per incarnation, 4 claims",
