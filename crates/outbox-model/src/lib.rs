@@ -187,8 +187,9 @@
 //!   after the takeover is not modelled (the margin must cover it), and a
 //!   settle is atomic at the database (the epoch fences one that arrives
 //!   late).
-//! - The move copies a caught-up log (every committed event delivered
-//!   before it); its rows are history on the new cluster. What a
+//! - The move copies a caught-up log (every committed event delivered, no
+//!   replay half done, no relay holding an unpublished event); its rows
+//!   are history on the new cluster. What a
 //!   re-anchoring does with events the old cluster had not delivered, and
 //!   old rows whose foreign xids a new snapshot cannot place, are not
 //!   modelled; the re-anchoring's skip choice neither.

@@ -414,8 +414,8 @@ fn larger_sizes() {
             .with_aborts(false),
     );
     passes(
-        "cut (pauses too) + move, 2 relays, batch 2",
-        cut_relay().with_pauses(true).with_moves(1).with_batch(2),
+        "cut (pauses too) + move, 2 relays, 2 claims",
+        cut_relay().with_pauses(true).with_moves(1).with_claims(2),
     );
     passes(
         "crash, shared snapshots per incarnation, 4 claims",

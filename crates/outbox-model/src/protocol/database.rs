@@ -175,12 +175,19 @@ impl Protocol {
         self.config.no_identity_check || s.cursor.anchor == s.cluster
     }
 
-    /// Every committed event has been delivered: the model moves a log
-    /// whose relays caught up (see the crate docs).
+    /// The relays caught up: every committed event has been delivered, no
+    /// replay is half done and no relay holds an unpublished event. The
+    /// model moves only such a log (see the crate docs): its rows are
+    /// history on the new cluster.
     pub(super) fn caught_up(&self, s: &State) -> bool {
-        self.rows(s)
-            .iter()
-            .all(|row| s.delivered & (1 << row.id) != 0)
+        s.owed == 0
+            && s.relays
+                .iter()
+                .all(|r| !r.in_flight || r.sent == r.batch_len)
+            && self
+                .rows(s)
+                .iter()
+                .all(|row| s.delivered & (1 << row.id) != 0)
     }
 
     /// The log moves to another cluster: every committed row is copied
