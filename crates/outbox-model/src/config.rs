@@ -112,8 +112,24 @@ pub struct Config {
     pub batch: u8,
     /// Database crashes (restarts) allowed per run.
     pub crashes: u8,
-    /// Lease expiries (a holder pausing past its lease) allowed per run.
+    /// Lease expiries allowed per run: the holder does not renew in time
+    /// (it paused, or it is cut from the database), so its lease ends by
+    /// its own clock and then by the database's.
     pub lease_expiries: u8,
+    /// Whether a lease may run out while its holder can reach the database
+    /// (it paused: a GC pause, `SIGSTOP`, an overloaded host). When false, a
+    /// lease runs out only while its holder is cut from the database
+    /// ([`Config::partitions`]).
+    pub pauses: bool,
+    /// Network partitions allowed per run: a relay loses its connection to
+    /// the database (no acquire, claim, settle or renewal) while it still
+    /// reaches the broker, and may later reconnect.
+    pub partitions: u8,
+    /// Changes of cluster identity allowed per run (0 or 1): the outbox
+    /// tables, cursors included, move to another cluster or database (a
+    /// logical-replication switchover, a dump and restore) whose xid counter
+    /// and sequence are lower than the stored positions' values.
+    pub moves: u8,
     /// Claim statements allowed per run before the final drain (each claim
     /// takes an xid, so this bounds the state space).
     pub claims: u8,
@@ -147,6 +163,15 @@ pub struct Config {
     pub no_incarnation_check: bool,
     /// BROKEN variant: settles do not compare the epoch.
     pub no_fencing: bool,
+    /// BROKEN variant: a relay has no lease clock of its own; only a
+    /// renewal that reaches the database (and reports the loss) or a settle
+    /// (fenced) stops it, so a relay cut from the database, or paused past
+    /// its lease, publishes the rest of its batch after another relay took
+    /// the lease.
+    pub no_lease_clock: bool,
+    /// BROKEN variant: the stored positions are not tied to the cluster that
+    /// wrote them; after a move the relays resume from them as they are.
+    pub no_identity_check: bool,
     /// Give up (reporting a truncated, non-exhaustive run) beyond this many
     /// states.
     pub max_states: usize,
@@ -162,6 +187,9 @@ impl Default for Config {
             batch: 1,
             crashes: 0,
             lease_expiries: 0,
+            pauses: true,
+            partitions: 0,
+            moves: 0,
             claims: 3,
             producer_commits: CommitModes::Sync,
             aborts: true,
@@ -173,6 +201,8 @@ impl Default for Config {
             order_by_txid: false,
             no_incarnation_check: false,
             no_fencing: false,
+            no_lease_clock: false,
+            no_identity_check: false,
             max_states: 5_000_000,
         }
     }
@@ -206,6 +236,25 @@ impl Config {
     /// Lease expiries per run.
     pub fn with_lease_expiries(mut self, expiries: u8) -> Self {
         self.lease_expiries = expiries;
+        self
+    }
+
+    /// Whether a holder that reaches the database may still let its lease
+    /// run out (by pausing).
+    pub fn with_pauses(mut self, pauses: bool) -> Self {
+        self.pauses = pauses;
+        self
+    }
+
+    /// Network partitions (a relay cut from the database) per run.
+    pub fn with_partitions(mut self, partitions: u8) -> Self {
+        self.partitions = partitions;
+        self
+    }
+
+    /// Changes of cluster identity per run.
+    pub fn with_moves(mut self, moves: u8) -> Self {
+        self.moves = moves;
         self
     }
 
@@ -275,6 +324,18 @@ impl Config {
         self
     }
 
+    /// BROKEN variant: no lease clock in the relay.
+    pub fn with_no_lease_clock(mut self, yes: bool) -> Self {
+        self.no_lease_clock = yes;
+        self
+    }
+
+    /// BROKEN variant: no cluster identity check.
+    pub fn with_no_identity_check(mut self, yes: bool) -> Self {
+        self.no_identity_check = yes;
+        self
+    }
+
     /// State limit.
     pub fn with_max_states(mut self, max: usize) -> Self {
         self.max_states = max;
@@ -303,6 +364,9 @@ impl Config {
         }
         if self.claims > 8 || self.crashes > 2 || self.lease_expiries > 3 {
             return bad("at most 8 claims, 2 crashes, 3 lease expiries");
+        }
+        if self.partitions > 2 || self.moves > 1 {
+            return bad("at most 2 partitions and 1 move");
         }
         Ok(())
     }

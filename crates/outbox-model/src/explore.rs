@@ -95,8 +95,13 @@ pub enum Invariant {
     /// 1. An event of an aborted or crash-lost transaction was delivered.
     NoPhantom,
     /// 2. An event was delivered before the first delivery of an event of
-    ///    its key that committed before it was inserted.
+    ///    its key that committed before it was inserted (the first copies
+    ///    of a key's events arrive out of the key's order).
     KeyOrder,
+    /// 2. A complete run delivered a copy of an older event of a key after
+    ///    the last delivery of a newer one: a stale copy, not part of a
+    ///    replay that delivers the newer event again.
+    StaleCopy,
     /// 3. A settle by a relay with a stale epoch moved the stored position,
     ///    or two relays' settles succeeded under one epoch.
     Fencing,
@@ -114,6 +119,7 @@ impl fmt::Display for Invariant {
             Invariant::NoSkip => "no skip",
             Invariant::NoPhantom => "no phantom delivery",
             Invariant::KeyOrder => "per-key order",
+            Invariant::StaleCopy => "per-key order (no stale copy)",
             Invariant::Fencing => "fencing",
             Invariant::Drain => "drain terminates",
             Invariant::Bound => "model bound",

@@ -37,7 +37,9 @@
 //! `_log_boot` table). Relay processes keep their memory across it.
 //!
 //! **Cursor row**: stored position `(lo, hi, after, floor_lo, floor_hi)`
-//! and its flushed copy, epoch, owner, lease (valid or run out).
+//! and its flushed copy, epoch, owner, lease (valid or run out by the
+//! database's clock), and the identity of the cluster the positions were
+//! written on (the meta row's `system_identifier` and database).
 //!
 //! **Relays** (1 or 2), each step atomic:
 //! - *acquire* (lease free, run out, or its own): epoch + 1, synchronous
@@ -69,9 +71,35 @@
 //!   fenced relay drops its batch and epoch and re-acquires. Optionally
 //!   ([`Config::idle_settles`]) the position an empty claim reached is
 //!   settled too, as the store's idle progress;
-//! - *learn lost*: a relay whose lease another relay took (a failed
-//!   renewal) stops, dropping the batch it was delivering;
-//! - *lease expiry* (bounded): the holder pauses past its lease.
+//! - *learn lost*: a relay whose lease another relay took (a renewal that
+//!   reaches the database and reports the loss) stops, dropping the batch
+//!   it was delivering;
+//! - *lease end* (bounded, [`Config::lease_expiries`]): the holder does
+//!   not renew in time, because it paused ([`Config::pauses`]) or because
+//!   it is cut from the database. Two steps, in this order: its **own
+//!   clock** passes the conservative end its last successful renewal
+//!   established (the renewal's start plus the lease, minus a margin for
+//!   clock rate), then the **database's clock** passes the lease's end and
+//!   another relay may take it. At its own end the holder stops: it
+//!   cancels what it has not published (the events are released: the
+//!   stored position has not passed them) and drops its epoch; a batch
+//!   already published keeps only its settle, which the epoch fences. It
+//!   takes the lease again (a new epoch) before its next claim;
+//! - *cut / reconnect* (bounded, [`Config::partitions`]): a relay loses its
+//!   connection to the database while it still reaches the broker. Cut, it
+//!   can only publish what it holds: no acquire, claim, settle or renewal
+//!   (so no learning of a loss either).
+//!
+//! **A change of cluster identity** ([`Config::moves`]): the outbox tables,
+//! cursor row included, move to another cluster or database (a
+//! logical-replication switchover, a dump and restore). Rows keep the old
+//! cluster's xids and seqs as values, running transactions end with their
+//! sessions, the new cluster hands out xids and seq values from 1 (below
+//! the stored snapshots and floors) and has its own boot token. Relays
+//! refuse to take a lease while the stored identity is not the cluster's;
+//! the operator's re-anchoring (the command the refusal names), choosing
+//! redelivery, restarts the positions at the new cluster's origin with no
+//! seq floor, voids the lease and bumps the epoch.
 //!
 //! Relay groups' shared snapshots ([`SharedSnapshots`]) are modelled by
 //! one more step: an empty claim of another set of the relay, earlier in
@@ -89,13 +117,32 @@
 //!    lease holder's claim of a snapshot taken now comes back empty; then
 //!    every committed event must have been delivered, and the drain must
 //!    terminate ([`Invariant::Drain`]).
+//!    A stored position of another cluster is refused, never read: it is
+//!    checked once re-anchored (always, in the variant without the
+//!    identity check).
 //!    **No phantom**: an event is only delivered while its transaction is
 //!    committed, and no crash loses a commit whose event was delivered.
-//! 2. **Per-key order**: when an event is delivered, every event of its
-//!    key that was committed before it was inserted (and every earlier
-//!    event of its key in its own transaction) has been delivered at least
-//!    once. Duplicates and redeliveries after a crash or a lease loss are
-//!    allowed.
+//! 2. **Per-key order**: never an older event of a key delivered after a
+//!    newer one of that key was delivered, except as a replay. "Older"
+//!    means committed before the newer one was inserted (or earlier in the
+//!    same transaction): what README's "Guarantees" and DESIGN invariant
+//!    12 promise. At-least-once allows redelivery after a crash or a lease
+//!    loss, so the property has two halves:
+//!    - **first copies in order** ([`Invariant::KeyOrder`], checked at
+//!      every delivery): when an event is delivered, every older event of
+//!      its key has been delivered at least once. This is the chaos
+//!      checker's definition (`outbox-chaos`, `checker.rs`: an event's
+//!      first arrival below the highest first-arrived seq of its key is a
+//!      violation; later copies are counted as duplicates);
+//!    - **no stale copy** ([`Invariant::StaleCopy`], checked at the end of
+//!      every complete run, after the drain): a copy of an older event
+//!      delivered after a newer one was delivered is allowed only as part
+//!      of a replay that then delivers the newer one again. Equivalently,
+//!      the *last* copies of a key's events arrive in the key's order, so
+//!      a consumer without dedup that applies what it receives ends on the
+//!      key's newest event. A relay redelivering its batch after a takeover
+//!      while the new holder has already moved on is the violation the
+//!      chaos checker's first-arrival rule cannot see.
 //! 3. **Fencing**: a settle whose epoch is stale never changes the stored
 //!    position, and under one epoch only one relay's settles succeed.
 //!
@@ -106,6 +153,12 @@
 //!   observations across a crash restart: a skip.
 //! - [`Config::no_fencing`]: settles ignore the epoch: fencing.
 //! - [`SharedSnapshots::Unchecked`] (as implemented): a skip after a crash.
+//! - [`Config::no_lease_clock`]: a relay cut from the database publishes
+//!   the rest of its batch after the new holder delivered the key's newer
+//!   event: a stale copy.
+//! - [`Config::no_identity_check`]: after a move, relays resume from the
+//!   old cluster's positions and the new cluster's first transaction looks
+//!   delivered: a skip.
 //!
 //! Two runs mark what the protocol relies on rather than what it breaks:
 //! producers committing asynchronously can have an event delivered whose
@@ -125,14 +178,27 @@
 //! - One batch in flight per relay (no pipelined claims, no held keys).
 //! - The exact SQL, indexes, `LIMIT` mechanics and plans: the model
 //!   computes what the claim's branches return, not how.
-//! - Time: a lease runs out as an abstract event; renewals are not steps
-//!   (their synchronous commit is one of the flushes [`Flush`] stands
-//!   for); `now()` is not modelled.
+//! - Time: a lease's end is two abstract events (the holder's clock, then
+//!   the database's), ordered as the margin makes them; renewals are not
+//!   steps (their synchronous commit is one of the flushes [`Flush`] stands
+//!   for; a holder whose own clock ended takes a new epoch instead of
+//!   renewing); `now()` is not modelled. A publish is atomic at the broker:
+//!   one handed to the network before the holder's end and acknowledged
+//!   after the takeover is not modelled (the margin must cover it), and a
+//!   settle is atomic at the database (the epoch fences one that arrives
+//!   late).
+//! - The move copies a caught-up log (every committed event delivered, no
+//!   replay half done, no relay holding an unpublished event); its rows
+//!   are history on the new cluster. What a
+//!   re-anchoring does with events the old cluster had not delivered, and
+//!   old rows whose foreign xids a new snapshot cannot place, are not
+//!   modelled; the re-anchoring's skip choice neither.
 //! - Relay process crashes (a relay that stops is a relay that never acts
 //!   again, which the explorer covers), broker failures and acks,
 //!   consumers.
 //! - Failover to a standby: like a crash restart whose durable prefix is
-//!   what the standby replayed (not modelled separately).
+//!   what the standby replayed (not modelled separately; a promoted
+//!   physical standby keeps the cluster's identity, so it is not a move).
 //! - Subtransactions, prepared transactions, xid wraparound (xid8), the
 //!   sequence's 32-value WAL look-ahead (the model resumes exactly after
 //!   the last flushed value: stricter than PostgreSQL).

@@ -91,11 +91,14 @@ enum Status {
     Aborted,
     /// Committed, then forgotten by a crash (its commit was not flushed).
     Lost,
+    /// Committed on the cluster the log moved from, and delivered before the
+    /// move: history on the new cluster (the model moves a caught-up log).
+    Moved,
 }
 
 impl Status {
     fn committed(self) -> bool {
-        matches!(self, Status::Committed | Status::Durable)
+        matches!(self, Status::Committed | Status::Durable | Status::Moved)
     }
 
     fn finished(self) -> bool {
@@ -145,6 +148,12 @@ struct Relay {
     batch_len: u8,
     sent: u8,
     in_flight: bool,
+    /// Cut from the database: no acquire, claim, settle or renewal; it
+    /// still reaches the broker.
+    cut: bool,
+    /// Its own clock passed the conservative end of the lease it took (set
+    /// again by its next acquisition).
+    lease_ended: bool,
 }
 
 impl Relay {
@@ -179,8 +188,11 @@ struct Cursor {
     epoch: u8,
     /// Lease owner: relay + 1, 0 none.
     owner: u8,
-    /// The lease has not run out.
+    /// The lease has not run out (by the database's clock).
     lease_valid: bool,
+    /// The cluster the stored positions were written on (the meta row's
+    /// identity).
+    anchor: u8,
 }
 
 /// What the last flush made durable.
@@ -199,6 +211,8 @@ pub struct State {
     latest_completed: Xid,
     max_commit_xid: Xid,
     incarnation: u8,
+    /// The cluster (and database) the log lives on now.
+    cluster: u8,
     flushed: Flushed,
     cursor: Cursor,
     /// Per key: the producer holding its lock, + 1.
@@ -209,11 +223,17 @@ pub struct State {
     pred: [u8; MAX_EVENTS],
     /// Bit e: event e was delivered at least once.
     delivered: u8,
+    /// Bit e: a copy of an older event of e's key was delivered after e's
+    /// latest delivery, so e must be delivered again (a replay), or the
+    /// run ends with a stale copy last.
+    owed: u8,
     /// Per epoch: the relay (+1) whose settle succeeded under it.
     epoch_settler: [u8; MAX_EPOCH as usize + 1],
     crashes_left: u8,
     expiries_left: u8,
     claims_left: u8,
+    partitions_left: u8,
+    moves_left: u8,
 }
 
 /// Packs a position into two words.
@@ -252,6 +272,13 @@ impl Hash for State {
             self.flushed.next_xid,
             self.flushed.next_seq,
             self.flushed.max_commit_xid,
+        ]));
+        h.write_u64(bytes_word(&[
+            self.cluster,
+            self.cursor.anchor,
+            self.owed,
+            self.partitions_left,
+            self.moves_left,
         ]));
         let c = &self.cursor;
         let (a, b) = position_words(&c.pos);
@@ -292,7 +319,11 @@ impl Hash for State {
             h.write_u64(bytes_word(&[
                 r.epoch,
                 r.token,
-                u8::from(r.unsettled) | obs_set << 1 | u8::from(r.in_flight) << 2,
+                u8::from(r.unsettled)
+                    | obs_set << 1
+                    | u8::from(r.in_flight) << 2
+                    | u8::from(r.cut) << 3
+                    | u8::from(r.lease_ended) << 4,
                 obs_token,
                 obs_seq,
                 r.batch_len,
@@ -339,13 +370,30 @@ pub enum Action {
     /// Relay settles its fully published batch, or the position an empty
     /// claim reached (asynchronous commit, fenced by epoch and incarnation).
     Settle(u8),
-    /// Relay learns (a failed renewal) that another relay took its lease.
+    /// Relay learns (a renewal that reaches the database) that another
+    /// relay took its lease.
     LearnLost(u8),
+    /// Relay loses its connection to the database (it still reaches the
+    /// broker).
+    Cut(u8),
+    /// Relay reconnects to the database.
+    Heal(u8),
     /// Relay group round: a claim of another set of the relay, earlier in
     /// the round, comes back empty and leaves its snapshot to share.
     OtherClaim(u8),
-    /// The lease holder pauses past its lease: the lease runs out.
+    /// The lease holder did not renew in time (it paused, or it is cut
+    /// from the database): its own clock passes the conservative end of
+    /// its lease (the end its last successful renewal established, minus
+    /// the clock-rate margin). With the lease clock it stops delivering.
+    ClockEnds,
+    /// The lease runs out by the database's clock (always after the
+    /// holder's own conservative end): another relay may take it.
     Expire,
+    /// The log moves to another cluster (a change of identity).
+    Move,
+    /// The operator re-anchors the positions on the new cluster (the
+    /// command the relays' refusal names), choosing redelivery.
+    Reanchor,
     /// The WAL is flushed (the WAL writer, or anyone's synchronous commit).
     Flush,
     /// The database crashes and restarts.
@@ -409,7 +457,7 @@ impl Protocol {
     fn rows(&self, s: &State) -> Vec<Row> {
         let mut rows = Vec::new();
         for (p, t) in s.txns.iter().enumerate().take(self.config.producers.len()) {
-            if !t.status.committed() {
+            if !t.status.committed() || t.status == Status::Moved {
                 continue;
             }
             for i in 0..usize::from(t.inserted) {
@@ -570,17 +618,28 @@ impl Protocol {
                     )
                 });
             }
+            Action::Cut(r) => {
+                s.partitions_left -= 1;
+                s.relays[usize::from(r)].cut = true;
+                log.note(|| format!("R{r} is cut from the database (it still reaches the broker)"));
+            }
+            Action::Heal(r) => {
+                s.relays[usize::from(r)].cut = false;
+                log.note(|| format!("R{r} reaches the database again"));
+            }
+            Action::ClockEnds => self.clock_ends(&mut s, log),
             Action::Expire => {
-                s.expiries_left -= 1;
                 s.cursor.lease_valid = false;
                 log.note(|| {
                     format!(
-                        "the lease of R{} (epoch {}) runs out (the holder paused)",
+                        "the lease of R{} (epoch {}) runs out by the database's clock",
                         s.cursor.owner.saturating_sub(1),
                         s.cursor.epoch
                     )
                 });
             }
+            Action::Move => self.move_cluster(&mut s, log),
+            Action::Reanchor => self.reanchor(&mut s, log)?,
             Action::Flush => {
                 self.flush(&mut s);
                 log.note(|| "WAL flushed".to_string());
@@ -618,6 +677,7 @@ impl Model for Protocol {
             latest_completed: 0,
             max_commit_xid: 0,
             incarnation: 0,
+            cluster: 0,
             flushed: Flushed {
                 next_xid: 1,
                 next_seq: 1,
@@ -629,16 +689,20 @@ impl Model for Protocol {
                 epoch: 0,
                 owner: 0,
                 lease_valid: false,
+                anchor: 0,
             },
             locks: [0; MAX_KEYS],
             txns: [Txn::default(); MAX_PRODUCERS],
             relays: [Relay::default(); MAX_RELAYS],
             pred: [0; MAX_EVENTS],
             delivered: 0,
+            owed: 0,
             epoch_settler: [0; MAX_EPOCH as usize + 1],
             crashes_left: self.config.crashes,
             expiries_left: self.config.lease_expiries,
             claims_left: self.config.claims,
+            partitions_left: self.config.partitions,
+            moves_left: self.config.moves,
         }
     }
 
@@ -674,8 +738,20 @@ impl Model for Protocol {
         for r in 0..usize::from(c.relays) {
             let relay = &s.relays[r];
             let id = r as u8;
+            if relay.cut {
+                // Only the broker answers: it publishes what it holds.
+                if relay.in_flight && relay.sent < relay.batch_len {
+                    out.push(Action::Deliver(id));
+                }
+                out.push(Action::Heal(id));
+                continue;
+            }
+            if s.partitions_left > 0 {
+                out.push(Action::Cut(id));
+            }
             if relay.epoch == 0 {
-                if !s.cursor.lease_valid || usize::from(s.cursor.owner) == r + 1 {
+                let free = !s.cursor.lease_valid || usize::from(s.cursor.owner) == r + 1;
+                if free && self.anchored(s) {
                     out.push(Action::Acquire(id));
                 }
                 continue;
@@ -705,8 +781,24 @@ impl Model for Protocol {
                 out.push(Action::LearnLost(id));
             }
         }
-        if s.expiries_left > 0 && s.cursor.lease_valid {
-            out.push(Action::Expire);
+        if s.cursor.lease_valid && s.cursor.owner != 0 {
+            let holder = &s.relays[usize::from(s.cursor.owner - 1)];
+            if !holder.lease_ended {
+                if s.expiries_left > 0 && (c.pauses || holder.cut) {
+                    out.push(Action::ClockEnds);
+                }
+            } else {
+                // The database's view of the end comes after the holder's
+                // own conservative one (which its last renewal's start and
+                // the clock-rate margin put earlier).
+                out.push(Action::Expire);
+            }
+        }
+        if s.moves_left > 0 && self.caught_up(s) {
+            out.push(Action::Move);
+        }
+        if !self.anchored(s) {
+            out.push(Action::Reanchor);
         }
         if s.crashes_left > 0 {
             out.push(Action::Crash);
@@ -803,6 +895,52 @@ mod tests {
             "an older xid inserted later"
         );
         assert!(!m.passes(&pos, &row(5, 7, 6)), "not in hi");
+    }
+
+    /// Publishes `events` from relay 0 (as a batch, lease or not).
+    fn publish(m: &Protocol, s: &State, events: &[u8]) -> State {
+        let mut s = s.clone();
+        let relay = &mut s.relays[0];
+        relay.epoch = 1;
+        relay.batch = [0; MAX_BATCH];
+        relay.batch[..events.len()].copy_from_slice(events);
+        relay.batch_len = events.len() as u8;
+        relay.sent = 0;
+        relay.in_flight = true;
+        for _ in events {
+            s = m
+                .apply(&s, Action::Deliver(0), true, &mut Log::off())
+                .expect("in order");
+        }
+        s
+    }
+
+    /// e0 (P0) committed before e2 (P1) was inserted, both of key 0: a
+    /// copy of e0 after e2 owes a delivery of e2 (a replay pays it, a
+    /// stale copy never does).
+    #[test]
+    fn a_copy_of_an_older_event_owes_the_newer_one() {
+        let m = model(false);
+        let mut s = m.initial();
+        for action in [
+            Action::Lock(0),
+            Action::Insert(0),
+            Action::Commit(0, Durability::Sync),
+            Action::Lock(1),
+            Action::Insert(1),
+            Action::Commit(1, Durability::Sync),
+        ] {
+            s = m.apply(&s, action, true, &mut Log::off()).expect("step");
+        }
+        assert_eq!(s.pred[2], 1, "e0 is ordered before e2");
+        let s = publish(&m, &s, &[0, 2]);
+        assert_eq!(s.owed, 0, "in order");
+        let s = publish(&m, &s, &[0]);
+        assert_eq!(s.owed, 1 << 2, "a copy of e0 after e2");
+        let replayed = publish(&m, &s, &[2]);
+        assert_eq!(replayed.owed, 0, "the replay delivers e2 again");
+        let again = publish(&m, &s, &[0]);
+        assert_eq!(again.owed, 1 << 2, "still owed");
     }
 
     #[test]

@@ -1,10 +1,10 @@
 //! Producers and the database: transaction ids, inserts, commits and
 //! their locks, WAL flushes, and what a crash restart keeps.
 
-use super::{bound, event_id, Flushed, Protocol, State, Status, MAX_SEQ};
+use super::{bound, event_id, Flushed, Position, Protocol, State, Status, MAX_EPOCH, MAX_SEQ};
 use crate::config::{Durability, Recovery, MAX_KEYS};
 use crate::explore::{Invariant, Log, Violation};
-use crate::snapshot::{Xid, MAX_XID};
+use crate::snapshot::{Snapshot, Xid, MAX_XID};
 
 impl Protocol {
     /// Marks everything committed so far durable: the WAL is flushed.
@@ -164,6 +164,85 @@ impl Protocol {
                 s.next_seq,
                 s.cursor.pos,
                 s.incarnation
+            )
+        });
+        Ok(())
+    }
+
+    /// Whether the stored positions belong to the cluster the log is on
+    /// (always, for the variant without the check).
+    pub(super) fn anchored(&self, s: &State) -> bool {
+        self.config.no_identity_check || s.cursor.anchor == s.cluster
+    }
+
+    /// The relays caught up: every committed event has been delivered, no
+    /// replay is half done and no relay holds an unpublished event. The
+    /// model moves only such a log (see the crate docs): its rows are
+    /// history on the new cluster.
+    pub(super) fn caught_up(&self, s: &State) -> bool {
+        s.owed == 0
+            && s.relays
+                .iter()
+                .all(|r| !r.in_flight || r.sent == r.batch_len)
+            && self
+                .rows(s)
+                .iter()
+                .all(|row| s.delivered & (1 << row.id) != 0)
+    }
+
+    /// The log moves to another cluster: every committed row is copied
+    /// (with the old cluster's xids and seqs as values), running
+    /// transactions end with their sessions, the cursor row is copied as
+    /// it is, and the new cluster hands out xids and seq values from 1
+    /// again, below the stored positions. Its boot token is new too.
+    pub(super) fn move_cluster(&self, s: &mut State, log: &mut Log) {
+        s.moves_left -= 1;
+        for t in &mut s.txns[..self.config.producers.len()] {
+            match t.status {
+                Status::Committed | Status::Durable => t.status = Status::Moved,
+                Status::Running => {
+                    t.status = Status::Aborted;
+                    t.locks = 0;
+                }
+                _ => {}
+            }
+        }
+        s.locks = [0; MAX_KEYS];
+        s.cluster += 1;
+        s.incarnation += 1;
+        s.next_xid = 1;
+        s.next_seq = 1;
+        s.latest_completed = 0;
+        s.max_commit_xid = 0;
+        self.flush(s);
+        log.note(|| {
+            format!(
+                "THE LOG MOVES to cluster {} (stored position {} copied; the new cluster's \
+                 xids and seqs start at 1; incarnation {})",
+                s.cluster, s.cursor.pos, s.incarnation
+            )
+        });
+    }
+
+    /// The operator's re-anchoring, choosing redelivery: the positions
+    /// restart at the new cluster's origin with no seq floor (no value of
+    /// the old cluster is kept), the leases are voided and the epoch
+    /// bumped, and the meta row records the new identity (synchronously).
+    pub(super) fn reanchor(&self, s: &mut State, log: &mut Log) -> Result<(), Violation> {
+        if s.cursor.epoch >= MAX_EPOCH {
+            return Err(bound("epochs"));
+        }
+        let x = self.alloc_xid(s)?;
+        s.cursor.pos = Position::at(Snapshot::new(1), 0);
+        s.cursor.epoch += 1;
+        s.cursor.owner = 0;
+        s.cursor.lease_valid = false;
+        s.cursor.anchor = s.cluster;
+        self.commit_own(s, x, Durability::Sync);
+        log.note(|| {
+            format!(
+                "the operator re-anchors on cluster {}: stored position {}, epoch {}, lease void",
+                s.cluster, s.cursor.pos, s.cursor.epoch
             )
         });
         Ok(())

@@ -17,6 +17,7 @@ impl Protocol {
         self.commit_own(s, x, Durability::Sync);
         let relay = &mut s.relays[r];
         relay.lose_lease();
+        relay.lease_ended = false;
         relay.epoch = s.cursor.epoch;
         relay.pos = s.cursor.pos;
         relay.token = s.incarnation;
@@ -234,6 +235,14 @@ impl Protocol {
         }
         let again = s.delivered & (1 << e) != 0;
         s.delivered |= 1 << e;
+        // Every newer event of the key already delivered must now be
+        // delivered again (a replay), or this copy is a stale one.
+        s.owed &= !(1u8 << e);
+        for (j, pred) in s.pred.iter().enumerate() {
+            if pred & (1 << e) != 0 && s.delivered & (1 << j) != 0 {
+                s.owed |= 1 << j;
+            }
+        }
         log.note(|| {
             format!(
                 "R{r} publishes {} (epoch {epoch}){}",
@@ -299,12 +308,71 @@ impl Protocol {
         relay.sent = 0;
         relay.in_flight = false;
         relay.unsettled = false;
+        let renew = relay.lease_ended && !self.config.no_lease_clock;
+        if renew {
+            // Its own clock says the lease is over: it takes it again
+            // before its next claim.
+            relay.lose_lease();
+        }
         log.note(|| {
             format!(
-                "R{r} settles epoch {}: stored position {} (xid {x}, async)",
-                relay.epoch, s.cursor.pos
+                "R{r} settles epoch {}: stored position {} (xid {x}, async){}",
+                relay.epoch,
+                s.cursor.pos,
+                if renew {
+                    "; its lease ended by its clock: it drops the epoch"
+                } else {
+                    ""
+                }
             )
         });
         Ok(())
+    }
+
+    /// The holder's own clock passes the conservative end of its lease.
+    /// With the lease clock it cancels what it has not published yet
+    /// (the events are released: the stored position has not passed them)
+    /// and drops its epoch; a batch already published keeps its settle,
+    /// which the epoch fences.
+    pub(super) fn clock_ends(&self, s: &mut State, log: &mut Log) {
+        s.expiries_left -= 1;
+        let r = usize::from(s.cursor.owner.saturating_sub(1));
+        let relay = &mut s.relays[r];
+        relay.lease_ended = true;
+        let why = if relay.cut {
+            "it cannot reach the database to renew"
+        } else {
+            "it paused"
+        };
+        if self.config.no_lease_clock {
+            log.note(|| {
+                format!(
+                    "R{r}'s lease (epoch {}) ends by its own clock ({why}); without a lease \
+                     clock it goes on",
+                    relay.epoch
+                )
+            });
+            return;
+        }
+        if relay.in_flight && relay.sent == relay.batch_len {
+            log.note(|| {
+                format!(
+                    "R{r}'s lease (epoch {}) ends by its own clock ({why}): its batch is \
+                     published, only its fenced settle is left",
+                    relay.epoch
+                )
+            });
+            return;
+        }
+        let epoch = relay.epoch;
+        let unsent = relay.batch_len - relay.sent;
+        relay.lose_lease();
+        relay.upto = None;
+        log.note(|| {
+            format!(
+                "R{r}'s lease (epoch {epoch}) ends by its own clock ({why}): it stops \
+                 delivering, {unsent} unpublished event(s) released"
+            )
+        });
     }
 }
