@@ -174,6 +174,16 @@ pub(crate) struct Report {
     pub(crate) order_violations: u64,
     /// Up to 10 violations, `key: got seq after seq`.
     pub(crate) order_sample: Vec<String>,
+    /// Stale copies: events whose LAST copy arrived after the last copy of
+    /// a later event of the same key, so a consumer without deduplication
+    /// ends on an older event of the key (a relay that went on publishing
+    /// past its lease; a first-arrival check cannot see it). A replay that
+    /// delivers the later event again afterwards is not one.
+    #[serde(default)]
+    pub(crate) stale_copies: u64,
+    /// Up to 10 stale copies, `key: seq last after seq`.
+    #[serde(default)]
+    pub(crate) stale_sample: Vec<String>,
     /// Commit -> first arrival, over committed events that arrived.
     pub(crate) latency_ms: Latency,
     /// Each fault and the recovery after it.
@@ -301,6 +311,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
             *top = p.seq;
         }
     }
+    let (stale_copies, stale_sample) = stale_copies(input.arrivals, &must, &may);
     // Copies of a rolled-back event beyond its first count as unexpected too.
     for (id, n) in &copies {
         if *n > 1 && must_not.contains_key(id) {
@@ -499,6 +510,11 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     if order_violations > 0 {
         failures.push(format!("{order_violations} per-key order violation(s)"));
     }
+    if stale_copies > 0 {
+        failures.push(format!(
+            "{stale_copies} stale cop(ies): an older event of a key arrived last, after a later one"
+        ));
+    }
     if inbox_mode && extra_copies > 0 {
         failures.push(format!(
             "{extra_copies} duplicate effect(s) of {duplicated} event(s): the inbox applied them more than once"
@@ -533,6 +549,8 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         unexpected_unknown,
         order_violations,
         order_sample,
+        stale_copies,
+        stale_sample,
         latency_ms,
         faults,
         duplicate_allowance,
@@ -545,6 +563,42 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         passed: failures.is_empty(),
         failures,
     }
+}
+
+/// Per key, the last copy of each expected event in arrival order: a last
+/// copy whose sequence number is below one that came before it is stale.
+fn stale_copies(
+    arrivals: &[Arrival],
+    must: &HashMap<Uuid, &Produced>,
+    may: &HashMap<Uuid, &Produced>,
+) -> (u64, Vec<String>) {
+    let mut last: HashMap<Uuid, usize> = HashMap::new();
+    for (i, a) in arrivals.iter().enumerate() {
+        last.insert(a.id, i);
+    }
+    let mut by_key: BTreeMap<&str, Vec<(usize, u64)>> = BTreeMap::new();
+    for (id, i) in &last {
+        let Some(p) = must.get(id).or_else(|| may.get(id)) else {
+            continue;
+        };
+        by_key.entry(p.key.as_str()).or_default().push((*i, p.seq));
+    }
+    let (mut stale, mut sample) = (0u64, Vec::new());
+    for (key, mut lasts) in by_key {
+        lasts.sort_unstable();
+        let mut top = 0u64;
+        for (_, seq) in lasts {
+            if seq < top {
+                stale += 1;
+                if sample.len() < 10 {
+                    sample.push(format!("{key}: {seq} last after {top}"));
+                }
+            } else {
+                top = seq;
+            }
+        }
+    }
+    (stale, sample)
 }
 
 /// The recovery target for a fault kind, seconds.

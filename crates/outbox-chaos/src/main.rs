@@ -832,6 +832,13 @@ fn print_summary(r: &checker::Report) {
             r.order_sample.join("; ")
         );
     }
+    if !r.stale_sample.is_empty() {
+        println!(
+            "  stale copies ({}), first ones: {}",
+            r.stale_copies,
+            r.stale_sample.join("; ")
+        );
+    }
     for f in &r.faults {
         println!(
             "  fault {:<14} {:<26} at {:>6.1} s for {:>5.1} s: recovery {:>7}{}  extra copies {}",

@@ -12,6 +12,16 @@ fn f64_of(v: &Value) -> f64 {
     v.as_f64().unwrap_or(0.0)
 }
 
+/// The order column: first arrivals out of their key's order, plus stale
+/// copies (an older event of a key arriving last) when there are any.
+fn order_cell(r: &Value) -> String {
+    let order = r["order_violations"].as_u64().unwrap_or(0);
+    match r["stale_copies"].as_u64().unwrap_or(0) {
+        0 => order.to_string(),
+        stale => format!("{order} + {stale} stale"),
+    }
+}
+
 /// A report's producer shape (`partitioned` in reports from before it was
 /// recorded).
 pub(super) fn producer_of(r: &Value) -> &str {
@@ -89,7 +99,7 @@ fn tables(summary: &Value, heading: &str) -> String {
                 r["extra_copies"],
                 r["duplicate_allowance"],
                 r["unexpected"],
-                r["order_violations"],
+                order_cell(r),
                 kinds,
                 f64_of(&r["latency_ms"]["p50"]),
                 f64_of(&r["latency_ms"]["p99"]),
@@ -167,7 +177,7 @@ fn inbox_tables(md: &mut String, runs: &[Value], heading: &str) -> (u64, u64) {
                 r["lost"],
                 r["extra_copies"],
                 r["unexpected"],
-                r["order_violations"],
+                order_cell(r),
                 absorbed,
                 relay_copies,
                 recovery_cell(&fs),

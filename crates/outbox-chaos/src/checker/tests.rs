@@ -468,3 +468,32 @@ fn inbox_mode_detects_effects_out_of_the_keys_commit_order() {
     let ok = run_inbox(&produced, &[a(&e3, 400), a(&e1, 450), a(&e2, 500)], &[]);
     assert!(ok.passed, "{:?}", ok.failures);
 }
+
+#[test]
+fn a_stale_copy_arriving_last_fails_and_a_full_replay_does_not() {
+    let e1 = p("a", 1, TxOutcome::Committed, 100);
+    let e2 = p("a", 2, TxOutcome::Committed, 200);
+    let produced = vec![e1.clone(), e2.clone()];
+    // A relay past its lease: a:1 again after the new holder's a:2. The
+    // first arrivals are in order, so only the last-copy check sees it.
+    let stale = run(
+        &produced,
+        &[a(&e1, 300), a(&e2, 400), a(&e1, 500)],
+        &[],
+        700,
+    );
+    assert_eq!(stale.order_violations, 0);
+    assert_eq!(stale.stale_copies, 1);
+    assert_eq!(stale.stale_sample, vec!["a: 1 last after 2".to_owned()]);
+    assert!(!stale.passed, "{:?}", stale.failures);
+    // A replay after a crash delivers a:2 again after a:1: the key ends on
+    // its newest event.
+    let replay = run(
+        &produced,
+        &[a(&e1, 300), a(&e2, 400), a(&e1, 500), a(&e2, 600)],
+        &[],
+        700,
+    );
+    assert_eq!(replay.stale_copies, 0);
+    assert_eq!(replay.extra_copies, 2);
+}
