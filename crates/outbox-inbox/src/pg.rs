@@ -14,7 +14,7 @@
 
 use crate::common::{check_consumer, hold_parts, FilterArg};
 use crate::handler::Failure;
-use crate::retention::{next_slot, Retention};
+use crate::retention::{next_slot, Retention, SlotClock};
 use crate::store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
     RETENTION_SLOTS,
@@ -40,6 +40,7 @@ struct Inner {
     schema: String,
     consumer: String,
     retention: Retention,
+    clock: SlotClock,
 }
 
 impl fmt::Debug for PgInbox {
@@ -61,6 +62,7 @@ impl PgInbox {
             "outbox_inbox".to_owned(),
             consumer.into(),
             Retention::default(),
+            SlotClock::new(),
         )
     }
 
@@ -72,6 +74,7 @@ impl PgInbox {
             schema.into(),
             i.consumer.clone(),
             i.retention,
+            i.clock.clone(),
         )
     }
 
@@ -84,7 +87,24 @@ impl PgInbox {
             i.schema.clone(),
             i.consumer.clone(),
             retention,
+            i.clock.clone(),
         )
+    }
+
+    /// The same inbox placing records in slots by `clock` (a test hook:
+    /// [`SlotClock`] shifts the database's clock to put a transaction on
+    /// either side of a slot boundary; production never needs it).
+    pub fn with_slot_clock(self, clock: SlotClock) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                pool: i.pool.clone(),
+                schema: i.schema.clone(),
+                consumer: i.consumer.clone(),
+                retention: i.retention,
+                clock,
+            }),
+        }
     }
 
     fn build(
@@ -92,6 +112,7 @@ impl PgInbox {
         schema: String,
         consumer: String,
         retention: Retention,
+        clock: SlotClock,
     ) -> Result<Self, StoreError> {
         let schema = outbox_core::ident::checked(schema)
             .map_err(|e| StoreError::Config(format!("inbox schema: {e}")))?;
@@ -102,6 +123,7 @@ impl PgInbox {
                 schema,
                 consumer,
                 retention,
+                clock,
             }),
         })
     }
@@ -120,11 +142,19 @@ impl PgInbox {
         format!("\"{}\".\"{table}\"", self.inner.schema)
     }
 
-    fn slot_expr(&self) -> String {
+    /// The slot of the database time `ts` (an SQL expression), by the
+    /// inbox's [`SlotClock`].
+    fn slot_at(&self, ts: &str) -> String {
         format!(
-            "((floor(extract(epoch FROM now()))::bigint / {}) % {RETENTION_SLOTS})::smallint",
-            self.inner.retention.slot_seconds()
+            "(((floor(extract(epoch FROM {ts}) * 1000)::bigint + {off}) / {len}) % {RETENTION_SLOTS})::smallint",
+            off = self.inner.clock.offset_ms(),
+            len = self.inner.retention.slot_millis(),
         )
+    }
+
+    /// The slot of the transaction's start.
+    fn slot_expr(&self) -> String {
+        self.slot_at("now()")
     }
 
     async fn insert_pending(

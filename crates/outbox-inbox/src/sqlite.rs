@@ -11,7 +11,7 @@
 
 use crate::common::{check_consumer, hold_parts, FilterArg};
 use crate::handler::Failure;
-use crate::retention::{next_slot, Retention};
+use crate::retention::{next_slot, Retention, SlotClock};
 use crate::store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
     RETENTION_SLOTS,
@@ -39,6 +39,7 @@ struct Inner {
     prefix: String,
     consumer: String,
     retention: Retention,
+    clock: SlotClock,
 }
 
 impl fmt::Debug for SqliteInbox {
@@ -60,6 +61,7 @@ impl SqliteInbox {
             "outbox_".to_owned(),
             consumer.into(),
             Retention::default(),
+            SlotClock::new(),
         )
     }
 
@@ -71,6 +73,7 @@ impl SqliteInbox {
             prefix.into(),
             i.consumer.clone(),
             i.retention,
+            i.clock.clone(),
         )
     }
 
@@ -82,7 +85,24 @@ impl SqliteInbox {
             i.prefix.clone(),
             i.consumer.clone(),
             retention,
+            i.clock.clone(),
         )
+    }
+
+    /// The same inbox placing records in slots by `clock` (a test hook:
+    /// [`SlotClock`] shifts the database's clock to put a transaction on
+    /// either side of a slot boundary; production never needs it).
+    pub fn with_slot_clock(self, clock: SlotClock) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                pool: i.pool.clone(),
+                prefix: i.prefix.clone(),
+                consumer: i.consumer.clone(),
+                retention: i.retention,
+                clock,
+            }),
+        }
     }
 
     fn build(
@@ -90,6 +110,7 @@ impl SqliteInbox {
         prefix: String,
         consumer: String,
         retention: Retention,
+        clock: SlotClock,
     ) -> Result<Self, StoreError> {
         let longest = format!("{prefix}inbox_settings");
         outbox_core::ident::checked(longest)
@@ -106,6 +127,7 @@ impl SqliteInbox {
                 prefix,
                 consumer,
                 retention,
+                clock,
             }),
         })
     }
@@ -125,8 +147,9 @@ impl SqliteInbox {
 
     async fn current_slot(&self, conn: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar(&format!(
-            "SELECT (CAST(strftime('%s', 'now') AS INTEGER) / {}) % {RETENTION_SLOTS}",
-            self.inner.retention.slot_seconds()
+            "SELECT (({NOW_MS} + {off}) / {len}) % {RETENTION_SLOTS}",
+            off = self.inner.clock.offset_ms(),
+            len = self.inner.retention.slot_millis(),
         ))
         .fetch_one(conn)
         .await?)
