@@ -11,7 +11,7 @@
 
 use crate::common::{check_consumer, hold_parts, FilterArg};
 use crate::handler::Failure;
-use crate::retention::{next_slot, Retention, SlotClock};
+use crate::retention::{may_empty_next, next_slot, Retention, SlotClock};
 use crate::store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
     RETENTION_SLOTS,
@@ -150,6 +150,17 @@ impl SqliteInbox {
             "SELECT (({NOW_MS} + {off}) / {len}) % {RETENTION_SLOTS}",
             off = self.inner.clock.offset_ms(),
             len = self.inner.retention.slot_millis(),
+        ))
+        .fetch_one(conn)
+        .await?)
+    }
+
+    /// The current slot and how far into it the clock is (milliseconds).
+    async fn clock(&self, conn: &mut sqlx::SqliteConnection) -> Result<(i64, i64), StoreError> {
+        let len = self.inner.retention.slot_millis();
+        Ok(sqlx::query_as(&format!(
+            "SELECT (ms / {len}) % {RETENTION_SLOTS}, ms % {len} FROM (SELECT {NOW_MS} + {off} AS ms)",
+            off = self.inner.clock.offset_ms(),
         ))
         .fetch_one(conn)
         .await?)
@@ -574,13 +585,22 @@ impl InboxStore for SqliteInbox {
     }
 
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
+        // One writer: the clock is read inside the write transaction, so no
+        // transaction writes into the slot after it meanwhile, and one that
+        // started after a boundary has ended before the clock is read.
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let current = self.current_slot(&mut tx).await?;
+        let (current, into) = self.clock(&mut tx).await?;
         let table = self.records(next_slot(current));
         let report = |emptied| RetentionReport {
             current_slot: u32::try_from(current).unwrap_or(0),
             emptied,
         };
+        if !may_empty_next(&self.inner.retention, into) {
+            // The slot after this one is about to be current: the next pass
+            // empties the one after it.
+            tx.rollback().await?;
+            return Ok(report(false));
+        }
         let any: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {table})"))
             .fetch_one(&mut *tx)
             .await?;

@@ -334,6 +334,22 @@ async fn pg_copies_in_one_slot_apply_once() {
     assert_eq!(pg.effects(id).await, 1);
 }
 
+/// REPEATABLE READ takes its snapshot before the lock's wait: refused with
+/// a message, instead of applying a copy twice.
+#[tokio::test]
+async fn pg_repeatable_read_is_refused() {
+    let pg = Pg::new().await;
+    let store = pg.store(&SlotClock::new());
+    let mut tx = store.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let err = store.admit(&mut tx, &[message()], true).await.unwrap_err();
+    assert!(!err.is_transient());
+    assert!(err.to_string().contains("READ COMMITTED"), "{err}");
+}
+
 #[tokio::test]
 async fn pg_retention_racing_a_boundary_keeps_the_new_slot() {
     let pg = Pg::new().await;
