@@ -622,12 +622,10 @@ impl InboxStore for PgInbox {
         let len = self.inner.retention.slot_millis();
         let mut conn = self.inner.pool.acquire().await?;
         // Empty slots are the usual case: one cheap probe per pass, no lock.
-        let current: i64 = sqlx::query_scalar(&format!(
-            "SELECT ({} / {len}) % {slots}",
-            self.clock_ms()
-        ))
-        .fetch_one(&mut *conn)
-        .await?;
+        let current: i64 =
+            sqlx::query_scalar(&format!("SELECT ({} / {len}) % {slots}", self.clock_ms()))
+                .fetch_one(&mut *conn)
+                .await?;
         let next = next_slot(current);
         let part = self.t(&format!("inbox_records_{next}"));
         let report = |current: i64, emptied| RetentionReport {

@@ -8,6 +8,11 @@
 //! window (`RETENTION_SLOTS - 2` whole slot lengths) and at most
 //! `RETENTION_SLOTS` slot lengths. A duplicate that arrives after its record
 //! was removed is handled again: the documented limit of the inbox.
+//!
+//! A pass reads the clock only once it holds the next slot's lock, and skips
+//! when that slot is current or within [`Retention::boundary_margin_millis`]
+//! of becoming current: it never empties a slot that transactions write into.
+//! [`SlotClock`] shifts the clock the slots are computed from (tests).
 
 use crate::store::{StoreError, RETENTION_SLOTS};
 use std::sync::atomic::{AtomicI64, Ordering};

@@ -368,7 +368,10 @@ async fn pg_retention_racing_a_boundary_keeps_the_new_slot() {
     let task = tokio::spawn(async move { pass.retain().await.unwrap() });
     let deadline = Instant::now() + Duration::from_secs(20);
     while !task.is_finished() && !pg.exclusive_waits("inbox_records_4").await {
-        assert!(Instant::now() < deadline, "the pass neither waited nor ended");
+        assert!(
+            Instant::now() < deadline,
+            "the pass neither waited nor ended"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // The boundary passes; the new slot's transaction commits.
