@@ -3,9 +3,18 @@
 //! Tables (in the inbox's schema, created by [`InboxStore::migrate`]):
 //! - `inbox_records`, partitioned by `slot` into `inbox_records_0` ..
 //!   `inbox_records_7`, unique on (consumer, event id, slot): the dedup
-//!   records. One statement per lane batch decides every message's
-//!   [`Verdict`] and inserts the new records; the retention pass TRUNCATEs
-//!   the slot that comes next ([`crate::retention`]).
+//!   records. Per lane batch, one statement takes a transaction-scoped
+//!   advisory lock per event id (sorted), and the next decides every
+//!   message's [`Verdict`] and inserts the new records; the retention pass
+//!   TRUNCATEs the slot that comes next ([`crate::retention`]).
+//!
+//! Two copies of one event handled at once meet on the advisory lock of
+//! their id, whatever slot their transactions' clocks fall in: the second
+//! waits until the first commits or rolls back, and its lookup, a later
+//! statement in READ COMMITTED, sees the first's record (a duplicate) or
+//! nothing (it applies the event). The slot partitions' unique index alone
+//! cannot do it: copies in transactions started on either side of a slot
+//! boundary insert into different partitions.
 //! - `inbox_pending`: held-back messages, unique on (consumer, event id);
 //!   the retry loop takes due heads with `FOR UPDATE SKIP LOCKED`, so several
 //!   consumer processes share one inbox.
@@ -14,7 +23,7 @@
 
 use crate::common::{check_consumer, hold_parts, FilterArg};
 use crate::handler::Failure;
-use crate::retention::{next_slot, Retention};
+use crate::retention::{may_empty_next, next_slot, Retention, SlotClock};
 use crate::store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
     RETENTION_SLOTS,
@@ -40,6 +49,7 @@ struct Inner {
     schema: String,
     consumer: String,
     retention: Retention,
+    clock: SlotClock,
 }
 
 impl fmt::Debug for PgInbox {
@@ -61,6 +71,7 @@ impl PgInbox {
             "outbox_inbox".to_owned(),
             consumer.into(),
             Retention::default(),
+            SlotClock::new(),
         )
     }
 
@@ -72,6 +83,7 @@ impl PgInbox {
             schema.into(),
             i.consumer.clone(),
             i.retention,
+            i.clock.clone(),
         )
     }
 
@@ -84,7 +96,24 @@ impl PgInbox {
             i.schema.clone(),
             i.consumer.clone(),
             retention,
+            i.clock.clone(),
         )
+    }
+
+    /// The same inbox placing records in slots by `clock` (a test hook:
+    /// [`SlotClock`] shifts the database's clock to put a transaction on
+    /// either side of a slot boundary; production never needs it).
+    pub fn with_slot_clock(self, clock: SlotClock) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                pool: i.pool.clone(),
+                schema: i.schema.clone(),
+                consumer: i.consumer.clone(),
+                retention: i.retention,
+                clock,
+            }),
+        }
     }
 
     fn build(
@@ -92,6 +121,7 @@ impl PgInbox {
         schema: String,
         consumer: String,
         retention: Retention,
+        clock: SlotClock,
     ) -> Result<Self, StoreError> {
         let schema = outbox_core::ident::checked(schema)
             .map_err(|e| StoreError::Config(format!("inbox schema: {e}")))?;
@@ -102,6 +132,7 @@ impl PgInbox {
                 schema,
                 consumer,
                 retention,
+                clock,
             }),
         })
     }
@@ -120,11 +151,62 @@ impl PgInbox {
         format!("\"{}\".\"{table}\"", self.inner.schema)
     }
 
-    fn slot_expr(&self) -> String {
+    /// The slot of the database time `ts` (an SQL expression), by the
+    /// inbox's [`SlotClock`].
+    fn slot_at(&self, ts: &str) -> String {
         format!(
-            "((floor(extract(epoch FROM now()))::bigint / {}) % {RETENTION_SLOTS})::smallint",
-            self.inner.retention.slot_seconds()
+            "(((floor(extract(epoch FROM {ts}) * 1000)::bigint + {off}) / {len}) % {RETENTION_SLOTS})::smallint",
+            off = self.inner.clock.offset_ms(),
+            len = self.inner.retention.slot_millis(),
         )
+    }
+
+    /// The slot of the transaction's start.
+    fn slot_expr(&self) -> String {
+        self.slot_at("now()")
+    }
+
+    /// The clock read now (not at the transaction's start) by the inbox's
+    /// [`SlotClock`], in milliseconds since the epoch: an SQL expression.
+    fn clock_ms(&self) -> String {
+        format!(
+            "(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + {})",
+            self.inner.clock.offset_ms()
+        )
+    }
+
+    /// Takes the transaction-scoped advisory lock of each event id of the
+    /// batch, in the order of the lock keys (two batches sharing ids cannot
+    /// deadlock on them), so that the copies of one event meet here whatever
+    /// their slots. Refuses REPEATABLE READ: its snapshot, taken by this
+    /// statement before it waits, would not show the record of the copy it
+    /// waited for (SERIALIZABLE does not see it either, but its conflict
+    /// detection aborts one of the two).
+    async fn lock_ids(
+        &self,
+        tx: &mut Transaction<'static, Postgres>,
+        ids: &[Uuid],
+    ) -> Result<(), StoreError> {
+        let (isolation, _n): (String, i64) = sqlx::query_as(
+            "SELECT current_setting('transaction_isolation'), count(pg_advisory_xact_lock(k)) \
+             FROM (SELECT DISTINCT hashtextextended($1 || t.id::text, 0) AS k \
+               FROM unnest($2::uuid[]) AS t(id) ORDER BY k) AS keys",
+        )
+        .bind(format!(
+            "outbox-inbox/{}/{}/",
+            self.inner.schema, self.inner.consumer
+        ))
+        .bind(ids)
+        .fetch_one(&mut **tx)
+        .await?;
+        if isolation == "repeatable read" {
+            return Err(StoreError::Config(format!(
+                "inbox transactions run at {isolation}: the inbox needs READ COMMITTED (or \
+                 SERIALIZABLE) to deduplicate copies handled at once; set \
+                 default_transaction_isolation for the inbox's connections"
+            )));
+        }
+        Ok(())
     }
 
     async fn insert_pending(
@@ -346,6 +428,9 @@ impl InboxStore for PgInbox {
         }
         let ids: Vec<Uuid> = messages.iter().map(|m| m.id.as_uuid()).collect();
         let keys: Vec<String> = messages.iter().map(InboundMessage::order_key).collect();
+        // First the ids' locks, then (a new statement, a new snapshot) the
+        // lookup: a copy being handled elsewhere is waited for and seen.
+        self.lock_ids(tx, &ids).await?;
         // `seen` probes the (consumer, event id) indexes once per message
         // (a LATERAL ... LIMIT 1 cannot be turned into a join): written as
         // `event_id IN (SELECT id FROM cand)`, the planner hashed the batch
@@ -533,40 +618,65 @@ impl InboxStore for PgInbox {
     }
 
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
+        let slots = i64::from(RETENTION_SLOTS);
+        let len = self.inner.retention.slot_millis();
         let mut conn = self.inner.pool.acquire().await?;
-        let current: i64 = sqlx::query_scalar(&format!("SELECT {}::bigint", self.slot_expr()))
-            .fetch_one(&mut *conn)
-            .await?;
+        // Empty slots are the usual case: one cheap probe per pass, no lock.
+        let current: i64 =
+            sqlx::query_scalar(&format!("SELECT ({} / {len}) % {slots}", self.clock_ms()))
+                .fetch_one(&mut *conn)
+                .await?;
         let next = next_slot(current);
         let part = self.t(&format!("inbox_records_{next}"));
-        // Empty slots are the usual case: one cheap probe per pass.
-        let any: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {part})"))
-            .fetch_one(&mut *conn)
-            .await?;
-        let report = |emptied| RetentionReport {
+        let report = |current: i64, emptied| RetentionReport {
             current_slot: u32::try_from(current).unwrap_or(0),
             emptied,
         };
+        let any: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {part})"))
+            .fetch_one(&mut *conn)
+            .await?;
         if !any {
-            return Ok(report(false));
+            return Ok(report(current, false));
         }
-        // Once per slot length: TRUNCATE when every record is older than the
-        // window (the normal case); a slot that also holds younger records
-        // (no pass ran for a whole slot length) loses only its old rows.
-        let window = self.inner.retention.window_seconds();
-        let young: bool = sqlx::query_scalar(&format!(
-            "SELECT EXISTS (SELECT 1 FROM {part} WHERE handled_at > now() - make_interval(secs => $1::double precision))"
-        ))
-        .bind(window)
-        .fetch_one(&mut *conn)
-        .await?;
+        // The check and the emptying in one transaction, under the
+        // partition's lock, with the clock read once the lock is held: no
+        // transaction writes into the partition meanwhile, and one that
+        // started after the boundary (writing into it) ended before the
+        // clock is read, so the clock shows the boundary passed.
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         sqlx::query("SET LOCAL lock_timeout = '5s'")
             .execute(&mut *tx)
             .await?;
+        sqlx::query(&format!("LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE"))
+            .execute(&mut *tx)
+            .await?;
+        let window = self.inner.retention.window_seconds();
+        let (now_slot, into, young): (i64, i64, bool) = sqlx::query_as(&format!(
+            "SELECT (c.ms / {len}) % {slots}, c.ms % {len}, EXISTS (SELECT 1 FROM {part} \
+               WHERE handled_at > clock_timestamp() - make_interval(secs => $1::double precision)) \
+             FROM (SELECT {} AS ms) AS c",
+            self.clock_ms()
+        ))
+        .bind(window)
+        .fetch_one(&mut *tx)
+        .await?;
+        if now_slot != current || !may_empty_next(&self.inner.retention, into) {
+            // The slot is current, or about to be: the next pass empties
+            // the slot after the new one.
+            tx.rollback().await?;
+            tracing::debug!(
+                consumer = %self.inner.consumer,
+                slot = next,
+                "inbox retention skipped a slot at the boundary"
+            );
+            return Ok(report(now_slot, false));
+        }
+        // Once per slot length: TRUNCATE when every record is older than the
+        // window (the normal case); a slot that also holds younger records
+        // (no pass ran for a whole slot length) loses only its old rows.
         if young {
             sqlx::query(&format!(
-                "DELETE FROM {part} WHERE handled_at <= now() - make_interval(secs => $1::double precision)"
+                "DELETE FROM {part} WHERE handled_at <= clock_timestamp() - make_interval(secs => $1::double precision)"
             ))
             .bind(window)
             .execute(&mut *tx)
@@ -577,7 +687,7 @@ impl InboxStore for PgInbox {
                 .await?;
         }
         tx.commit().await?;
-        Ok(report(true))
+        Ok(report(current, true))
     }
 
     async fn is_recorded(&self, id: EventId) -> Result<bool, StoreError> {

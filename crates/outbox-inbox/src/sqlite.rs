@@ -11,7 +11,7 @@
 
 use crate::common::{check_consumer, hold_parts, FilterArg};
 use crate::handler::Failure;
-use crate::retention::{next_slot, Retention};
+use crate::retention::{may_empty_next, next_slot, Retention, SlotClock};
 use crate::store::{
     DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
     RETENTION_SLOTS,
@@ -39,6 +39,7 @@ struct Inner {
     prefix: String,
     consumer: String,
     retention: Retention,
+    clock: SlotClock,
 }
 
 impl fmt::Debug for SqliteInbox {
@@ -60,6 +61,7 @@ impl SqliteInbox {
             "outbox_".to_owned(),
             consumer.into(),
             Retention::default(),
+            SlotClock::new(),
         )
     }
 
@@ -71,6 +73,7 @@ impl SqliteInbox {
             prefix.into(),
             i.consumer.clone(),
             i.retention,
+            i.clock.clone(),
         )
     }
 
@@ -82,7 +85,24 @@ impl SqliteInbox {
             i.prefix.clone(),
             i.consumer.clone(),
             retention,
+            i.clock.clone(),
         )
+    }
+
+    /// The same inbox placing records in slots by `clock` (a test hook:
+    /// [`SlotClock`] shifts the database's clock to put a transaction on
+    /// either side of a slot boundary; production never needs it).
+    pub fn with_slot_clock(self, clock: SlotClock) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                pool: i.pool.clone(),
+                prefix: i.prefix.clone(),
+                consumer: i.consumer.clone(),
+                retention: i.retention,
+                clock,
+            }),
+        }
     }
 
     fn build(
@@ -90,6 +110,7 @@ impl SqliteInbox {
         prefix: String,
         consumer: String,
         retention: Retention,
+        clock: SlotClock,
     ) -> Result<Self, StoreError> {
         let longest = format!("{prefix}inbox_settings");
         outbox_core::ident::checked(longest)
@@ -106,6 +127,7 @@ impl SqliteInbox {
                 prefix,
                 consumer,
                 retention,
+                clock,
             }),
         })
     }
@@ -125,8 +147,20 @@ impl SqliteInbox {
 
     async fn current_slot(&self, conn: &mut sqlx::SqliteConnection) -> Result<i64, StoreError> {
         Ok(sqlx::query_scalar(&format!(
-            "SELECT (CAST(strftime('%s', 'now') AS INTEGER) / {}) % {RETENTION_SLOTS}",
-            self.inner.retention.slot_seconds()
+            "SELECT (({NOW_MS} + {off}) / {len}) % {RETENTION_SLOTS}",
+            off = self.inner.clock.offset_ms(),
+            len = self.inner.retention.slot_millis(),
+        ))
+        .fetch_one(conn)
+        .await?)
+    }
+
+    /// The current slot and how far into it the clock is (milliseconds).
+    async fn clock(&self, conn: &mut sqlx::SqliteConnection) -> Result<(i64, i64), StoreError> {
+        let len = self.inner.retention.slot_millis();
+        Ok(sqlx::query_as(&format!(
+            "SELECT (ms / {len}) % {RETENTION_SLOTS}, ms % {len} FROM (SELECT {NOW_MS} + {off} AS ms)",
+            off = self.inner.clock.offset_ms(),
         ))
         .fetch_one(conn)
         .await?)
@@ -551,13 +585,22 @@ impl InboxStore for SqliteInbox {
     }
 
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
+        // One writer: the clock is read inside the write transaction, so no
+        // transaction writes into the slot after it meanwhile, and one that
+        // started after a boundary has ended before the clock is read.
         let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let current = self.current_slot(&mut tx).await?;
+        let (current, into) = self.clock(&mut tx).await?;
         let table = self.records(next_slot(current));
         let report = |emptied| RetentionReport {
             current_slot: u32::try_from(current).unwrap_or(0),
             emptied,
         };
+        if !may_empty_next(&self.inner.retention, into) {
+            // The slot after this one is about to be current: the next pass
+            // empties the one after it.
+            tx.rollback().await?;
+            return Ok(report(false));
+        }
         let any: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {table})"))
             .fetch_one(&mut *tx)
             .await?;
