@@ -134,7 +134,11 @@ async fn cloudevents_formats_are_read_by_a_spec_reader() {
             let delivery = &h.next_from(h.queue(), 1).await[0];
             let got = received(delivery);
             let read = assert_cloudevents_format(&got, &e, format, "cloudEvents:");
-            assert!(!got.headers.contains_key("content-type"), "{:?}", got.headers);
+            assert!(
+                !got.headers.contains_key("content-type"),
+                "{:?}",
+                got.headers
+            );
             if format == WireFormat::CloudEvents {
                 assert_eq!(content_type(delivery), Some("application/json"));
                 assert!(read.attributes.contains_key("traceparent"));

@@ -209,7 +209,9 @@ pub fn require_source(format: WireFormat, source: Option<&Source>) -> Result<(),
 /// when there is one, one fragment, brackets only around an IP literal.
 fn check_uri_reference(s: &str) -> Result<(), &'static str> {
     if s.is_empty() {
-        return Err("it is empty (a source is a URI-reference, e.g. /orders or https://example.com/orders)");
+        return Err(
+            "it is empty (a source is a URI-reference, e.g. /orders or https://example.com/orders)",
+        );
     }
     let b = s.as_bytes();
     let mut i = 0;

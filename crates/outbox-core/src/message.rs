@@ -162,11 +162,14 @@ impl<'a> BrokerMessage<'a> {
         if !self.format.is_cloudevents() {
             return;
         }
-        let plain = cloudevents::plain_headers(self.event).map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let plain =
+            cloudevents::plain_headers(self.event).map(|(k, v)| (k.to_owned(), v.to_owned()));
         self.cloudevents.extend(plain);
         if self.binding.content_type_header() {
-            self.cloudevents
-                .push((headers::CONTENT_TYPE.to_owned(), self.content_type().to_owned()));
+            self.cloudevents.push((
+                headers::CONTENT_TYPE.to_owned(),
+                self.content_type().to_owned(),
+            ));
         }
         if self.format == WireFormat::CloudEvents {
             let time = cloudevents::time_text(self.event.created_at);

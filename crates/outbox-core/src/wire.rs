@@ -434,7 +434,9 @@ mod tests {
     fn cloudevents_round_trip_in_both_modes_on_every_binding() {
         let source: Source = "https://example.com/orders".parse().unwrap();
         let mut binary = ce_event();
-        binary.headers.insert("content-type".into(), "image/png".into());
+        binary
+            .headers
+            .insert("content-type".into(), "image/png".into());
         binary.payload = vec![0, 159, 146, 150, 255];
         let mut keyless = ce_event();
         keyless.key = None;
@@ -532,7 +534,10 @@ mod tests {
                 .collect();
             members.remove(name);
             let body = serde_json::to_vec(&members).unwrap();
-            let ct = [("content-type", "application/cloudevents+json; charset=UTF-8")];
+            let ct = [(
+                "content-type",
+                "application/cloudevents+json; charset=UTF-8",
+            )];
             assert_eq!(
                 InboundMessage::decode(ct, &body, "d", None),
                 Err(DecodeError::MissingAttribute(name))
@@ -563,7 +568,11 @@ mod tests {
             InboundMessage::decode([("Content-Type", ct)], body.as_bytes(), "d", None)
         };
         for (ct, body, want) in [
-            ("application/cloudevents+json", "{not json", "not a JSON event"),
+            (
+                "application/cloudevents+json",
+                "{not json",
+                "not a JSON event",
+            ),
             ("application/cloudevents+json", "[1]", "not a JSON event"),
             ("application/cloudevents+avro", "{}", "not supported"),
             (

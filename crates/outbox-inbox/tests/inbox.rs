@@ -572,12 +572,29 @@ async fn cloudevents_are_one_event_and_malformed_ones_dead<X: Harness>() {
     let run = Running::start(inbox, &broker);
     let a = event("a", "ok");
     let b = event("a", "ok");
-    broker.push(support::raw_cloudevent(&a, WireFormat::CloudEvents, Binding::Kafka));
-    broker.push(support::raw_cloudevent(&b, WireFormat::CloudEventsJson, Binding::Nats));
+    broker.push(support::raw_cloudevent(
+        &a,
+        WireFormat::CloudEvents,
+        Binding::Kafka,
+    ));
+    broker.push(support::raw_cloudevent(
+        &b,
+        WireFormat::CloudEventsJson,
+        Binding::Nats,
+    ));
     broker.push(support::raw_as(&a, WireFormat::Envelope));
-    broker.push(support::raw_cloudevent(&b, WireFormat::CloudEvents, Binding::Nats));
-    broker.push(support::raw_cloudevent(&a, WireFormat::CloudEventsJson, Binding::Kafka));
-    let mut bad = support::raw_cloudevent(&event("a", "ok"), WireFormat::CloudEvents, Binding::Kafka);
+    broker.push(support::raw_cloudevent(
+        &b,
+        WireFormat::CloudEvents,
+        Binding::Nats,
+    ));
+    broker.push(support::raw_cloudevent(
+        &a,
+        WireFormat::CloudEventsJson,
+        Binding::Kafka,
+    ));
+    let mut bad =
+        support::raw_cloudevent(&event("a", "ok"), WireFormat::CloudEvents, Binding::Kafka);
     bad.headers.retain(|(k, _)| k != "ce_source");
     broker.push(bad);
     until("all acked", || async { broker.acked().len() == 6 }).await;

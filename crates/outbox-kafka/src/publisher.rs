@@ -167,14 +167,11 @@ impl KafkaPublisher {
     /// Creates the producer. It connects lazily: a broker that is down makes
     /// sends time out (`PUBLISH_TIMEOUT`, sink unavailable), not this call fail.
     pub fn new(config: KafkaConfig) -> Result<Self, KafkaError> {
-        outbox_core::cloudevents::require_source(
-            config.wire_format(),
-            config.cloudevents_source(),
-        )
-        .map_err(|e| KafkaError::Config {
-            property: "cloudevents_source".into(),
-            reason: e.to_string(),
-        })?;
+        outbox_core::cloudevents::require_source(config.wire_format(), config.cloudevents_source())
+            .map_err(|e| KafkaError::Config {
+                property: "cloudevents_source".into(),
+                reason: e.to_string(),
+            })?;
         let producer = create_producer(&config)?;
         tracing::info!(?config, "kafka publisher created");
         Ok(Self {

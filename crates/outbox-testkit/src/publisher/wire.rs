@@ -2,9 +2,9 @@
 //! the event they publish, and what a message must hold in each format.
 
 use super::{event, Received};
+use base64::Engine as _;
 use outbox_core::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
 use outbox_core::{headers, Envelope, Event, InboundMessage, WireFormat};
-use base64::Engine as _;
 use prost::Message as _;
 use std::collections::BTreeMap;
 
@@ -101,9 +101,10 @@ pub struct SpecReading {
 /// type being `datacontenttype`.
 pub fn read_cloudevent(got: &Received, prefix: &str) -> SpecReading {
     let content_type = got.content_type.clone();
-    let structured = content_type
-        .as_deref()
-        .is_some_and(|ct| ct.to_ascii_lowercase().starts_with("application/cloudevents"));
+    let structured = content_type.as_deref().is_some_and(|ct| {
+        ct.to_ascii_lowercase()
+            .starts_with("application/cloudevents")
+    });
     if !structured {
         let attributes = got
             .headers
@@ -165,7 +166,10 @@ pub fn assert_cloudevent(read: &SpecReading, e: &Event) {
     assert_eq!(time, e.created_at);
     assert_eq!(a("subject"), Some("order-7"));
     assert_eq!(a("partitionkey"), Some("order-7"));
-    assert_eq!(a("traceparent"), e.headers.get("traceparent").map(String::as_str));
+    assert_eq!(
+        a("traceparent"),
+        e.headers.get("traceparent").map(String::as_str)
+    );
     assert_eq!(read.datacontenttype.as_deref(), Some("application/json"));
     if read.data_is_json {
         // JSON data: the same JSON value (the JSON format may re-space it).
@@ -234,6 +238,9 @@ pub fn assert_cloudevents_format(
     assert_eq!(inbound.event_type, "order.created");
     assert_eq!(inbound.content_type, "application/json");
     assert_eq!(inbound.payload, e.payload);
-    assert_eq!(inbound.headers.get("traceparent"), e.headers.get("traceparent"));
+    assert_eq!(
+        inbound.headers.get("traceparent"),
+        e.headers.get("traceparent")
+    );
     read
 }
