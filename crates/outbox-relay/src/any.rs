@@ -414,7 +414,8 @@ impl AnySink {
     /// output), `jsonl:PATH` (JSON lines appended to a file), or a broker URL
     /// of a compiled sink backend, configured with `settings_for` and
     /// publishing in `wire_format` (the JSON-lines sinks have their own
-    /// format: [`crate::config::run_config`] refuses the envelope for them).
+    /// format: [`crate::config::run_config`] refuses any other for them), and
+    /// with the CloudEvents `source` when one is configured.
     /// A broker that is unreachable does not fail this: the publisher is
     /// opened lazily (`Backend::connect_lazy`) and the relay starts with its
     /// breaker open; a configuration, credential or TLS error does.
