@@ -2,6 +2,7 @@
 
 use crate::AmqpError;
 use outbox_broker::ConnectPolicy;
+use outbox_core::cloudevents::Source;
 use outbox_core::WireFormat;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -74,6 +75,7 @@ pub struct AmqpConfig {
     pub(crate) persistent: bool,
     pub(crate) connection_name: String,
     pub(crate) wire_format: WireFormat,
+    pub(crate) cloudevents_source: Option<Source>,
 }
 
 impl Default for AmqpConfig {
@@ -93,6 +95,7 @@ impl Default for AmqpConfig {
             persistent: true,
             connection_name: "outbox-relay".to_owned(),
             wire_format: WireFormat::Headers,
+            cloudevents_source: None,
         }
     }
 }
@@ -111,6 +114,7 @@ impl fmt::Debug for AmqpConfig {
             .field("persistent", &self.persistent)
             .field("connection_name", &self.connection_name)
             .field("wire_format", &self.wire_format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
 }
@@ -202,7 +206,9 @@ impl AmqpConfig {
     /// in properties and headers ([`WireFormat::Headers`], the default), or
     /// the protobuf envelope as the body with `content_type`
     /// `application/x-protobuf` ([`WireFormat::Envelope`]; see
-    /// [`outbox_core::BrokerMessage`]).
+    /// [`outbox_core::BrokerMessage`]), or a CloudEvent
+    /// ([`WireFormat::CloudEvents`] binary mode, [`WireFormat::CloudEventsJson`]
+    /// structured mode; both need [`Self::with_cloudevents_source`]).
     pub fn with_wire_format(mut self, format: WireFormat) -> Self {
         self.wire_format = format;
         self
@@ -211,6 +217,25 @@ impl AmqpConfig {
     /// The wire format.
     pub fn wire_format(&self) -> WireFormat {
         self.wire_format
+    }
+
+    /// The CloudEvents `source` attribute, required by the CloudEvents wire
+    /// formats ([`WireFormat::CloudEvents`], [`WireFormat::CloudEventsJson`]):
+    /// without it the publisher refuses to start.
+    pub fn with_cloudevents_source(mut self, source: Source) -> Self {
+        self.cloudevents_source = Some(source);
+        self
+    }
+
+    /// The CloudEvents `source` attribute, if set.
+    pub fn cloudevents_source(&self) -> Option<&Source> {
+        self.cloudevents_source.as_ref()
+    }
+
+    /// A CloudEvents wire format without a source is refused.
+    pub(crate) fn check_cloudevents(&self) -> Result<(), AmqpError> {
+        outbox_core::cloudevents::require_source(self.wire_format, self.cloudevents_source.as_ref())
+            .map_err(|e| AmqpError::InvalidConfig(e.to_string()))
     }
 
     /// The URI, password redacted.

@@ -13,6 +13,7 @@ use lapin::tcp::{OwnedIdentity, OwnedTLSConfig};
 use lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
 use outbox_broker::{ReconnectGate, SendWindow, Sent, WindowResult};
+use outbox_core::cloudevents::Binding;
 use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, Outcome, Sink};
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -119,6 +120,7 @@ impl AmqpPublisher {
     /// retryable), so that bad credentials or an unknown host show up at
     /// start-up.
     pub async fn connect(config: AmqpConfig) -> Result<Self, AmqpError> {
+        config.check_cloudevents()?;
         let live = config
             .connect
             .connect(
@@ -141,6 +143,9 @@ impl AmqpPublisher {
     }
 
     /// A publisher that connects on its first batch.
+    ///
+    /// It does no checks: a CloudEvents wire format without a source, which
+    /// [`Self::connect`] refuses, sends events without a `source` attribute.
     pub fn lazy(config: AmqpConfig) -> Self {
         let gate = ReconnectGate::new(config.connect);
         Self {
@@ -358,7 +363,10 @@ impl AmqpPublisher {
                 "exchange and routing key must be at most 255 bytes",
             ));
         }
-        let message = BrokerMessage::new(event).with_format(self.config.wire_format);
+        let mut message = BrokerMessage::new(event).with_format(self.config.wire_format);
+        if let Some(source) = &self.config.cloudevents_source {
+            message = message.with_cloudevents(Binding::Amqp, source);
+        }
         let body = message.body();
         // What is sent: the payload, or the envelope around it.
         let max = self.config.max_message_bytes;

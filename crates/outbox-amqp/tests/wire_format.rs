@@ -107,3 +107,56 @@ async fn max_message_bytes_applies_to_the_envelope() {
     })
     .await;
 }
+
+fn ce_source() -> outbox_core::cloudevents::Source {
+    outbox_testkit::publisher::wire::CE_SOURCE.parse().unwrap()
+}
+
+/// Both CloudEvents modes, read back by the spec-written reader
+/// (`cloudEvents:` header-table entries, the `content_type` property the
+/// data's, no `content-type` header) and by the one decoder; `message_id`
+/// is still the event id.
+#[tokio::test(flavor = "multi_thread")]
+async fn cloudevents_formats_are_read_by_a_spec_reader() {
+    use outbox_testkit::publisher::wire::assert_cloudevents_format;
+    with_fixture(|h| async move {
+        for format in [WireFormat::CloudEvents, WireFormat::CloudEventsJson] {
+            let config = h
+                .config()
+                .with_wire_format(format)
+                .with_cloudevents_source(ce_source());
+            let sink = AmqpPublisher::connect(config).await.unwrap();
+            let e = traced_event(&h.topic());
+            assert_eq!(
+                sink.deliver(std::slice::from_ref(&e)).await,
+                vec![Outcome::Delivered]
+            );
+            let delivery = &h.next_from(h.queue(), 1).await[0];
+            let got = received(delivery);
+            let read = assert_cloudevents_format(&got, &e, format, "cloudEvents:");
+            assert!(
+                !got.headers.contains_key("content-type"),
+                "{:?}",
+                got.headers
+            );
+            if format == WireFormat::CloudEvents {
+                assert_eq!(content_type(delivery), Some("application/json"));
+                assert!(read.attributes.contains_key("traceparent"));
+            }
+            assert_eq!(got.message_id, Some(e.id), "message_id");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cloudevents_without_a_source_is_refused_at_start() {
+    with_fixture(|h| async move {
+        let err = AmqpPublisher::connect(h.config().with_wire_format(WireFormat::CloudEvents))
+            .await
+            .unwrap_err();
+        assert!(!err.is_retryable());
+        assert!(err.to_string().contains("CloudEvents source"), "{err}");
+    })
+    .await;
+}

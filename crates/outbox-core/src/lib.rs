@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod backend;
+pub mod cloudevents;
 mod control;
 mod envelope;
 mod error;

@@ -2,6 +2,7 @@
 //! publisher puts on the wire, shared by every publisher crate, in either
 //! [`WireFormat`].
 
+use crate::cloudevents::{self, Binding, Source};
 use crate::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
 use crate::{headers, Envelope, Event, WireFormat};
 use prost::Message as _;
@@ -19,6 +20,14 @@ use std::fmt;
 /// protobuf [`Envelope`], the content type is
 /// [`ENVELOPE_CONTENT_TYPE`] and [`headers::WIRE_FORMAT`] marks it. A
 /// consumer reads both back with [`crate::InboundMessage::decode`].
+///
+/// In the CloudEvents formats ([`WireFormat::CloudEvents`],
+/// [`WireFormat::CloudEventsJson`]) the broker's header names and the
+/// `source` attribute come from [`BrokerMessage::with_cloudevents`]; the
+/// `Outbox-*` headers are not sent (the `id` attribute is the event id), the
+/// broker-level dedup ids (JetStream `Nats-Msg-Id`, AMQP `message_id`) and
+/// the Kafka key are the same as in the other formats. See
+/// [`crate::cloudevents`] for the mapping.
 ///
 /// ```
 /// use outbox_core::{headers, BrokerMessage, Event, EventId};
@@ -53,6 +62,18 @@ use std::fmt;
 /// let back = outbox_core::InboundMessage::decode(m.headers(), &m.body(), "orders", None).unwrap();
 /// assert_eq!(back.id, event.id);
 /// assert_eq!(back.payload, b"{}");
+///
+/// // As a CloudEvent in binary mode, with Kafka's header names.
+/// use outbox_core::cloudevents::{Binding, Source};
+/// let source: Source = "/orders".parse().unwrap();
+/// let ce = BrokerMessage::new(&event)
+///     .with_format(WireFormat::CloudEvents)
+///     .with_cloudevents(Binding::Kafka, &source);
+/// let h: Vec<(&str, &str)> = ce.headers().collect();
+/// assert!(h.contains(&("ce_source", "/orders")));
+/// assert!(h.contains(&("ce_subject", "order-42")));
+/// assert!(h.contains(&("ce_traceparent", "00-ab-cd-01")));
+/// assert_eq!(&*ce.body(), b"{}");
 /// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct BrokerMessage<'a> {
@@ -60,6 +81,11 @@ pub struct BrokerMessage<'a> {
     id: String,
     content_type: &'a str,
     format: WireFormat,
+    binding: Binding,
+    source: Option<&'a Source>,
+    /// Every header of a CloudEvents format, laid out when the format or
+    /// the binding is set (empty in the other formats).
+    cloudevents: Vec<(String, String)>,
 }
 
 impl fmt::Debug for BrokerMessage<'_> {
@@ -100,6 +126,9 @@ impl<'a> BrokerMessage<'a> {
             id: event.id.to_string(),
             content_type,
             format: WireFormat::Headers,
+            binding: Binding::default(),
+            source: None,
+            cloudevents: Vec::new(),
         }
     }
 
@@ -107,7 +136,51 @@ impl<'a> BrokerMessage<'a> {
     /// [`WireFormat::Headers`]).
     pub fn with_format(mut self, format: WireFormat) -> Self {
         self.format = format;
+        self.lay_out_cloudevents();
         self
+    }
+
+    /// The broker whose header names the CloudEvents formats use, and the
+    /// `source` attribute. Without it a CloudEvents message has Kafka's
+    /// header names and no `source` (not a valid CloudEvent: the publishers
+    /// refuse a CloudEvents format without a source when they are built,
+    /// [`cloudevents::require_source`]).
+    pub fn with_cloudevents(mut self, binding: Binding, source: &'a Source) -> Self {
+        self.binding = binding;
+        self.source = Some(source);
+        self.lay_out_cloudevents();
+        self
+    }
+
+    /// The CloudEvents source, if set.
+    pub fn source(&self) -> Option<&'a Source> {
+        self.source
+    }
+
+    fn lay_out_cloudevents(&mut self) {
+        self.cloudevents.clear();
+        if !self.format.is_cloudevents() {
+            return;
+        }
+        let plain =
+            cloudevents::plain_headers(self.event).map(|(k, v)| (k.to_owned(), v.to_owned()));
+        self.cloudevents.extend(plain);
+        if self.binding.content_type_header() {
+            self.cloudevents.push((
+                headers::CONTENT_TYPE.to_owned(),
+                self.content_type().to_owned(),
+            ));
+        }
+        if self.format == WireFormat::CloudEvents {
+            let time = cloudevents::time_text(self.event.created_at);
+            let prefix = self.binding.prefix();
+            let attributes = cloudevents::attributes(&self.id, self.source, self.event, &time);
+            let named = attributes
+                .into_iter()
+                .map(|(name, value)| (format!("{prefix}{name}"), value.to_owned()))
+                .collect::<Vec<_>>();
+            self.cloudevents.extend(named);
+        }
     }
 
     /// The wire format.
@@ -148,13 +221,17 @@ impl<'a> BrokerMessage<'a> {
         &self.event.topic
     }
 
-    /// The content type of the body: in [`WireFormat::Headers`] the
-    /// payload's ([`Self::payload_content_type`]); in
-    /// [`WireFormat::Envelope`] [`ENVELOPE_CONTENT_TYPE`].
+    /// The content type of the body: in [`WireFormat::Headers`] and
+    /// [`WireFormat::CloudEvents`] the payload's
+    /// ([`Self::payload_content_type`], the `datacontenttype`); in
+    /// [`WireFormat::Envelope`] [`ENVELOPE_CONTENT_TYPE`]; in
+    /// [`WireFormat::CloudEventsJson`]
+    /// [`cloudevents::STRUCTURED_CONTENT_TYPE`].
     pub fn content_type(&self) -> &'a str {
         match self.format {
             WireFormat::Envelope => ENVELOPE_CONTENT_TYPE,
-            WireFormat::Headers => self.content_type,
+            WireFormat::CloudEventsJson => cloudevents::STRUCTURED_CONTENT_TYPE,
+            WireFormat::Headers | WireFormat::CloudEvents => self.content_type,
         }
     }
 
@@ -179,7 +256,16 @@ impl<'a> BrokerMessage<'a> {
     pub fn body(&self) -> Cow<'a, [u8]> {
         match self.format {
             WireFormat::Envelope => Cow::Owned(self.envelope().encode_to_vec()),
-            WireFormat::Headers => Cow::Borrowed(&self.event.payload),
+            WireFormat::CloudEventsJson => {
+                let time = cloudevents::time_text(self.event.created_at);
+                let attributes = cloudevents::attributes(&self.id, self.source, self.event, &time);
+                Cow::Owned(cloudevents::structured_body(
+                    &attributes,
+                    self.content_type,
+                    &self.event.payload,
+                ))
+            }
+            WireFormat::Headers | WireFormat::CloudEvents => Cow::Borrowed(&self.event.payload),
         }
     }
 
@@ -200,7 +286,14 @@ impl<'a> BrokerMessage<'a> {
     /// [`headers::EVENT_TYPE`], [`headers::EVENT_ID`], when the event has a
     /// key [`headers::KEY`], and in [`WireFormat::Envelope`]
     /// [`headers::WIRE_FORMAT`] = [`ENVELOPE_MARKER`]. No name appears twice.
+    ///
+    /// In the CloudEvents formats: the event's own headers that are not
+    /// extension attributes ([`cloudevents::is_extension`]), then (Kafka,
+    /// NATS) `content-type` ([`Self::content_type`]), then in binary mode
+    /// every attribute under the binding's prefix (`ce_id`, `ce-id`,
+    /// `cloudEvents:id`, ...).
     pub fn headers(&self) -> impl Iterator<Item = (&str, &str)> + '_ {
+        let classic = !self.format.is_cloudevents();
         let own = self
             .event
             .headers
@@ -215,7 +308,15 @@ impl<'a> BrokerMessage<'a> {
             (self.format == WireFormat::Envelope)
                 .then_some((headers::WIRE_FORMAT, ENVELOPE_MARKER)),
         ];
-        own.chain(ours.into_iter().flatten())
+        let classic = classic
+            .then(|| own.chain(ours.into_iter().flatten()))
+            .into_iter()
+            .flatten();
+        let cloudevents = self
+            .cloudevents
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()));
+        classic.chain(cloudevents)
     }
 }
 

@@ -559,6 +559,65 @@ async fn both_wire_formats_are_one_event<X: Harness>() {
     assert_eq!((counts.handled, counts.duplicates), (2, 2));
 }
 
+/// CloudEvents in both modes are the same event as the other formats (a
+/// copy is a duplicate); a CloudEvent without a `source` is dead-lettered as
+/// `UNDECODABLE`, the message naming the attribute.
+async fn cloudevents_are_one_event_and_malformed_ones_dead<X: Harness>() {
+    use outbox_core::cloudevents::Binding;
+    use outbox_core::WireFormat;
+    let h = X::new().await;
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    let a = event("a", "ok");
+    let b = event("a", "ok");
+    broker.push(support::raw_cloudevent(
+        &a,
+        WireFormat::CloudEvents,
+        Binding::Kafka,
+    ));
+    broker.push(support::raw_cloudevent(
+        &b,
+        WireFormat::CloudEventsJson,
+        Binding::Nats,
+    ));
+    broker.push(support::raw_as(&a, WireFormat::Envelope));
+    broker.push(support::raw_cloudevent(
+        &b,
+        WireFormat::CloudEvents,
+        Binding::Nats,
+    ));
+    broker.push(support::raw_cloudevent(
+        &a,
+        WireFormat::CloudEventsJson,
+        Binding::Kafka,
+    ));
+    let mut bad =
+        support::raw_cloudevent(&event("a", "ok"), WireFormat::CloudEvents, Binding::Kafka);
+    bad.headers.retain(|(k, _)| k != "ce_source");
+    broker.push(bad);
+    until("all acked", || async { broker.acked().len() == 6 }).await;
+    let counts = run.stop().await;
+    assert_eq!(
+        h.effects().await,
+        vec![(a.id, "a".to_owned()), (b.id, "a".to_owned())]
+    );
+    assert_eq!((counts.handled, counts.duplicates), (2, 3));
+    assert_eq!(counts.undecodable, 1);
+    let dead = h
+        .store()
+        .dead_letters(&DeadFilter {
+            code: Some("UNDECODABLE".into()),
+            ..DeadFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    let message = &dead[0].last_error.as_ref().unwrap().1;
+    assert!(message.contains("`source`"), "{message}");
+}
+
 async fn bad_configuration_is_named<X: Harness>() {
     let h = X::new().await;
     let _ = h;
@@ -598,6 +657,7 @@ conformance!(
     database_faults_cost_no_attempt,
     retention_empties_old_slots_in_bulk,
     both_wire_formats_are_one_event,
+    cloudevents_are_one_event_and_malformed_ones_dead,
     bad_configuration_is_named,
 );
 

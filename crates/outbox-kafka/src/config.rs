@@ -2,6 +2,7 @@
 
 use crate::KafkaError;
 use outbox_broker::ConnectPolicy;
+use outbox_core::cloudevents::Source;
 use outbox_core::WireFormat;
 use rdkafka::ClientConfig;
 use std::collections::BTreeMap;
@@ -49,6 +50,7 @@ pub struct KafkaConfig {
     max_in_flight: usize,
     connect: ConnectPolicy,
     wire_format: WireFormat,
+    cloudevents_source: Option<Source>,
 }
 
 impl fmt::Debug for KafkaConfig {
@@ -76,6 +78,7 @@ impl fmt::Debug for KafkaConfig {
             .field("max_in_flight", &self.max_in_flight)
             .field("connect", &self.connect)
             .field("wire_format", &self.wire_format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
 }
@@ -121,6 +124,7 @@ impl KafkaConfig {
             connect: ConnectPolicy::default()
                 .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
             wire_format: WireFormat::Headers,
+            cloudevents_source: None,
         }
     }
 
@@ -241,7 +245,9 @@ impl KafkaConfig {
     /// How events are laid out: the payload as the record value with the
     /// metadata in record headers ([`WireFormat::Headers`], the default),
     /// or the protobuf envelope as the value ([`WireFormat::Envelope`]; see
-    /// [`outbox_core::BrokerMessage`]). The record key is the same in both.
+    /// [`outbox_core::BrokerMessage`]), or a CloudEvent
+    /// ([`WireFormat::CloudEvents`] binary mode, [`WireFormat::CloudEventsJson`]
+    /// structured mode; both need [`Self::with_cloudevents_source`]). The record key is the same in every format.
     /// librdkafka's `message.max.bytes` applies to the value sent (the
     /// envelope in that format): a larger record fails with a permanent
     /// `PUBLISH_TOO_LARGE`.
@@ -253,6 +259,19 @@ impl KafkaConfig {
     /// The wire format.
     pub fn wire_format(&self) -> WireFormat {
         self.wire_format
+    }
+
+    /// The CloudEvents `source` attribute, required by the CloudEvents wire
+    /// formats ([`WireFormat::CloudEvents`], [`WireFormat::CloudEventsJson`]):
+    /// without it the publisher refuses to start.
+    pub fn with_cloudevents_source(mut self, source: Source) -> Self {
+        self.cloudevents_source = Some(source);
+        self
+    }
+
+    /// The CloudEvents `source` attribute, if set.
+    pub fn cloudevents_source(&self) -> Option<&Source> {
+        self.cloudevents_source.as_ref()
     }
 
     /// The send window bound.

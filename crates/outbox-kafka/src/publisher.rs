@@ -4,6 +4,7 @@ use crate::error::{classify, poisons_producer};
 use crate::{KafkaConfig, KafkaError};
 use futures::future::{BoxFuture, FutureExt};
 use outbox_broker::{SendWindow, Sent, WindowResult};
+use outbox_core::cloudevents::Binding;
 use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, Outcome, Sink};
 use rdkafka::client::ClientContext;
 use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
@@ -166,6 +167,11 @@ impl KafkaPublisher {
     /// Creates the producer. It connects lazily: a broker that is down makes
     /// sends time out (`PUBLISH_TIMEOUT`, sink unavailable), not this call fail.
     pub fn new(config: KafkaConfig) -> Result<Self, KafkaError> {
+        outbox_core::cloudevents::require_source(config.wire_format(), config.cloudevents_source())
+            .map_err(|e| KafkaError::Config {
+                property: "cloudevents_source".into(),
+                reason: e.to_string(),
+            })?;
         let producer = create_producer(&config)?;
         tracing::info!(?config, "kafka publisher created");
         Ok(Self {
@@ -230,8 +236,12 @@ impl KafkaPublisher {
         event: &Event,
     ) -> Sent<Report, BoxFuture<'static, Report>> {
         let topic = self.config.kafka_topic(&event.topic);
-        let message = BrokerMessage::with_default_content_type(event, self.config.content_type())
-            .with_format(self.config.wire_format());
+        let mut message =
+            BrokerMessage::with_default_content_type(event, self.config.content_type())
+                .with_format(self.config.wire_format());
+        if let Some(source) = self.config.cloudevents_source() {
+            message = message.with_cloudevents(Binding::Kafka, source);
+        }
         // The payload, or the envelope around it: librdkafka checks this
         // value against `message.max.bytes`.
         let body = message.body();

@@ -56,3 +56,49 @@ async fn default_format_is_unchanged() {
     })
     .await;
 }
+
+fn ce_source() -> outbox_core::cloudevents::Source {
+    outbox_testkit::publisher::wire::CE_SOURCE.parse().unwrap()
+}
+
+/// Both CloudEvents modes, read back by the spec-written reader (`ce_`
+/// headers, `content-type` the data's) and by the one decoder; the record
+/// key is still the event key.
+#[tokio::test(flavor = "multi_thread")]
+async fn cloudevents_formats_are_read_by_a_spec_reader() {
+    use outbox_testkit::publisher::wire::assert_cloudevents_format;
+    with_fixture(|h| async move {
+        for format in [WireFormat::CloudEvents, WireFormat::CloudEventsJson] {
+            let config = h
+                .config()
+                .with_wire_format(format)
+                .with_cloudevents_source(ce_source());
+            let sink = KafkaPublisher::new(config).unwrap();
+            let e = traced_event(&h.topic());
+            assert_eq!(
+                sink.deliver(std::slice::from_ref(&e)).await,
+                vec![Outcome::Delivered]
+            );
+            let got = &h.next(1).await[0];
+            let read = assert_cloudevents_format(got, &e, format, "ce_");
+            if format == WireFormat::CloudEvents {
+                assert_eq!(
+                    got.headers.get("content-type").map(String::as_str),
+                    Some("application/json")
+                );
+                assert!(read.attributes.contains_key("traceparent"));
+            }
+            assert_eq!(got.key.as_deref(), Some("order-7"), "the record key");
+        }
+    })
+    .await;
+}
+
+#[test]
+fn cloudevents_without_a_source_is_refused() {
+    let config = outbox_kafka::KafkaConfig::new("127.0.0.1:9092")
+        .with_wire_format(WireFormat::CloudEventsJson);
+    let err = KafkaPublisher::new(config).unwrap_err();
+    assert!(!err.is_retryable());
+    assert!(err.to_string().contains("CloudEvents source"), "{err}");
+}

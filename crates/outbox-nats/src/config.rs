@@ -2,6 +2,7 @@
 
 use crate::NatsError;
 use outbox_broker::ConnectPolicy;
+use outbox_core::cloudevents::Source;
 use outbox_core::WireFormat;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -92,6 +93,7 @@ pub struct NatsConfig {
     pub(crate) client_name: Option<String>,
     pub(crate) ignore_discovered_servers: bool,
     pub(crate) wire_format: WireFormat,
+    pub(crate) cloudevents_source: Option<Source>,
 }
 
 impl Default for NatsConfig {
@@ -114,6 +116,7 @@ impl Default for NatsConfig {
             client_name: Some("outbox-relay".to_owned()),
             ignore_discovered_servers: false,
             wire_format: WireFormat::Headers,
+            cloudevents_source: None,
         }
     }
 }
@@ -140,6 +143,7 @@ impl fmt::Debug for NatsConfig {
             .field("client_name", &self.client_name)
             .field("ignore_discovered_servers", &self.ignore_discovered_servers)
             .field("wire_format", &self.wire_format)
+            .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
 }
@@ -281,7 +285,9 @@ impl NatsConfig {
     /// How events are laid out: the payload as the body with the metadata
     /// in headers ([`WireFormat::Headers`], the default), or the protobuf
     /// envelope as the body ([`WireFormat::Envelope`]; see
-    /// [`outbox_core::BrokerMessage`]).
+    /// [`outbox_core::BrokerMessage`]), or a CloudEvent
+    /// ([`WireFormat::CloudEvents`] binary mode, [`WireFormat::CloudEventsJson`]
+    /// structured mode; both need [`Self::with_cloudevents_source`]).
     pub fn with_wire_format(mut self, format: WireFormat) -> Self {
         self.wire_format = format;
         self
@@ -290,6 +296,19 @@ impl NatsConfig {
     /// The wire format.
     pub fn wire_format(&self) -> WireFormat {
         self.wire_format
+    }
+
+    /// The CloudEvents `source` attribute, required by the CloudEvents wire
+    /// formats ([`WireFormat::CloudEvents`], [`WireFormat::CloudEventsJson`]):
+    /// without it the publisher refuses to start.
+    pub fn with_cloudevents_source(mut self, source: Source) -> Self {
+        self.cloudevents_source = Some(source);
+        self
+    }
+
+    /// The CloudEvents `source` attribute, if set.
+    pub fn cloudevents_source(&self) -> Option<&Source> {
+        self.cloudevents_source.as_ref()
     }
 
     /// The subject an event of `topic` is published to.

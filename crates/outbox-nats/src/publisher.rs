@@ -7,6 +7,7 @@ use async_nats::jetstream::{self, stream};
 use async_nats::HeaderMap;
 use futures::future::{BoxFuture, FutureExt};
 use outbox_broker::{SendWindow, Sent};
+use outbox_core::cloudevents::Binding;
 use outbox_core::{BrokerMessage, DeliveryError, ErrorCode, Event, FailureKind, Outcome, Sink};
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -61,6 +62,11 @@ impl NatsPublisher {
     }
 
     async fn open(config: NatsConfig, lazy: bool) -> Result<Self, NatsError> {
+        outbox_core::cloudevents::require_source(
+            config.wire_format,
+            config.cloudevents_source.as_ref(),
+        )
+        .map_err(|e| NatsError::InvalidConfig(e.to_string()))?;
         let servers: Vec<async_nats::ServerAddr> = config
             .servers
             .iter()
@@ -284,7 +290,10 @@ impl NatsPublisher {
                 format!("{subject:?} is not a valid NATS subject to publish to"),
             )));
         }
-        let message = BrokerMessage::new(event).with_format(self.config.wire_format);
+        let mut message = BrokerMessage::new(event).with_format(self.config.wire_format);
+        if let Some(source) = &self.config.cloudevents_source {
+            message = message.with_cloudevents(Binding::Nats, source);
+        }
         let headers = headers_for(&message);
         let body = message.body();
         // What is sent: the payload, or the envelope around it.

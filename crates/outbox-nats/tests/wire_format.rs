@@ -98,3 +98,55 @@ async fn max_payload_applies_to_the_envelope() {
     })
     .await;
 }
+
+fn ce_source() -> outbox_core::cloudevents::Source {
+    outbox_testkit::publisher::wire::CE_SOURCE.parse().unwrap()
+}
+
+/// Both CloudEvents modes, read back by the spec-written reader (`ce-`
+/// headers, `content-type` the data's) and by the one decoder; JetStream's
+/// dedup id is still the event id.
+#[tokio::test(flavor = "multi_thread")]
+async fn cloudevents_formats_are_read_by_a_spec_reader() {
+    use outbox_testkit::publisher::wire::assert_cloudevents_format;
+    with_fixture(|h| async move {
+        for format in [WireFormat::CloudEvents, WireFormat::CloudEventsJson] {
+            let config = h
+                .config()
+                .with_wire_format(format)
+                .with_cloudevents_source(ce_source());
+            let sink = NatsPublisher::connect(config).await.unwrap();
+            let e = traced_event(&h.topic());
+            assert_eq!(
+                sink.deliver(std::slice::from_ref(&e)).await,
+                vec![Outcome::Delivered]
+            );
+            let got = &h.next(1).await[0];
+            let read = assert_cloudevents_format(got, &e, format, "ce-");
+            if format == WireFormat::CloudEvents {
+                assert_eq!(
+                    got.headers.get("content-type").map(String::as_str),
+                    Some("application/json")
+                );
+                assert!(read.attributes.contains_key("traceparent"));
+            }
+            assert_eq!(got.message_id, Some(e.id), "Nats-Msg-Id");
+            assert_eq!(got.event_id_header, None, "no Outbox-Event-Id");
+        }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cloudevents_without_a_source_is_refused_at_start() {
+    with_fixture(|h| async move {
+        for format in [WireFormat::CloudEvents, WireFormat::CloudEventsJson] {
+            let err = NatsPublisher::connect(h.config().with_wire_format(format))
+                .await
+                .unwrap_err();
+            assert!(!err.is_retryable());
+            assert!(err.to_string().contains("CloudEvents source"), "{err}");
+        }
+    })
+    .await;
+}

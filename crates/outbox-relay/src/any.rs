@@ -17,6 +17,7 @@
 use crate::backends::{self, scheme_of};
 use crate::config::{role_name, GroupScope};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Settings};
+use outbox_core::cloudevents::Source as CloudEventsSource;
 use outbox_core::{
     redact_url, Claim, ClaimRequest, ControlStore, DeadLetter, DeadLetterFilter, DeadLetterQuery,
     DeadLetterStore, Event, FencingToken, HeldKeyStore, HeldKeys, Outcome, PauseNote, Paused,
@@ -413,7 +414,8 @@ impl AnySink {
     /// output), `jsonl:PATH` (JSON lines appended to a file), or a broker URL
     /// of a compiled sink backend, configured with `settings_for` and
     /// publishing in `wire_format` (the JSON-lines sinks have their own
-    /// format: [`crate::config::run_config`] refuses the envelope for them).
+    /// format: [`crate::config::run_config`] refuses any other for them), and
+    /// with the CloudEvents `source` when one is configured.
     /// A broker that is unreachable does not fail this: the publisher is
     /// opened lazily (`Backend::connect_lazy`) and the relay starts with its
     /// breaker open; a configuration, credential or TLS error does.
@@ -425,6 +427,7 @@ impl AnySink {
         spec: &str,
         settings_for: impl Fn(&Descriptor) -> Settings,
         wire_format: WireFormat,
+        cloudevents_source: Option<&CloudEventsSource>,
     ) -> Result<Self, ConnectError> {
         let spec = spec.trim();
         if spec == "stdout" || spec == "jsonl:-" {
@@ -459,7 +462,11 @@ impl AnySink {
             "nats" => {
                 use outbox_nats::descriptor::NatsBackend as B;
                 open_with::<B, _>(d, spec, &settings, |c| {
-                    B::connect_lazy(c.with_wire_format(wire_format))
+                    B::connect_lazy(with_cloudevents(
+                        c.with_wire_format(wire_format),
+                        cloudevents_source,
+                        |c, s| c.with_cloudevents_source(s),
+                    ))
                 })
                 .await
                 .map(|p| AnySink::Nats(Box::new(p)))
@@ -468,7 +475,11 @@ impl AnySink {
             "amqp" => {
                 use outbox_amqp::descriptor::AmqpBackend as B;
                 open_with::<B, _>(d, spec, &settings, |c| {
-                    B::connect_lazy(c.with_wire_format(wire_format))
+                    B::connect_lazy(with_cloudevents(
+                        c.with_wire_format(wire_format),
+                        cloudevents_source,
+                        |c, s| c.with_cloudevents_source(s),
+                    ))
                 })
                 .await
                 .map(|p| AnySink::Amqp(Box::new(p)))
@@ -477,7 +488,11 @@ impl AnySink {
             "kafka" => {
                 use outbox_kafka::descriptor::KafkaBackend as B;
                 open_with::<B, _>(d, spec, &settings, |c| {
-                    B::connect_lazy(c.with_wire_format(wire_format))
+                    B::connect_lazy(with_cloudevents(
+                        c.with_wire_format(wire_format),
+                        cloudevents_source,
+                        |c, s| c.with_cloudevents_source(s),
+                    ))
                 })
                 .await
                 .map(|p| AnySink::Kafka(Box::new(p)))
@@ -504,6 +519,19 @@ impl Sink for AnySink {
     }
 }
 
+/// `config` with the CloudEvents source set by `set`, when there is one.
+#[cfg(any(feature = "nats", feature = "amqp", feature = "kafka"))]
+fn with_cloudevents<C>(
+    config: C,
+    source: Option<&CloudEventsSource>,
+    set: impl FnOnce(C, CloudEventsSource) -> C,
+) -> C {
+    match source {
+        Some(s) => set(config, s.clone()),
+        None => config,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -512,14 +540,14 @@ mod tests {
     async fn sink_specs() {
         let none = |_: &Descriptor| Settings::new();
         assert!(matches!(
-            AnySink::connect("stdout", none, WireFormat::Headers).await,
+            AnySink::connect("stdout", none, WireFormat::Headers, None).await,
             Ok(AnySink::JsonLines(_))
         ));
-        let e = AnySink::connect("jsonl:", none, WireFormat::Headers)
+        let e = AnySink::connect("jsonl:", none, WireFormat::Headers, None)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("jsonl:PATH"), "{e}");
-        let e = AnySink::connect("smtp://u:pw@h", none, WireFormat::Headers)
+        let e = AnySink::connect("smtp://u:pw@h", none, WireFormat::Headers, None)
             .await
             .unwrap_err();
         assert!(matches!(e, ConnectError::Unknown { .. }), "{e}");

@@ -15,6 +15,7 @@ use clap::{Arg, ArgAction, ArgMatches, Args, Command, FromArgMatches};
 use outbox_core::backend::{
     Descriptor, InvalidSetting, Role, Setting, SettingKind, SettingValue, Settings,
 };
+use outbox_core::cloudevents::Source as CloudEventsSource;
 use outbox_core::{Jitter, RelayId, RetryPolicy, ShardSpec, WireFormat, DEFAULT_GROUP};
 use outbox_worker::RelayOptions;
 use std::collections::BTreeMap;
@@ -49,6 +50,7 @@ const STORE: &[Setting] = &[
 ];
 
 const WIRE_FORMAT_KEY: &str = "wire_format";
+const CLOUDEVENTS_SOURCE_KEY: &str = "cloudevents_source";
 
 /// Where events go: `run`.
 const SINK: &[Setting] = &[
@@ -59,10 +61,15 @@ const SINK: &[Setting] = &[
     .with_value_name("SINK"),
     Setting::text(
         WIRE_FORMAT_KEY,
-        "How a broker sink lays events out: `headers` (the payload as the message body, the metadata in headers) or `envelope` (the protobuf outbox.v1.Envelope as the body, content type application/x-protobuf, header Outbox-Wire-Format: outbox.v1.Envelope). `envelope` with the stdout or jsonl: sink is refused: they write JSON lines.",
+        "How a broker sink lays events out: `headers` (the payload as the message body, the metadata in headers), `envelope` (the protobuf outbox.v1.Envelope as the body, content type application/x-protobuf, header Outbox-Wire-Format: outbox.v1.Envelope), `cloudevents` (CloudEvents 1.0 binary mode: the payload as the body, the attributes as ce_ / ce- / cloudEvents: headers) or `cloudevents-json` (CloudEvents 1.0 structured mode, application/cloudevents+json). The CloudEvents formats need `cloudevents_source`. Any format but `headers` with the stdout or jsonl: sink is refused: they write JSON lines.",
     )
     .with_default("headers")
     .with_value_name("FORMAT"),
+    Setting::text(
+        CLOUDEVENTS_SOURCE_KEY,
+        "The CloudEvents `source` attribute of every event (a URI-reference, e.g. /orders or https://example.com/orders): required by the `cloudevents` and `cloudevents-json` wire formats.",
+    )
+    .with_value_name("URI"),
 ];
 
 /// `max_batch_size`: the one relay setting whose default is not the
@@ -712,6 +719,8 @@ pub(crate) struct RunConfig {
     pub(crate) sink: String,
     /// How a broker sink lays events out (`--wire-format`).
     pub(crate) wire_format: WireFormat,
+    /// The CloudEvents `source` (`--cloudevents-source`).
+    pub(crate) cloudevents_source: Option<CloudEventsSource>,
     pub(crate) options: RelayOptions,
     pub(crate) migrate: bool,
     pub(crate) metrics_addr: Option<SocketAddr>,
@@ -769,12 +778,20 @@ fn console_config(r: &Resolved) -> anyhow::Result<Option<ConsoleConfig>> {
 pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
     let sink = r.sink()?;
     let wire_format = r.parse::<WireFormat>(WIRE_FORMAT_KEY)?.unwrap_or_default();
-    if wire_format == WireFormat::Envelope && backends::is_local_sink(&sink) {
+    if wire_format != WireFormat::Headers && backends::is_local_sink(&sink) {
         // Refused, not ignored: whoever asked for envelopes expects a
         // consumer to decode them, and would silently get JSON instead.
         bail!(
             "{} is {wire_format}, but sink {sink:?} writes JSON lines: the wire format applies to broker sinks only (nats://, amqp://, kafka://); remove it or use `headers`",
             r.origin(WIRE_FORMAT_KEY)
+        );
+    }
+    let cloudevents_source = r.parse::<CloudEventsSource>(CLOUDEVENTS_SOURCE_KEY)?;
+    if wire_format.is_cloudevents() && cloudevents_source.is_none() {
+        bail!(
+            "{} is {wire_format}, which needs the CloudEvents source attribute: set {} to a URI-reference naming where the events come from, e.g. /orders or https://example.com/orders",
+            r.origin(WIRE_FORMAT_KEY),
+            r.origin(CLOUDEVENTS_SOURCE_KEY)
         );
     }
     let defaults = RelayOptions::default();
@@ -825,6 +842,7 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
     Ok(RunConfig {
         sink,
         wire_format,
+        cloudevents_source,
         options,
         migrate: r.bool("migrate")?.unwrap_or(false),
         metrics_addr: r.parse::<SocketAddr>("metrics_addr")?,
@@ -928,6 +946,44 @@ mod tests {
         assert!(err.contains("broker sinks only"), "{err}");
         // The default format is accepted by every sink.
         assert!(cfg("sink = \"jsonl:x.jsonl\"\nwire_format = \"headers\"").is_ok());
+    }
+
+    #[test]
+    fn cloudevents_formats_need_a_valid_source() {
+        let cfg = |file: &str| run_config(&resolved(file).unwrap());
+        let nats = "sink = \"nats://127.0.0.1:4222\"\n";
+        for format in ["cloudevents", "cloudevents-json"] {
+            let err = cfg(&format!("{nats}wire_format = \"{format}\""))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("`wire_format` in outbox.toml")
+                    && err.contains("--cloudevents-source")
+                    && err.contains("URI-reference"),
+                "{err}"
+            );
+            let ok = cfg(&format!(
+                "{nats}wire_format = \"{format}\"\ncloudevents_source = \"/orders\""
+            ))
+            .unwrap();
+            assert_eq!(ok.wire_format.as_str(), format);
+            assert_eq!(ok.cloudevents_source.unwrap().as_str(), "/orders");
+            let err = cfg(&format!(
+                "{nats}wire_format = \"{format}\"\ncloudevents_source = \"not a uri\""
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                err.contains("`cloudevents_source` in outbox.toml") && err.contains("character"),
+                "{err}"
+            );
+            let err = cfg(&format!(
+                "sink = \"stdout\"\nwire_format = \"{format}\"\ncloudevents_source = \"/o\""
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("broker sinks only"), "{err}");
+        }
     }
 
     #[test]

@@ -235,9 +235,14 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     if cfg.migrate {
         store.migrate().await.context("migration failed")?;
     }
-    let sink = AnySink::connect(&cfg.sink, |d| resolved.backend_settings(d), cfg.wire_format)
-        .await
-        .map_err(|e| connect_error(resolved, e))?;
+    let sink = AnySink::connect(
+        &cfg.sink,
+        |d| resolved.backend_settings(d),
+        cfg.wire_format,
+        cfg.cloudevents_source.as_ref(),
+    )
+    .await
+    .map_err(|e| connect_error(resolved, e))?;
     // Bound before the relay starts, so a taken port fails the command.
     let listener = match cfg.metrics_addr {
         Some(addr) => Some((
@@ -261,6 +266,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         store = %redact_url(&url),
         sink = %redact_url(&cfg.sink),
         wire_format = %cfg.wire_format,
+        cloudevents_source = cfg.cloudevents_source.as_ref().map(|s| s.as_str()),
         relay_id = %cfg.options.relay_id(),
         configured_relay_id = cfg.options.relay_id().configured(),
         shard = %cfg.options.shard(),

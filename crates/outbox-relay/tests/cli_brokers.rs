@@ -298,3 +298,94 @@ async fn run_refuses_an_unknown_wire_format() {
         "{stderr}"
     );
 }
+
+/// `--wire-format cloudevents-json --cloudevents-source ...`: every message
+/// the relay sends is a structured CloudEvent (`ce-` prefix unused), read
+/// by the spec-written reader: the required attributes, the key as
+/// `subject` and `partitionkey`, the payload as JSON `data`; JetStream's
+/// dedup id is still the event id.
+#[cfg(feature = "nats")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_wire_format_cloudevents_delivers_cloudevents_to_nats() {
+    use outbox_testkit::nats::NatsFixture;
+    use outbox_testkit::publisher::wire::read_cloudevent;
+    for format in ["cloudevents", "cloudevents-json"] {
+        let h = NatsFixture::new().await;
+        let subject = h.subject("orders");
+        let prefix = subject.strip_suffix(".orders").unwrap().to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let (store, db) = outbox_with_events(dir.path(), "orders").await;
+        relay_until_drained(
+            &store,
+            &db,
+            &[
+                "--sink",
+                h.url(),
+                "--nats-subject-prefix",
+                &prefix,
+                "--wire-format",
+                format,
+                "--cloudevents-source",
+                "/shop/orders",
+            ],
+        )
+        .await;
+        let got = h.next(EVENTS).await;
+        h.cleanup().await;
+        let mut payloads = std::collections::BTreeSet::new();
+        for m in &got {
+            let ce = read_cloudevent(m, "ce-");
+            let a = |n: &str| ce.attributes.get(n).cloned();
+            assert_eq!(a("specversion").as_deref(), Some("1.0"), "{format}");
+            assert_eq!(a("id"), m.message_id.map(|id| id.to_string()));
+            assert_eq!(a("source").as_deref(), Some("/shop/orders"));
+            assert_eq!(a("type").as_deref(), Some("cli.broker"));
+            assert!(a("time").is_some());
+            assert_eq!(a("subject"), a("partitionkey"));
+            assert!(a("subject").unwrap().starts_with('k'));
+            assert_eq!(
+                ce.datacontenttype.as_deref(),
+                Some("application/octet-stream")
+            );
+            payloads.insert(String::from_utf8(ce.data).unwrap());
+        }
+        let expected: std::collections::BTreeSet<String> =
+            (0..EVENTS).map(|i| format!("{{\"n\":{i}}}")).collect();
+        assert_eq!(payloads, expected, "{format}");
+    }
+}
+
+/// A CloudEvents format without `--cloudevents-source`, or with a source
+/// that is not a URI-reference, fails `run` at start naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_refuses_cloudevents_without_a_valid_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = format!("sqlite://{}", dir.path().join("outbox.db").display());
+    let base = [
+        "run",
+        "--store",
+        db.as_str(),
+        "--migrate",
+        "--sink",
+        "nats://127.0.0.1:4222",
+        "--wire-format",
+        "cloudevents",
+    ];
+    let out = relay(&base).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("--wire-format") && stderr.contains("--cloudevents-source"),
+        "{stderr}"
+    );
+    let out = relay(&base)
+        .env("OUTBOX_CLOUDEVENTS_SOURCE", "two words")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("OUTBOX_CLOUDEVENTS_SOURCE") && stderr.contains("\"two words\""),
+        "{stderr}"
+    );
+}

@@ -292,6 +292,11 @@ pub fn received(d: &lapin::message::Delivery) -> Received {
         payload: d.data.clone(),
         partition: None,
         offset: None,
+        content_type: d
+            .properties
+            .content_type()
+            .as_ref()
+            .map(|s| s.as_str().to_owned()),
         headers,
     }
 }

@@ -22,6 +22,9 @@ pub struct Received {
     pub payload: Vec<u8>,
     /// Every header / application property as text.
     pub headers: BTreeMap<String, String>,
+    /// The broker's content type: AMQP's `content_type` property, else the
+    /// `content-type` header.
+    pub content_type: Option<String>,
     /// Kafka partition (`None` on brokers with one ordered queue / stream).
     pub partition: Option<i32>,
     /// Kafka offset in that partition (`None` elsewhere).

@@ -263,6 +263,7 @@ pub fn received(msg: &BorrowedMessage<'_>) -> Received {
         payload: msg.payload().unwrap_or_default().to_vec(),
         partition: Some(msg.partition()),
         offset: Some(msg.offset()),
+        content_type: headers.get("content-type").cloned(),
         headers,
     }
 }

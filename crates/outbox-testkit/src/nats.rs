@@ -246,6 +246,7 @@ pub fn received(m: &jetstream::message::StreamMessage) -> Received {
         payload: m.payload.to_vec(),
         partition: None,
         offset: None,
+        content_type: headers.get("content-type").cloned(),
         headers,
     }
 }

@@ -89,7 +89,24 @@ pub fn raw(e: &Event) -> RawMessage {
 
 /// The broker message of an event in wire format `format`.
 pub fn raw_as(e: &Event, format: outbox_core::WireFormat) -> RawMessage {
-    let m = BrokerMessage::new(e).with_format(format);
+    raw_message(e, BrokerMessage::new(e).with_format(format))
+}
+
+/// The broker message of an event as a CloudEvent in `format`, with the
+/// header names of `binding`.
+pub fn raw_cloudevent(
+    e: &Event,
+    format: outbox_core::WireFormat,
+    binding: outbox_core::cloudevents::Binding,
+) -> RawMessage {
+    let source = outbox_core::cloudevents::Source::new("/inbox/tests").unwrap();
+    let m = BrokerMessage::new(e)
+        .with_format(format)
+        .with_cloudevents(binding, &source);
+    raw_message(e, m)
+}
+
+fn raw_message(e: &Event, m: BrokerMessage<'_>) -> RawMessage {
     RawMessage {
         headers: m
             .headers()
