@@ -49,7 +49,16 @@ use std::process::Command;
 
 /// `outbox-core`'s allowed normal dependencies. Adding one is a design
 /// decision: it must do no I/O and need no runtime.
-const CORE_ALLOWED: &[&str] = &["bytes", "chrono", "prost", "serde", "thiserror", "uuid"];
+const CORE_ALLOWED: &[&str] = &[
+    "base64",
+    "bytes",
+    "chrono",
+    "prost",
+    "serde",
+    "serde_json",
+    "thiserror",
+    "uuid",
+];
 
 /// `outbox-core`'s optional dependencies behind its feature `otel` (W3C
 /// trace context): the OpenTelemetry API and the `tracing` bridge, no SDK,
