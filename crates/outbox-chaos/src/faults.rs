@@ -11,6 +11,7 @@ use crate::nats::PrivateNats;
 use crate::rabbit::PrivateRabbit;
 use crate::record::{now_us, FaultRecord};
 use crate::relays::Relays;
+use crate::slow::SlowProxy;
 use anyhow::{bail, Context as _, Result};
 use outbox_testkit::proxy::TcpProxy;
 use rand::rngs::StdRng;
@@ -53,11 +54,18 @@ pub(crate) enum FaultKind {
     /// `pg_terminate_backend` of every connection of the inbox consumers
     /// (`run --inbox postgres`).
     ConsumerDbCut,
+    /// Relay 0 alone cut from PostgreSQL (its own proxy refused), not from
+    /// the broker, for the outage time (longer than the lease), while its
+    /// sink is slow (the broker's acknowledgements held back longer than
+    /// the lease, see slow.rs): the other relays take its shards over once
+    /// the lease ran out in the database, and relay 0 must stop delivering
+    /// by its own clock (DESIGN.md invariant 15).
+    DbCutOne,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 12] = [
+    pub(crate) const ALL: [FaultKind; 13] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -70,6 +78,7 @@ impl FaultKind {
         Self::DbFlap,
         Self::ConsumerKill,
         Self::ConsumerDbCut,
+        Self::DbCutOne,
     ];
 
     /// The name used in plans and reports.
@@ -87,6 +96,7 @@ impl FaultKind {
             Self::DbFlap => "db-flap",
             Self::ConsumerKill => "consumer-kill",
             Self::ConsumerDbCut => "consumer-db-cut",
+            Self::DbCutOne => "db-cut-one",
         }
     }
 
@@ -147,6 +157,8 @@ pub(crate) struct FaultTimes {
     pub(crate) recovery_room: Duration,
     /// How long a killed inbox consumer stays down.
     pub(crate) consumer_pause: Duration,
+    /// `db-cut-one`: how late the broker's answers reach relay 0.
+    pub(crate) slow_sink: Duration,
 }
 
 /// What the faults act on.
@@ -170,6 +182,8 @@ pub(crate) struct Targets {
     /// An admin connection to the consumers' PostgreSQL database and their
     /// `application_name` (`run --inbox postgres`).
     pub(crate) consumer_db: Option<(PgPool, String)>,
+    /// `db-cut-one`: relay 0's own database proxy and its slow broker link.
+    pub(crate) first_relay: Option<(Arc<TcpProxy>, Arc<SlowProxy>)>,
 }
 
 /// A broker the run started for itself, so that `broker-restart` restarts
@@ -274,6 +288,9 @@ impl Targets {
                     "{} needs the PostgreSQL store (SQLite is a file)",
                     kind.name()
                 )
+            }
+            FaultKind::DbCutOne if self.first_relay.is_none() => {
+                bail!("db-cut-one needs the PostgreSQL store and a NATS or RabbitMQ broker")
             }
             FaultKind::ConsumerKill if self.consumers.is_none() => {
                 bail!("consumer-kill needs the inbox consumers (`run --inbox ...`)")
@@ -429,6 +446,25 @@ async fn inject(
                 // out, and the batch is delivered again (a lease loss).
                 may_duplicate = times.outage >= times.lease;
             }
+        }
+        FaultKind::DbCutOne => {
+            let (db, broker) = t
+                .first_relay
+                .as_ref()
+                .context("db-cut-one without relay 0's own connections")?;
+            // The sink slow first, so that a batch is in flight (waiting
+            // for its acknowledgements) when the database goes.
+            broker.set_delay(times.slow_sink);
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            start_us = now_us();
+            db.refuse();
+            tokio::time::sleep(times.outage).await;
+            db.restore();
+            broker.set_delay(Duration::ZERO);
+            target = "relay-0 (database cut, sink slow)".to_owned();
+            // Its batch in flight, delivered or not, was not settled: the
+            // relay that took the shard over delivers it again.
+            may_duplicate = true;
         }
         FaultKind::BrokerRestart => {
             let server = t

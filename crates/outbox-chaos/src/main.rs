@@ -39,6 +39,7 @@ mod producer;
 mod rabbit;
 mod record;
 mod relays;
+mod slow;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
@@ -368,6 +369,21 @@ async fn run_created(
         StoreKind::Postgres | StoreKind::Sqlite => None,
     };
 
+    // `db-cut-one`: relay 0 reaches PostgreSQL through a proxy of its own
+    // and the broker through a slow one, so that it alone can be cut off
+    // from the database while its sink is slow.
+    let first_relay = match (args.store, dest) {
+        (StoreKind::Postgres, Destination::Nats { url, .. } | Destination::Amqp { url, .. })
+            if planned(&[FaultKind::DbCutOne]) =>
+        {
+            let db = Arc::new(TcpProxy::start(resolve(&args.database_url).await?).await);
+            let broker_addr = resolve(url).await?;
+            let broker = Arc::new(slow::SlowProxy::start(broker_addr).await?);
+            Some((db, broker))
+        }
+        _ => None,
+    };
+
     // Store URLs: the relays' (through the proxy, tagged with the run's
     // application_name) and the application's (direct).
     let relay_store = match args.store {
@@ -523,8 +539,30 @@ async fn run_created(
         "--lock-timeout-ms".to_owned(),
         args.lease_ms.to_string(),
     ]);
+    // Relay 0's own store and sink URLs (`db-cut-one`).
+    let first_args = match (&first_relay, dest) {
+        (Some((db, broker)), Destination::Nats { url, .. } | Destination::Amqp { url, .. }) => {
+            let own_store = {
+                let proxied = via(&args.database_url, db.addr())?;
+                let sep = if proxied.contains('?') { '&' } else { '?' };
+                format!("{proxied}{sep}application_name={name}")
+            };
+            let own_sink = via(url, broker.addr())?;
+            let mut first = relay_args.clone();
+            for (flag, value) in [("--store", own_store), ("--sink", own_sink)] {
+                let at = first
+                    .iter()
+                    .position(|a| a == flag)
+                    .with_context(|| format!("no {flag} among the relay's arguments"))?;
+                first[at + 1] = value;
+            }
+            Some(first)
+        }
+        _ => None,
+    };
     let spec = RelaySpec {
         bin: relay_bin.to_owned(),
+        first_args,
         args: relay_args,
         log_dir: out.to_owned(),
         name: name.to_owned(),
@@ -541,6 +579,7 @@ async fn run_created(
         broker_server,
         consumers: e2e.as_ref().map(|e| e.consumers.clone()),
         consumer_db: e2e.as_ref().and_then(|e| e.consumer_db.clone()),
+        first_relay: first_relay.clone(),
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;
@@ -572,6 +611,9 @@ async fn run_created(
             flap_down: Duration::from_millis(args.flap_down_ms),
             flap_up: Duration::from_millis(args.flap_up_ms),
             lease: Duration::from_millis(args.lease_ms),
+            // Answers held twice the lease: a delivery in flight outlives
+            // the lease unless the relay stops it by its own clock.
+            slow_sink: Duration::from_millis(2 * args.lease_ms),
             recovery_room: Duration::from_secs(args.recovery_room_s),
             consumer_pause: Duration::from_millis(args.consumer_pause_ms.unwrap_or(
                 match args.broker {

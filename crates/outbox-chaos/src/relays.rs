@@ -17,6 +17,9 @@ pub(crate) struct RelaySpec {
     pub(crate) bin: PathBuf,
     /// Arguments after `run` (store, sink, tuning), without `--relay-id`.
     pub(crate) args: Vec<String>,
+    /// Relay 0's arguments instead of `args`, when it has its own
+    /// connections (`db-cut-one`: its own database proxy and slow broker).
+    pub(crate) first_args: Option<Vec<String>>,
     /// Where each relay's log goes (`relay-<i>.log`, appended across restarts).
     pub(crate) log_dir: PathBuf,
     /// Prefix of the relay ids.
@@ -137,9 +140,13 @@ fn spawn(spec: &RelaySpec, i: usize, generation: u32) -> Result<Child> {
         .context("opening the relay log")?;
     let err = log.try_clone()?;
     let id = format!("{}-r{i}g{generation}", spec.name);
+    let args = match (&spec.first_args, i) {
+        (Some(first), 0) => first,
+        _ => &spec.args,
+    };
     Command::new(&spec.bin)
         .arg("run")
-        .args(&spec.args)
+        .args(args)
         .args(["--relay-id", &id])
         // `CHAOS_RELAY_LOG` (a `RUST_LOG` filter) to look inside a run.
         .env(

@@ -123,9 +123,9 @@ const RELAY: &[Setting] = &[
     .with_default("30000"),
     Setting::integer(
         "delivery_timeout_ms",
-        "Longest a sink may take for one batch, in ms; then the delivery is cancelled and its events released without an attempt.",
+        "Longest a sink may take for one batch, in ms; then the delivery is cancelled and its events released without an attempt. At most lock_timeout_ms (a batch is delivered within one lease); a longer value is refused at start.",
     )
-    .with_default("300000"),
+    .with_default("lock_timeout_ms"),
     Setting::integer(
         "max_rate",
         "Most events handed to the sink per second (a token bucket of one batch: a batch waits for its tokens, bursts up to one batch); unset: no limit.",
@@ -827,8 +827,11 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
         )
         .with_drain(r.bool("drain")?.unwrap_or(defaults.drain()))
         .with_shutdown_grace(ms("shutdown_grace_ms", defaults.shutdown_grace())?)
-        .with_delivery_timeout(ms("delivery_timeout_ms", defaults.delivery_timeout())?)
         .with_max_rate(r.parse::<u32>("max_rate")?);
+    // Unset: the lock timeout (whatever it was set to).
+    if let Some(d) = r.parse::<u64>("delivery_timeout_ms")? {
+        options = options.with_delivery_timeout(Duration::from_millis(d));
+    }
     if let Some(id) = r.text("relay_id") {
         // Unique per process: two relays started with one `--relay-id`
         // (a copy-pasted manifest, a restart while the old process still
@@ -900,6 +903,25 @@ mod tests {
         assert!(
             format!("{err:#}").contains("max batch size (10) must be at least the batch size (50)"),
             "{err:#}"
+        );
+    }
+
+    #[test]
+    fn a_delivery_timeout_longer_than_the_lease_is_refused_at_start() {
+        let cfg = |file: &str| run_config(&resolved(file).unwrap());
+        // Unset: it follows the lease, whatever the lease is.
+        let short = cfg("sink = \"stdout\"\nlock_timeout_ms = 10000").unwrap();
+        assert_eq!(short.options.delivery_timeout(), Duration::from_secs(10));
+        let ok =
+            cfg("sink = \"stdout\"\nlock_timeout_ms = 10000\ndelivery_timeout_ms = 4000").unwrap();
+        assert_eq!(ok.options.delivery_timeout(), Duration::from_secs(4));
+        let err = cfg("sink = \"stdout\"\ndelivery_timeout_ms = 300000").unwrap_err();
+        let message = format!("{err:#}");
+        assert!(
+            message
+                .contains("delivery timeout (300s) must not be longer than the lock timeout (60s)")
+                && message.contains("lower delivery_timeout or raise lock_timeout"),
+            "{message}"
         );
     }
 
@@ -1048,6 +1070,8 @@ mod tests {
         );
         assert_eq!(default("drain"), d.drain().to_string());
         assert_eq!(default("shutdown_grace_ms"), ms(d.shutdown_grace()));
-        assert_eq!(default("delivery_timeout_ms"), ms(d.delivery_timeout()));
+        // It follows the lease.
+        assert_eq!(default("delivery_timeout_ms"), "lock_timeout_ms");
+        assert_eq!(d.delivery_timeout(), d.lock_timeout());
     }
 }

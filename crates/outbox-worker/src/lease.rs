@@ -18,12 +18,42 @@
 //! the relay awaits that next to the delivery of the batch and stops the
 //! delivery the moment the loss is known (see the relay's docs, "A lease
 //! lost during delivery").
+//!
+//! **The lease ends by the relay's own clock too** (DESIGN.md invariant 15).
+//! A renewal that fails (the database is unreachable, the statement times
+//! out, the pool has no connection) moves nothing, and the relay cannot
+//! learn that another relay took the events once the lease ran out in the
+//! database. So the relay stops by itself: [`Leases::expired`] completes at
+//! the *local lease end*, the last successful claim or renewal's send
+//! instant plus the lock timeout, minus [`clock_margin`] (the two clocks may
+//! run at slightly different rates). The database's lease cannot end
+//! earlier: it computed `now() + lease` after the request left. A delivery
+//! still running then is cancelled and its events released, and a batch
+//! claimed ahead whose local lease ended is never handed to the sink.
 
 use outbox_core::FencingToken;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+
+/// The share of the lease kept back for clock rate drift (in percent):
+/// the relay's monotonic clock and the database's clock may not run at
+/// exactly the same rate (NTP slewing allows 0.05 %, a VM's clock after a
+/// host migration far more). 3 % of a 1 min lease is 1.8 s.
+pub(crate) const CLOCK_DRIFT_PERCENT: u32 = 3;
+/// Kept back from every lease on top of [`CLOCK_DRIFT_PERCENT`]: timer
+/// granularity, a delayed wake-up of the relay's task, and the time the
+/// sink's last send may still be on the wire when the delivery is dropped.
+pub(crate) const CLOCK_SLACK: Duration = Duration::from_millis(250);
+
+/// How long before the lease end it knows of a relay stops delivering:
+/// [`CLOCK_DRIFT_PERCENT`] of `lease` plus [`CLOCK_SLACK`] (less than the
+/// shortest lease allowed, 1 s: 280 ms of it).
+pub(crate) fn clock_margin(lease: Duration) -> Duration {
+    lease * CLOCK_DRIFT_PERCENT / 100 + CLOCK_SLACK
+}
 
 /// Whether a held claim is being delivered or waits its turn.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,14 +94,26 @@ pub(crate) enum Renewed {
 
 /// The claims a relay holds, shared by the relay loop and its renewal loop
 /// (both run on the relay's task; the lock is never held across an await).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Leases {
     held: Mutex<HashMap<FencingToken, Lease>>,
     /// Woken whenever a renewal marks a lease lost.
     lost: Notify,
+    /// Kept back from each lease end for the relay's own clock
+    /// ([`clock_margin`] of the lock timeout).
+    margin: Duration,
 }
 
 impl Leases {
+    /// No leases yet; each will be held for `lease` (the lock timeout).
+    pub(crate) fn new(lease: Duration) -> Self {
+        Self {
+            held: Mutex::default(),
+            lost: Notify::new(),
+            margin: clock_margin(lease),
+        }
+    }
+
     fn with<T>(&self, f: impl FnOnce(&mut HashMap<FencingToken, Lease>) -> T) -> T {
         // A poisoned lock only means a panic elsewhere; the map stays usable.
         let mut guard = self
@@ -134,6 +176,35 @@ impl Leases {
         }
     }
 
+    /// The local lease end of `token` (see the module docs), if tracked.
+    pub(crate) fn local_end(&self, token: FencingToken) -> Option<Instant> {
+        let margin = self.margin;
+        self.with(|m| m.get(&token).map(|l| l.until - margin))
+    }
+
+    /// Whether the local lease end of `token` has passed (`false` for a
+    /// claim no longer tracked).
+    pub(crate) fn is_expired(&self, token: FencingToken) -> bool {
+        self.local_end(token)
+            .is_some_and(|end| end <= Instant::now())
+    }
+
+    /// Completes once the local lease end of `token` passes without a
+    /// successful renewal moving it (at once if it already has). Never
+    /// completes for a claim that is not tracked.
+    pub(crate) async fn expired(&self, token: FencingToken) {
+        loop {
+            let Some(end) = self.local_end(token) else {
+                return std::future::pending().await;
+            };
+            if end <= Instant::now() {
+                return;
+            }
+            // A renewal may move the end meanwhile: look again then.
+            tokio::time::sleep_until(end).await;
+        }
+    }
+
     /// Stops tracking (and renewing) a claim; returns its lease deadline.
     pub(crate) fn remove(&self, token: FencingToken) -> Option<Instant> {
         self.with(|m| m.remove(&token).map(|l| l.until))
@@ -186,7 +257,7 @@ mod tests {
 
     #[test]
     fn renewal_moves_the_deadline_or_marks_the_lease_lost_once() {
-        let leases = Leases::default();
+        let leases = Leases::new(Duration::from_secs(1));
         let (a, b) = (FencingToken::new(), FencingToken::new());
         let t0 = Instant::now();
         leases.insert(a, 3, t0, Use::Delivering);
@@ -220,7 +291,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_waiter_learns_of_the_loss_with_the_events_still_held() {
         use futures::FutureExt;
-        let leases = Leases::default();
+        let leases = Leases::new(Duration::from_secs(1));
         let (a, b) = (FencingToken::new(), FencingToken::new());
         let t0 = Instant::now();
         leases.insert(a, 3, t0, Use::Delivering);
@@ -236,5 +307,39 @@ mod tests {
         assert_eq!(leases.lost(b).now_or_never(), None);
         // Untracked: never.
         assert_eq!(leases.lost(FencingToken::new()).now_or_never(), None);
+    }
+
+    /// The local lease end: the claim's send instant plus the lease, minus
+    /// the margin; a successful renewal moves it, a failed one does not.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn the_lease_ends_by_the_relays_clock_unless_a_renewal_moves_it() {
+        use futures::FutureExt;
+        let lease = Duration::from_secs(1);
+        assert_eq!(clock_margin(lease), Duration::from_millis(280));
+        assert_eq!(
+            clock_margin(Duration::from_secs(60)),
+            Duration::from_millis(2050)
+        );
+        let leases = Leases::new(lease);
+        let a = FencingToken::new();
+        let sent = Instant::now();
+        leases.insert(a, 2, sent + lease, Use::Delivering);
+        assert_eq!(leases.local_end(a), Some(sent + Duration::from_millis(720)));
+        let mut expired = std::pin::pin!(leases.expired(a));
+        assert_eq!(expired.as_mut().now_or_never(), None);
+        // A renewal sent at 500 ms succeeds: the end moves to 1220 ms.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(leases.renewed(a, 2, Instant::now() + lease), Renewed::Held);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!leases.is_expired(a), "renewed: not at 800 ms");
+        assert_eq!(expired.as_mut().now_or_never(), None);
+        // No renewal after that (they failed): it ends at 1220 ms.
+        expired.await;
+        assert_eq!(sent.elapsed(), Duration::from_millis(1220));
+        assert!(leases.is_expired(a));
+        // Untracked: never expired.
+        leases.remove(a);
+        assert!(!leases.is_expired(a));
+        assert_eq!(leases.expired(a).now_or_never(), None);
     }
 }

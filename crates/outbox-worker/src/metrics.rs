@@ -19,7 +19,9 @@ pub const LEASE_LOST: &str = "outbox_lease_lost_total";
 /// `shutdown`, `missing_outcome` (a sink bug), `lease_renewal` (a prefetched
 /// batch whose lease could not be kept), `lease_lost` (the events a claim
 /// still held when its delivery was stopped because the rest of its lease
-/// was lost; see [`LEASE_LOST_DELIVERIES_STOPPED`]).
+/// was lost; see [`LEASE_LOST_DELIVERIES_STOPPED`]), `lease_expired` (the
+/// lease ended by the relay's clock without a renewal; see
+/// [`LEASE_EXPIRED_DELIVERIES_STOPPED`]).
 pub const EVENTS_RELEASED: &str = "outbox_events_released_total";
 /// Counter: events a settlement could not record as asked (the store
 /// reported them `rejected`, with a reason logged at WARN).
@@ -37,6 +39,15 @@ pub const DELIVERY_TIMEOUTS: &str = "outbox_delivery_timeouts_total";
 /// batch claimed ahead, or one waiting for the rate limit). The events
 /// taken over are counted in [`LEASE_LOST`].
 pub const LEASE_LOST_DELIVERIES_STOPPED: &str = "outbox_lease_lost_deliveries_stopped_total";
+/// Counter, label `stage` (as [`LEASE_LOST_DELIVERIES_STOPPED`]): batches
+/// the relay stopped delivering, or never handed to the sink, because their
+/// lease ended by the relay's own clock: no renewal succeeded (the database
+/// did not answer) before the lease end the last successful claim or
+/// renewal established, less a margin for clock drift. Their events are
+/// released (`outbox_events_released_total{reason="lease_expired"}`) when
+/// the database answers before the lease ends there; else they come back
+/// when it does.
+pub const LEASE_EXPIRED_DELIVERIES_STOPPED: &str = "outbox_lease_expired_deliveries_stopped_total";
 /// Gauge: the sink's circuit breaker: 0 closed (delivering), 1 half-open
 /// (probing with one small batch), 2 open (the sink is unavailable; not
 /// claiming).
@@ -92,6 +103,10 @@ pub fn describe_metrics() {
     describe_counter!(
         LEASE_LOST_DELIVERIES_STOPPED,
         "Batches not delivered further because their lease was lost, by stage"
+    );
+    describe_counter!(
+        LEASE_EXPIRED_DELIVERIES_STOPPED,
+        "Batches not delivered further because their lease ended by the relay's clock without a renewal, by stage"
     );
     describe_gauge!(
         SINK_STATE,

@@ -10,7 +10,7 @@ use thiserror::Error;
 /// |-------------------|------------------|---------|
 /// | `poll_interval`   | 2 s              | longest wait between claims while the outbox is empty (idle polling starts at 1 ms and doubles up to it) |
 /// | `lock_timeout`    | 1 min            | lease length of a claim (database clock); renewed every third of it while the batch is held |
-/// | `delivery_timeout`| 5 min            | longest a sink may take for one batch before the delivery is cancelled and its events released |
+/// | `delivery_timeout`| `lock_timeout`   | longest a sink may take for one batch before the delivery is cancelled and its events released; at most `lock_timeout` |
 /// | `retry`           | 1 s / 15 min / 8 attempts, equal jitter | [`RetryPolicy`] for failed deliveries |
 /// | `batch_size`      | 20               | most events per claim while the relay keeps up |
 /// | `max_batch_size`  | `batch_size`     | most events per claim while it catches up: full claims double the next one up to this |
@@ -35,7 +35,8 @@ pub struct RelayOptions {
     relay_id: RelayId,
     drain: bool,
     shutdown_grace: Duration,
-    delivery_timeout: Duration,
+    /// `None`: the lock timeout.
+    delivery_timeout: Option<Duration>,
     max_rate: Option<u32>,
 }
 
@@ -67,6 +68,18 @@ pub enum InvalidOptions {
         /// `max_batch_size`.
         max: u32,
     },
+    /// `delivery_timeout` was set longer than `lock_timeout`: a batch must
+    /// be delivered within one lease (see [`RelayOptions::with_delivery_timeout`]).
+    #[error(
+        "delivery timeout ({delivery_timeout:?}) must not be longer than the lock timeout ({lock_timeout:?}): \
+         a batch is delivered within one lease; lower delivery_timeout or raise lock_timeout"
+    )]
+    DeliveryTimeoutAboveLease {
+        /// `delivery_timeout`.
+        delivery_timeout: Duration,
+        /// `lock_timeout`.
+        lock_timeout: Duration,
+    },
     /// `max_rate` was 0 (leave it unset for no limit).
     #[error("max rate must be at least 1 event per second (leave it unset for no limit)")]
     ZeroMaxRate,
@@ -85,7 +98,7 @@ impl Default for RelayOptions {
             relay_id: RelayId::generate(),
             drain: true,
             shutdown_grace: Duration::from_secs(30),
-            delivery_timeout: Duration::from_secs(5 * 60),
+            delivery_timeout: None,
             max_rate: None,
         }
     }
@@ -103,8 +116,15 @@ impl RelayOptions {
 
     /// Lease length of a claim (default 1 min, at least 1 s). While a batch
     /// (or the prefetched next batch) is held, the relay renews its lease
-    /// every third of this, so a delivery may take longer than the lease; it
-    /// only bounds how long a crashed relay's events stay leased.
+    /// every third of this, so a batch may be held (claimed ahead, waiting
+    /// for the rate limit, delivered, settled) longer than the lease. When
+    /// renewals fail (the database is unreachable) the lease ends by the
+    /// relay's own clock: the delivery in flight is cancelled and its events
+    /// released a little before the lease the last successful claim or
+    /// renewal established runs out (3 % of this plus 250 ms earlier, for
+    /// clock rate drift), so no other relay can hold the events while this
+    /// one still sends them. It also bounds how long a crashed relay's
+    /// events stay leased, and [`delivery_timeout`](Self::with_delivery_timeout).
     pub fn with_lock_timeout(mut self, d: Duration) -> Self {
         self.lock_timeout = d;
         self
@@ -168,13 +188,17 @@ impl RelayOptions {
         self
     }
 
-    /// The longest a sink may take for one batch (default 5 min). A
-    /// delivery still running then is cancelled (its future dropped; a
-    /// [`HandlerRegistry`](crate::HandlerRegistry) aborts its handler
-    /// tasks) and its events are released unattempted, with a warning coded
-    /// `DELIVERY_TIMEOUT`.
+    /// The longest a sink may take for one batch (default: the lock
+    /// timeout). A delivery still running then is cancelled (its future
+    /// dropped; a [`HandlerRegistry`](crate::HandlerRegistry) aborts its
+    /// handler tasks) and its events are released unattempted, with a
+    /// warning coded `DELIVERY_TIMEOUT`. A value longer than the lock
+    /// timeout is refused by [`RelayOptions::validate`]
+    /// ([`InvalidOptions::DeliveryTimeoutAboveLease`]): one batch's delivery
+    /// fits in one lease, so a delivery is never kept alive by renewals
+    /// alone (ARCHITECTURE.md, "Decisions").
     pub fn with_delivery_timeout(mut self, d: Duration) -> Self {
-        self.delivery_timeout = d;
+        self.delivery_timeout = Some(d);
         self
     }
 
@@ -242,9 +266,9 @@ impl RelayOptions {
         self.shutdown_grace
     }
 
-    /// Delivery timeout.
+    /// Delivery timeout (the lock timeout unless set).
     pub fn delivery_timeout(&self) -> Duration {
-        self.delivery_timeout
+        self.delivery_timeout.unwrap_or(self.lock_timeout)
     }
 
     /// Rate limit in events per second, if any.
@@ -266,8 +290,14 @@ impl RelayOptions {
         if self.relay_id.as_str().is_empty() {
             return Err(InvalidOptions::EmptyRelayId);
         }
-        if self.delivery_timeout.is_zero() {
+        if self.delivery_timeout().is_zero() {
             return Err(InvalidOptions::ZeroDeliveryTimeout);
+        }
+        if self.delivery_timeout() > self.lock_timeout {
+            return Err(InvalidOptions::DeliveryTimeoutAboveLease {
+                delivery_timeout: self.delivery_timeout(),
+                lock_timeout: self.lock_timeout,
+            });
         }
         if self.max_rate == Some(0) {
             return Err(InvalidOptions::ZeroMaxRate);
@@ -299,7 +329,10 @@ mod tests {
         assert_eq!(o.retry().max_attempts(), 8);
         assert_eq!(o.shard(), ShardSpec::ALL);
         assert!(o.drain());
-        assert_eq!(o.delivery_timeout(), Duration::from_secs(300));
+        assert_eq!(o.delivery_timeout(), o.lock_timeout(), "follows the lease");
+        let short = o.clone().with_lock_timeout(Duration::from_secs(10));
+        assert_eq!(short.delivery_timeout(), Duration::from_secs(10));
+        assert_eq!(short.validate(), Ok(()));
         assert_eq!(o.max_rate(), None);
         assert_eq!(o.max_batch_size(), 20, "no growth unless asked");
         assert_eq!(o.validate(), Ok(()));
@@ -344,5 +377,43 @@ mod tests {
             Err(InvalidOptions::ZeroMaxRate)
         );
         assert_eq!(o.with_max_rate(Some(1)).validate(), Ok(()));
+    }
+
+    /// A delivery timeout longer than the lease is refused at start, with
+    /// a message naming both settings; equal or shorter is fine.
+    #[test]
+    fn a_delivery_timeout_longer_than_the_lease_is_refused() {
+        let o = RelayOptions::default().with_lock_timeout(Duration::from_secs(60));
+        let err = o
+            .clone()
+            .with_delivery_timeout(Duration::from_secs(300))
+            .validate()
+            .unwrap_err();
+        assert_eq!(
+            err,
+            InvalidOptions::DeliveryTimeoutAboveLease {
+                delivery_timeout: Duration::from_secs(300),
+                lock_timeout: Duration::from_secs(60),
+            }
+        );
+        let message = err.to_string();
+        assert!(
+            message.contains("delivery timeout (300s)")
+                && message.contains("lock timeout (60s)")
+                && message.contains("lower delivery_timeout or raise lock_timeout"),
+            "{message}"
+        );
+        for ok in [60, 30] {
+            let d = Duration::from_secs(ok);
+            assert_eq!(o.clone().with_delivery_timeout(d).validate(), Ok(()));
+        }
+        // The lease shortened below an explicit delivery timeout: refused too.
+        assert!(matches!(
+            RelayOptions::default()
+                .with_delivery_timeout(Duration::from_secs(30))
+                .with_lock_timeout(Duration::from_secs(10))
+                .validate(),
+            Err(InvalidOptions::DeliveryTimeoutAboveLease { .. })
+        ));
     }
 }

@@ -125,6 +125,10 @@ pub struct RelaySummary {
     /// Batches whose delivery was stopped (or never started) because a
     /// lease renewal found their lease lost.
     pub deliveries_stopped: u64,
+    /// Batches whose delivery was stopped (or never started) because their
+    /// lease ended by the relay's own clock, no renewal having succeeded
+    /// (the database did not answer).
+    pub deliveries_expired: u64,
     /// Times the sink's circuit breaker opened from closed (sink outages).
     pub sink_outages: u64,
 }
@@ -179,6 +183,24 @@ type Listener = Arc<dyn Fn(&Progress) + Send + Sync>;
 /// it. A batch claimed ahead whose lease is lost before it goes to the sink
 /// is never delivered: it is given back (`stage="claimed_ahead"`). The relay
 /// then claims on as usual.
+///
+/// **A lease that ends by the relay's own clock** (DESIGN.md invariant 15):
+/// a renewal that fails (the database is unreachable) cannot report a loss,
+/// so the relay does not wait for one. Each held claim has a local lease
+/// end: the send instant of its last successful claim or renewal plus
+/// `lock_timeout`, less 3 % of it and 250 ms for clock rate drift (the
+/// database computed its lease end later, from its own `now()`). When that
+/// passes, the delivery in flight is dropped as for a lost lease (nothing
+/// more of the batch reaches the sink) and the batch is settled all
+/// `Released` (fenced if another relay has it by then; when the database
+/// still does not answer, the events come back once the lease ends there).
+/// A batch claimed ahead (or waiting for the rate limit) whose local lease
+/// ended is never handed to the sink. Counted in
+/// `outbox_lease_expired_deliveries_stopped_total{stage}`, one WARN per
+/// batch. So a relay that reaches the broker but not the database stops
+/// publishing before any other relay can take its events over, and never
+/// publishes a stale copy of a key's event after the new holder's later
+/// ones.
 ///
 /// Between batches: a full batch in drain mode was already followed by an
 /// overlapping claim; otherwise the relay waits a few milliseconds, and after
@@ -348,7 +370,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         shutdown: impl Future<Output = ()> + Send,
         mode: Mode,
     ) -> RelaySummary {
-        let leases = Leases::default();
+        let leases = Leases::new(self.options.lock_timeout());
         let work = self.main_loop(shutdown, mode, &leases);
         let renew = self.renew_leases(&leases);
         // Both run on this task: the renewal loop keeps the held leases
@@ -503,6 +525,24 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     .await;
                 continue;
             }
+            if leases.is_expired(held.claim.token) {
+                // Its lease ended by this relay's clock while it waited
+                // (claimed ahead, rate limit, a slow claim), no renewal
+                // having succeeded: another relay may have it. Never
+                // deliver it.
+                summary.deliveries_expired += 1;
+                metrics::counter!(m::LEASE_EXPIRED_DELIVERIES_STOPPED, "stage" => "claimed_ahead")
+                    .increment(1);
+                warn!(
+                    token = %held.claim.token,
+                    events = held.claim.events.len(),
+                    lock_timeout = ?self.options.lock_timeout(),
+                    "lease of a claimed batch ended by this relay's clock before it went to the sink (no renewal succeeded: the database does not answer); it is given back, not delivered"
+                );
+                self.give_back(held, leases, ReleaseReason::LeaseExpired, &mut summary)
+                    .await;
+                continue;
+            }
 
             summary.batches += 1;
             let full = held.is_full();
@@ -608,6 +648,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             rejected = summary.rejected,
             delivery_timeouts = summary.delivery_timeouts,
             deliveries_stopped = summary.deliveries_stopped,
+            deliveries_expired = summary.deliveries_expired,
             sink_outages = summary.sink_outages,
             "relay stopped"
         );
@@ -715,11 +756,16 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                         }
                     },
                     Err(err) => {
+                        // Nothing moves: the lease ends by this relay's
+                        // clock unless a later renewal succeeds in time.
                         metrics::counter!(m::STORE_ERRORS, "op" => "renew").increment(1);
+                        let ends_in = leases
+                            .local_end(token)
+                            .map(|end| end.saturating_duration_since(Instant::now()));
                         if err.is_retryable() {
-                            warn!(%token, error = %err, "lease renewal failed; trying again");
+                            warn!(%token, error = %err, ?ends_in, "lease renewal failed; trying again (the batch stops at its lease end by this relay's clock unless a renewal succeeds first)");
                         } else {
-                            error!(%token, error = %err, "lease renewal failed (not retryable)");
+                            error!(%token, error = %err, ?ends_in, "lease renewal failed (not retryable); the batch stops at its lease end by this relay's clock");
                         }
                     }
                 }

@@ -78,6 +78,8 @@ struct State {
     stolen: HashSet<FencingToken>,
     /// When each renewal that lost a lease answered.
     lost_at: Vec<Instant>,
+    /// Renewals fail (the database does not answer) until then.
+    renew_down_until: Option<Instant>,
     nonempty_claims: u32,
     tokens: Vec<FencingToken>,
     /// Tokens in the order their settlements arrived.
@@ -241,6 +243,9 @@ impl Store for MemStore {
         let held = self.with(|st| {
             st.renews += 1;
             let now = Instant::now();
+            if st.renew_down_until.is_some_and(|until| now < until) {
+                return Err(busy());
+            }
             if st.stolen.remove(&token) {
                 // Another relay took these events over (and its lease ran
                 // out at once: they can be claimed again).
@@ -262,9 +267,9 @@ impl Store for MemStore {
                 row.until = now + lease;
                 held += 1;
             }
-            held
+            Ok(held)
         });
-        std::future::ready(Ok(held))
+        std::future::ready(held)
     }
 
     fn stats(&self) -> impl Future<Output = Result<Stats, MemError>> + Send {
@@ -430,15 +435,19 @@ async fn rejected_events_are_reported_with_the_reason() {
 async fn leases_are_renewed_while_a_slow_batch_is_delivered() {
     let store = MemStore::default();
     let ids = store.add(4, 4);
-    // 3.5 s per batch, 1 s lease.
-    let sink = CountingSink::default().with_delay(Duration::from_millis(3500));
-    let opts = options().with_batch_size(2);
+    // 2.5 s per batch (within the delivery timeout, the lease), 3 s lease:
+    // the batch claimed ahead is held 5 s, through the first delivery.
+    let sink = CountingSink::default().with_delay(Duration::from_millis(2500));
+    let opts = options()
+        .with_batch_size(2)
+        .with_lock_timeout(Duration::from_secs(3));
     let summary = idle(Relay::new(store.clone(), sink.clone(), opts).unwrap()).await;
     assert_eq!((summary.delivered, summary.lease_lost), (4, 0));
+    assert_eq!(summary.deliveries_expired, 0);
     assert!(ids.iter().all(|id| sink.counts()[id] == 1));
-    // Two batches held for 7 s in all (the second one claimed ahead during
-    // the first delivery): renewed every third of a second.
-    assert!(store.with(|st| st.renews) >= 14);
+    // The first batch held 2.5 s, the second 5 s: renewed every second
+    // (at 1 and 2 s both, at 3 and 4 s the second).
+    assert!(store.with(|st| st.renews) >= 6);
 }
 
 #[tokio::test(flavor = "current_thread", start_paused = true)]
@@ -450,8 +459,10 @@ async fn a_prefetched_batch_whose_lease_was_lost_is_never_delivered() {
     // The second claim (made ahead, in drain mode) loses its lease.
     store.with(|st| st.steal_claim = Some(2));
     let sink = CountingSink::default().with_delay(Duration::from_millis(1500));
-    let (relay, log) =
-        logged(Relay::new(store.clone(), sink.clone(), options().with_batch_size(2)).unwrap());
+    let opts = options()
+        .with_batch_size(2)
+        .with_lock_timeout(Duration::from_secs(2));
+    let (relay, log) = logged(Relay::new(store.clone(), sink.clone(), opts).unwrap());
     let summary = idle(relay).await;
     // The stolen events stayed with "the other relay" (nobody here), so this
     // relay delivered them only after that lease ran out: once each.
@@ -670,6 +681,68 @@ async fn a_partly_lost_lease_stops_the_delivery_and_releases_what_it_still_holds
     );
 }
 
+/// Renewals fail (the database does not answer) while a slow sink sends
+/// its batch one event at a time: the relay stops the delivery at the lease
+/// end its claim established, by its own clock (claim sent + 1 s lease -
+/// 280 ms margin), releases the batch, and never hands the batch it claimed
+/// ahead to the sink once that one's lease ended too. Once renewals work
+/// again every event is delivered, each at most once per lease.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_lease_ends_by_the_relays_clock_when_renewals_fail() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    let ids = store.add(4, 4);
+    let t0 = Instant::now();
+    let outage = Duration::from_secs(5);
+    store.with(|st| st.renew_down_until = Some(t0 + outage));
+    // 400 ms per event: a batch of two takes 800 ms, past the local lease
+    // end (720 ms after its claim) when no renewal succeeds.
+    let sink = OneByOne::new(Duration::from_millis(400));
+    let (relay, log) =
+        logged(Relay::new(store.clone(), sink.clone(), options().with_batch_size(2)).unwrap());
+    let summary = idle(relay).await;
+
+    let sent = sink.sent();
+    // While renewals failed, no delivery sent more than its first event
+    // (the second would have gone at 800 ms, past its lease end).
+    let mut per_call: HashMap<u32, Vec<Instant>> = HashMap::new();
+    for (call, at, _) in &sent {
+        per_call.entry(*call).or_default().push(*at);
+    }
+    for (call, times) in &per_call {
+        if times[0] < t0 + outage {
+            assert_eq!(
+                times.iter().filter(|at| **at < t0 + outage).count(),
+                1,
+                "call {call} sent past its lease end: {sent:?}"
+            );
+        }
+    }
+    // Stopped by the clock, both in delivery and claimed ahead (drain
+    // mode's overlapping claim of the other two keys).
+    assert!(summary.deliveries_expired >= 2, "{summary:?}");
+    assert_eq!(summary.deliveries_stopped, 0, "no renewal reported a loss");
+    assert!(
+        captured.lines("WARN", "lease ended by this relay's clock") >= 1,
+        "the delivery stop is logged"
+    );
+    assert!(
+        captured.lines("WARN", "before it went to the sink") >= 1,
+        "the batch claimed ahead is given back, not delivered"
+    );
+    // Released, not failed: each event delivered once, at its first attempt.
+    assert_eq!(summary.delivered, 4);
+    assert_eq!((summary.retried, summary.dead), (0, 0));
+    let log = log.lock().unwrap().clone();
+    for id in &ids {
+        assert!(log
+            .iter()
+            .any(|p| matches!(p, Progress::Delivered { id: d, attempts: 1, .. } if d == id)));
+    }
+    assert!(log.iter().any(|p| matches!(p, Progress::Released { .. })));
+}
+
 /// Counts how many handler futures were dropped before they finished.
 struct DropGuard(Arc<AtomicU32>);
 
@@ -699,7 +772,9 @@ async fn a_delivery_that_outlives_the_timeout_is_cancelled_and_released() {
             Ok(())
         }
     });
-    let opts = options().with_delivery_timeout(Duration::from_secs(5));
+    let opts = options()
+        .with_lock_timeout(Duration::from_secs(10))
+        .with_delivery_timeout(Duration::from_secs(5));
     let (relay, log) = logged(Relay::new(store.clone(), handlers, opts).unwrap());
     let summary = idle(relay).await;
     assert_eq!(summary.delivery_timeouts, 1);

@@ -179,16 +179,17 @@ fn options(id: &str) -> RelayOptions {
 
 // ------------------------------------- a sink slower than the lock timeout
 
-/// Two relays, lock timeout 1 s (the smallest allowed), every batch takes
-/// 2.5 s, full batches so drain mode claims the next batch ahead and holds
-/// it for a whole delivery: without lease renewal both the batch in
-/// delivery and the one waiting lose their lease and are delivered twice.
+/// Two relays, lock timeout 2 s, every batch takes 1.5 s (a delivery fits
+/// in one lease: `delivery_timeout` is at most the lock timeout), full
+/// batches so drain mode claims the next batch ahead and holds it for a
+/// whole delivery: a batch is held 3 s, claim to settlement. Without lease
+/// renewal the batch waiting loses its lease and is delivered twice.
 async fn slower_than_the_lease<S: Store>(a: S, b: S, ids: Vec<EventId>) {
-    let sink = CountingSink::default().with_delay(Duration::from_millis(2500));
+    let sink = CountingSink::default().with_delay(Duration::from_millis(1500));
     let opts = |id| {
         options(id)
             .with_batch_size(3)
-            .with_lock_timeout(Duration::from_secs(1))
+            .with_lock_timeout(Duration::from_secs(2))
     };
     let one = Relay::new(a, sink.clone(), opts("relay-a")).unwrap();
     let two = Relay::new(b, sink.clone(), opts("relay-b")).unwrap();

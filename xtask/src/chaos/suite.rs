@@ -139,6 +139,8 @@ impl Scenario {
                 .map(|k| match k.trim() {
                     "stop" => (self.lease_ms + self.stop_extra_ms) / 1000 + 1,
                     "broker-outage" | "db-outage" => self.outage_s,
+                    // The slow sink set half a second before the cut.
+                    "db-cut-one" => self.outage_s + 1,
                     "broker-flap" | "db-flap" => {
                         (u64::from(self.flap_cycles) * (self.flap_down_ms + self.flap_up_ms)) / 1000
                     }
@@ -280,6 +282,14 @@ pub(crate) fn plan(
             s.duration_s = 12 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
             s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
             out.push(s);
+            // One relay cut from PostgreSQL (not from the broker) past its
+            // lease while its sink is slow (issue 42 point 4): the others
+            // take its shards over; it must stop by its own clock.
+            let mut s = base("postgres", "nats");
+            s.faults = "db-cut-one*2".to_owned();
+            s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+            s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+            out.push(s);
             if pg_crash {
                 let mut s = base("postgres", "nats");
                 s.faults = "pg-crash".to_owned();
@@ -394,6 +404,20 @@ pub(crate) fn plan(
                     s.recovery_room_s = 5;
                     out.push(s);
                 }
+            }
+            // One relay cut from PostgreSQL past its lease with a slow sink
+            // (relay 0 has its own proxies: NATS and RabbitMQ; a Kafka
+            // client follows the broker's advertised address).
+            for broker in ["nats", "amqp"] {
+                let mut s = base("postgres", broker);
+                s.relays = 3;
+                s.lease_ms = 5000;
+                s.rate = if full { 1000 } else { 500 };
+                s.outage_s = if full { 30 } else { 12 };
+                s.faults = "db-cut-one*3".to_owned();
+                s.duration_s = 10 + s.fault_time_s() + 6 * s.step_count();
+                s.recovery_room_s = 5;
+                out.push(s);
             }
         }
     }
@@ -522,7 +546,10 @@ mod tests {
     fn mixed(p: &[Scenario]) -> Vec<&Scenario> {
         p.iter()
             .filter(|s| {
-                s.producer == "partitioned" && !s.faults.contains("pg-crash") && s.inbox.is_none()
+                s.producer == "partitioned"
+                    && !s.faults.contains("pg-crash")
+                    && !s.faults.contains("db-cut-one")
+                    && s.inbox.is_none()
             })
             .collect()
     }
@@ -573,6 +600,31 @@ mod tests {
         assert!(!plan(Mode::Quick, true, false, false)
             .iter()
             .any(|s| s.faults.contains("pg-crash")));
+    }
+
+    #[test]
+    fn every_mode_cuts_one_relay_from_postgres_past_its_lease() {
+        for mode in [Mode::Quick, Mode::Medium, Mode::Full] {
+            let p = plan(mode, true, false, true);
+            let cut: Vec<&Scenario> = p
+                .iter()
+                .filter(|s| s.faults.contains("db-cut-one"))
+                .collect();
+            assert!(!cut.is_empty(), "{mode:?}");
+            for s in cut {
+                assert_eq!(s.store, "postgres");
+                assert_ne!(s.broker, "kafka");
+                assert!(s.outage_s * 1000 > s.lease_ms, "{}", s.label());
+                assert!(s.relays >= 2, "another relay takes the shards over");
+            }
+        }
+        let quick = plan(Mode::Quick, false, false, true);
+        let row = quick
+            .iter()
+            .find(|s| s.faults.contains("db-cut-one"))
+            .unwrap();
+        assert_eq!(row.label(), "pg-nats-db-cut-one_2");
+        assert!(row.duration_s + 15 <= 60, "{} s", row.duration_s);
     }
 
     #[test]

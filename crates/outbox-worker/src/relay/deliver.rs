@@ -24,6 +24,9 @@ pub(super) enum Delivery {
     LeaseLost {
         still_held: u64,
     },
+    /// The lease ended by the relay's own clock: no renewal succeeded in
+    /// time (see the lease module).
+    LeaseExpired,
 }
 
 /// What processing one batch means for the loop.
@@ -83,6 +86,10 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             // known the delivery is never polled again, and dropping it
             // stops the sink (no further send, handler tasks aborted).
             let lost = leases.lost(claim.token);
+            // And the lease may end by this relay's clock, no renewal having
+            // succeeded (the database does not answer): from then on another
+            // relay may hold the events, so nothing more of them is sent.
+            let expired = leases.expired(claim.token);
             // In a block of its own: the delivery future is dropped (a
             // stopped or abandoned one cancelled, its handler tasks aborted)
             // before the batch is settled.
@@ -91,6 +98,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     tokio::select! {
                         biased;
                         still_held = lost => Delivery::LeaseLost { still_held },
+                        () = expired => Delivery::LeaseExpired,
                         r = delivery => match r {
                             Ok(Ok(outcomes)) => Delivery::Outcomes(outcomes),
                             Ok(Err(panic)) => Delivery::Panicked(panic_message(panic)),
@@ -148,6 +156,18 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 }
                 Delivery::Abandoned => {
                     vec![Fate::Released(ReleaseReason::Shutdown); claim.events.len()]
+                }
+                Delivery::LeaseExpired => {
+                    summary.deliveries_expired += 1;
+                    metrics::counter!(m::LEASE_EXPIRED_DELIVERIES_STOPPED, "stage" => "delivering")
+                        .increment(1);
+                    warn!(
+                        events = claim.events.len(),
+                        after = ?started.elapsed(),
+                        lock_timeout = ?self.options.lock_timeout(),
+                        "lease ended by this relay's clock (no renewal succeeded: the database does not answer): delivery stopped, nothing more of the batch goes to the sink; its events are released"
+                    );
+                    vec![Fate::Released(ReleaseReason::LeaseExpired); claim.events.len()]
                 }
                 Delivery::LeaseLost { still_held } => {
                     // Not settled as delivered, failed or retried: another

@@ -38,6 +38,7 @@ pub(super) enum ReleaseReason {
     MissingOutcome,
     LeaseRenewal,
     LeaseLost,
+    LeaseExpired,
 }
 
 impl ReleaseReason {
@@ -50,6 +51,7 @@ impl ReleaseReason {
             ReleaseReason::MissingOutcome => "missing_outcome",
             ReleaseReason::LeaseRenewal => "lease_renewal",
             ReleaseReason::LeaseLost => "lease_lost",
+            ReleaseReason::LeaseExpired => "lease_expired",
         }
     }
 }
