@@ -249,12 +249,13 @@ pub use groups::{
     GroupContents, GroupDrop, GroupStatus, Horizon, OldTransaction, RelayLease, SlotHold,
 };
 pub use metric_names::{
-    INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
+    INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, ROTATION_HELD_SECONDS,
+    ROTATION_HOLDER, ROTATION_LOCK_TRIES, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
 };
 pub use options::{
     DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
 };
 pub use store::{
-    CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionInfo, PgLogStore, RelayInfo,
-    Rotation, ShardStatus,
+    CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionHolder, PartitionInfo,
+    PgLogStore, RelayInfo, Rotation, RotationHold, ShardStatus,
 };
