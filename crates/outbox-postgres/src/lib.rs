@@ -28,8 +28,8 @@ pub use log::{
     CursorInfo, DeadHeadPolicy, GroupContents, GroupDrop, GroupName, GroupStart, GroupStatus,
     Horizon, InFlight, InvalidGroupName, LeaseHolding, LogInfo, LogStatus, OldTransaction,
     PartitionHolder, PartitionInfo, PgLogOptions, PgLogStore, RelayInfo, RelayLease, Rotation,
-    RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL, LOG_MIGRATIONS,
-    MAX_GROUP_NAME_BYTES,
+    RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
+    LOG_MIGRATIONS, MAX_GROUP_NAME_BYTES,
 };
 
 /// Names of the metrics the event-log store emits (through the `metrics`

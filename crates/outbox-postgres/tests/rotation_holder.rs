@@ -135,7 +135,10 @@ async fn a_reader_holding_the_partition_never_stalls_claims() {
     // Due at once: `rotate` (the background task's attempt) and the
     // status see a due rotation.
     let store = db
-        .store_with(db.options().with_rotation_interval(Duration::from_millis(1)))
+        .store_with(
+            db.options()
+                .with_rotation_interval(Duration::from_millis(1)),
+        )
         .await;
     db.enqueue(vec![ev("k", 0)]).await;
     assert_eq!(drain(&store, "relay", ShardSpec::ALL).await, 1);

@@ -310,7 +310,10 @@ async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt
         }
         tries += 1;
         let mut sp = tx.begin().await?;
-        match sqlx::query(&sql.rotate_lock[target]).execute(&mut *sp).await {
+        match sqlx::query(&sql.rotate_lock[target])
+            .execute(&mut *sp)
+            .await
+        {
             Ok(_) => {
                 sp.commit().await?;
                 break;
@@ -323,7 +326,10 @@ async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt
                         "partition {target} is in use: its lock was busy {tries} times"
                     )));
                 }
-                tokio::time::sleep(Duration::from_millis(1 << (tries - 1).min(4)).min(Duration::from_millis(10))).await;
+                tokio::time::sleep(
+                    Duration::from_millis(1 << (tries - 1).min(4)).min(Duration::from_millis(10)),
+                )
+                .await;
             }
             Err(e) => return Err(e.into()),
         }
@@ -430,7 +436,10 @@ impl HeldGauges {
     fn labels(h: &PartitionHolder) -> Vec<(&'static str, String)> {
         vec![
             ("pid", h.pid.map_or_else(String::new, |p| p.to_string())),
-            ("application_name", h.application_name.clone().unwrap_or_default()),
+            (
+                "application_name",
+                h.application_name.clone().unwrap_or_default(),
+            ),
             ("state", h.state.clone().unwrap_or_default()),
             ("gid", h.gid.clone().unwrap_or_default()),
         ]
@@ -512,7 +521,12 @@ pub(super) async fn rotate_forever(
 mod tests {
     use super::*;
 
-    fn holder(pid: Option<i32>, state: Option<&str>, kind: &str, modes: &[&str]) -> PartitionHolder {
+    fn holder(
+        pid: Option<i32>,
+        state: Option<&str>,
+        kind: &str,
+        modes: &[&str],
+    ) -> PartitionHolder {
         PartitionHolder {
             pid,
             application_name: None,
@@ -540,9 +554,19 @@ mod tests {
             &["ShareUpdateExclusiveLock"],
         );
         assert!(!av.is_writer() && !av.holds_back());
-        let claim = holder(Some(2), Some("active"), "client backend", &["AccessShareLock"]);
+        let claim = holder(
+            Some(2),
+            Some("active"),
+            "client backend",
+            &["AccessShareLock"],
+        );
         assert!(!claim.is_writer() && !claim.holds_back());
-        let ended = holder(Some(5), Some("idle"), "client backend", &["AccessShareLock"]);
+        let ended = holder(
+            Some(5),
+            Some("idle"),
+            "client backend",
+            &["AccessShareLock"],
+        );
         assert!(!ended.holds_back());
         assert_eq!(holding_back(&[av.clone(), claim.clone(), ended]), None);
         let idle = holder(
@@ -555,7 +579,12 @@ mod tests {
         let prepared = holder(None, None, "", &["AccessShareLock"]);
         assert!(prepared.is_prepared() && prepared.holds_back());
         assert!(prepared.to_string().contains("prepared transaction 'g'"));
-        let writer = holder(Some(4), Some("active"), "client backend", &["RowExclusiveLock"]);
+        let writer = holder(
+            Some(4),
+            Some("active"),
+            "client backend",
+            &["RowExclusiveLock"],
+        );
         assert!(writer.is_writer() && writer.holds_back());
         let mut long = claim.clone();
         long.held_for = HOLDER_GRACE;
