@@ -61,11 +61,23 @@ pub(crate) enum FaultKind {
     /// the lease ran out in the database, and relay 0 must stop delivering
     /// by its own clock (DESIGN.md invariant 15).
     DbCutOne,
+    /// A `pg_dump`-like session: a REPEATABLE READ transaction that reads
+    /// every partition of the event log and stays open for
+    /// [`READER_HOLD`], while a rotator (a store with a 1 s rotation
+    /// interval, the library's own background rotation) runs (PostgreSQL
+    /// event log only). Rotation must not stall the relays behind it.
+    PartitionReader,
 }
+
+/// How long the `partition-reader` fault holds its transaction open.
+pub(crate) const READER_HOLD: Duration = Duration::from_secs(12);
+/// The rotator's rotation interval during `partition-reader`: rotation is
+/// due (and attempted) all along the reader's transaction.
+const READER_ROTATION: Duration = Duration::from_secs(1);
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 13] = [
+    pub(crate) const ALL: [FaultKind; 14] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -79,6 +91,7 @@ impl FaultKind {
         Self::ConsumerKill,
         Self::ConsumerDbCut,
         Self::DbCutOne,
+        Self::PartitionReader,
     ];
 
     /// The name used in plans and reports.
@@ -97,6 +110,7 @@ impl FaultKind {
             Self::ConsumerKill => "consumer-kill",
             Self::ConsumerDbCut => "consumer-db-cut",
             Self::DbCutOne => "db-cut-one",
+            Self::PartitionReader => "partition-reader",
         }
     }
 
@@ -295,6 +309,11 @@ impl Targets {
             FaultKind::ConsumerKill if self.consumers.is_none() => {
                 bail!("consumer-kill needs the inbox consumers (`run --inbox ...`)")
             }
+            FaultKind::PartitionReader
+                if self.pg_admin.is_none() || self.database_url.is_none() =>
+            {
+                bail!("partition-reader needs the PostgreSQL store (event-log mode)")
+            }
             FaultKind::ConsumerDbCut if self.consumer_db.is_none() => {
                 bail!("consumer-db-cut needs the inbox on PostgreSQL (`run --inbox postgres`)")
             }
@@ -412,6 +431,16 @@ async fn inject(
                 target = format!("{n} consumer connection(s)");
             }
         }
+        FaultKind::PartitionReader => {
+            let url = t
+                .database_url
+                .as_deref()
+                .context("partition-reader without a database URL")?;
+            let schema = t.pg_admin.as_ref().map_or("", |(_, name)| name.as_str());
+            let held = partition_reader(url, schema).await?;
+            start_us = held.start_us;
+            target = held.target;
+        }
         FaultKind::PgRestart => {
             pg_restart().await?;
             target = "postgresql".to_owned();
@@ -519,6 +548,84 @@ fn proxy_of(kind: FaultKind, t: &Targets) -> Result<(&TcpProxy, &'static str)> {
         _ => t.db_proxy.as_deref().map(|p| (p, "database proxy")),
     };
     found.with_context(|| format!("{} has no proxy in this run", kind.name()))
+}
+
+/// What [`partition_reader`] did.
+#[derive(Debug)]
+struct Held {
+    /// The reader and the rotations, as reported.
+    target: String,
+    /// When the reader had read every partition.
+    start_us: i64,
+}
+
+/// The `partition-reader` fault: a rotator (a store on the run's log with
+/// a 1 s rotation interval and the library's background rotation) runs
+/// from 2 s before a `pg_dump`-like reader starts until 3 s after it
+/// ended; the reader (its own session, `application_name`
+/// `<run>-reader`) reads every partition of the log in a REPEATABLE READ
+/// transaction and keeps it open for [`READER_HOLD`]. Returns once the
+/// reader committed; the rotator is stopped 3 s later in the background.
+async fn partition_reader(url: &str, schema: &str) -> Result<Held> {
+    use outbox_postgres::{Ident, PgLogOptions, PgLogStore};
+    use sqlx::Connection as _;
+    let ident = Ident::new(schema).context("partition-reader: the run's schema name")?;
+    let rotator = PgLogStore::connect(
+        PgLogOptions::new(url)
+            .with_schema(ident.clone())
+            .with_table(Ident::new("events")?)
+            .with_rotation_interval(READER_ROTATION)
+            .with_background_rotation(true),
+    )
+    .await
+    .context("partition-reader: the rotator cannot open the log")?;
+    let before = rotator.log_info().await?.rotations;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let opts = url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .context("parsing the PostgreSQL URL")?
+        .application_name(&format!("{schema}-reader"));
+    let mut reader = sqlx::PgConnection::connect_with(&opts)
+        .await
+        .context("partition-reader: connecting")?;
+    let (pid,): (i32,) = sqlx::query_as("SELECT pg_backend_pid()")
+        .fetch_one(&mut reader)
+        .await?;
+    sqlx::query("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut reader)
+        .await?;
+    let mut rows = 0i64;
+    for slot in 0..3 {
+        let (n,): (i64,) = sqlx::query_as(&format!(
+            "SELECT count(*) FROM {}.\"events_log_{slot}\"",
+            ident.quoted()
+        ))
+        .fetch_one(&mut reader)
+        .await
+        .context("partition-reader: reading the log")?;
+        rows += n;
+    }
+    let start_us = now_us();
+    let at_start = rotator.log_info().await?.rotations;
+    tokio::time::sleep(READER_HOLD).await;
+    let hold = rotator.rotation_hold().await?;
+    let while_held = rotator.log_info().await?.rotations - at_start;
+    sqlx::query("COMMIT").execute(&mut reader).await?;
+    let _ = reader.close().await;
+    let named = hold.held_by.as_ref().is_some_and(|h| h.pid == Some(pid));
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        drop(rotator);
+    });
+    Ok(Held {
+        target: format!(
+            "reader pid {pid} read {rows} row(s) and held every log partition {:.0} s; \
+             rotations before it {}, while it held {while_held}, status named it: {named}",
+            READER_HOLD.as_secs_f64(),
+            at_start - before,
+        ),
+        start_us,
+    })
 }
 
 /// Restarts the local PostgreSQL cluster and waits until it accepts

@@ -895,6 +895,12 @@ fn print_summary(r: &checker::Report) {
             )),
             f.extra_copies
         );
+        if let Some(gap) = f.max_gap_s {
+            println!(
+                "    longest no-delivery gap while it held the log: {gap:.2} s (target under {} s)",
+                crate::checker::READER_GAP_TARGET_S
+            );
+        }
         if let Some(down) = f.db_down_s {
             println!(
                 "    the database accepted connections {down:.2} s after the crash; from then: every event committed before it delivered after {} (target {}), caught up (lag < 1 s) after {}",

@@ -27,17 +27,17 @@ mod log;
 pub use log::{
     CursorInfo, DeadHeadPolicy, GroupContents, GroupDrop, GroupName, GroupStart, GroupStatus,
     Horizon, InFlight, InvalidGroupName, LeaseHolding, LogInfo, LogStatus, OldTransaction,
-    PartitionInfo, PgLogOptions, PgLogStore, RelayInfo, RelayLease, Rotation, ShardStatus,
-    SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL, LOG_MIGRATIONS,
-    MAX_GROUP_NAME_BYTES,
+    PartitionHolder, PartitionInfo, PgLogOptions, PgLogStore, RelayInfo, RelayLease, Rotation,
+    RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
+    LOG_MIGRATIONS, MAX_GROUP_NAME_BYTES,
 };
 
 /// Names of the metrics the event-log store emits (through the `metrics`
 /// facade; the application or the relay binary installs the exporter).
 pub mod metrics {
     pub use crate::log::{
-        INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, SHARDS_HELD, SHARDS_QUOTA,
-        SHARD_LAG,
+        INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, ROTATION_HELD_SECONDS,
+        ROTATION_HOLDER, ROTATION_LOCK_TRIES, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
     };
 }
 

@@ -163,11 +163,16 @@ async fn log_status(log: &outbox_postgres::PgLogStore, doc: &mut Value) -> anyho
         Some(info) => info,
         None => log.log_info().await.context(context)?,
     };
+    let hold = log.rotation_hold().await.context(context)?;
     doc["log"] = json!({
         "generation": info.generation,
         "rotations": info.rotations,
         "switched_at": info.switched_at.to_rfc3339(),
         "rotation_held_by": held_by,
+        "next_partition": hold.partition,
+        "rotation_due_at": hold.due_at.to_rfc3339(),
+        "rotation_held_by_session": hold.held_by.as_ref().map(holder_json),
+        "rotation_held_since": hold.held_since().map(|t| t.to_rfc3339()),
         "partitions": info.partitions.iter().map(|p| json!({
             "slot": p.slot,
             "current": p.current,
@@ -203,6 +208,23 @@ async fn log_status(log: &outbox_postgres::PgLogStore, doc: &mut Value) -> anyho
         "oldest_prepared_secs": secs(h.oldest_prepared),
     });
     Ok(())
+}
+
+/// A session (or prepared transaction) holding the partition the next
+/// rotation truncates.
+#[cfg(feature = "postgres")]
+fn holder_json(h: &outbox_postgres::PartitionHolder) -> Value {
+    json!({
+        "pid": h.pid,
+        "application_name": h.application_name,
+        "state": h.state,
+        "backend_type": h.backend_type,
+        "since": h.since.map(|t| t.to_rfc3339()),
+        "gid": h.gid,
+        "modes": h.modes,
+        "writer": h.is_writer(),
+        "held_secs": secs(Some(h.held_for)),
+    })
 }
 
 /// One group as JSON (also `group list --json`).
@@ -387,6 +409,25 @@ fn text(doc: &Value) -> String {
                 format!("held back by group {}", held.join(", "))
             }
         ));
+        let session = &log["rotation_held_by_session"];
+        if !session.is_null() {
+            let who = match (session["pid"].as_i64(), session["gid"].as_str()) {
+                (None, Some(gid)) => format!("prepared transaction '{gid}'"),
+                (pid, _) => format!(
+                    "pid {} ({}, {})",
+                    pid.map_or("-".to_owned(), |p| p.to_string()),
+                    num(&session["application_name"]),
+                    num(&session["state"])
+                ),
+            };
+            line(format!(
+                "  rotation of partition {} held back by {who}{}, holding it since {}; held back since {}",
+                num(&log["next_partition"]),
+                if session["writer"] == true { " (a writer)" } else { "" },
+                num(&session["since"]),
+                num(&log["rotation_held_since"]),
+            ));
+        }
     }
     match doc["sinks"].as_array() {
         None => line(

@@ -251,6 +251,15 @@ fn recovery_cell(fs: &[Value]) -> String {
                 " after the database was back (down {down:.1} s), caught up {caught}"
             );
         }
+        if k == "partition-reader" {
+            // The longest no-delivery gap while the reader held the log
+            // (target under 1 s: rotation never stalls the relays).
+            let gap = of_kind
+                .iter()
+                .map(|g| f64_of(&g["max_gap_s"]))
+                .fold(0.0, f64::max);
+            let _ = write!(shown, ", longest gap {gap:.2} s [< 1]");
+        }
         kinds.push(format!("{k} {shown}{target}"));
     }
     if kinds.is_empty() {

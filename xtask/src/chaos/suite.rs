@@ -152,6 +152,9 @@ impl Scenario {
                     "broker-restart" => 2,
                     // Down for NATS's ack wait + 1 s (2 s + 1 s), else 1 s.
                     "consumer-kill" if self.broker == "nats" => 3,
+                    // The rotator 2 s before, the reader's 12 s, 3 s after
+                    // (outbox-chaos's faults.rs, `partition_reader`).
+                    "partition-reader" => 17,
                     _ => 1,
                 })
                 .max()
@@ -421,8 +424,22 @@ pub(crate) fn plan(
             }
         }
     }
+    out.push(reader_run(&base));
     out.extend(inbox_runs(mode, kafka, &base));
     out
+}
+
+/// A `pg_dump`-like reader holding every log partition for 12 s while a
+/// rotator with a 1 s interval runs (issue 42, point 3): the longest
+/// no-delivery gap while the reader holds must stay under 1 s (the
+/// checker's `max_gap_s`), nothing lost, no order violation. Every mode,
+/// PostgreSQL + NATS.
+fn reader_run(base: &dyn Fn(&'static str, &'static str) -> Scenario) -> Scenario {
+    let mut s = base("postgres", "nats");
+    s.faults = "partition-reader".to_owned();
+    s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S;
+    s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+    s
 }
 
 /// The end-to-end runs through the inbox (issue 36's proof): producer ->

@@ -23,3 +23,15 @@ pub const SHARDS_HELD: &str = "outbox_relay_shards_held";
 pub const SHARD_LAG: &str = "outbox_virtual_shard_lag_seconds";
 /// Gauge, label `group`: the relay's fair share of the virtual shards.
 pub const SHARDS_QUOTA: &str = "outbox_relay_shards_fair_share";
+/// Gauge: seconds the due rotation has been held back by one session
+/// (the same one since), 0 when nothing holds it back. Set by the process
+/// whose background task attempts the rotation.
+pub const ROTATION_HELD_SECONDS: &str = "outbox_log_rotation_held_seconds";
+/// Gauge, labels `pid`, `application_name`, `state`, `gid` (a prepared
+/// transaction's, `pid` empty): how long the session holding the rotation
+/// back has held the partition (its transaction's age); set to 0 when it is
+/// gone. See [`PgLogStore::rotation_hold`](super::PgLogStore::rotation_hold).
+pub const ROTATION_HOLDER: &str = "outbox_log_rotation_holder_seconds";
+/// Histogram: tries of the rotation's lock (5 ms each at most) until it
+/// was had, per rotation.
+pub const ROTATION_LOCK_TRIES: &str = "outbox_log_rotation_lock_tries";

@@ -158,16 +158,23 @@
 //! oldest) is truncated and becomes current, if (1) every cursor of every
 //! group has passed all of its rows (checked against the rows themselves,
 //! not a timeline, so even a straggling producer that routed late is safe),
-//! (2) every group has a cursor for each of its shards, (3) no other
-//! session holds a lock on the partition stronger than `ACCESS SHARE` (an
-//! open writer: its rows may not be passed yet), and (4) `LOCK TABLE` gets
-//! the partition within 500 ms (`lock_timeout`): claims and status queries
-//! hold `ACCESS SHARE` on every partition for milliseconds, and with
-//! several relays claiming back to back there is rarely a moment with
-//! none, so the lock is queued (claims that start meanwhile wait behind
-//! it) rather than tried with `NOWAIT`, which starved rotation. The check
-//! (1) is repeated under the lock. Otherwise it is postponed (a busy lock:
-//! the next attempt within a second). The generation sequence moves after the
+//! (2) every group has a cursor for each of its shards, (3) no session
+//! holds the partition in a way that holds rotation back: a writer (a lock
+//! above `ACCESS SHARE`: its rows may not be passed yet; autovacuum's lock
+//! does not count), a prepared transaction (its locks have no pid in
+//! `pg_locks`), a session idle in its transaction, or any holder of a
+//! second or more (`pg_dump`), and (4) its `ACCESS EXCLUSIVE` lock is had
+//! within a 5 ms `lock_timeout`, tried up to 20 times with pauses of 1-10
+//! ms: claims and status queries hold `ACCESS SHARE` on every partition
+//! for milliseconds, and one of the tries finds the gap between them. The
+//! lock is never queued behind a session that holds the partition longer,
+//! so no claim or settle waits behind a reader (it waited up to 500 ms
+//! before, every 1.5 s, for as long as the reader stayed). The check (1)
+//! is repeated under the lock. Otherwise rotation is postponed, the next
+//! attempt within a second; the session holding it back is named by
+//! [`PgLogStore::rotation_hold`], `outbox-relay status` and the metrics
+//! [`ROTATION_HOLDER`] and [`ROTATION_HELD_SECONDS`].
+//! The generation sequence moves after the
 //! commit, so producers never wait for the truncation. Delivered events
 //! stay readable for one to two rotation intervals (the retention). With
 //! nothing ever updated or deleted, event partitions have no dead tuples
@@ -249,12 +256,13 @@ pub use groups::{
     GroupContents, GroupDrop, GroupStatus, Horizon, OldTransaction, RelayLease, SlotHold,
 };
 pub use metric_names::{
-    INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
+    INCARNATION_CHANGES, LANE_EVENTS, PARKED_KEYS, ROTATIONS, ROTATION_HELD_SECONDS,
+    ROTATION_HOLDER, ROTATION_LOCK_TRIES, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
 };
 pub use options::{
     DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
 };
 pub use store::{
-    CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionInfo, PgLogStore, RelayInfo,
-    Rotation, ShardStatus,
+    CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionHolder, PartitionInfo,
+    PgLogStore, RelayInfo, Rotation, RotationHold, ShardStatus,
 };

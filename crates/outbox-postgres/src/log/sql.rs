@@ -566,6 +566,28 @@ pub(crate) const BEHIND_PARTITION: &str = "(
             WHERE pg_visible_in_snapshot(x.t, c.hi)
             LIMIT 1) IS NOT NULL)";
 
+/// Rotation, before its lock: every other session and prepared transaction
+/// that holds or waits for a lock on partition `{{part}}`, one row per
+/// lock, oldest transaction first: pid (NULL for a prepared transaction),
+/// application_name, state, backend_type, since (transaction start, or the
+/// time it was prepared), the prepared transaction's gid, the lock mode,
+/// granted, the database clock. A prepared (2PC) transaction's locks have no pid: pg_locks
+/// shows its virtual transaction as `-1/<xid>`. Read in Rust
+/// (`rotation::Holder`) to say which one is a writer and which one holds
+/// rotation back.
+const ROTATE_HOLDERS: &str = "\
+SELECT l.pid, a.application_name, a.state, a.backend_type,
+       coalesce(a.xact_start, p.prepared, a.query_start, a.backend_start) AS since,
+       p.gid, l.mode, l.granted, clock_timestamp() AS now
+FROM pg_locks l
+LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+LEFT JOIN pg_prepared_xacts p
+       ON l.pid IS NULL AND l.virtualtransaction = '-1/' || p.transaction::text
+WHERE l.locktype = 'relation' AND l.relation = '{{part}}'::regclass
+  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND l.pid IS DISTINCT FROM pg_backend_pid()
+ORDER BY since NULLS FIRST, l.pid";
+
 /// Rotation, last step (in the rotation transaction, under the meta row's
 /// lock): the new generation is recorded with the rotation. `switched_at`
 /// is the end of the rotation, not its start (`now()`): a rotation that
@@ -782,9 +804,9 @@ pub(crate) struct Sql {
     pub(crate) rotate_due: String,
     pub(crate) rotate_check: Vec<String>,
     pub(crate) rotate_lock: Vec<String>,
-    /// Per partition: does another session hold a lock on it stronger than
-    /// ACCESS SHARE (a writer whose transaction is still open)?
-    pub(crate) rotate_writer: Vec<String>,
+    /// Per partition: the other sessions and prepared transactions that
+    /// hold (or wait for) a lock on it ([`ROTATE_HOLDERS`]).
+    pub(crate) rotate_holders: Vec<String>,
     pub(crate) rotate_truncate: Vec<String>,
     pub(crate) rotate_done: String,
     pub(crate) rotate_bump: String,
@@ -904,11 +926,7 @@ impl Sql {
             rotate_due: names.render(ROTATE_DUE),
             rotate_check: per_partition(&ROTATE_CHECK.replace("{{behind}}", BEHIND_PARTITION)),
             rotate_lock: per_partition("LOCK TABLE {{part}} IN ACCESS EXCLUSIVE MODE"),
-            rotate_writer: per_partition(
-                "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'relation' \
-                 AND relation = '{{part}}'::regclass AND mode <> 'AccessShareLock' \
-                 AND pid <> pg_backend_pid())",
-            ),
+            rotate_holders: per_partition(ROTATE_HOLDERS),
             rotate_truncate: per_partition("TRUNCATE {{part}}"),
             rotate_done: names.render(ROTATE_DONE),
             rotate_bump: names.render(ROTATE_BUMP),

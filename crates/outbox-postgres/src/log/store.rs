@@ -51,7 +51,7 @@ mod status;
 mod wake;
 
 pub use relays::{LeaseHolding, RelayInfo};
-pub use rotation::Rotation;
+pub use rotation::{PartitionHolder, Rotation, RotationHold};
 pub use status::{CursorInfo, InFlight, LogInfo, LogStatus, PartitionInfo, ShardStatus};
 
 /// The event-log store on PostgreSQL (see the [module docs](super)). Cheap to
@@ -199,6 +199,17 @@ impl PgLogStore {
     pub async fn rotate_now(&self) -> Result<Rotation, StoreError> {
         let ctx = &self.inner.ctx;
         rotation::rotate_once(&ctx.pool, &ctx.sql, Duration::ZERO).await
+    }
+
+    /// What holds the next rotation back, read live: the partition it
+    /// truncates, when it is due, and the sessions (and prepared
+    /// transactions) holding a lock on that partition, with the one that
+    /// holds rotation back (a writer, or a reader holding it beyond a
+    /// statement: `pg_dump`, a session idle in a transaction). Rotation
+    /// never queues its lock behind such a session; the log grows until it
+    /// leaves. `outbox-relay status` shows it.
+    pub async fn rotation_hold(&self) -> Result<RotationHold, StoreError> {
+        rotation::hold(&self.inner.ctx, self.inner.rotation_interval).await
     }
 
     /// Generation, rotations and the size of each partition.
