@@ -230,6 +230,7 @@
 //!   more holds rotation back too: drop it ([`PgLogStore::drop_group`],
 //!   `outbox-relay group drop NAME`).
 
+mod anchor;
 mod control;
 mod enqueue;
 mod group_name;
@@ -242,6 +243,7 @@ mod snapshot;
 mod sql;
 mod store;
 
+pub use anchor::{Identity, IdentityCheck, ReanchorFrom, Reanchored, Refusal};
 pub use migrate::LOG_MIGRATIONS;
 
 pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
