@@ -158,11 +158,9 @@ pub(crate) async fn apply(
                 name: m.name,
                 source,
             })?;
-        sqlx::query(
-            &names.render(
-                "INSERT INTO {{history}} (version, name, checksum, applied_by) VALUES ($1, $2, $3, $4)",
-            ),
-        )
+        sqlx::query(&names.render(
+            "INSERT INTO {{history}} (version, name, checksum, applied_by) VALUES ($1, $2, $3, $4)",
+        ))
         .bind(m.version)
         .bind(m.name)
         .bind(recorded_checksum(m))

@@ -17,9 +17,7 @@ mod log_support;
 
 use log_support::*;
 use outbox_core::{EventId, NewEvent, Store};
-use outbox_postgres::{
-    GroupDrop, PgLogStore, ReanchorFrom, Refusal, StoreError, LOG_MIGRATIONS,
-};
+use outbox_postgres::{GroupDrop, PgLogStore, ReanchorFrom, Refusal, StoreError, LOG_MIGRATIONS};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool};
 
@@ -61,7 +59,10 @@ impl Drop for TempDb {
 /// The outbox schema of `db` restored into a new database by `pg_dump -n
 /// schema | psql`, and a pool on it.
 async fn restore_copy(db: &LogDb) -> (TempDb, PgPool) {
-    let name = format!("outbox_copy_{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let name = format!(
+        "outbox_copy_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    );
     sqlx::query(&format!("CREATE DATABASE \"{name}\""))
         .execute(&db.pool)
         .await
@@ -74,7 +75,11 @@ async fn restore_copy(db: &LogDb) -> (TempDb, PgPool) {
         .arg(database_url())
         .output()
         .expect("pg_dump");
-    assert!(dump.status.success(), "{}", String::from_utf8_lossy(&dump.stderr));
+    assert!(
+        dump.status.success(),
+        "{}",
+        String::from_utf8_lossy(&dump.stderr)
+    );
     let mut psql = std::process::Command::new("psql")
         .arg("-q")
         .arg("-v")
@@ -121,13 +126,27 @@ async fn a_restore_into_another_database_is_refused_until_reanchored_from_the_or
     let copy = restored_store(&db, pool.clone()).await;
 
     let refused = refusal(copy.claim(&req("relay", 10)).await);
-    assert!(matches!(refused, Refusal::OtherDatabase { .. }), "{refused:?}");
+    assert!(
+        matches!(refused, Refusal::OtherDatabase { .. }),
+        "{refused:?}"
+    );
     let text = refused.to_string();
-    assert!(text.contains("another database of the same cluster"), "{text}");
-    assert!(text.contains("outbox-relay reanchor --from origin"), "{text}");
+    assert!(
+        text.contains("another database of the same cluster"),
+        "{text}"
+    );
+    assert!(
+        text.contains("outbox-relay reanchor --from origin"),
+        "{text}"
+    );
     assert!(text.contains("--from now"), "{text}");
     assert!(!copy.identity().await.unwrap().matches());
-    assert!(copy.status().await.unwrap().identity.is_some_and(|i| !i.matches()));
+    assert!(copy
+        .status()
+        .await
+        .unwrap()
+        .identity
+        .is_some_and(|i| !i.matches()));
 
     let done = copy.reanchor(ReanchorFrom::Origin).await.unwrap();
     assert_eq!((done.events, done.cursors), (3, 1));
@@ -285,11 +304,19 @@ async fn a_schema_newer_or_older_than_known_is_refused() {
     let store = db.store().await;
     let r = refusal(store.claim(&req("relay", 10)).await);
     let text = r.to_string();
-    assert!(matches!(r, Refusal::SchemaTooNew { found: 99, .. }), "{r:?}");
-    assert!(text.contains("schema version 99") && text.contains("run outbox-relay 9.9.9 or later"), "{text}");
-    assert!(PgLogStore::from_pool(db.pool.clone(), db.options().with_auto_migrate(true))
-        .await
-        .is_err());
+    assert!(
+        matches!(r, Refusal::SchemaTooNew { found: 99, .. }),
+        "{r:?}"
+    );
+    assert!(
+        text.contains("schema version 99") && text.contains("run outbox-relay 9.9.9 or later"),
+        "{text}"
+    );
+    assert!(
+        PgLogStore::from_pool(db.pool.clone(), db.options().with_auto_migrate(true))
+            .await
+            .is_err()
+    );
 
     sqlx::query(&format!("DELETE FROM {history} WHERE version >= 6"))
         .execute(&db.pool)
@@ -297,7 +324,10 @@ async fn a_schema_newer_or_older_than_known_is_refused() {
         .unwrap();
     let store = db.store().await;
     let r = refusal(store.claim(&req("relay", 10)).await);
-    assert!(matches!(r, Refusal::SchemaTooOld { found: Some(5), .. }), "{r:?}");
+    assert!(
+        matches!(r, Refusal::SchemaTooOld { found: Some(5), .. }),
+        "{r:?}"
+    );
     assert!(r.to_string().contains("run `outbox-relay migrate`"), "{r}");
 }
 
@@ -314,7 +344,13 @@ async fn a_group_dropped_after_its_lease_lapsed_is_not_delivered_again_from_the_
     let c = claim(&store, "relay", 10).await;
     assert_eq!(ids(&c), events);
     deliver(&store, &c).await;
-    for (table, cols) in [("_control", "(grp, paused) VALUES ($1, true)"), ("_relays", "(grp, relay, seen_until) VALUES ($1, 'relay', now())")] {
+    for (table, cols) in [
+        ("_control", "(grp, paused) VALUES ($1, true)"),
+        (
+            "_relays",
+            "(grp, relay, seen_until) VALUES ($1, 'relay', now())",
+        ),
+    ] {
         sqlx::query(&format!("INSERT INTO {} {cols}", db.table(table)))
             .bind(&group)
             .execute(&db.pool)
@@ -325,13 +361,20 @@ async fn a_group_dropped_after_its_lease_lapsed_is_not_delivered_again_from_the_
 
     match store.drop_group(&group, false).await.unwrap() {
         GroupDrop::Dropped(what) => {
-            assert_eq!((what.cursors, what.control, what.relays), (1, 1, 1), "{what:?}");
+            assert_eq!(
+                (what.cursors, what.control, what.relays),
+                (1, 1, 1),
+                "{what:?}"
+            );
         }
         other => panic!("{other:?}"),
     }
     let r = refusal(store.claim(&req("relay", 10)).await);
     assert!(matches!(r, Refusal::GroupDropped { .. }), "{r:?}");
-    assert!(r.to_string().contains("does not start the group again"), "{r}");
+    assert!(
+        r.to_string().contains("does not start the group again"),
+        "{r}"
+    );
     let left = store.group_contents(&group).await.unwrap();
     assert!(left.is_empty(), "{left:?}");
 }
@@ -351,8 +394,17 @@ async fn an_order_sequence_with_a_cache_is_refused_at_connect() {
         .await
         .unwrap_err();
     let text = err.to_string();
-    assert!(matches!(err, StoreError::Refused(Refusal::SequenceCache { cache: 20, .. })), "{err:?}");
-    assert!(text.contains(&format!("ALTER SEQUENCE {seq} CACHE 1")), "{text}");
+    assert!(
+        matches!(
+            err,
+            StoreError::Refused(Refusal::SequenceCache { cache: 20, .. })
+        ),
+        "{err:?}"
+    );
+    assert!(
+        text.contains(&format!("ALTER SEQUENCE {seq} CACHE 1")),
+        "{text}"
+    );
     let store = db.store().await;
     refusal(store.claim(&req("relay", 10)).await);
 

@@ -97,7 +97,9 @@ async fn reanchor(log: &outbox_postgres::PgLogStore, args: &ReanchorArgs) -> any
         .await
         .context("cannot re-anchor the log")?;
     let events = match from {
-        ReanchorFrom::Origin => format!("{} retained event(s) will be delivered again", done.events),
+        ReanchorFrom::Origin => {
+            format!("{} retained event(s) will be delivered again", done.events)
+        }
         _ => format!("{} event(s) in the log skipped", done.events),
     };
     println!(

@@ -29,7 +29,10 @@ async fn a_restored_log_is_refused_until_reanchor() {
     let mut tx = producer.pool().begin().await.unwrap();
     let id = producer
         .outbox()
-        .enqueue(&mut tx, NewEvent::new("t", "topic", b"{}".to_vec()).with_key("k"))
+        .enqueue(
+            &mut tx,
+            NewEvent::new("t", "topic", b"{}".to_vec()).with_key("k"),
+        )
         .await
         .unwrap();
     tx.commit().await.unwrap();
@@ -43,7 +46,10 @@ async fn a_restored_log_is_refused_until_reanchor() {
     let claim = producer.claim(&req).await.unwrap();
     assert_eq!(claim.events.len(), 1);
     let settled = producer
-        .settle(claim.token, &Settlement::new().with(id, Resolution::Delivered))
+        .settle(
+            claim.token,
+            &Settlement::new().with(id, Resolution::Delivered),
+        )
         .await
         .unwrap();
     assert!(settled.all_applied());
@@ -52,9 +58,18 @@ async fn a_restored_log_is_refused_until_reanchor() {
     let sink = |name: &str| format!("jsonl:{}", dir.path().join(name).display());
 
     // pg_dump -n schema | psql into a new database.
-    let db = format!("cli_reanchor_{}", &uuid::Uuid::new_v4().simple().to_string()[..10]);
-    sqlx::query(&format!("CREATE DATABASE \"{db}\"")).execute(&pool).await.unwrap();
-    let dump = Command::new("pg_dump").args(["--no-owner", "-n", &schema, &database_url()]).output().unwrap();
+    let db = format!(
+        "cli_reanchor_{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..10]
+    );
+    sqlx::query(&format!("CREATE DATABASE \"{db}\""))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let dump = Command::new("pg_dump")
+        .args(["--no-owner", "-n", &schema, &database_url()])
+        .output()
+        .unwrap();
     assert!(dump.status.success());
     let mut psql = Command::new("psql")
         .args(["-q", "-v", "ON_ERROR_STOP=1", &url_for(&db)])
@@ -77,33 +92,70 @@ async fn a_restored_log_is_refused_until_reanchor() {
             .unwrap(),
     );
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(std::fs::read_to_string(&file).unwrap_or_default().is_empty(), "claimed on the copy");
+    assert!(
+        std::fs::read_to_string(&file)
+            .unwrap_or_default()
+            .is_empty(),
+        "claimed on the copy"
+    );
 
     // Without --yes (no terminal) nothing changes.
-    let out = relay(&["reanchor", "--from", "origin"]).args(store_args).stdin(Stdio::null()).output().unwrap();
+    let out = relay(&["reanchor", "--from", "origin"])
+        .args(store_args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("the log's positions belong to database \"test\""), "{text}");
-    assert!(text.contains("delivers the whole retained log again"), "{text}");
+    assert!(
+        text.contains("the log's positions belong to database \"test\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("delivers the whole retained log again"),
+        "{text}"
+    );
 
-    let out = relay(&["reanchor", "--from", "origin", "--yes"]).args(store_args).output().unwrap();
+    let out = relay(&["reanchor", "--from", "origin", "--yes"])
+        .args(store_args)
+        .output()
+        .unwrap();
     assert_success(&out, "reanchor --from origin --yes");
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(text.contains("1 retained event(s) will be delivered again"), "{text}");
+    assert!(
+        text.contains("1 retained event(s) will be delivered again"),
+        "{text}"
+    );
 
     // The running relay resumes and delivers the retained event again.
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !std::fs::read_to_string(&file).unwrap_or_default().contains(&id.to_string()) {
-        assert!(Instant::now() < deadline, "not delivered after the re-anchor");
+    while !std::fs::read_to_string(&file)
+        .unwrap_or_default()
+        .contains(&id.to_string())
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not delivered after the re-anchor"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop(&mut running);
     let mut stderr = String::new();
-    std::io::Read::read_to_string(&mut running.child().stderr.take().unwrap(), &mut stderr).unwrap();
-    assert!(stderr.contains("another database of the same cluster"), "{stderr}");
-    assert!(stderr.contains("outbox-relay reanchor --from origin"), "{stderr}");
+    std::io::Read::read_to_string(&mut running.child().stderr.take().unwrap(), &mut stderr)
+        .unwrap();
+    assert!(
+        stderr.contains("another database of the same cluster"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("outbox-relay reanchor --from origin"),
+        "{stderr}"
+    );
 
     drop(producer);
-    sqlx::query(&format!("DROP DATABASE \"{db}\" WITH (FORCE)")).execute(&pool).await.unwrap();
+    sqlx::query(&format!("DROP DATABASE \"{db}\" WITH (FORCE)"))
+        .execute(&pool)
+        .await
+        .unwrap();
     drop_schema(&pool, &schema).await;
 }

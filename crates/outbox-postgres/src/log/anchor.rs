@@ -267,7 +267,10 @@ fn outbox_name(names: &LogNames) -> String {
 
 /// The schema version fence and the order sequence's cache: what a store
 /// checks before it trusts its SQL against the tables.
-pub(crate) async fn check_schema(conn: &mut PgConnection, names: &LogNames) -> Result<(), StoreError> {
+pub(crate) async fn check_schema(
+    conn: &mut PgConnection,
+    names: &LogNames,
+) -> Result<(), StoreError> {
     let outbox = outbox_name(names);
     let known = known_version();
     let history = names.render("{{history}}");
@@ -563,8 +566,14 @@ mod tests {
     #[test]
     fn a_database_is_its_cluster_and_oid_not_its_name() {
         assert!(id(1, 5, "a").same_database(&id(1, 5, "renamed")));
-        assert!(!id(1, 5, "a").same_database(&id(1, 6, "a")), "restored copy");
-        assert!(!id(1, 5, "a").same_database(&id(2, 5, "a")), "other cluster");
+        assert!(
+            !id(1, 5, "a").same_database(&id(1, 6, "a")),
+            "restored copy"
+        );
+        assert!(
+            !id(1, 5, "a").same_database(&id(2, 5, "a")),
+            "other cluster"
+        );
         let unrecorded = IdentityCheck {
             stored: None,
             found: id(1, 5, "a"),
@@ -589,7 +598,9 @@ mod tests {
             found: id(1, 6, "copy"),
         }
         .to_string();
-        assert!(other.contains("same cluster") && other.contains("outbox-relay reanchor --from origin"));
+        assert!(
+            other.contains("same cluster") && other.contains("outbox-relay reanchor --from origin")
+        );
         let new = Refusal::SchemaTooNew {
             outbox: "s.t".into(),
             found: 9,
@@ -597,7 +608,9 @@ mod tests {
             applied_by: Some("0.9.0".into()),
         }
         .to_string();
-        assert!(new.contains("schema version 9") && new.contains("run outbox-relay 0.9.0 or later"));
+        assert!(
+            new.contains("schema version 9") && new.contains("run outbox-relay 0.9.0 or later")
+        );
         let cache = Refusal::SequenceCache {
             sequence: "\"s\".\"t_log_order\"".into(),
             cache: 20,

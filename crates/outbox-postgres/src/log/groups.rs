@@ -79,7 +79,11 @@ pub struct GroupContents {
 impl GroupContents {
     /// Whether the group holds nothing (it does not exist).
     pub fn is_empty(&self) -> bool {
-        self.cursors == 0 && self.lane == 0 && self.dead == 0 && self.control == 0 && self.relays == 0
+        self.cursors == 0
+            && self.lane == 0
+            && self.dead == 0
+            && self.control == 0
+            && self.relays == 0
     }
 }
 
