@@ -157,7 +157,7 @@ async fn a_restore_into_another_database_is_refused_until_reanchored_from_the_or
 
     // New events of the copy follow, none of the old ones again.
     let mut tx = pool.begin().await.unwrap();
-    let later = copy.outbox().enqueue(&mut *tx, ev("k", 4)).await.unwrap();
+    let later = copy.outbox().enqueue(&mut tx, ev("k", 4)).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(ids(&claim(&copy, "relay", 10).await), vec![later]);
 }
@@ -176,7 +176,7 @@ async fn a_restore_reanchored_from_now_skips_the_retained_log() {
     assert_eq!(done.events, 3);
     assert!(claim(&copy, "relay", 10).await.events.is_empty());
     let mut tx = pool.begin().await.unwrap();
-    let later = copy.outbox().enqueue(&mut *tx, ev("k", 4)).await.unwrap();
+    let later = copy.outbox().enqueue(&mut tx, ev("k", 4)).await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(ids(&claim(&copy, "relay", 10).await), vec![later]);
     // The original database still holds its positions and delivers its third.
