@@ -167,6 +167,11 @@ pub enum StoreError {
     /// A consumer group other than [`outbox_core::DEFAULT_GROUP`] was named
     /// to a queue-mode store, which has only that one.
     UnknownGroup(String),
+    /// The event log refuses to claim (or to open): its positions belong
+    /// to another database, its schema version is not this library's, its
+    /// order sequence is cached, or the group was dropped under a running
+    /// relay. The message names the way out.
+    Refused(crate::log::Refusal),
 }
 
 impl From<InvalidIdentifier> for StoreError {
@@ -223,6 +228,7 @@ impl fmt::Display for StoreError {
                 "no consumer group {g:?}: a queue-mode outbox has one group, {:?} (consumer groups need mode `log`)",
                 outbox_core::DEFAULT_GROUP
             ),
+            StoreError::Refused(r) => fmt::Display::fmt(r, f),
         }
     }
 }

@@ -31,6 +31,7 @@ pub use log::{
     RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
     LOG_MIGRATIONS, MAX_GROUP_NAME_BYTES,
 };
+pub use log::{Identity, IdentityCheck, ReanchorFrom, Reanchored, Refusal};
 
 /// Names of the metrics the event-log store emits (through the `metrics`
 /// facade; the application or the relay binary installs the exporter).

@@ -34,6 +34,11 @@ pub const MIGRATIONS: &[Migration] = &[
     },
 ];
 
+/// What the history's `applied_by` records: this crate's version. A relay
+/// that finds a schema version it does not know names it (the version of
+/// `outbox-relay` to run: the workspace releases its crates together).
+pub(crate) const APPLIED_BY: &str = env!("CARGO_PKG_VERSION");
+
 /// First key of the two-key advisory lock taken while migrating: ASCII "obox".
 const LOCK_NAMESPACE: i32 = 0x6f62_6f78;
 
@@ -115,7 +120,8 @@ pub(crate) async fn apply(
              name       text        NOT NULL,
              checksum   bigint      NOT NULL,
              applied_at timestamptz NOT NULL DEFAULT now()
-         );",
+         );
+         ALTER TABLE {{history}} ADD COLUMN IF NOT EXISTS applied_by text NULL;",
     );
     tx.execute(setup.as_str())
         .await
@@ -152,12 +158,13 @@ pub(crate) async fn apply(
                 name: m.name,
                 source,
             })?;
-        sqlx::query(
-            &names.render("INSERT INTO {{history}} (version, name, checksum) VALUES ($1, $2, $3)"),
-        )
+        sqlx::query(&names.render(
+            "INSERT INTO {{history}} (version, name, checksum, applied_by) VALUES ($1, $2, $3, $4)",
+        ))
         .bind(m.version)
         .bind(m.name)
         .bind(recorded_checksum(m))
+        .bind(APPLIED_BY)
         .execute(&mut *tx)
         .await
         .map_err(MigrateError::Database)?;

@@ -4,7 +4,8 @@
 //! group's cursors, retry lane and dead letters after showing them, asking
 //! (`y/N`) on a terminal unless `--yes`; it refuses while a relay holds a
 //! lease on one of the group's cursors unless `--force` (a running relay
-//! would start the group again at once).
+//! of a dropped group refuses to claim; restarted, it starts the group as
+//! new). Its control row (a pause) and relay rows go with it.
 
 #[cfg(feature = "postgres")]
 use crate::any::AnyStore;
@@ -47,8 +48,8 @@ pub(crate) struct DropArgs {
     /// Do not ask for confirmation.
     #[arg(long, short = 'y')]
     yes: bool,
-    /// Drop it even while relays hold leases on its cursors (they start
-    /// the group again, as new, at their next claim).
+    /// Drop it even while relays hold leases on its cursors (they refuse
+    /// to claim from then on; restarted, they start the group as new).
     #[arg(long)]
     force: bool,
 }
@@ -138,7 +139,7 @@ async fn drop_group(log: &outbox_postgres::PgLogStore, args: &DropArgs) -> anyho
     );
     let refuse = |by: &[String]| {
         anyhow::anyhow!(
-            "relay(s) {} hold leases on group {name:?}'s cursors: stop them first (a running relay starts the group again at once), or pass --force",
+            "relay(s) {} hold leases on group {name:?}'s cursors: stop them first (a running relay refuses to claim once its group is dropped), or pass --force",
             by.join(", ")
         )
     };
@@ -168,8 +169,8 @@ async fn drop_group(log: &outbox_postgres::PgLogStore, args: &DropArgs) -> anyho
         other => bail!("unexpected outcome of dropping group {name:?}: {other:?}"),
     };
     println!(
-        "dropped group {name:?}: {} cursor(s), {} retry-lane row(s), {} dead letter(s)",
-        done.cursors, done.lane, done.dead
+        "dropped group {name:?}: {} cursor(s), {} retry-lane row(s), {} dead letter(s), {} control row(s), {} relay row(s)",
+        done.cursors, done.lane, done.dead, done.control, done.relays
     );
     Ok(())
 }

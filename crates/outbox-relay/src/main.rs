@@ -1,7 +1,7 @@
 //! `outbox-relay`: runs the outbox relay, its demo, and store administration.
 //!
 //! Commands: `demo`, `run`, `migrate`, `status`, `pause`, `resume`,
-//! `dead list|show|retry|purge`, `group list|drop`, `console` (feature
+//! `dead list|show|retry|purge`, `group list|drop`, `reanchor`, `console` (feature
 //! `console`: the operator's web console).
 //! Logs go to stderr (`RUST_LOG` filters them); command output goes to stdout.
 //! Errors are printed as one line, each cause once, root cause last, with
@@ -27,6 +27,7 @@ mod dead;
 mod demo;
 mod groups;
 mod http;
+mod reanchor;
 mod report;
 mod status;
 mod table;
@@ -80,6 +81,11 @@ enum Command {
         #[command(subcommand)]
         command: groups::GroupCommand,
     },
+    /// Anchor the PostgreSQL event log's positions to this database after
+    /// a switchover, a restore or an upgrade moved it (relays refuse to
+    /// claim until then): `--from origin` delivers the retained log again,
+    /// `--from now` skips it (undelivered events are lost).
+    Reanchor(reanchor::ReanchorArgs),
     /// Serve the operator console: a web page of the groups, shards,
     /// relays and dead letters, with replay, purge and pause/resume for an
     /// operator holding the admin token (read-only without one).
@@ -185,6 +191,10 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
         Command::Group { command } => {
             init_logging("warn");
             groups::run(command, secrets).await
+        }
+        Command::Reanchor(args) => {
+            init_logging("warn");
+            reanchor::run(args, secrets).await
         }
         #[cfg(feature = "console")]
         Command::Console(args) => {

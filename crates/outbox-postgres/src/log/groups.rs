@@ -68,6 +68,10 @@ pub struct GroupContents {
     pub lane: u64,
     /// Its dead letters.
     pub dead: u64,
+    /// Its control row (a pause): 0 or 1.
+    pub control: u64,
+    /// Its relay rows (members of its relay group, live or not).
+    pub relays: u64,
     /// Relays holding a current lease on one of its cursors.
     pub leased_by: Vec<String>,
 }
@@ -75,7 +79,11 @@ pub struct GroupContents {
 impl GroupContents {
     /// Whether the group holds nothing (it does not exist).
     pub fn is_empty(&self) -> bool {
-        self.cursors == 0 && self.lane == 0 && self.dead == 0
+        self.cursors == 0
+            && self.lane == 0
+            && self.dead == 0
+            && self.control == 0
+            && self.relays == 0
     }
 }
 
@@ -273,17 +281,24 @@ impl PgLogStore {
             cursors: count(row.try_get(0)?),
             lane: count(row.try_get(1)?),
             dead: count(row.try_get(2)?),
-            leased_by: row.try_get(3)?,
+            control: count(row.try_get(3)?),
+            relays: count(row.try_get(4)?),
+            leased_by: row.try_get(5)?,
         })
     }
 
-    /// Deletes `group`'s cursors, retry lane and dead letters in one
-    /// fenced step: one transaction locks the group's cursor rows, reads
-    /// who leases them and, unless a relay holds a current lease and
-    /// `force` is false, deletes everything. A relay renewing or taking a
-    /// lease meanwhile waits for that transaction and then finds no cursor
-    /// (its settles are fenced). With `force`, a running relay of the group
-    /// loses its lease and starts the group again as new (see
+    /// Deletes `group`'s cursors, retry lane, dead letters, control row
+    /// (a pause) and relay rows in one fenced step: one transaction locks
+    /// the group's cursor rows, reads who leases them and, unless a relay
+    /// holds a current lease and `force` is false, deletes everything. A
+    /// relay renewing or taking a lease meanwhile waits for that
+    /// transaction and then finds no cursor: its settles are fenced, and a
+    /// relay that had found the cursor before (its lease lapsed a moment
+    /// before the drop, or it was forced out) refuses to claim
+    /// ([`Refusal::GroupDropped`](crate::log::Refusal::GroupDropped))
+    /// instead of creating the cursor again at the log's origin, which
+    /// would deliver the whole retained log again. A relay started after
+    /// the drop starts the group as new (see
     /// [`PgLogOptions::with_new_group_start`]).
     pub async fn drop_group(&self, group: &str, force: bool) -> Result<GroupDrop, StoreError> {
         let mut tx = self.pool().begin().await?;
@@ -300,7 +315,7 @@ impl PgLogStore {
         if !leased_by.is_empty() && !force {
             return Ok(GroupDrop::Leased { by: leased_by });
         }
-        let mut deleted = [0u64; 3];
+        let mut deleted = [0u64; GROUP_DELETE.len()];
         for (i, sql) in GROUP_DELETE.iter().enumerate() {
             deleted[i] = sqlx::query(&self.render(sql))
                 .bind(group)
@@ -309,11 +324,14 @@ impl PgLogStore {
                 .rows_affected();
         }
         tx.commit().await?;
-        tracing::info!(%group, cursors = deleted[0], lane = deleted[1], dead = deleted[2], "dropped consumer group");
+        tracing::info!(%group, cursors = deleted[0], lane = deleted[1], dead = deleted[2],
+            control = deleted[3], relays = deleted[4], "dropped consumer group");
         Ok(GroupDrop::Dropped(GroupContents {
             cursors: deleted[0],
             lane: deleted[1],
             dead: deleted[2],
+            control: deleted[3],
+            relays: deleted[4],
             leased_by,
         }))
     }

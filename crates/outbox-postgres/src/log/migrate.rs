@@ -34,10 +34,15 @@ pub const LOG_MIGRATIONS: &[Migration] = &[
         name: "0005_insertion_order",
         sql: include_str!("../../migrations/log/0005_insertion_order.sql"),
     },
+    Migration {
+        version: 6,
+        name: "0006_identity",
+        sql: include_str!("../../migrations/log/0006_identity.sql"),
+    },
 ];
 
 /// First key of the advisory lock: ASCII "olog" (the queue mode uses "obox").
-const LOCK_NAMESPACE: i32 = 0x6f6c_6f67;
+pub(crate) const LOCK_NAMESPACE: i32 = 0x6f6c_6f67;
 
 /// Applies the missing migrations in one transaction, serialized with other
 /// migrating processes by `pg_advisory_xact_lock`, then (in a second

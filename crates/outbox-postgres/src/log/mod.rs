@@ -131,6 +131,22 @@
 //! delivered again. A clean restart keeps unlogged tables, and loses
 //! nothing to reuse.
 //!
+//! **Identity and fences.** Stored positions are trusted only in the
+//! database that wrote them: the meta row records the cluster's
+//! `system_identifier` and the database's oid ([`Identity`]), and a claim
+//! compares them with what it finds before it reads (at the store's first
+//! claim, whenever a lease is newly taken, and every 30 s). After a move
+//! (a logical-replication switchover, a restore or copy, a pg_upgrade) it
+//! refuses with [`Refusal::OtherDatabase`], naming
+//! [`PgLogStore::reanchor`] (`outbox-relay reanchor --from origin|now`):
+//! one transaction that gives every retained event its own transaction id
+//! and moves every cursor to a snapshot before it (the retained log again)
+//! or after it (skipped), with seq floors at 0, epochs bumped, leases
+//! voided and a new incarnation token. The same check refuses a schema
+//! version other than this library's ([`Refusal::SchemaTooNew`] names the
+//! version that migrated it) and an order sequence with a cache
+//! ([`Refusal::SequenceCache`]); with `auto_migrate` they run at connect.
+//!
 //! **The retry lane** (`<table>_log_lane`) holds the few events that
 //! cannot simply be passed: a retry (eligible at the database's `now()` +
 //! delay, attempts counted), an event released mid-batch, and events
@@ -204,7 +220,10 @@
 //! first relay's layout is created at once, at that snapshot). Rotation
 //! waits for the slowest group; [`PgLogStore::groups`] says which group
 //! holds it back, and [`PgLogStore::drop_group`] deletes a group's
-//! cursors, lane and dead letters (it then holds nothing back).
+//! cursors, lane, dead letters, control and relay rows in one fenced step
+//! (it then holds nothing back; a relay that was reading it refuses to
+//! claim, [`Refusal::GroupDropped`], instead of starting it again at the
+//! origin).
 //! A group can be paused and resumed on its own
 //! ([`ControlStore`](outbox_core::ControlStore): one row per group in
 //! `<table>_log_control`, which its relays re-read about once a second;
@@ -237,6 +256,7 @@
 //!   more holds rotation back too: drop it ([`PgLogStore::drop_group`],
 //!   `outbox-relay group drop NAME`).
 
+mod anchor;
 mod control;
 mod enqueue;
 mod group_name;
@@ -249,6 +269,7 @@ mod snapshot;
 mod sql;
 mod store;
 
+pub use anchor::{Identity, IdentityCheck, ReanchorFrom, Reanchored, Refusal};
 pub use migrate::LOG_MIGRATIONS;
 
 pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};

@@ -677,11 +677,14 @@ ORDER BY 1";
 pub(super) const DEAD_BY_CODE: &str = "\
 SELECT last_error_code, count(*) FROM {{dead}} WHERE grp = $1 GROUP BY 1 ORDER BY 1";
 
-/// What a group holds: cursors, lane rows, dead letters, current lease holders.
+/// What a group holds: cursors, lane rows, dead letters, control and relay
+/// rows, current lease holders.
 pub(super) const CONTENTS: &str = "\
 SELECT (SELECT count(*) FROM {{cursors}} WHERE grp = $1),
        (SELECT count(*) FROM {{lane}} WHERE grp = $1),
        (SELECT count(*) FROM {{dead}} WHERE grp = $1),
+       (SELECT count(*) FROM {{control}} WHERE grp = $1),
+       (SELECT count(*) FROM {{relays}} WHERE grp = $1),
        ARRAY(SELECT DISTINCT owner FROM {{cursors}}
              WHERE grp = $1 AND owner IS NOT NULL AND lease_until > now() ORDER BY 1)";
 
@@ -730,11 +733,14 @@ SELECT owner, coalesce(lease_until > now(), false) FROM {{cursors}}
 WHERE grp = $1 ORDER BY owner FOR UPDATE";
 
 /// What [`drop_group`](super::PgLogStore::drop_group) deletes, in order:
-/// the group's cursors, retry lane and dead letters.
-pub(super) const GROUP_DELETE: [&str; 3] = [
+/// the group's cursors, retry lane, dead letters, control row (a pause)
+/// and relay rows (relay-group members).
+pub(super) const GROUP_DELETE: [&str; 5] = [
     "DELETE FROM {{cursors}} WHERE grp = $1",
     "DELETE FROM {{lane}} WHERE grp = $1",
     "DELETE FROM {{dead}} WHERE grp = $1",
+    "DELETE FROM {{control}} WHERE grp = $1",
+    "DELETE FROM {{relays}} WHERE grp = $1",
 ];
 
 /// The dead letters of group `$1`.

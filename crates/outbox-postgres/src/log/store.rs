@@ -41,6 +41,7 @@ use std::time::Duration;
 mod claim;
 mod context;
 mod cursor;
+mod guard;
 mod lane;
 mod lease;
 mod relays;
@@ -129,8 +130,15 @@ impl PgLogStore {
             .with_limits(options.pool.limits);
         let log = PgLog::from_names(names.clone());
         if options.pool.auto_migrate {
+            // Migrated here, so checked here: a schema of a newer version
+            // (the migration refuses it) or an order sequence someone
+            // altered to a cache is refused at connect. Without
+            // `auto_migrate` the same checks run at the first claim
+            // (`guard.rs`), so that `migrate`, `status` and `reanchor` can
+            // open a store on an outbox that needs them.
             let mut conn = pool.acquire().await?;
             outbox.migrate(&mut conn).await?;
+            super::anchor::check_schema(&mut conn, &names).await?;
         }
         let sql = Arc::new(Sql::new(&names));
         let mut tasks = BackgroundTasks::default();

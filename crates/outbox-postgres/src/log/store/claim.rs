@@ -7,6 +7,7 @@
 
 use super::context::Ctx;
 use super::cursor::{Batch, CursorKey, CursorState, Item, Kind, Src};
+use super::guard;
 use super::lane::{self, LaneOp, LaneRows};
 use super::lease;
 use super::rows::{empty_claim, snap};
@@ -66,9 +67,15 @@ pub(super) async fn claim_key(
         // A new holding (new epoch) starts from the stored position.
         ctx.cursors.lose(st);
     }
+    // The fences (schema version, order sequence, database identity):
+    // before a lease is taken when due, and again under every new lease.
+    if ctx.guard.due() {
+        guard::check(ctx, st).await?;
+    }
     if st.renew_due(req.lease) && !lease::hold(ctx, key, st, req.lease).await? {
         return Ok(None);
     }
+    guard::check_new_lease(ctx, st).await?;
     let limit = req.batch_size.max(1);
     for _ in 0..8 {
         match claim_once(ctx, key, st, limit, upto).await? {
@@ -85,6 +92,7 @@ pub(super) async fn claim_key(
                 if !lease::hold(ctx, key, st, req.lease).await? {
                     return Ok(None);
                 }
+                guard::check_new_lease(ctx, st).await?;
             }
         }
     }

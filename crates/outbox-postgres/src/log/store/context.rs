@@ -2,6 +2,7 @@
 //! status, relay groups) share, handed to each of them explicitly.
 
 use super::cursor::{Cursors, SeqFloors};
+use super::guard::Guard;
 use super::wake::Wake;
 use crate::log::names::LogNames;
 use crate::log::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
@@ -31,6 +32,8 @@ pub(super) struct Ctx {
     pub(super) floors: SeqFloors,
     /// The wake-up probe's state (claims reset it).
     pub(super) wake: Wake,
+    /// When the schema, sequence and identity fences last passed.
+    pub(super) guard: Guard,
 }
 
 impl Ctx {
@@ -53,6 +56,7 @@ impl Ctx {
             cursors: Cursors::default(),
             floors: SeqFloors::default(),
             wake: Wake::new(options.probe_min, options.probe_max),
+            guard: Guard::default(),
         }
     }
 

@@ -92,6 +92,12 @@ pub(super) struct CursorState {
     /// are used only while the database is still that incarnation. `None`
     /// until a lease is taken.
     pub(super) boot: Option<String>,
+    /// The epoch under which the fences (`guard.rs`) last passed: a lease
+    /// newly taken is checked before it is read under.
+    pub(super) guarded_epoch: Option<i64>,
+    /// This relay found the cursor row once: if it vanishes (the group was
+    /// dropped), the relay refuses instead of creating it at the origin.
+    pub(super) cursor_seen: bool,
 }
 
 /// A lease as the database granted (or renewed) it.
@@ -248,6 +254,8 @@ impl CursorState {
             spread: KeySpread::default(),
             lag_at: None,
             boot: None,
+            guarded_epoch: None,
+            cursor_seen: false,
         }
     }
 

@@ -6,6 +6,7 @@
 use super::context::Ctx;
 use super::cursor::{Cell, CursorKey, CursorState, Granted};
 use super::rows::{decode_err, micros, position, row_skip_list, snap};
+use crate::log::anchor::Refusal;
 use crate::log::options::{GroupStart, LeaseTimers};
 use crate::log::snapshot::{Position, Snap};
 use crate::StoreError;
@@ -73,6 +74,9 @@ async fn acquire(
         let now: DateTime<Utc> = row.try_get(6)?;
         let present: bool = row.try_get(7)?;
         let epoch: Option<i64> = row.try_get(0)?;
+        if present {
+            st.cursor_seen = true;
+        }
         match epoch {
             Some(epoch) => {
                 let lease_until: DateTime<Utc> = row.try_get(1)?;
@@ -106,6 +110,17 @@ async fn acquire(
                 }
                 ctx.cursors.lose(st);
                 return Ok((now, false));
+            }
+            None if st.cursor_seen => {
+                // The cursor this relay was reading is gone: the group
+                // was dropped (a lease that lapsed a moment before the
+                // drop). Creating it again would start at the origin and
+                // deliver the whole retained log again.
+                ctx.cursors.lose(st);
+                return Err(StoreError::Refused(Refusal::GroupDropped {
+                    group: grp,
+                    shard: key.shard().to_string(),
+                }));
             }
             None => {
                 let start = start_position(ctx, key.total, key.shard().index()).await?;

@@ -396,7 +396,26 @@ impl RelayGroups {
         let others: Vec<String> = row.try_get(0)?;
         let present: i64 = row.try_get(1)?;
         if present < i64::from(total) {
-            self.create_virtual_cursors(ctx, total).await?;
+            if let Err(e) = self
+                .create_virtual_cursors(ctx, total, m.checked.is_some())
+                .await
+            {
+                if matches!(e, StoreError::Refused(_)) {
+                    // The group was dropped under this relay: its relay
+                    // row goes too (the heartbeat above wrote it again).
+                    sqlx::query(&ctx.sql.leave)
+                        .bind(&ctx.group)
+                        .bind(req.relay_id.as_str())
+                        .execute(&ctx.pool)
+                        .await?;
+                    for key in m.sets.clone() {
+                        self.drop_set(ctx, m, &key).await;
+                    }
+                    m.checked = None;
+                    tracing::error!(group = %ctx.group, error = %e, "refusing to claim");
+                }
+                return Err(e);
+            }
         }
         let me = req.relay_id.as_str();
         let n = others.len() + 1;
@@ -430,8 +449,23 @@ impl RelayGroups {
         Ok(())
     }
 
-    async fn create_virtual_cursors(&self, ctx: &Ctx, total: u32) -> Result<(), StoreError> {
+    /// Creates the group's missing cursors of `total` virtual shards.
+    /// `member`: this relay has rebalanced in this group before; if the
+    /// group then has no cursor at all it was dropped under the relay,
+    /// which refuses instead of starting it again at the log's origin.
+    async fn create_virtual_cursors(
+        &self,
+        ctx: &Ctx,
+        total: u32,
+        member: bool,
+    ) -> Result<(), StoreError> {
         let existing = lease::group_starts(ctx).await?;
+        if existing.is_empty() && member {
+            return Err(StoreError::Refused(crate::log::Refusal::GroupDropped {
+                group: ctx.group.clone(),
+                shard: format!("0..{total}/{total} (relay group)"),
+            }));
+        }
         if existing.is_empty() && ctx.new_group_start == GroupStart::Now {
             lease::create_group_at_now(ctx, total).await?;
             return Ok(());

@@ -74,6 +74,10 @@ pub struct LogStatus {
     pub oldest_writer: Option<Duration>,
     /// Partitions and rotations.
     pub log: LogInfo,
+    /// The database the log's positions belong to and the one this
+    /// connection is to (`None`: a schema older than migration 6). When
+    /// they differ relays refuse to claim: `outbox-relay reanchor`.
+    pub identity: Option<crate::log::IdentityCheck>,
 }
 
 /// The state of the log's partitions (see [`PgLogStore::log_info`](super::PgLogStore::log_info)).
@@ -293,5 +297,19 @@ pub(super) async fn status(ctx: &Ctx) -> Result<LogStatus, StoreError> {
         dead: count(dead),
         oldest_writer: micros_to(oldest),
         log: log_info(ctx).await?,
+        identity: identity(ctx).await,
     })
+}
+
+/// The stored and found identity, or `None` when it cannot be read (a
+/// schema before migration 6).
+async fn identity(ctx: &Ctx) -> Option<crate::log::IdentityCheck> {
+    let mut conn = ctx.pool.acquire().await.ok()?;
+    match crate::log::anchor::read_identity(&mut conn, &ctx.names).await {
+        Ok(check) => Some(check),
+        Err(e) => {
+            tracing::debug!(error = %e, "the log's identity cannot be read");
+            None
+        }
+    }
 }
