@@ -149,6 +149,11 @@ const RELAY: &[Setting] = &[
     )
     .with_default("false"),
     Setting::text(
+        "console_allowed_hosts",
+        "Host names the console also answers to, comma-separated (NAME or NAME:PORT: a proxy's or a DNS name of yours), besides console_addr (and localhost on loopback); a request naming another host is refused (421), so a web page cannot reach the console through DNS rebinding.",
+    )
+    .with_value_name("NAMES"),
+    Setting::text(
         "console_admin_token_file",
         "A file holding the console's admin token (at least 16 characters); without one the console is read-only.",
     )
@@ -737,6 +742,8 @@ pub(crate) struct ConsoleConfig {
     pub(crate) allow_remote: bool,
     pub(crate) token_file: Option<PathBuf>,
     pub(crate) token_env: Option<String>,
+    /// Host names the console answers to besides `listen`.
+    pub(crate) allowed_hosts: Vec<String>,
 }
 
 /// The console settings of `run`: none without `console_addr`; refused
@@ -771,6 +778,16 @@ fn console_config(r: &Resolved) -> anyhow::Result<Option<ConsoleConfig>> {
         allow_remote: r.bool("console_allow_remote")?.unwrap_or(false),
         token_file,
         token_env,
+        allowed_hosts: r
+            .text("console_allowed_hosts")
+            .map(|t| {
+                t.split(',')
+                    .map(str::trim)
+                    .filter(|n| !n.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default(),
     }))
 }
 

@@ -341,6 +341,7 @@ async fn spawn_console(
     let mut secrets = secrets.to_vec();
     let mut serving = console::Serving::new(c.listen);
     serving.allow_remote = c.allow_remote;
+    serving.allowed_hosts = c.allowed_hosts.clone();
     serving.token = console::load_token(
         c.token_file.as_deref(),
         c.token_env.as_deref(),

@@ -8,7 +8,9 @@
 mod console_support;
 mod support;
 
-use console_support::{dead_letters, enc, held_keys, http, Console, Held, Session, TOKEN};
+use console_support::{
+    dead_letters, enc, held_keys, http, http_from, Console, Held, Resp, Session, TOKEN,
+};
 use outbox_core::{
     ClaimRequest, ControlStore, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent,
     RelayId, Resolution, Settlement, ShardSpec, Store,
@@ -252,8 +254,9 @@ async fn dead_letters_filter_show_confirm_replay_and_purge() {
     let store = log_store(&schema, |o| o).await;
     let [a, b, c] = three(&store, &pool).await;
     let console = Console::start(&store_args(&database_url(), &schema), true, &[]);
+    let s = console.login("bob");
     let count = |path: &str| {
-        let r = console.get(path, None);
+        let r = console.get(path, Some(&s));
         assert_eq!(r.status, 200, "{path}: {}", r.body);
         marked(&r.body, "dead-count").unwrap().to_owned()
     };
@@ -264,7 +267,7 @@ async fn dead_letters_filter_show_confirm_replay_and_purge() {
     assert_eq!(count("/dead?type=order.created&key=k1"), "1");
     assert_eq!(count("/dead?older_than=1h"), "0");
     assert_eq!(count("/dead?newer_than=1h"), "3");
-    let page = console.get("/dead?type=invoice.sent", None).body;
+    let page = console.get("/dead?type=invoice.sent", Some(&s)).body;
     assert!(page.contains(&c.to_string()) && !page.contains(&a.to_string()));
 
     // Bad filters and ids: a page saying what is wrong.
@@ -275,16 +278,16 @@ async fn dead_letters_filter_show_confirm_replay_and_purge() {
         ("/dead?group=nosuch", 404, "no consumer group"),
         ("/dead/not-a-uuid", 400, "not an event id"),
     ] {
-        let r = console.get(path, None);
+        let r = console.get(path, Some(&s));
         assert_eq!(r.status, status, "{path}: {}", r.body);
         assert!(r.body.contains(needle), "{path}: {}", r.body);
     }
     let missing = EventId::new();
-    let r = console.get(&format!("/dead/{missing}"), None);
+    let r = console.get(&format!("/dead/{missing}"), Some(&s));
     assert_eq!(r.status, 404, "{}", r.body);
 
     // One event's detail: pretty JSON, headers, final error (escaped).
-    let d = console.get(&format!("/dead/{a}"), None).body;
+    let d = console.get(&format!("/dead/{a}"), Some(&s)).body;
     assert!(d.contains("JSON, 21 bytes"), "{d}");
     assert!(d.contains("  &quot;items&quot;: [\n    1,"), "{d}");
     assert!(d.contains("traceparent"), "{d}");
@@ -292,13 +295,12 @@ async fn dead_letters_filter_show_confirm_replay_and_purge() {
         d.contains("bad &lt;order&gt;") && !d.contains("bad <order>"),
         "{d}"
     );
-    let d = console.get(&format!("/dead/{b}"), None).body;
+    let d = console.get(&format!("/dead/{b}"), Some(&s)).body;
     assert!(
         d.contains("text, not JSON") && d.contains("&lt;b&gt;not json"),
         "{d}"
     );
 
-    let s = console.login("bob");
     // Purge all of one code: the confirmation states the count and
     // changes nothing; the act does.
     let r = console.post(
@@ -476,7 +478,7 @@ async fn a_store_that_is_down_gives_a_503_page_and_the_console_recovers() {
     let upstream: std::net::SocketAddr = authority.parse().expect("DATABASE_URL host:port");
     let proxy = outbox_testkit::proxy::TcpProxy::start(upstream).await;
     let via = url.replacen(&authority, &proxy.addr().to_string(), 1);
-    let console = Console::start(&store_args(&via, &schema), true, &[]);
+    let console = Console::start(&store_args(&via, &schema), false, &[]);
     assert_eq!(console.get("/", None).status, 200);
     proxy.cut();
     for path in ["/", "/dead", "/shards"] {
@@ -506,16 +508,16 @@ async fn sqlite_console_shows_its_one_group_and_pauses_it() {
         .unwrap();
     support::assert_success(&out, "migrate");
     let console = Console::start(&["--store".into(), url.clone()], true, &[]);
-    let overview = console.get("/", None);
+    let s = console.login("carol");
+    let overview = console.get("/", Some(&s));
     assert_eq!(overview.status, 200, "{}", overview.body);
     assert!(overview.body.contains("sqlite") && overview.body.contains("default"));
-    let shards = console.get("/shards", None);
+    let shards = console.get("/shards", Some(&s));
     assert!(shards.body.contains("no shard cursors"), "{}", shards.body);
     assert_eq!(
-        marked(&console.get("/dead", None).body, "dead-count"),
+        marked(&console.get("/dead", Some(&s)).body, "dead-count"),
         Some("0")
     );
-    let s = console.login("carol");
     let r = console.post(
         "/groups/pause",
         Some(&s),
@@ -686,13 +688,42 @@ async fn run_with_console_addr_serves_the_console_beside_the_relay() {
             .args(["--poll-interval-ms", "100", "--metrics-addr", &metrics])
             .args(["--console-addr", &addr, "--console-admin-token-file"])
             .arg(&token)
+            .args([
+                "--console-allowed-hosts",
+                "console.internal, ops.example:443",
+            ])
             .stdout(std::process::Stdio::null())
             .spawn()
             .unwrap(),
     );
+    // A token is set: every page needs the login.
     let deadline = Instant::now() + Duration::from_secs(60);
+    while console_support::try_http(&addr, "GET", "/login", &[], None).is_none() {
+        assert!(Instant::now() < deadline, "no console on {addr}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let console = Console::attach(addr.clone());
+    let session = console.login("ops");
+    // console_allowed_hosts names more hosts; others are still refused.
+    for (host, status) in [
+        ("console.internal:8089", 200),
+        ("ops.example:443", 200),
+        ("ops.example:8443", 421),
+        ("evil.example", 421),
+    ] {
+        let r = http(
+            &addr,
+            "GET",
+            "/shards",
+            &[("Host", host), ("Cookie", &session.cookie)],
+            None,
+        );
+        assert_eq!(r.status, status, "Host {host}: {}", r.body);
+    }
     let page = loop {
-        if let Some(r) = console_support::try_http(&addr, "GET", "/", &[], None) {
+        if let Some(r) =
+            console_support::try_http(&addr, "GET", "/", &[("Cookie", &session.cookie)], None)
+        {
             if r.body.contains(&format!("relay {metrics}: ready")) {
                 break r;
             }
@@ -705,8 +736,6 @@ async fn run_with_console_addr_serves_the_console_beside_the_relay() {
     };
     assert_eq!(page.status, 200, "{}", page.body);
     assert!(!page.body.contains("s3cret-pw"), "{}", page.body);
-    let console = Console::attach(addr);
-    let session = console.login("ops");
     let list = console.get("/dead?group=default", Some(&session));
     assert_eq!(marked(&list.body, "dead-count"), Some("1"), "{}", list.body);
     // The relay still relays.
@@ -729,5 +758,319 @@ async fn run_with_console_addr_serves_the_console_beside_the_relay() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("not a loopback address"), "{err}");
+    drop_schema(&pool, &schema).await;
+}
+
+/// Texts of the dead letters of [`three`] and [`held_keys`] that no page
+/// may show before the login: payloads, headers, errors, keys and types.
+const SECRET_BITS: &[&str] = &[
+    "items",
+    "traceparent",
+    "0af7651916cd43dd",
+    "not json",
+    "plain",
+    "amount",
+    "bad &lt;order&gt;",
+    "card &lt;expired&gt;",
+    "inventory service",
+    "acct-7",
+    "order.created",
+    "invoice.sent",
+    "payment.captured",
+];
+
+fn assert_shows_nothing(what: &str, r: &Resp) {
+    for bit in SECRET_BITS {
+        assert!(!r.body.contains(bit), "{what} shows {bit:?}: {}", r.body);
+    }
+    // The Location of a redirect repeats the asked path (the caller's own).
+    for (k, v) in r
+        .headers
+        .iter()
+        .filter(|(k, _)| !k.eq_ignore_ascii_case("location"))
+    {
+        assert!(
+            !SECRET_BITS.iter().any(|b| v.contains(b)),
+            "{what}: header {k}: {v}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_token_every_page_needs_the_login_and_shows_no_payload() {
+    let (schema, pool) = migrated_log("outbox_console_gate").await;
+    let store = log_store(&schema, |o| o).await;
+    let [a, _, c] = three(&store, &pool).await;
+    let blocking = log_store(&schema, |o| {
+        o.with_dead_head_policy(outbox_postgres::DeadHeadPolicy::Block)
+    })
+    .await;
+    let held = held_keys(&blocking, &pool).await;
+    let console = Console::start(&store_args(&database_url(), &schema), true, &[]);
+    let forged = Session {
+        cookie: "outbox_console=forged".into(),
+        csrf: String::new(),
+    };
+    let pages = [
+        "/".to_owned(),
+        "/shards".to_owned(),
+        "/lane".to_owned(),
+        "/lane?group=default".to_owned(),
+        "/dead".to_owned(),
+        "/dead?type=order.created&key=k1".to_owned(),
+        format!("/dead/{a}"),
+        format!("/dead/{c}?group=default"),
+        format!("/dead/{}", held.dead),
+        "/nope".to_owned(),
+    ];
+    for path in &pages {
+        for session in [None, Some(&forged)] {
+            let r = console.get(path, session);
+            let what = format!("GET {path} (cookie: {})", session.is_some());
+            assert_eq!(r.status, 303, "{what}: {}", r.body);
+            let to = r.header("location").unwrap_or_default();
+            assert!(to.starts_with("/login?next="), "{what}: {to}");
+            assert_shows_nothing(&what, &r);
+        }
+    }
+    // HEAD too, and every change (no session: 401 before anything is read).
+    let r = http(&console.addr, "HEAD", &format!("/dead/{a}"), &[], None);
+    assert_eq!(r.status, 303, "{}", r.body);
+    for path in ["/dead/confirm", "/dead/act", "/groups/pause", "/logout"] {
+        let r = console.post(path, None, "do=purge:all&group=default&reason=x");
+        assert_eq!(r.status, 401, "POST {path}: {}", r.body);
+        assert!(r.body.contains("Log in first"), "POST {path}: {}", r.body);
+        assert_shows_nothing(&format!("POST {path}"), &r);
+    }
+    // The login page and the assets are open: the way in.
+    let r = console.get(&format!("/login?next=%2Fdead%2F{a}"), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains(r#"name="token""#), "{}", r.body);
+    assert!(
+        r.body
+            .contains(&format!(r#"name="next" value="/dead/{a}""#)),
+        "{}",
+        r.body
+    );
+    assert_shows_nothing("the login page", &r);
+    assert_eq!(console.get("/assets/console.css", None).status, 200);
+
+    // After the login, back where the operator was going; only local paths.
+    let login = |next: &str| {
+        console.post(
+            "/login",
+            None,
+            &format!("who=ops&token={}&next={}", enc(TOKEN), enc(next)),
+        )
+    };
+    let r = login(&format!("/dead/{a}"));
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert_eq!(r.header("location"), Some(format!("/dead/{a}").as_str()));
+    for evil in [
+        "//evil.example/x",
+        "https://evil.example/",
+        "/\\evil.example",
+    ] {
+        let r = login(evil);
+        assert_eq!(r.status, 303, "{}", r.body);
+        assert_eq!(r.header("location"), Some("/"), "next={evil}");
+    }
+    let s = console.login("ops");
+    let detail = console.get(&format!("/dead/{a}"), Some(&s));
+    assert_eq!(detail.status, 200, "{}", detail.body);
+    assert!(detail.body.contains("traceparent"), "{}", detail.body);
+    let lane = console.get("/lane", Some(&s));
+    assert!(lane.body.contains("card &lt;expired&gt;"), "{}", lane.body);
+    drop(console);
+    drop_schema(&pool, &schema).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_host_is_refused_on_every_route() {
+    let (schema, pool) = migrated_log("outbox_console_host").await;
+    let store = log_store(&schema, |o| o).await;
+    let [a, _, _] = three(&store, &pool).await;
+    let args = store_args(&database_url(), &schema);
+    let console = Console::start(&args, true, &[]);
+    let port = console.addr.rsplit(':').next().unwrap().to_owned();
+    // A page of evil.example whose name now resolves to 127.0.0.1 (DNS
+    // rebinding): the browser sends its own name as Host and Origin.
+    let host = format!("evil.example:{port}");
+    let origin = format!("http://{host}");
+    let s = console.login("ops");
+    let gets = [
+        "/".to_owned(),
+        "/shards".to_owned(),
+        "/lane".to_owned(),
+        "/dead".to_owned(),
+        format!("/dead/{a}"),
+        "/login".to_owned(),
+        "/assets/console.css".to_owned(),
+        "/nope".to_owned(),
+    ];
+    let refused = |what: &str, r: &Resp| {
+        assert_eq!(r.status, 421, "{what}: {}", r.body);
+        assert!(r.body.contains("evil.example"), "{what}: {}", r.body);
+        assert!(r.body.contains("--allowed-host"), "{what}: {}", r.body);
+        assert!(r.header("set-cookie").is_none(), "{what}");
+        assert_shows_nothing(what, r);
+    };
+    for path in &gets {
+        for cookie in ["", s.cookie.as_str()] {
+            let r = http(
+                &console.addr,
+                "GET",
+                path,
+                &[("Host", &host), ("Cookie", cookie)],
+                None,
+            );
+            refused(&format!("GET {path}"), &r);
+        }
+    }
+    let login = format!("who=eve&token={}", enc(TOKEN));
+    let change = format!(
+        "do=purge:all&expected=3&group=default&reason=x&csrf={}",
+        s.csrf
+    );
+    for (path, body) in [
+        ("/login", login.as_str()),
+        ("/logout", change.as_str()),
+        ("/groups/pause", change.as_str()),
+        ("/groups/resume", change.as_str()),
+        ("/dead/confirm", change.as_str()),
+        ("/dead/act", change.as_str()),
+    ] {
+        let r = http(
+            &console.addr,
+            "POST",
+            path,
+            &[("Host", &host), ("Origin", &origin), ("Cookie", &s.cookie)],
+            Some(body),
+        );
+        refused(&format!("POST {path}"), &r);
+    }
+    assert_eq!(store.paused("default").await.unwrap(), None);
+    assert_eq!(dead_ids(&store).await.len(), 3);
+    // A missing Host is refused too; the console's own names are not.
+    let r = http(&console.addr, "GET", "/", &[("Host", "")], None);
+    assert_eq!(r.status, 421, "{}", r.body);
+    for ok in [
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "LocalHost".into(),
+    ] {
+        let r = http(
+            &console.addr,
+            "GET",
+            "/",
+            &[("Host", &ok), ("Cookie", &s.cookie)],
+            None,
+        );
+        assert_eq!(r.status, 200, "Host {ok}: {}", r.body);
+    }
+    // The Host matches, the Origin is another site: refused as cross-site.
+    for other in [origin.as_str(), "null", &format!("http://localhost:{port}")] {
+        let r = http(
+            &console.addr,
+            "POST",
+            "/login",
+            &[("Origin", other)],
+            Some(&login),
+        );
+        assert_eq!(r.status, 403, "Origin {other}: {}", r.body);
+        assert!(r.body.contains("Cross-site"), "{}", r.body);
+        assert!(r.header("set-cookie").is_none());
+    }
+    drop(console);
+
+    // A console without a token (which shows payloads to whoever reaches
+    // it) refuses foreign names the same; --allowed-host adds a name.
+    let ro = Console::start(&args, false, &["--allowed-host", "console.internal"]);
+    let port = ro.addr.rsplit(':').next().unwrap().to_owned();
+    let host = format!("evil.example:{port}");
+    let r = http(
+        &ro.addr,
+        "GET",
+        &format!("/dead/{a}"),
+        &[("Host", &host)],
+        None,
+    );
+    refused("read-only GET /dead/{a}", &r);
+    let r = http(
+        &ro.addr,
+        "GET",
+        &format!("/dead/{a}"),
+        &[("Host", "console.internal")],
+        None,
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains("traceparent"), "{}", r.body);
+    drop(ro);
+    drop_schema(&pool, &schema).await;
+}
+
+/// Moves `until` to the end of the backoff `r` announces (`Retry-After`,
+/// whole seconds rounded up: once it has passed, the backoff has too).
+fn wait_for(until: &mut Instant, r: &Resp) {
+    if let Some(secs) = r.header("retry-after") {
+        let secs: u64 = secs.parse().unwrap();
+        *until = (*until).max(Instant::now() + Duration::from_secs(secs));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_login_throttle_is_per_client_and_never_locks_out_the_right_token() {
+    let (schema, pool) = migrated_log("outbox_console_throttle").await;
+    let console = Console::start(&store_args(&database_url(), &schema), true, &[]);
+    let (a, b) = ("127.0.0.1", "127.0.0.2");
+    let wrong = "who=mallory&token=not-the-token-at-all";
+    let right = format!("who=ops&token={}", enc(TOKEN));
+    let login = |from: &'static str, body: String| {
+        let addr = console.addr.clone();
+        async move { http_from(from, &addr, "POST", "/login", &[], Some(&body)).await }
+    };
+
+    // Many wrong tokens from one client: a few are checked, then it waits
+    // (429 with Retry-After), longer and longer.
+    let mut statuses = Vec::new();
+    let mut until = Instant::now();
+    for _ in 0..30 {
+        let r = login(a, wrong.to_owned()).await;
+        assert!(r.header("set-cookie").is_none());
+        wait_for(&mut until, &r);
+        statuses.push(r.status);
+    }
+    assert!(statuses[..5].iter().all(|s| *s == 401), "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&429), "{statuses:?}");
+
+    // The right token from another client logs in at once.
+    let r = login(b, right.clone()).await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    assert!(r.header("set-cookie").is_some());
+    let r = login(a, wrong.to_owned()).await;
+    wait_for(&mut until, &r);
+    if r.status == 429 {
+        assert!(r.body.contains("Too many wrong tokens"), "{}", r.body);
+        assert!(r.body.contains("other clients"), "{}", r.body);
+    }
+    // A wrong one from that other client is only its own first failure.
+    let r = login(b, wrong.to_owned()).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+
+    // The guessing client, once its backoff has passed, logs in with the
+    // right token; its failures are then forgotten.
+    tokio::time::sleep(until.saturating_duration_since(Instant::now())).await;
+    let r = login(a, right.clone()).await;
+    assert_eq!(r.status, 303, "{}", r.body);
+    let r = login(a, wrong.to_owned()).await;
+    assert_eq!(r.status, 401, "{}", r.body);
+    let log = console.log_text();
+    assert!(log.contains("login refused"), "{log}");
+    assert!(!log.contains(TOKEN), "{log}");
+    drop(console);
     drop_schema(&pool, &schema).await;
 }

@@ -108,6 +108,8 @@ async fn the_overview_shows_the_lag_a_test_created() {
     lag_of(&store, &pool, 7).await;
     let console = Console::start(&store_args(&schema), true, &[]);
     let browser = Browser::start();
+    // A token is set: every page needs the login (which lands on `/`).
+    login(&browser, &console, "olga");
     browser.goto(&format!("http://{}/", console.addr));
     assert_eq!(browser.text("[data-test=pending]"), "7");
     let lag = browser.text("[data-test=lag]");
@@ -344,10 +346,12 @@ async fn without_the_token_every_change_is_refused() {
     assert!(browser.source().contains("Read-only console"));
     drop(ro);
 
-    // With a token, not logged in: the same.
+    // With a token, not logged in: the page is the login form, and a
+    // forged change is refused the same.
     let console = Console::start(&store_args(&schema), true, &[]);
     browser.goto(&format!("http://{}/dead", console.addr));
     assert!(browser.find("[data-test=purge-all]").is_none());
+    assert!(browser.find("[data-test=login]").is_some());
     browser.script(&forge("/dead/act", &purge));
     browser.wait_for("the refusal", |b| b.find("[data-test=error]").is_some());
     assert!(browser.text("[data-test=error-detail]").contains("log in"));

@@ -14,12 +14,20 @@
 //! | `POST /groups/pause`, `POST /groups/resume` | pause (with a reason) or resume a group |
 //! | `GET /login`, `POST /login`, `POST /logout` | the admin session |
 //!
+//! Before any handler, [`guard`] refuses a request whose `Host` the
+//! console does not answer to (`421`), and, when the console has an admin
+//! token, one without a live session (`303` to the login for a page,
+//! `401` otherwise; the login page and the assets are open).
+//!
 //! Every read and change goes through the store calls the CLI uses
 //! (`status`'s document, [`DeadLetterStore`], [`ControlStore`],
 //! [`HeldKeyStore`](outbox_core::HeldKeyStore)); the
 //! console adds no SQL. Safety ([`auth`]): read-only without an admin
-//! token; every change needs a session opened with the token and the
-//! session's CSRF token; loopback only unless `--allow-remote`; every
+//! token (every page shown, dead-letter payloads included, to whoever
+//! reaches it); with one, every page and change needs a session opened
+//! with the token, and every change the session's CSRF token; only the
+//! console's own host names are answered; loopback only unless
+//! `--allow-remote`; every
 //! change is logged (target `outbox_relay::console::audit`: who, what,
 //! which group, the selection, how many) and a pause records its author
 //! in the store's pause note. Errors are pages with a status code and a
@@ -36,8 +44,10 @@ mod views;
 use crate::any::AnyStore;
 use crate::config::StoreArgs;
 use anyhow::{bail, Context as _};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use clap::Args;
@@ -77,6 +87,13 @@ pub(crate) struct ConsoleArgs {
     /// The environment variable holding the admin token.
     #[arg(long, value_name = "VAR")]
     admin_token_env: Option<String>,
+    /// A host name the console also answers to (NAME or NAME:PORT: a
+    /// proxy's or a DNS name of yours), besides its --listen address (and
+    /// localhost on loopback): requests naming any other host are refused,
+    /// so a web page cannot reach the console through DNS rebinding.
+    /// Repeatable, or comma-separated.
+    #[arg(long = "allowed-host", value_name = "NAME", value_delimiter = ',')]
+    allowed_hosts: Vec<String>,
     /// A running relay's --metrics-addr (host:port): its sink state on the
     /// overview, its delivered events in the throughput chart. Repeatable.
     #[arg(long = "relay", value_name = "ADDR")]
@@ -101,6 +118,8 @@ pub(crate) struct Serving {
     pub(crate) allow_remote: bool,
     /// The admin token: `None` serves a read-only console.
     pub(crate) token: Option<String>,
+    /// Host names answered besides the listen address ([`auth::Hosts`]).
+    pub(crate) allowed_hosts: Vec<String>,
     /// Relays' metrics addresses whose sink state the overview shows.
     pub(crate) relays: Vec<String>,
     /// Seconds between two chart samples.
@@ -116,6 +135,7 @@ impl Serving {
             listen,
             allow_remote: false,
             token: None,
+            allowed_hosts: Vec::new(),
             relays: Vec::new(),
             sample_secs: 10,
             session_minutes: 720,
@@ -123,8 +143,9 @@ impl Serving {
     }
 
     /// Refuses a non-loopback address unless `allow_remote`, so a console
-    /// is never exposed by accident.
+    /// is never exposed by accident, and a malformed allowed host.
     pub(crate) fn check(&self) -> anyhow::Result<()> {
+        auth::Hosts::new(self.listen.ip(), &self.allowed_hosts)?;
         if !self.listen.ip().is_loopback() && !self.allow_remote {
             bail!(
                 "refusing to serve the console on {}: not a loopback address; allow it explicitly \
@@ -155,6 +176,7 @@ pub(crate) async fn run(args: ConsoleArgs, secrets: &mut Vec<String>) -> anyhow:
             args.admin_token_env.as_deref(),
             secrets,
         )?,
+        allowed_hosts: args.allowed_hosts,
         relays: args.relays,
         sample_secs: args.sample_secs,
         session_minutes: args.session_minutes,
@@ -190,6 +212,14 @@ pub(crate) async fn serve(
     secrets: Vec<String>,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().unwrap_or(serving.listen);
+    let hosts = auth::Hosts::new(addr.ip(), &serving.allowed_hosts)?;
+    if serving.token.is_none() && !addr.ip().is_loopback() {
+        warn!(
+            %addr,
+            "console: no admin token on a non-loopback address: whoever reaches it reads every page, \
+             dead-letter payloads and headers included; give it an admin token"
+        );
+    }
     let console = Arc::new(Console {
         store,
         store_url: redact_url(url),
@@ -197,6 +227,7 @@ pub(crate) async fn serve(
         auth: serving
             .token
             .map(|t| auth::Auth::new(t, Duration::from_secs(serving.session_minutes * 60))),
+        hosts,
         samples: samples::Samples::default(),
         sample_secs: serving.sample_secs,
         secrets,
@@ -212,7 +243,8 @@ pub(crate) async fn serve(
         admin = console.auth.is_some(),
         "console: serving (read-only unless an admin token is configured)"
     );
-    axum::serve(listener, router(console))
+    let app = router(console).into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
         .with_graceful_shutdown(crate::shutdown_signal())
         .await
         .context("the console's server failed")?;
@@ -227,6 +259,8 @@ pub(crate) struct Console {
     store_url: String,
     relays: Vec<String>,
     auth: Option<auth::Auth>,
+    /// The host names it answers to.
+    hosts: auth::Hosts,
     samples: samples::Samples,
     sample_secs: u64,
     /// Passwords and the token: scrubbed from every message shown or logged.
@@ -244,6 +278,7 @@ pub(crate) struct ConsoleError {
     pub(crate) title: String,
     pub(crate) detail: String,
     login: bool,
+    retry_after: Option<Duration>,
 }
 
 impl ConsoleError {
@@ -258,7 +293,14 @@ impl ConsoleError {
             title: title.into(),
             detail: detail.into(),
             login: false,
+            retry_after: None,
         }
+    }
+
+    /// Adds `Retry-After` (whole seconds, rounded up).
+    pub(crate) fn with_retry_after(mut self, wait: Duration) -> Self {
+        self.retry_after = Some(wait);
+        self
     }
 
     /// Adds a link to the login page.
@@ -302,7 +344,14 @@ impl IntoResponse for ConsoleError {
             esc(self.status.canonical_reason().unwrap_or("")),
             esc(&self.detail),
         );
-        html_response(self.status, html::page(&frame, &body))
+        let mut r = html_response(self.status, html::page(&frame, &body));
+        if let Some(wait) = self.retry_after {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(auth::whole_secs(wait)),
+            );
+        }
+        r
     }
 }
 
@@ -369,7 +418,59 @@ fn router(console: Arc<Console>) -> Router {
         .route("/assets/console.js", get(js))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(console.clone(), guard))
         .with_state(console)
+}
+
+/// Runs before every handler (the fallbacks too): refuses a request that
+/// names a host the console does not answer to (`421`: DNS rebinding), then,
+/// with an admin token, one without a live session, except the login page
+/// and the assets: a page (`GET`, `HEAD`) is redirected to the login with
+/// `next` naming it, anything else gets the `401` page. Neither reads the
+/// store, so neither shows anything of it.
+async fn guard(State(c): State<Arc<Console>>, req: Request, next: Next) -> Response {
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    if !c.hosts.allows(&host) {
+        warn!(host = ?host, path = %req.uri().path(), "console: request for another host name refused (DNS rebinding?)");
+        let named = if host.is_empty() {
+            "no host (no Host header)".to_owned()
+        } else {
+            format!("{host:?}")
+        };
+        return ConsoleError::new(
+            StatusCode::MISDIRECTED_REQUEST,
+            "Unknown host name",
+            format!(
+                "This console answers to {} only; this request named {named}. A page of another \
+                 site may be trying to reach the console under its own name (DNS rebinding): \
+                 nothing was read or changed. If you reach the console under this name (a proxy \
+                 or a DNS name of yours), start it with --allowed-host NAME (run: \
+                 console_allowed_hosts).",
+                c.hosts.describe()
+            ),
+        )
+        .into_response();
+    }
+    if let Some(auth) = &c.auth {
+        let path = req.uri().path();
+        if path != "/login" && !path.starts_with("/assets/") {
+            if let Err(e) = auth::require_session(auth, req.headers()) {
+                if req.method() == Method::GET || req.method() == Method::HEAD {
+                    let here = req.uri().path_and_query().map_or("/", |p| p.as_str());
+                    let mut r =
+                        Redirect::to(&format!("/login?next={}", html::enc(here))).into_response();
+                    security_headers(r.headers_mut());
+                    return r;
+                }
+                return e.into_response();
+            }
+        }
+    }
+    next.run(req).await
 }
 
 async fn not_found() -> ConsoleError {

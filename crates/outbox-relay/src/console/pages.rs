@@ -6,7 +6,7 @@ use super::html::{self, esc};
 use super::params::{DeadParams, Params};
 use super::{auth, html_response, views, Console, ConsoleError, Seen, AUDIT};
 use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::extract::{ConnectInfo, Path as UrlPath, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use outbox_core::{
@@ -14,6 +14,7 @@ use outbox_core::{
     PauseNote,
 };
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing::{info, warn};
 
@@ -191,7 +192,7 @@ pub(super) async fn dead_confirm(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
     let (retry, all) = action(&p)?;
     let params = selection(&c, &p, all)?;
     let store = c.store_for(&params.group).await?;
@@ -235,7 +236,7 @@ pub(super) async fn dead_act(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    let session = auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    let session = auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
     let (retry, all) = action(&p)?;
     let params = selection(&c, &p, all)?;
     let expected: u64 = p
@@ -330,7 +331,7 @@ async fn set_paused(
     pause: bool,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    let session = auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    let session = auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
     let Some(group) = p.get("group") else {
         return Err(ConsoleError::new(
             StatusCode::BAD_REQUEST,
@@ -399,12 +400,17 @@ async fn set_paused(
     ))
 }
 
-pub(super) async fn login_page(State(c): State<Arc<Console>>, headers: HeaderMap) -> Response {
+pub(super) async fn login_page(
+    State(c): State<Arc<Console>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let p = Params::parse(query.as_deref().unwrap_or("").as_bytes());
     let seen = Seen::of(&c, &headers);
     let body = if c.auth.is_none() {
         r#"<p>This console is read-only: it was started without an admin token (<code>--admin-token-file</code> or <code>--admin-token-env</code>).</p>"#.to_owned()
     } else {
-        login_form("")
+        login_form("", auth::local_path(p.get("next")))
     };
     html_response(
         StatusCode::OK,
@@ -412,26 +418,30 @@ pub(super) async fn login_page(State(c): State<Arc<Console>>, headers: HeaderMap
     )
 }
 
-fn login_form(name: &str) -> String {
+/// The login form; after the login, the browser goes on to `next`.
+fn login_form(name: &str, next: &str) -> String {
     format!(
         r#"<form method="post" action="/login" class="login">
+<input type="hidden" name="next" value="{}">
 <label>Your name (recorded with every change) <input name="who" value="{}" required maxlength="64" autocomplete="username"></label>
 <label>Admin token <input name="token" type="password" required autocomplete="current-password"></label>
 <button type="submit" data-test="login">Log in</button>
 </form>"#,
+        esc(next),
         esc(name)
     )
 }
 
 pub(super) async fn login(
     State(c): State<Arc<Console>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let Some(auth) = c.auth.as_ref() else {
         return Err(ConsoleError::read_only());
     };
-    auth::same_origin(&headers)?;
+    auth::same_origin(&headers, &c.hosts)?;
     let p = Params::parse(&body);
     let who = p.get("who").unwrap_or("");
     if who.is_empty() || who.chars().count() > 64 || who.chars().any(char::is_control) {
@@ -441,29 +451,47 @@ pub(super) async fn login(
             "Give your name (1 to 64 characters): it is recorded with every change you make.",
         ));
     }
-    let right = auth.try_token(p.get("token").unwrap_or("")).map_err(|wait| {
-        warn!(target: AUDIT, who = %who, "console: login refused (too many wrong tokens lately)");
-        ConsoleError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "Too many wrong tokens",
-            format!(
-                "The console refuses every login for {} s after too many wrong admin tokens. Nothing was changed.",
-                wait.as_secs().max(1)
-            ),
-        )
-    })?;
-    if !right {
-        warn!(target: AUDIT, who = %who, "console: login refused (wrong admin token)");
-        return Err(ConsoleError::new(
-            StatusCode::UNAUTHORIZED,
-            "Wrong admin token",
-            "That is not the console's admin token. Nothing was changed.",
-        )
-        .with_login());
+    let client = peer.ip();
+    match auth.try_token(client, p.get("token").unwrap_or("")) {
+        auth::Attempt::Right => {}
+        auth::Attempt::Wait(wait) => {
+            warn!(target: AUDIT, who = %who, %client, "console: login refused (this client gave too many wrong tokens lately)");
+            return Err(ConsoleError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too many wrong tokens",
+                format!(
+                    "This client ({client}) gave too many wrong admin tokens: its next login is checked in {} s \
+                     (the wait doubles with each further wrong token, up to {} minutes). Logins from other \
+                     clients are not affected. Nothing was changed.",
+                    auth::whole_secs(wait),
+                    auth::MAX_BACKOFF.as_secs() / 60
+                ),
+            )
+            .with_retry_after(wait));
+        }
+        auth::Attempt::Wrong(wait) => {
+            warn!(target: AUDIT, who = %who, %client, "console: login refused (wrong admin token)");
+            let then = wait.map_or(String::new(), |w| {
+                format!(
+                    " Too many wrong tokens from this client: its next login is checked in {} s.",
+                    auth::whole_secs(w)
+                )
+            });
+            let mut e = ConsoleError::new(
+                StatusCode::UNAUTHORIZED,
+                "Wrong admin token",
+                format!("That is not the console's admin token. Nothing was changed.{then}"),
+            )
+            .with_login();
+            if let Some(w) = wait {
+                e = e.with_retry_after(w);
+            }
+            return Err(e);
+        }
     }
     let (id, _) = auth.login(who.to_owned());
-    info!(target: AUDIT, who = %who, "console: login");
-    let mut r = Redirect::to("/").into_response();
+    info!(target: AUDIT, who = %who, %client, "console: login");
+    let mut r = Redirect::to(auth::local_path(p.get("next"))).into_response();
     if let Ok(v) = HeaderValue::from_str(&auth.set_cookie(&id)) {
         r.headers_mut().insert(header::SET_COOKIE, v);
     }
@@ -476,7 +504,7 @@ pub(super) async fn logout(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    let session = auth::authorize(c.auth.as_ref(), &headers, p.get("csrf"))?;
+    let session = auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
     if let Some(a) = c.auth.as_ref() {
         a.logout(&headers);
     }

@@ -38,7 +38,8 @@ impl Resp {
 }
 
 /// One request to `addr` (HTTP/1.1, `Connection: close`), `None` when
-/// nothing answers. `headers` are added as given; a body is sent as a form.
+/// nothing answers. `headers` are added as given (a `Host` among them
+/// replaces the default, `addr`); a body is sent as a form.
 pub fn try_http(
     addr: &str,
     method: &str,
@@ -46,9 +47,45 @@ pub fn try_http(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Option<Resp> {
-    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    let s = std::net::TcpStream::connect(addr).ok()?;
+    exchange(s, addr, method, path, headers, body)
+}
+
+/// [`http`] from the local address `source` (e.g. `127.0.0.2`: another
+/// client of a loopback console, as the console sees its peer address).
+pub async fn http_from(
+    source: &str,
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Resp {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(format!("{source}:0").parse().unwrap())
+        .unwrap_or_else(|e| panic!("cannot bind a client socket to {source}: {e}"));
+    let stream = socket.connect(addr.parse().unwrap()).await.unwrap();
+    let stream = stream.into_std().unwrap();
+    stream.set_nonblocking(false).unwrap();
+    exchange(stream, addr, method, path, headers, body)
+        .unwrap_or_else(|| panic!("no answer to {method} {path} from the console on {addr}"))
+}
+
+fn exchange(
+    mut s: std::net::TcpStream,
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+) -> Option<Resp> {
     s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let mut req = format!("{method} {path} HTTP/1.1\r\n");
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        req.push_str(&format!("Host: {addr}\r\n"));
+    }
+    req.push_str("Connection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
     }
