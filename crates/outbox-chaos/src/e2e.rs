@@ -100,6 +100,9 @@ pub(crate) async fn start_inbox(
     if let Some(schema) = schema {
         cargs.extend(["--schema".to_owned(), schema]);
     }
+    if let Some(s) = args.inbox_retention_s {
+        cargs.extend(["--retention-s".to_owned(), s.to_string()]);
+    }
     // One process by default: two competing consumers on NATS or RabbitMQ
     // take a key's messages in parallel, and two members of a Kafka group
     // through Tansu left a dead member's partition unconsumed

@@ -53,11 +53,15 @@ pub(crate) enum FaultKind {
     /// `pg_terminate_backend` of every connection of the inbox consumers
     /// (`run --inbox postgres`).
     ConsumerDbCut,
+    /// `kill -9` of the inbox consumers in turn every second for the
+    /// outage time, each started again at once (issue 42: a key's events
+    /// stay in order however often the consumer crashes).
+    ConsumerKills,
 }
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 12] = [
+    pub(crate) const ALL: [FaultKind; 13] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -70,6 +74,7 @@ impl FaultKind {
         Self::DbFlap,
         Self::ConsumerKill,
         Self::ConsumerDbCut,
+        Self::ConsumerKills,
     ];
 
     /// The name used in plans and reports.
@@ -87,6 +92,7 @@ impl FaultKind {
             Self::DbFlap => "db-flap",
             Self::ConsumerKill => "consumer-kill",
             Self::ConsumerDbCut => "consumer-db-cut",
+            Self::ConsumerKills => "consumer-kills",
         }
     }
 
@@ -275,8 +281,11 @@ impl Targets {
                     kind.name()
                 )
             }
-            FaultKind::ConsumerKill if self.consumers.is_none() => {
-                bail!("consumer-kill needs the inbox consumers (`run --inbox ...`)")
+            FaultKind::ConsumerKill | FaultKind::ConsumerKills if self.consumers.is_none() => {
+                bail!(
+                    "{} needs the inbox consumers (`run --inbox ...`)",
+                    kind.name()
+                )
             }
             FaultKind::ConsumerDbCut if self.consumer_db.is_none() => {
                 bail!("consumer-db-cut needs the inbox on PostgreSQL (`run --inbox postgres`)")
@@ -315,7 +324,7 @@ pub(crate) async fn run_plan(
         let first = rng.random_range(0..n.max(1));
         let first_consumer = rng.random_range(0..consumers.max(1));
         for (j, kind) in step.into_iter().enumerate() {
-            let relay = if kind == FaultKind::ConsumerKill {
+            let relay = if matches!(kind, FaultKind::ConsumerKill | FaultKind::ConsumerKills) {
                 (first_consumer + j) % consumers.max(1)
             } else {
                 (first + j) % n.max(1)
@@ -382,6 +391,26 @@ async fn inject(
             tokio::time::sleep(times.consumer_pause).await;
             consumers.lock().await.restart(relay)?;
             target = format!("consumer-{relay}");
+        }
+        FaultKind::ConsumerKills => {
+            let consumers = t
+                .consumers
+                .as_ref()
+                .context("consumer-kills without inbox consumers")?;
+            let n = consumers.lock().await.len().max(1);
+            let until = Instant::now() + times.outage;
+            let mut kills = 0usize;
+            // `relay` is the first consumer's index here; then each in turn.
+            while Instant::now() < until {
+                let i = (relay + kills) % n;
+                let tick = Instant::now() + Duration::from_secs(1);
+                consumers.lock().await.kill(i).await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                consumers.lock().await.restart(i)?;
+                kills += 1;
+                tokio::time::sleep_until(tick).await;
+            }
+            target = format!("{kills} kill(s) of {n} consumer(s), 1 s apart");
         }
         FaultKind::ConsumerDbCut => {
             if let Some((pool, app)) = &t.consumer_db {
