@@ -27,8 +27,8 @@ use futures::future::BoxFuture;
 use outbox_core::{Event, InboundMessage, Outcome, Sink};
 use outbox_inbox::source::Position;
 use outbox_inbox::{
-    Handler, HandlerError, Inbox, InboxCounts, InboxOptions, PgInbox, RawMessage, Received,
-    Source, SourceError,
+    Handler, HandlerError, Inbox, InboxCounts, InboxOptions, PgInbox, RawMessage, Received, Source,
+    SourceError,
 };
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -173,7 +173,12 @@ async fn publish<B: Broker>(b: &B, events: &[Event]) {
     let sink = b.sink().await;
     for e in events {
         let outcomes = sink.deliver(std::slice::from_ref(e)).await;
-        assert_eq!(outcomes, vec![Outcome::Delivered], "event {} not published", e.id);
+        assert_eq!(
+            outcomes,
+            vec![Outcome::Delivered],
+            "event {} not published",
+            e.id
+        );
     }
 }
 
@@ -209,8 +214,17 @@ async fn recv_n<S: Source>(source: &mut S, n: usize) -> Vec<Received<S::Token>> 
     let deadline = Instant::now() + BOUND;
     let mut got = Vec::new();
     while got.len() < n {
-        assert!(Instant::now() < deadline, "only {} of {n} received", got.len());
-        got.extend(source.recv(n - got.len(), Duration::from_millis(500)).await.unwrap());
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {n} received",
+            got.len()
+        );
+        got.extend(
+            source
+                .recv(n - got.len(), Duration::from_millis(500))
+                .await
+                .unwrap(),
+        );
     }
     got
 }
@@ -226,7 +240,8 @@ async fn crash_mid_batch_keeps_key_order<B: Broker>(b: &B) {
     let events: Vec<Event> = (1..=8).map(|n| event(&topic, KEY, n)).collect();
     let others: Vec<Event> = (1..=8).map(|n| event(&topic, OTHER, n)).collect();
     let batch = |r: std::ops::Range<usize>| -> Vec<Event> {
-        r.flat_map(|i| [events[i].clone(), others[i].clone()]).collect()
+        r.flat_map(|i| [events[i].clone(), others[i].clone()])
+            .collect()
     };
 
     // 1-2 applied and acknowledged.
@@ -248,14 +263,25 @@ async fn crash_mid_batch_keeps_key_order<B: Broker>(b: &B) {
     // 7-8 published after the crash; the consumer restarts.
     publish(b, &batch(6..8)).await;
     let source = b.source(&consumer).await;
-    let counts = run_until(&inbox, source, "everything applied and acknowledged", || async {
-        db.count().await >= 16 && b.remaining(&consumer).await == 0
-    })
+    let counts = run_until(
+        &inbox,
+        source,
+        "everything applied and acknowledged",
+        || async { db.count().await >= 16 && b.remaining(&consumer).await == 0 },
+    )
     .await;
 
     let expected: Vec<i32> = (1..=8).collect();
-    assert_eq!(db.applied(KEY).await, expected, "{KEY}: order of application ({counts:?})");
-    assert_eq!(db.applied(OTHER).await, expected, "{OTHER}: order of application");
+    assert_eq!(
+        db.applied(KEY).await,
+        expected,
+        "{KEY}: order of application ({counts:?})"
+    );
+    assert_eq!(
+        db.applied(OTHER).await,
+        expected,
+        "{OTHER}: order of application"
+    );
     db.drop().await;
 }
 
@@ -266,7 +292,11 @@ struct Positioned(std::collections::VecDeque<(u64, RawMessage)>);
 impl Source for Positioned {
     type Token = u64;
 
-    async fn recv(&mut self, max: usize, _wait: Duration) -> Result<Vec<Received<u64>>, SourceError> {
+    async fn recv(
+        &mut self,
+        max: usize,
+        _wait: Duration,
+    ) -> Result<Vec<Received<u64>>, SourceError> {
         let n = self.0.len().min(max);
         Ok(self
             .0
@@ -375,7 +405,12 @@ mod nats {
         }
 
         async fn remaining(&self, consumer: &str) -> u64 {
-            let stream = self.0.jetstream().get_stream(self.0.stream()).await.unwrap();
+            let stream = self
+                .0
+                .jetstream()
+                .get_stream(self.0.stream())
+                .await
+                .unwrap();
             let info = stream.consumer_info(consumer).await.unwrap();
             info.num_pending + u64::try_from(info.num_ack_pending).unwrap()
         }

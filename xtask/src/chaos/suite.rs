@@ -730,10 +730,7 @@ mod tests {
     fn every_mode_has_an_order_run_per_broker_and_a_short_window_run() {
         for mode in [Mode::Quick, Mode::Medium, Mode::Full] {
             let p = plan(mode, true, false, true);
-            let order: Vec<&Scenario> = p
-                .iter()
-                .filter(|s| s.faults == "consumer-kills")
-                .collect();
+            let order: Vec<&Scenario> = p.iter().filter(|s| s.faults == "consumer-kills").collect();
             let brokers: Vec<(&str, u32, Option<u64>)> = order
                 .iter()
                 .map(|s| (s.broker, s.consumers, s.inbox_retention_s))
@@ -752,12 +749,11 @@ mod tests {
                 assert!(s.duration_s > s.outage_s + 10, "{}", s.duration_s);
             }
             let short = order[3];
-            assert_eq!(
-                short.label(),
-                "pg-nats-inbox-pg-x2-window6s-consumer-kills"
-            );
+            assert_eq!(short.label(), "pg-nats-inbox-pg-x2-window6s-consumer-kills");
             let args = short.args();
-            assert!(args.windows(2).any(|w| w[0] == "--consumers" && w[1] == "2"));
+            assert!(args
+                .windows(2)
+                .any(|w| w[0] == "--consumers" && w[1] == "2"));
             assert!(args
                 .windows(2)
                 .any(|w| w[0] == "--inbox-retention-s" && w[1] == "6"));
