@@ -60,7 +60,7 @@ pub(crate) async fn start_inbox(
         InboxDb::Postgres => (args.database_url.clone(), Some(inbox_schema(name))),
         InboxDb::Sqlite => (inbox_sqlite(out, name).display().to_string(), None),
     };
-    inbox::prepare_db(&db_arg, schema.as_deref(), name).await?;
+    inbox::prepare_db(&db_arg, schema.as_deref(), name, args.inbox_retention_s).await?;
     let (effects, consumer_db) = match &schema {
         Some(schema) => {
             let pool = inbox::pg_pool(&db_arg, &format!("{name}-effects"), 2).await?;

@@ -292,23 +292,34 @@ pub(crate) async fn sqlite_pool(path: &str, max: u32) -> Result<sqlx::SqlitePool
 }
 
 /// Prepares a consumer database before any consumer starts: the inbox's
-/// tables (its migration) and `effects`.
-pub(crate) async fn prepare_db(db: &str, schema: Option<&str>, consumer: &str) -> Result<()> {
+/// tables (its migration, with the retention window of `retention_s`
+/// seconds when given) and `effects`.
+pub(crate) async fn prepare_db(
+    db: &str,
+    schema: Option<&str>,
+    consumer: &str,
+    retention_s: Option<u64>,
+) -> Result<()> {
+    let retention = retention_s
+        .map(|s| Retention::new(Duration::from_secs(s)))
+        .transpose()?;
     if is_postgres(db) {
         let schema = schema.context("a PostgreSQL consumer database needs --schema")?;
         let pool = pg_pool(db, "outbox-chaos-prepare", 2).await?;
-        outbox_inbox::InboxStore::migrate(
-            &PgInbox::new(pool.clone(), consumer)?.with_schema(schema)?,
-        )
-        .await?;
+        let mut store = PgInbox::new(pool.clone(), consumer)?.with_schema(schema)?;
+        if let Some(r) = retention {
+            store = store.with_retention(r)?;
+        }
+        outbox_inbox::InboxStore::migrate(&store).await?;
         create_pg_effects(&pool, schema).await?;
         pool.close().await;
     } else {
         let pool = sqlite_pool(db, 1).await?;
-        outbox_inbox::InboxStore::migrate(
-            &SqliteInbox::new(pool.clone(), consumer)?.with_prefix(SQLITE_PREFIX)?,
-        )
-        .await?;
+        let mut store = SqliteInbox::new(pool.clone(), consumer)?.with_prefix(SQLITE_PREFIX)?;
+        if let Some(r) = retention {
+            store = store.with_retention(r)?;
+        }
+        outbox_inbox::InboxStore::migrate(&store).await?;
         create_sqlite_effects(&pool).await?;
         pool.close().await;
     }
