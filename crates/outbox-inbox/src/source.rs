@@ -25,7 +25,7 @@
 //! | | NATS JetStream | RabbitMQ | Kafka |
 //! |---|---|---|---|
 //! | consumer state | durable pull consumer | the queue | consumer group offsets |
-//! | an unacknowledged message comes again | after `ack_wait` | when the channel closes | with every later one of its partition, when the partition is next assigned |
+//! | an unacknowledged message comes again | to a restarted source at once, with every later one delivered before it (replayed from the acknowledgement floor); to a running one after `ack_wait` | when the channel closes | with every later one of its partition, when the partition is next assigned |
 //! | `redelivered` | delivery count > 1 | the broker's flag | always `false` |
 //! | `behind` | `num_pending` | `None` | `None` |
 //! | missing destination ([`SourceError::Config`]) | when connecting | when connecting | on the first `recv` that hears of it |

@@ -27,10 +27,11 @@
 //! when messages are delivered and not acknowledged, it first reads the
 //! stream itself from the acknowledgement floor (`ack_floor + 1`) up to
 //! the last delivered sequence, in stream order (messages of other
-//! subjects than the filter skipped), and only then pulls. Those replayed
-//! messages have no acknowledgement of their own: their copies that the
-//! consumer delivers again after `ack_wait` are recognised by the inbox's
-//! records and acknowledged then. The consumer is never deleted or
+//! subjects than the filter skipped), and only then pulls. A replayed
+//! message is acknowledged at the durable consumer by its stream sequence
+//! (where it is still pending); replayed messages that were acknowledged
+//! before come again as copies the inbox's records absorb, as after Kafka's
+//! committed offset. The consumer is never deleted or
 //! recreated, so a process sharing the durable is not disturbed (its
 //! in-flight messages are replayed too, and recognised). Order across
 //! processes sharing one durable (competing consumers) is not given.
@@ -239,7 +240,7 @@ fn check_name(what: &str, name: &str) -> Result<(), SourceError> {
 /// Acknowledges one JetStream message.
 pub struct NatsToken {
     /// `None` for a message replayed from the stream (see the module docs):
-    /// its redelivered copy is acknowledged instead.
+    /// acknowledged by its stream sequence.
     acker: Option<Acker>,
     stream_sequence: u64,
 }
@@ -617,9 +618,20 @@ impl Source for NatsSource {
         for token in tokens {
             // An ack that does not reach the server is not an error: the
             // message is delivered again after ack_wait and absorbed.
-            // A replayed message has no acker: its redelivered copy is
-            // recognised and acknowledged.
             let Some(acker) = token.acker else {
+                // A replayed message: acknowledged at the durable consumer
+                // by its stream sequence (JetStream's ack subject; the
+                // server finds the pending delivery by the stream sequence
+                // and takes its own delivery sequence), so that it is not
+                // delivered again once it is handled. Not pending (acked
+                // already, or never delivered): the server ignores it.
+                let subject = format!(
+                    "$JS.ACK.{}.{}.1.{}.0.0.0",
+                    self.config.stream, self.config.durable, token.stream_sequence
+                );
+                if let Err(e) = self.client.publish(subject, "+ACK".into()).await {
+                    tracing::debug!(error = %e, seq = token.stream_sequence, "JetStream ack of a replayed message not sent");
+                }
                 continue;
             };
             if let Err(e) = acker.ack().await {
