@@ -209,4 +209,9 @@ pub(crate) struct RunArgs {
     /// delivered again before newer messages); others: 1,000].
     #[arg(long)]
     pub(crate) consumer_pause_ms: Option<u64>,
+    /// The inbox's retention window of its dedup records, seconds (at
+    /// least 6: one second per slot) [default: the inbox's 7 days]. Short,
+    /// many slot boundaries pass during the run while copies arrive.
+    #[arg(long)]
+    pub(crate) inbox_retention_s: Option<u64>,
 }

@@ -60,7 +60,7 @@ pub(crate) async fn start_inbox(
         InboxDb::Postgres => (args.database_url.clone(), Some(inbox_schema(name))),
         InboxDb::Sqlite => (inbox_sqlite(out, name).display().to_string(), None),
     };
-    inbox::prepare_db(&db_arg, schema.as_deref(), name).await?;
+    inbox::prepare_db(&db_arg, schema.as_deref(), name, args.inbox_retention_s).await?;
     let (effects, consumer_db) = match &schema {
         Some(schema) => {
             let pool = inbox::pg_pool(&db_arg, &format!("{name}-effects"), 2).await?;
@@ -99,6 +99,9 @@ pub(crate) async fn start_inbox(
     .collect();
     if let Some(schema) = schema {
         cargs.extend(["--schema".to_owned(), schema]);
+    }
+    if let Some(s) = args.inbox_retention_s {
+        cargs.extend(["--retention-s".to_owned(), s.to_string()]);
     }
     // One process by default: two competing consumers on NATS or RabbitMQ
     // take a key's messages in parallel, and two members of a Kafka group

@@ -67,6 +67,10 @@ pub(crate) enum FaultKind {
     /// interval, the library's own background rotation) runs (PostgreSQL
     /// event log only). Rotation must not stall the relays behind it.
     PartitionReader,
+    /// `kill -9` of the inbox consumers in turn every second for the
+    /// outage time, each started again at once (issue 42: a key's events
+    /// stay in order however often the consumer crashes).
+    ConsumerKills,
 }
 
 /// How long the `partition-reader` fault holds its transaction open.
@@ -77,7 +81,7 @@ const READER_ROTATION: Duration = Duration::from_secs(1);
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 14] = [
+    pub(crate) const ALL: [FaultKind; 15] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -92,6 +96,7 @@ impl FaultKind {
         Self::ConsumerDbCut,
         Self::DbCutOne,
         Self::PartitionReader,
+        Self::ConsumerKills,
     ];
 
     /// The name used in plans and reports.
@@ -111,6 +116,7 @@ impl FaultKind {
             Self::ConsumerDbCut => "consumer-db-cut",
             Self::DbCutOne => "db-cut-one",
             Self::PartitionReader => "partition-reader",
+            Self::ConsumerKills => "consumer-kills",
         }
     }
 
@@ -306,8 +312,11 @@ impl Targets {
             FaultKind::DbCutOne if self.first_relay.is_none() => {
                 bail!("db-cut-one needs the PostgreSQL store and a NATS or RabbitMQ broker")
             }
-            FaultKind::ConsumerKill if self.consumers.is_none() => {
-                bail!("consumer-kill needs the inbox consumers (`run --inbox ...`)")
+            FaultKind::ConsumerKill | FaultKind::ConsumerKills if self.consumers.is_none() => {
+                bail!(
+                    "{} needs the inbox consumers (`run --inbox ...`)",
+                    kind.name()
+                )
             }
             FaultKind::PartitionReader
                 if self.pg_admin.is_none() || self.database_url.is_none() =>
@@ -351,7 +360,7 @@ pub(crate) async fn run_plan(
         let first = rng.random_range(0..n.max(1));
         let first_consumer = rng.random_range(0..consumers.max(1));
         for (j, kind) in step.into_iter().enumerate() {
-            let relay = if kind == FaultKind::ConsumerKill {
+            let relay = if matches!(kind, FaultKind::ConsumerKill | FaultKind::ConsumerKills) {
                 (first_consumer + j) % consumers.max(1)
             } else {
                 (first + j) % n.max(1)
@@ -418,6 +427,26 @@ async fn inject(
             tokio::time::sleep(times.consumer_pause).await;
             consumers.lock().await.restart(relay)?;
             target = format!("consumer-{relay}");
+        }
+        FaultKind::ConsumerKills => {
+            let consumers = t
+                .consumers
+                .as_ref()
+                .context("consumer-kills without inbox consumers")?;
+            let n = consumers.lock().await.len().max(1);
+            let until = Instant::now() + times.outage;
+            let mut kills = 0usize;
+            // `relay` is the first consumer's index here; then each in turn.
+            while Instant::now() < until {
+                let i = (relay + kills) % n;
+                let tick = Instant::now() + Duration::from_secs(1);
+                consumers.lock().await.kill(i).await?;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                consumers.lock().await.restart(i)?;
+                kills += 1;
+                tokio::time::sleep_until(tick).await;
+            }
+            target = format!("{kills} kill(s) of {n} consumer(s), 1 s apart");
         }
         FaultKind::ConsumerDbCut => {
             if let Some((pool, app)) = &t.consumer_db {

@@ -24,7 +24,8 @@ use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
 use outbox_inbox::{
-    Handler, HandlerError, Inbox, InboxCounts, InboxOptions, PgInbox, Source, SqliteInbox,
+    Handler, HandlerError, Inbox, InboxCounts, InboxOptions, PgInbox, Retention, Source,
+    SqliteInbox,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -92,6 +93,11 @@ pub(crate) struct ConsumerArgs {
     /// Kafka: `session.timeout.ms` (a killed member's partitions move after it).
     #[arg(long, default_value_t = 6000)]
     pub(crate) session_timeout_ms: u64,
+    /// The retention window of the dedup records, seconds (at least 6)
+    /// [default: the inbox's 7 days]; the retention pass then runs four
+    /// times per slot.
+    #[arg(long)]
+    pub(crate) retention_s: Option<u64>,
 }
 
 /// What a consumer process writes to its counts file.
@@ -109,6 +115,11 @@ pub(crate) struct Counts {
     pub(crate) dead: u64,
     /// Database or broker faults the inbox retried.
     pub(crate) faults: u64,
+    /// Messages the inbox saw applied after a later one of their key (its
+    /// `outbox_inbox_out_of_order_total`; by the broker's position, so
+    /// never on RabbitMQ).
+    #[serde(default)]
+    pub(crate) out_of_order: u64,
     /// Written when the process stopped (not by the periodic writer).
     pub(crate) last: bool,
 }
@@ -122,6 +133,7 @@ impl Counts {
             retries: c.retries,
             dead: c.dead,
             faults: c.faults,
+            out_of_order: c.out_of_order,
             last,
         }
     }
@@ -135,6 +147,7 @@ impl Counts {
             retries: self.retries + o.retries,
             dead: self.dead + o.dead,
             faults: self.faults + o.faults,
+            out_of_order: self.out_of_order + o.out_of_order,
             last: self.last && o.last,
         }
     }
@@ -279,23 +292,34 @@ pub(crate) async fn sqlite_pool(path: &str, max: u32) -> Result<sqlx::SqlitePool
 }
 
 /// Prepares a consumer database before any consumer starts: the inbox's
-/// tables (its migration) and `effects`.
-pub(crate) async fn prepare_db(db: &str, schema: Option<&str>, consumer: &str) -> Result<()> {
+/// tables (its migration, with the retention window of `retention_s`
+/// seconds when given) and `effects`.
+pub(crate) async fn prepare_db(
+    db: &str,
+    schema: Option<&str>,
+    consumer: &str,
+    retention_s: Option<u64>,
+) -> Result<()> {
+    let retention = retention_s
+        .map(|s| Retention::new(Duration::from_secs(s)))
+        .transpose()?;
     if is_postgres(db) {
         let schema = schema.context("a PostgreSQL consumer database needs --schema")?;
         let pool = pg_pool(db, "outbox-chaos-prepare", 2).await?;
-        outbox_inbox::InboxStore::migrate(
-            &PgInbox::new(pool.clone(), consumer)?.with_schema(schema)?,
-        )
-        .await?;
+        let mut store = PgInbox::new(pool.clone(), consumer)?.with_schema(schema)?;
+        if let Some(r) = retention {
+            store = store.with_retention(r)?;
+        }
+        outbox_inbox::InboxStore::migrate(&store).await?;
         create_pg_effects(&pool, schema).await?;
         pool.close().await;
     } else {
         let pool = sqlite_pool(db, 1).await?;
-        outbox_inbox::InboxStore::migrate(
-            &SqliteInbox::new(pool.clone(), consumer)?.with_prefix(SQLITE_PREFIX)?,
-        )
-        .await?;
+        let mut store = SqliteInbox::new(pool.clone(), consumer)?.with_prefix(SQLITE_PREFIX)?;
+        if let Some(r) = retention {
+            store = store.with_retention(r)?;
+        }
+        outbox_inbox::InboxStore::migrate(&store).await?;
         create_sqlite_effects(&pool).await?;
         pool.close().await;
     }
@@ -316,11 +340,20 @@ pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(false)
         .try_init();
-    let options = InboxOptions::default()
+    let mut options = InboxOptions::default()
         .with_lanes(args.lanes)?
         // Short, so that the run's drain sees the retried messages soon.
         .with_retry_poll(Duration::from_millis(100))
         .with_shutdown_grace(Duration::from_secs(5));
+    let retention = match args.retention_s {
+        Some(s) => {
+            let r = Retention::new(Duration::from_secs(s))?;
+            let slot = u64::try_from(r.slot_seconds()).unwrap_or(1).max(1);
+            options = options.with_retention_every(Duration::from_millis(slot * 250));
+            Some(r)
+        }
+        None => None,
+    };
     if is_postgres(&args.db) {
         let schema = args
             .schema
@@ -329,7 +362,10 @@ pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
         let lanes = u32::try_from(args.lanes).unwrap_or(4);
         let pool = pg_pool(&args.db, &args.application_name, lanes + 4).await?;
         create_pg_effects(&pool, &schema).await?;
-        let store = PgInbox::new(pool, args.consumer.clone())?.with_schema(schema.clone())?;
+        let mut store = PgInbox::new(pool, args.consumer.clone())?.with_schema(schema.clone())?;
+        if let Some(r) = retention {
+            store = store.with_retention(r)?;
+        }
         let handler = PgEffects {
             insert: format!(
                 "INSERT INTO {} (event_id, key, seq, at_us) VALUES ($1, $2, $3, $4)",
@@ -340,7 +376,11 @@ pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
     } else {
         let pool = sqlite_pool(&args.db, 4).await?;
         create_sqlite_effects(&pool).await?;
-        let store = SqliteInbox::new(pool, args.consumer.clone())?.with_prefix(SQLITE_PREFIX)?;
+        let mut store =
+            SqliteInbox::new(pool, args.consumer.clone())?.with_prefix(SQLITE_PREFIX)?;
+        if let Some(r) = retention {
+            store = store.with_retention(r)?;
+        }
         with_source(
             &args,
             Inbox::new(store, SqliteEffects).with_options(options),

@@ -932,7 +932,7 @@ fn print_summary(r: &checker::Report) {
     if let Some(i) = &r.inbox {
         let c = &i.counts;
         println!(
-            "  inbox ({} x{}): effects {} ({} duplicate effects), absorbed duplicates {}{}, handled {}, parked {}, retries {}, dead {}, faults retried {}, relay copies at the broker {}",
+            "  inbox ({} x{}): effects {} ({} duplicate effects), absorbed duplicates {}{}, handled {}, parked {}, retries {}, dead {}, faults retried {}, applied out of order (inbox's count) {}, relay copies at the broker {}",
             s.inbox.as_deref().unwrap_or("?"),
             s.consumers,
             r.messages,
@@ -944,6 +944,7 @@ fn print_summary(r: &checker::Report) {
             c.retries,
             c.dead,
             c.faults,
+            c.out_of_order,
             i.relay_copies.map_or("unknown".to_owned(), |n| n.to_string()),
         );
         for e in &i.consumer_exits {

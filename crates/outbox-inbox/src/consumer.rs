@@ -7,14 +7,14 @@
 use crate::handler::{run_handler, Failure, Handler, HandlerError};
 use crate::metrics as m;
 use crate::options::InboxOptions;
-use crate::source::{reconnect_delay, RawMessage, Source};
+use crate::source::{reconnect_delay, Position, RawMessage, Source};
 use crate::store::{Hold, InboxStore, StoreError, Verdict};
 use chrono::Utc;
 use outbox_core::{fnv1a_64, ErrorCode, EventId, InboundMessage};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{mpsc, Notify};
 use tracing::Instrument;
@@ -33,6 +33,7 @@ pub struct InboxStats {
     dead: AtomicU64,
     undecodable: AtomicU64,
     faults: AtomicU64,
+    out_of_order: AtomicU64,
 }
 
 /// A copy of [`InboxStats`] at one moment.
@@ -52,6 +53,9 @@ pub struct InboxCounts {
     pub undecodable: u64,
     /// Database or broker faults retried (no attempt counted).
     pub faults: u64,
+    /// Messages applied after a later message of their key, by the broker's
+    /// position (see [`metrics::OUT_OF_ORDER`](crate::metrics::OUT_OF_ORDER)).
+    pub out_of_order: u64,
 }
 
 impl InboxStats {
@@ -66,6 +70,7 @@ impl InboxStats {
             dead: g(&self.dead),
             undecodable: g(&self.undecodable),
             faults: g(&self.faults),
+            out_of_order: g(&self.out_of_order),
         }
     }
 }
@@ -82,12 +87,46 @@ pub enum InboxError {
     Source(#[from] crate::source::SourceError),
 }
 
+/// How many keys [`OrderWatch`] remembers; past it, it starts afresh.
+const WATCHED_KEYS: usize = 100_000;
+
+/// The broker position of the last message applied per key, to notice a
+/// key's message applied after a later one (see
+/// [`metrics::OUT_OF_ORDER`](crate::metrics::OUT_OF_ORDER)). Memory is
+/// bounded: past [`WATCHED_KEYS`] keys it forgets them all (a reordering
+/// across that moment goes unnoticed).
+#[derive(Debug, Default)]
+struct OrderWatch {
+    last: Mutex<HashMap<String, Position>>,
+}
+
+impl OrderWatch {
+    /// Records that `key`'s message at `at` was applied; returns the later
+    /// position of the key applied before it, when there was one.
+    fn applied(&self, key: &str, at: Position) -> Option<Position> {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(prev) = last.get_mut(key) {
+            if at.is_before(prev) {
+                return Some(*prev);
+            }
+            *prev = at;
+            return None;
+        }
+        if last.len() >= WATCHED_KEYS {
+            last.clear();
+        }
+        last.insert(key.to_owned(), at);
+        None
+    }
+}
+
 /// The consumer: a store, a handler and options. Cheap to clone.
 pub struct Inbox<St: InboxStore, H: Handler<St::Db>> {
     store: St,
     handler: Arc<H>,
     options: InboxOptions,
     stats: Arc<InboxStats>,
+    order: Arc<OrderWatch>,
 }
 
 impl<St: InboxStore, H: Handler<St::Db>> Clone for Inbox<St, H> {
@@ -97,6 +136,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Clone for Inbox<St, H> {
             handler: self.handler.clone(),
             options: self.options.clone(),
             stats: self.stats.clone(),
+            order: self.order.clone(),
         }
     }
 }
@@ -113,6 +153,8 @@ impl<St: InboxStore + std::fmt::Debug, H: Handler<St::Db>> std::fmt::Debug for I
 struct Job {
     messages: Vec<InboundMessage>,
     tickets: Vec<u64>,
+    /// The broker's position of each message, where it tells.
+    positions: Vec<Option<Position>>,
 }
 
 struct Done {
@@ -152,6 +194,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
             handler: Arc::new(handler),
             options: InboxOptions::default(),
             stats: Arc::new(InboxStats::default()),
+            order: Arc::new(OrderWatch::default()),
         }
     }
 
@@ -313,9 +356,11 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
                 .map(|_| Job {
                     messages: Vec::new(),
                     tickets: Vec::new(),
+                    positions: Vec::new(),
                 })
                 .collect();
             for r in batch {
+                let position = S::position(&r.token);
                 let ticket = next_ticket;
                 next_ticket += 1;
                 tokens.insert(ticket, r.token);
@@ -333,6 +378,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
                         let lane = lane_of(&msg, lanes.len());
                         jobs[lane].messages.push(msg);
                         jobs[lane].tickets.push(ticket);
+                        jobs[lane].positions.push(position);
                     }
                     Err(e) => {
                         // Not an outbox event: kept as a dead letter, never dropped.
@@ -527,7 +573,11 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     /// One lane transaction for `messages`: admit, run the handlers of the
     /// new ones, commit. `Err(Ok(i))`: the handler of message `i` failed
     /// (everything rolled back); `Err(Err(e))`: the store failed.
-    async fn try_batch(&self, messages: &[InboundMessage]) -> Result<[u64; 3], BatchError> {
+    async fn try_batch(
+        &self,
+        messages: &[InboundMessage],
+        positions: &[Option<Position>],
+    ) -> Result<[u64; 3], BatchError> {
         let started = Instant::now();
         let mut tx = self.store.begin().await.map_err(BatchError::Store)?;
         let verdicts = self
@@ -556,12 +606,28 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         tx.commit().await.map_err(|e| BatchError::Store(e.into()))?;
         metrics::histogram!(m::BATCH_SECONDS, &self.label())
             .record(started.elapsed().as_secs_f64());
-        for (msg, v) in messages.iter().zip(&verdicts) {
+        for (i, (msg, v)) in messages.iter().zip(&verdicts).enumerate() {
             if *v == Verdict::New {
                 self.handled(msg);
+                if let Some(at) = positions.get(i).copied().flatten() {
+                    self.check_order(msg, at);
+                }
             }
         }
         Ok(counts)
+    }
+
+    /// Counts and logs `msg` (at broker position `at`) when a later message
+    /// of its key was applied before it.
+    fn check_order(&self, msg: &InboundMessage, at: Position) {
+        let Some(key) = msg.key.as_deref() else {
+            return;
+        };
+        if let Some(later) = self.order.applied(key, at) {
+            self.stats.out_of_order.fetch_add(1, Ordering::Relaxed);
+            metrics::counter!(m::OUT_OF_ORDER, &self.label()).increment(1);
+            tracing::warn!(consumer = %self.store.consumer(), key, event_id = %msg.id, position = %at, after = %later, "message applied after a later message of its key (out of the broker's order)");
+        }
     }
 
     fn count_batch(&self, counts: [u64; 3]) {
@@ -670,19 +736,23 @@ async fn lane_loop<St: InboxStore, H: Handler<St::Db>>(
                 Ok(more) => {
                     job.messages.extend(more.messages);
                     job.tickets.extend(more.tickets);
+                    job.positions.extend(more.positions);
                 }
                 Err(_) => break,
             }
         }
         let mut messages = job.messages;
         let mut tickets = job.tickets;
+        let mut positions = job.positions;
         while !messages.is_empty() {
             let rest_m = messages.split_off(messages.len().min(max));
             let rest_t = tickets.split_off(tickets.len().min(max));
+            let rest_p = positions.split_off(positions.len().min(max));
             let chunk_t = std::mem::replace(&mut tickets, rest_t);
             let chunk_m = std::mem::replace(&mut messages, rest_m);
+            let chunk_p = std::mem::replace(&mut positions, rest_p);
             let n = chunk_t.len();
-            let d = if handle_chunk(&shared, &chunk_m).await {
+            let d = if handle_chunk(&shared, &chunk_m, &chunk_p).await {
                 Done {
                     acked: chunk_t,
                     abandoned: 0,
@@ -710,12 +780,15 @@ async fn lane_loop<St: InboxStore, H: Handler<St::Db>>(
 async fn handle_chunk<St: InboxStore, H: Handler<St::Db>>(
     shared: &Shared<St, H>,
     messages: &[InboundMessage],
+    positions: &[Option<Position>],
 ) -> bool {
     let inbox = &shared.inbox;
     let mut rest = messages;
+    // Kept in step with `rest` (empty or shorter when the source gives none).
+    let mut at = positions;
     let mut failures = 0u32;
     while !rest.is_empty() {
-        let store_error = match inbox.try_batch(rest).await {
+        let store_error = match inbox.try_batch(rest, at).await {
             Ok(counts) => {
                 inbox.count_batch(counts);
                 return true;
@@ -727,12 +800,14 @@ async fn handle_chunk<St: InboxStore, H: Handler<St::Db>>(
                 }
                 inbox.count_hold(&rest[0], &hold);
                 rest = &rest[1..];
+                at = advance(at, 1);
                 continue;
             }
-            Err(BatchError::Handler(i, _)) => match inbox.try_batch(&rest[..i]).await {
+            Err(BatchError::Handler(i, _)) => match inbox.try_batch(&rest[..i], at).await {
                 Ok(counts) => {
                     inbox.count_batch(counts);
                     rest = &rest[i..];
+                    at = advance(at, i);
                     continue;
                 }
                 // A handler that failed only on the second run: its own turn
@@ -747,6 +822,7 @@ async fn handle_chunk<St: InboxStore, H: Handler<St::Db>>(
                     }
                     inbox.count_hold(&rest[0], &hold);
                     rest = &rest[1..];
+                    at = advance(at, 1);
                     continue;
                 }
                 Err(BatchError::Store(e)) => e,
@@ -761,6 +837,11 @@ async fn handle_chunk<St: InboxStore, H: Handler<St::Db>>(
         }
     }
     true
+}
+
+/// `at` without its first `n` positions (empty when shorter).
+fn advance(at: &[Option<Position>], n: usize) -> &[Option<Position>] {
+    at.get(n..).unwrap_or(&[])
 }
 
 async fn retry_loop<St: InboxStore, H: Handler<St::Db>>(shared: Arc<Shared<St, H>>) {
@@ -800,5 +881,29 @@ async fn retention_loop<St: InboxStore, H: Handler<St::Db>>(shared: Arc<Shared<S
         if shared.pause(inbox.options.retention_every).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(log: u64, offset: u64) -> Position {
+        Position { log, offset }
+    }
+
+    #[test]
+    fn order_watch_reports_an_earlier_position_after_a_later_one() {
+        let w = OrderWatch::default();
+        assert_eq!(w.applied("k", at(0, 5)), None);
+        assert_eq!(w.applied("k", at(0, 7)), None);
+        assert_eq!(w.applied("k", at(0, 6)), Some(at(0, 7)));
+        // Still compared with the latest: 8 is in order.
+        assert_eq!(w.applied("k", at(0, 8)), None);
+        // Another log (a Kafka partition) is not compared.
+        assert_eq!(w.applied("k", at(1, 1)), None);
+        assert_eq!(w.applied("j", at(0, 1)), None);
+        assert_eq!(advance(&[None, None], 5).len(), 0);
+        assert_eq!(advance(&[None, None], 1).len(), 1);
     }
 }

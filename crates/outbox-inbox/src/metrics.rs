@@ -24,3 +24,10 @@ pub const LAG_SECONDS: &str = "outbox_inbox_lag_seconds";
 pub const BEHIND: &str = "outbox_inbox_behind_messages";
 /// Duration of one lane transaction (histogram, seconds).
 pub const BATCH_SECONDS: &str = "outbox_inbox_batch_seconds";
+/// Messages applied after a later message of their key had been applied,
+/// by the broker's order (JetStream stream sequence, Kafka offset within
+/// one partition), as seen by this process (counter). Competing consumers
+/// of one NATS durable or RabbitMQ queue can apply a key's messages out of
+/// order across processes; RabbitMQ gives no position, so nothing is
+/// counted there. Each one is also logged (warn).
+pub const OUT_OF_ORDER: &str = "outbox_inbox_out_of_order_total";

@@ -25,11 +25,22 @@
 //! | | NATS JetStream | RabbitMQ | Kafka |
 //! |---|---|---|---|
 //! | consumer state | durable pull consumer | the queue | consumer group offsets |
-//! | an unacknowledged message comes again | after `ack_wait` | when the channel closes | with every later one of its partition, when the partition is next assigned |
+//! | an unacknowledged message comes again | to a restarted source at once, with every later one delivered before it (replayed from the acknowledgement floor); to a running one after `ack_wait` | when the channel closes | with every later one of its partition, when the partition is next assigned |
 //! | `redelivered` | delivery count > 1 | the broker's flag | always `false` |
 //! | `behind` | `num_pending` | `None` | `None` |
 //! | missing destination ([`SourceError::Config`]) | when connecting | when connecting | on the first `recv` that hears of it |
 //! | reconnects | async-nats, by itself | on the next `recv`, with backoff (100 ms doubling to 5 s) | librdkafka, by itself (an outage is empty batches) |
+//! | after a crash, a key's held messages come | first: the source resumes from the consumer's acknowledgement floor | first: put back at their place in the queue | first: the group resumes from the committed offset |
+//! | [`Source::position`] | stream sequence | `None` | topic/partition and offset |
+//!
+//! Per-key order after a crash: a restarted consumer must not handle a
+//! key's later messages before the earlier ones its predecessor received
+//! and did not acknowledge. Each source keeps that for one consumer process
+//! per durable consumer / queue / partition (see the row above and
+//! `tests/crash_order.rs`); competing consumers of one NATS durable or one
+//! RabbitMQ queue share out a key's messages, and their order across the
+//! processes is not given (the inbox counts what it sees applied out of
+//! order in `outbox_inbox_out_of_order_total`).
 
 use chrono::{DateTime, Utc};
 use std::fmt;
@@ -89,6 +100,31 @@ impl RawMessage {
     }
 }
 
+/// Where a message stands in its broker's order: an ordered log (a
+/// JetStream stream, one Kafka partition) and the message's place in it
+/// (stream sequence, offset). Two positions compare only within one log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Position {
+    /// The ordered log: `0` for a JetStream stream, a hash of topic and
+    /// partition for Kafka.
+    pub log: u64,
+    /// The place in the log.
+    pub offset: u64,
+}
+
+impl Position {
+    /// Whether `self` comes before `other` in the same log.
+    pub fn is_before(&self, other: &Position) -> bool {
+        self.log == other.log && self.offset < other.offset
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.offset, self.log)
+    }
+}
+
 /// A received message and the token that acknowledges it.
 #[derive(Debug)]
 pub struct Received<T> {
@@ -145,6 +181,14 @@ pub trait Source: Send + 'static {
     /// A short description for logs and metrics labels (broker and
     /// destination, never a credential).
     fn describe(&self) -> String;
+
+    /// The broker's position of the message `token` acknowledges, when the
+    /// broker orders messages in a log (JetStream stream sequence, Kafka
+    /// offset); `None` otherwise (RabbitMQ). The inbox uses it to notice a
+    /// key's message applied after a later one of the key.
+    fn position(_token: &Self::Token) -> Option<Position> {
+        None
+    }
 }
 
 /// How long a source waits before reconnecting after a failed attempt:

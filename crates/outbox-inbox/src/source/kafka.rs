@@ -33,7 +33,7 @@
 //! [`RawMessage::behind`] `None` (the high watermark is a broker request
 //! away, not cached where this crate can read it).
 
-use super::{RawMessage, Received, Source, SourceError};
+use super::{Position, RawMessage, Received, Source, SourceError};
 use futures::FutureExt;
 use outbox_kafka::rdkafka;
 use outbox_kafka::{is_secret_property, TracingContext};
@@ -573,6 +573,17 @@ impl Source for KafkaSource {
             self.config.topics.join(","),
             self.config.group_id
         )
+    }
+
+    fn position(token: &KafkaToken) -> Option<Position> {
+        let offset = u64::try_from(token.offset).ok()?;
+        let mut log = token.topic.as_bytes().to_vec();
+        log.push(0);
+        log.extend_from_slice(&token.partition.to_be_bytes());
+        Some(Position {
+            log: outbox_core::fnv1a_64(&log),
+            offset,
+        })
     }
 }
 

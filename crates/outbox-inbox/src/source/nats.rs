@@ -19,17 +19,34 @@
 //! The client reconnects by itself (async-nats); while it is not connected
 //! [`Source::recv`] reports [`SourceError::Unavailable`].
 //!
+//! **Per-key order after a crash.** JetStream delivers a message again
+//! only once its `ack_wait` passed: what a killed process had received and
+//! not acknowledged would come after the later messages its successor has
+//! handled meanwhile. So before it subscribes (at start, and after a pull
+//! subscription failed), the source reads the durable consumer's info;
+//! when messages are delivered and not acknowledged, it first reads the
+//! stream itself from the acknowledgement floor (`ack_floor + 1`) up to
+//! the last delivered sequence, in stream order (messages of other
+//! subjects than the filter skipped), and only then pulls. A replayed
+//! message is acknowledged at the durable consumer by its stream sequence
+//! (where it is still pending); replayed messages that were acknowledged
+//! before come again as copies the inbox's records absorb, as after Kafka's
+//! committed offset. The consumer is never deleted or
+//! recreated, so a process sharing the durable is not disturbed (its
+//! in-flight messages are replayed too, and recognised). Order across
+//! processes sharing one durable (competing consumers) is not given.
+//!
 //! The `Nats-Msg-Id` header the outbox publisher sets (JetStream's
 //! deduplication id, always the event id) is left out of
 //! [`RawMessage::headers`], as AMQP's `message_id` property is: it is the
 //! broker's, not the event's.
 
-use super::{RawMessage, Received, Source, SourceError};
+use super::{Position, RawMessage, Received, Source, SourceError};
 use async_nats::connection::State;
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::message::Acker;
-use async_nats::jetstream::stream::ConsumerErrorKind;
+use async_nats::jetstream::stream::{ConsumerErrorKind, LastRawMessageErrorKind};
 use async_nats::jetstream::{self, ErrorCode};
 use chrono::DateTime;
 use futures::StreamExt;
@@ -222,8 +239,25 @@ fn check_name(what: &str, name: &str) -> Result<(), SourceError> {
 
 /// Acknowledges one JetStream message.
 pub struct NatsToken {
-    acker: Acker,
+    /// `None` for a message replayed from the stream (see the module docs):
+    /// acknowledged by its stream sequence.
+    acker: Option<Acker>,
     stream_sequence: u64,
+}
+
+impl NatsToken {
+    /// The message's stream sequence.
+    pub fn stream_sequence(&self) -> u64 {
+        self.stream_sequence
+    }
+}
+
+/// The stream sequences still to replay before pulling (see the module
+/// docs): `next..=last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Replay {
+    next: u64,
+    last: u64,
 }
 
 impl fmt::Debug for NatsToken {
@@ -246,6 +280,13 @@ pub struct NatsSource {
     /// The long-lived pull subscription `recv` reads from (`None` until the
     /// first `recv`, and after it failed).
     messages: Option<pull::Stream>,
+    /// The stream, for the replay.
+    stream: Option<jetstream::stream::Stream>,
+    /// Whether the consumer's acknowledgement floor was checked since the
+    /// pull subscription last went away.
+    floor_checked: bool,
+    /// What is left to replay before subscribing.
+    replay: Option<Replay>,
 }
 
 impl fmt::Debug for NatsSource {
@@ -297,6 +338,9 @@ impl NatsSource {
             js,
             consumer: None,
             messages: None,
+            stream: None,
+            floor_checked: false,
+            replay: None,
         };
         source.consumer().await?;
         tracing::info!(
@@ -358,7 +402,106 @@ impl NatsSource {
                 )),
             })?;
         self.consumer = Some(consumer.clone());
+        self.stream = Some(stream);
         Ok(consumer)
+    }
+
+    /// Reads the durable consumer's info and, when messages are delivered
+    /// and not acknowledged, plans their replay from the acknowledgement
+    /// floor (see the module docs).
+    async fn check_floor(&mut self) -> Result<(), SourceError> {
+        let mut consumer = self.consumer().await?;
+        let info = consumer.info().await.map_err(|e| {
+            self.consumer = None;
+            SourceError::Unavailable(format!(
+                "JetStream consumer info of {:?} failed: {e}",
+                self.config.durable
+            ))
+        })?;
+        self.replay = replay_of(info);
+        if let Some(r) = self.replay {
+            tracing::info!(
+                stream = %self.config.stream,
+                durable = %self.config.durable,
+                unacknowledged = info.num_ack_pending,
+                from = r.next,
+                to = r.last,
+                "NATS source: messages delivered and not acknowledged; replaying the stream from the acknowledgement floor so that each key's order holds"
+            );
+        }
+        self.floor_checked = true;
+        Ok(())
+    }
+
+    /// Up to `max` replayed messages, in stream order.
+    async fn replayed(&mut self, max: usize) -> Result<Vec<Received<NatsToken>>, SourceError> {
+        let Some(mut r) = self.replay else {
+            return Ok(Vec::new());
+        };
+        if self.stream.is_none() {
+            self.consumer().await?;
+        }
+        let Some(stream) = self.stream.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        while out.len() < max && r.next <= r.last {
+            match stream.get_raw_message(r.next).await {
+                Ok(m) => {
+                    if self.config.filter_subjects.is_empty()
+                        || self
+                            .config
+                            .filter_subjects
+                            .iter()
+                            .any(|f| subject_matches(f, m.subject.as_str()))
+                    {
+                        out.push(replayed(m));
+                    }
+                }
+                // Deleted since (limits, purge, a work queue's ack): nothing
+                // to replay at this sequence.
+                Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => {}
+                Err(e) => {
+                    // Keep the place: the next receive goes on from here.
+                    self.replay = Some(r);
+                    if out.is_empty() {
+                        return Err(SourceError::Unavailable(format!(
+                            "JetStream message {} of stream {:?} could not be read for the replay: {e}",
+                            r.next, self.config.stream
+                        )));
+                    }
+                    return Ok(out);
+                }
+            }
+            r.next += 1;
+        }
+        self.replay = (r.next <= r.last).then_some(r);
+        Ok(out)
+    }
+}
+
+/// The replay a consumer's info calls for: from the acknowledgement floor
+/// to the last delivered message, when any is delivered and not
+/// acknowledged.
+fn replay_of(info: &async_nats::jetstream::consumer::Info) -> Option<Replay> {
+    let next = info.ack_floor.stream_sequence.saturating_add(1);
+    let last = info.delivered.stream_sequence;
+    (info.num_ack_pending > 0 && next <= last).then_some(Replay { next, last })
+}
+
+/// Whether `subject` matches the NATS filter `filter` (`*` one token, `>`
+/// the rest).
+fn subject_matches(filter: &str, subject: &str) -> bool {
+    let mut f = filter.split('.');
+    let mut s = subject.split('.');
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
     }
 }
 
@@ -393,6 +536,16 @@ impl Source for NatsSource {
                 self.config.servers_redacted()
             )));
         }
+        // Before (re)subscribing: what was delivered and not acknowledged
+        // comes first, read from the stream (see the module docs).
+        if self.messages.is_none() {
+            if !self.floor_checked {
+                self.check_floor().await?;
+            }
+            if self.replay.is_some() {
+                return self.replayed(max).await;
+            }
+        }
         // One long-lived pull subscription, refilled by the client in
         // batches as it is read: a receive takes what has arrived and waits
         // only when nothing has (a one-shot fetch per receive would wait out
@@ -426,12 +579,14 @@ impl Source for NatsSource {
                     // after ack_wait).
                     self.messages = None;
                     self.consumer = None;
+                    self.floor_checked = false;
                     return Err(SourceError::Unavailable(format!(
                         "JetStream pull failed: {e}"
                     )));
                 }
                 Ok(None) => {
                     self.messages = None;
+                    self.floor_checked = false;
                     return Err(SourceError::Unavailable(
                         "JetStream pull subscription ended".to_owned(),
                     ));
@@ -445,10 +600,12 @@ impl Source for NatsSource {
                     tracing::debug!(error = %e, got = out.len(), "JetStream pull ended early");
                     self.messages = None;
                     self.consumer = None;
+                    self.floor_checked = false;
                     break;
                 }
                 Some(None) => {
                     self.messages = None;
+                    self.floor_checked = false;
                     break;
                 }
                 None => break,
@@ -461,7 +618,23 @@ impl Source for NatsSource {
         for token in tokens {
             // An ack that does not reach the server is not an error: the
             // message is delivered again after ack_wait and absorbed.
-            if let Err(e) = token.acker.ack().await {
+            let Some(acker) = token.acker else {
+                // A replayed message: acknowledged at the durable consumer
+                // by its stream sequence (JetStream's ack subject; the
+                // server finds the pending delivery by the stream sequence
+                // and takes its own delivery sequence), so that it is not
+                // delivered again once it is handled. Not pending (acked
+                // already, or never delivered): the server ignores it.
+                let subject = format!(
+                    "$JS.ACK.{}.{}.1.{}.0.0.0",
+                    self.config.stream, self.config.durable, token.stream_sequence
+                );
+                if let Err(e) = self.client.publish(subject, "+ACK".into()).await {
+                    tracing::debug!(error = %e, seq = token.stream_sequence, "JetStream ack of a replayed message not sent");
+                }
+                continue;
+            };
+            if let Err(e) = acker.ack().await {
                 tracing::debug!(error = %e, seq = token.stream_sequence, "JetStream ack not sent");
             }
         }
@@ -481,6 +654,48 @@ impl Source for NatsSource {
     fn describe(&self) -> String {
         format!("nats:{}/{}", self.config.stream, self.config.durable)
     }
+
+    fn position(token: &NatsToken) -> Option<Position> {
+        (token.stream_sequence > 0).then_some(Position {
+            log: 0,
+            offset: token.stream_sequence,
+        })
+    }
+}
+
+/// The headers of a JetStream message, without `Nats-Msg-Id`.
+fn headers_of(map: Option<&async_nats::HeaderMap>) -> Vec<(String, String)> {
+    let mut headers = Vec::new();
+    if let Some(map) = map {
+        for (name, values) in map.iter() {
+            let name: &str = name.as_ref();
+            if name.eq_ignore_ascii_case(MSG_ID_HEADER) {
+                continue;
+            }
+            for value in values {
+                headers.push((name.to_owned(), value.as_str().to_owned()));
+            }
+        }
+    }
+    headers
+}
+
+/// A message read from the stream for the replay: redelivered, no acker.
+fn replayed(m: jetstream::message::StreamMessage) -> Received<NatsToken> {
+    Received {
+        message: RawMessage {
+            headers: headers_of(Some(&m.headers)),
+            body: m.payload.to_vec(),
+            destination: m.subject.to_string(),
+            timestamp: DateTime::from_timestamp(m.time.unix_timestamp(), m.time.nanosecond()),
+            redelivered: true,
+            behind: None,
+        },
+        token: NatsToken {
+            acker: None,
+            stream_sequence: m.sequence,
+        },
+    }
 }
 
 /// A pulled JetStream message as a [`RawMessage`] and its token.
@@ -495,18 +710,7 @@ fn received(m: jetstream::Message) -> Received<NatsToken> {
         Err(_) => (1, None, None, 0),
     };
     let (message, acker) = m.split();
-    let mut headers = Vec::new();
-    if let Some(map) = &message.headers {
-        for (name, values) in map.iter() {
-            let name: &str = name.as_ref();
-            if name.eq_ignore_ascii_case(MSG_ID_HEADER) {
-                continue;
-            }
-            for value in values {
-                headers.push((name.to_owned(), value.as_str().to_owned()));
-            }
-        }
-    }
+    let headers = headers_of(message.headers.as_ref());
     Received {
         message: RawMessage {
             headers,
@@ -517,7 +721,7 @@ fn received(m: jetstream::Message) -> Received<NatsToken> {
             behind: pending,
         },
         token: NatsToken {
-            acker,
+            acker: Some(acker),
             stream_sequence,
         },
     }
@@ -571,6 +775,17 @@ mod tests {
             .validate()
             .unwrap_err();
         assert!(!e.to_string().contains("hunter2"), "{e}");
+    }
+
+    #[test]
+    fn filter_subjects_match_as_nats_does() {
+        assert!(subject_matches("orders.>", "orders.a.b"));
+        assert!(!subject_matches("orders.>", "orders"));
+        assert!(subject_matches("orders.*", "orders.a"));
+        assert!(!subject_matches("orders.*", "orders.a.b"));
+        assert!(subject_matches("orders.a", "orders.a"));
+        assert!(!subject_matches("orders.a", "orders.b"));
+        assert!(subject_matches("*.a.>", "x.a.y"));
     }
 
     #[test]
