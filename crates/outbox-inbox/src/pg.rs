@@ -34,6 +34,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -50,6 +51,9 @@ struct Inner {
     consumer: String,
     retention: Retention,
     clock: SlotClock,
+    /// Retention passes in a row that found the next slot held by another
+    /// session (see [`RETENTION_TRIES`]).
+    held_passes: std::sync::atomic::AtomicU32,
 }
 
 impl fmt::Debug for PgInbox {
@@ -112,6 +116,7 @@ impl PgInbox {
                 consumer: i.consumer.clone(),
                 retention: i.retention,
                 clock,
+                held_passes: std::sync::atomic::AtomicU32::new(0),
             }),
         }
     }
@@ -133,6 +138,7 @@ impl PgInbox {
                 consumer,
                 retention,
                 clock,
+                held_passes: std::sync::atomic::AtomicU32::new(0),
             }),
         })
     }
@@ -643,13 +649,21 @@ impl InboxStore for PgInbox {
         // transaction writes into the partition meanwhile, and one that
         // started after the boundary (writing into it) ended before the
         // clock is read, so the clock shows the boundary passed.
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        sqlx::query("SET LOCAL lock_timeout = '5s'")
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(&format!("LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE"))
-            .execute(&mut *tx)
-            .await?;
+        let held = &self.inner.held_passes;
+        let overdue = held.load(Ordering::Relaxed) >= RETENTION_PATIENCE;
+        drop(conn);
+        let Some(mut tx) = lock_partition(&self.inner.pool, &part, overdue).await? else {
+            let passes = held.fetch_add(1, Ordering::Relaxed) + 1;
+            tracing::warn!(
+                consumer = %self.inner.consumer,
+                slot = next,
+                passes,
+                "inbox retention: another session holds the next slot's partition (a long \
+                 transaction, a dump, a session idle in a transaction); trying again next pass"
+            );
+            return Ok(report(current, false));
+        };
+        held.store(0, Ordering::Relaxed);
         let window = self.inner.retention.window_seconds();
         let (now_slot, into, young): (i64, i64, bool) = sqlx::query_as(&format!(
             "SELECT (c.ms / {len}) % {slots}, c.ms % {len}, EXISTS (SELECT 1 FROM {part} \
@@ -701,4 +715,53 @@ impl InboxStore for PgInbox {
             .fetch_one(&self.inner.pool)
             .await?)
     }
+}
+
+/// Lock attempts per retention pass, each waiting at most
+/// [`RETENTION_TRY_TIMEOUT`]: a pass never queues its ACCESS EXCLUSIVE
+/// request behind a reader of the partition (every admit would queue
+/// behind the request), it looks for a gap between lane transactions.
+const RETENTION_TRIES: u32 = 20;
+/// How long one lock attempt may wait.
+const RETENTION_TRY_TIMEOUT: &str = "5ms";
+/// Passes in a row without a gap after which a pass waits for the lock
+/// (at most [`RETENTION_OVERDUE_TIMEOUT`]): a consumer whose lanes are never
+/// all idle still empties its slots, at the cost of one short wait.
+const RETENTION_PATIENCE: u32 = 10;
+/// The longest wait of an overdue pass.
+const RETENTION_OVERDUE_TIMEOUT: &str = "1s";
+
+/// The transaction holding `part` exclusively, or `None` when another
+/// session kept it for every attempt (`overdue`: one longer attempt).
+async fn lock_partition(
+    pool: &PgPool,
+    part: &str,
+    overdue: bool,
+) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>, StoreError> {
+    let (tries, timeout) = if overdue {
+        (1, RETENTION_OVERDUE_TIMEOUT)
+    } else {
+        (RETENTION_TRIES, RETENTION_TRY_TIMEOUT)
+    };
+    for attempt in 0..tries {
+        if attempt > 0 {
+            let pause = 1 + u64::from(attempt % 10);
+            tokio::time::sleep(std::time::Duration::from_millis(pause)).await;
+        }
+        let mut tx = pool.begin().await?;
+        sqlx::query(&format!("SET LOCAL lock_timeout = '{timeout}'"))
+            .execute(&mut *tx)
+            .await?;
+        match sqlx::query(&format!("LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE"))
+            .execute(&mut *tx)
+            .await
+        {
+            Ok(_) => return Ok(Some(tx)),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("55P03") => {
+                tx.rollback().await?;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(None)
 }

@@ -562,3 +562,37 @@ async fn sqlite_retention_keeps_a_margin_before_the_boundary() {
     assert_eq!((r.current_slot, r.emptied), (3, true));
     assert!(!lite.in_slot(4, &old).await);
 }
+
+#[tokio::test]
+async fn pg_retention_never_queues_behind_a_reader_of_the_partition() {
+    let pg = Pg::new().await;
+    let old = pg.old_record(4).await;
+    // A session reads the partition retention empties next and stays in
+    // its transaction (a dump, a session idle in a transaction).
+    let mut reader = pg.pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "SELECT count(*) FROM \"{}\".inbox_records_4",
+        pg.schema
+    ))
+    .execute(&mut *reader)
+    .await
+    .unwrap();
+    let clock = clock_at(3, retention().slot_millis() / 2);
+    let store = pg.store(&clock);
+    // The pass gives up without queueing its lock request (a queued ACCESS
+    // EXCLUSIVE request would make every admit wait behind it)...
+    let r = store.retain().await.unwrap();
+    assert!(!r.emptied, "{r:?}");
+    assert!(!pg.exclusive_waits("inbox_records_4").await);
+    assert!(pg.has_record(old).await);
+    // ... and admits go on meanwhile.
+    let m = message();
+    let (tx, v) = pg_admit(&pg, &store, &m).await;
+    tx.commit().await.unwrap();
+    assert_eq!(v, Verdict::New);
+    // Once the reader has gone, the next pass empties the slot.
+    reader.commit().await.unwrap();
+    let r = store.retain().await.unwrap();
+    assert_eq!((r.current_slot, r.emptied), (3, true));
+    assert!(!pg.has_record(old).await);
+}
