@@ -19,7 +19,6 @@ use outbox_postgres::{DeadHeadPolicy, PgLogStore};
 use outbox_postgres::{GroupDrop, Rotation};
 use sqlx::Row;
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
 
 fn ev(key: &str, n: usize) -> NewEvent {
     NewEvent::new("test.event", "log", format!("{key}-{n}").into_bytes()).with_key(key)
