@@ -23,6 +23,7 @@ mod chaos;
 mod deploy;
 mod kafka;
 mod package;
+mod pgbouncer;
 mod services;
 mod tidy;
 mod yaml;
@@ -72,7 +73,8 @@ fn print_help() {
          \x20          [--no-pg-crash] [--no-doc] [--dry-run]:\n\
          \x20          producer, relays, consumers and faults; lost / duplicated / order; a complete run\n\
          \x20          rewrites RELIABILITY.md's results section (`--no-doc` leaves it)\n\
-         services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu);\n\
+         services   report PostgreSQL / RabbitMQ / NATS / Kafka and start the Kafka broker (Tansu) and\n\
+         \x20          PgBouncer in transaction mode on 127.0.0.1:6432;\n\
          \x20          `--hold` keeps what it started running until Ctrl-C\n\
          bench      [--quick] [--scenario NAME]: throughput / latency / cost vs ceilings (BENCHMARKS.md)\n\
          screenshots the console's browser tests (headless chromium, installed when missing),\n\

@@ -2,7 +2,8 @@
 //!
 //! PostgreSQL, RabbitMQ and NATS are machine services: xtask checks them and
 //! prints the command that starts one that is down. The Kafka-protocol broker
-//! (Tansu) is the project's own: xtask installs and starts it.
+//! (Tansu) and PgBouncer in transaction mode in front of PostgreSQL are the
+//! project's own: xtask installs and starts them.
 
 use anyhow::{bail, Result};
 use std::net::{SocketAddr, TcpStream};
@@ -47,6 +48,7 @@ fn up(addr: &str) -> bool {
 #[derive(Debug)]
 pub(crate) struct Started {
     _kafka: crate::kafka::TansuGuard,
+    _pgbouncer: crate::pgbouncer::Guard,
 }
 
 /// Checks every machine service and starts the project's own ones. Fails,
@@ -67,6 +69,7 @@ pub(crate) fn ensure_all() -> Result<Started> {
     if !down.is_empty() {
         bail!("services down: {} (commands above)", down.join(", "));
     }
+    let pgbouncer = crate::pgbouncer::start()?;
     crate::kafka::ensure_tansu_installed()?;
     let kafka = crate::kafka::start_tansu()?;
     println!("{}", crate::kafka::kafka_status());
@@ -75,7 +78,10 @@ pub(crate) fn ensure_all() -> Result<Started> {
             println!("{:<16} started by xtask (log {})", "Tansu", log.display());
         }
     }
-    Ok(Started { _kafka: kafka })
+    Ok(Started {
+        _kafka: kafka,
+        _pgbouncer: pgbouncer,
+    })
 }
 
 /// `cargo xtask services`: report, start what we own, and keep it running

@@ -30,7 +30,7 @@ pub use event::{
 };
 pub use held::{HeadState, HeldKey, HeldKeyStore, HeldKeys};
 pub use message::BrokerMessage;
-pub use pool::PoolSettings;
+pub use pool::{PoolSettings, Pooler, UnknownPooler};
 pub use redact::redact_url;
 pub use retry::{InvalidRetryPolicy, Jitter, RetryPolicy};
 pub use shard::{fnv1a_64, key_hash, shard_of, InvalidShardSpec, ShardSpec};

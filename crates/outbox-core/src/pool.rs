@@ -7,7 +7,83 @@
 //! store crates open the pools.
 
 use crate::EventLimits;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
+
+/// What sits between a PostgreSQL store and the server: the answer decides
+/// whether the store may keep session state (prepared statements, session
+/// settings, `LISTEN`) on its connections.
+///
+/// A pooler in transaction mode (PgBouncer's `pool_mode = transaction`, most
+/// managed poolers) hands each *transaction* to whichever server connection
+/// is free, so a statement prepared in one transaction is missing, or is
+/// another client's, in the next. In [`Pooler::Transaction`] the stores run
+/// every statement inside a transaction, as an unnamed statement, with their
+/// settings `SET LOCAL` in it, and the queue table's wake-ups use the probe
+/// instead of `LISTEN`.
+///
+/// Parsed from `auto`, `none`, `session` or `transaction`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Pooler {
+    /// Decide at connect: when the server's `port` setting differs from
+    /// the port the store connected to (something forwards the
+    /// connection), or the server refuses a startup setting as PgBouncer
+    /// does, the store runs as [`Pooler::Transaction`] and says so in one
+    /// log line; otherwise as [`Pooler::None`].
+    #[default]
+    Auto,
+    /// Connected straight to PostgreSQL: prepared statements kept per
+    /// connection, settings per session, `LISTEN`.
+    None,
+    /// A pooler in session mode (or a plain TCP proxy): a client
+    /// connection keeps one server connection, so this runs as
+    /// [`Pooler::None`] does.
+    Session,
+    /// A pooler in transaction mode: nothing is kept across transactions.
+    Transaction,
+}
+
+impl Pooler {
+    /// The names [`FromStr`] accepts.
+    pub const NAMES: [&'static str; 4] = ["auto", "none", "session", "transaction"];
+
+    /// This mode's name, as [`FromStr`] reads it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooler::Auto => "auto",
+            Pooler::None => "none",
+            Pooler::Session => "session",
+            Pooler::Transaction => "transaction",
+        }
+    }
+}
+
+impl fmt::Display for Pooler {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A pooler mode that is not one of [`Pooler::NAMES`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown pooler mode {0:?}: expected one of auto, none, session, transaction")]
+pub struct UnknownPooler(pub String);
+
+impl FromStr for Pooler {
+    type Err = UnknownPooler;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(Pooler::Auto),
+            "none" => Ok(Pooler::None),
+            "session" => Ok(Pooler::Session),
+            "transaction" => Ok(Pooler::Transaction),
+            _ => Err(UnknownPooler(s.to_owned())),
+        }
+    }
+}
 
 /// Pool and startup settings of a SQL store.
 ///
@@ -18,6 +94,7 @@ use std::time::Duration;
 /// | `acquire_timeout` | [`DEFAULT_ACQUIRE_TIMEOUT`](Self::DEFAULT_ACQUIRE_TIMEOUT), 30 s |
 /// | `connect_timeout` | [`DEFAULT_CONNECT_TIMEOUT`](Self::DEFAULT_CONNECT_TIMEOUT), 10 s |
 /// | `auto_migrate` | `false` |
+/// | `pooler` | [`Pooler::Auto`] (PostgreSQL only) |
 /// | `limits` | [`EventLimits::default()`] |
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -38,6 +115,8 @@ pub struct PoolSettings {
     pub auto_migrate: bool,
     /// The limits checked at enqueue.
     pub limits: EventLimits,
+    /// What sits between the store and PostgreSQL (ignored by SQLite).
+    pub pooler: Pooler,
 }
 
 impl PoolSettings {
@@ -57,6 +136,7 @@ impl PoolSettings {
             connect_timeout: Self::DEFAULT_CONNECT_TIMEOUT,
             auto_migrate: false,
             limits: EventLimits::default(),
+            pooler: Pooler::Auto,
         }
     }
 
@@ -70,7 +150,7 @@ impl PoolSettings {
 /// Adds the `with_*` builders of [`PoolSettings`] to a store's options type
 /// `$ty` whose field `$field` is a `PoolSettings`, one per setting named:
 /// `max_connections`, `acquire_timeout`, `connect_timeout`, `auto_migrate`,
-/// `limits` (a store names only the settings it uses). The builders have the
+/// `limits`, `pooler` (a store names only the settings it uses). The builders have the
 /// same names and signatures in every store, so code written against one
 /// store's options reads the same against another's.
 ///
@@ -133,6 +213,15 @@ macro_rules! pool_builders {
             self
         }
     };
+    (@builder $field:ident pooler) => {
+        /// What sits between the store and PostgreSQL (default
+        /// [`Pooler::Auto`]($crate::Pooler::Auto)): with a pooler in
+        /// transaction mode, nothing is kept across transactions.
+        pub fn with_pooler(mut self, pooler: $crate::Pooler) -> Self {
+            self.$field.pooler = pooler;
+            self
+        }
+    };
     (@builder $field:ident limits) => {
         /// Limits checked at enqueue (by the store's enqueue handle).
         pub fn with_limits(mut self, limits: $crate::EventLimits) -> Self {
@@ -157,5 +246,20 @@ mod tests {
         assert_eq!(p.connect_timeout, Duration::from_secs(10));
         assert!(!p.auto_migrate);
         assert_eq!(p.limits, EventLimits::default());
+        assert_eq!(p.pooler, Pooler::Auto);
+    }
+
+    #[test]
+    fn pooler_modes_parse_and_print_their_names() {
+        for name in Pooler::NAMES {
+            let mode: Pooler = name.parse().unwrap();
+            assert_eq!(mode.to_string(), name);
+        }
+        assert_eq!(" Transaction ".parse(), Ok(Pooler::Transaction));
+        let err = "statement".parse::<Pooler>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown pooler mode \"statement\": expected one of auto, none, session, transaction"
+        );
     }
 }

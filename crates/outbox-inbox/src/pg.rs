@@ -29,7 +29,7 @@ use crate::store::{
     RETENTION_SLOTS,
 };
 use chrono::{DateTime, Utc};
-use outbox_core::{ErrorCode, EventId, InboundMessage, WireFormat};
+use outbox_core::{ErrorCode, EventId, InboundMessage, Pooler, WireFormat};
 use sqlx::postgres::{PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashSet};
@@ -54,6 +54,8 @@ struct Inner {
     /// Retention passes in a row that found the next slot held by another
     /// session (see [`RETENTION_TRIES`]).
     held_passes: std::sync::atomic::AtomicU32,
+    /// Statements unnamed: a pooler in transaction mode is in between.
+    unnamed: bool,
 }
 
 impl fmt::Debug for PgInbox {
@@ -89,6 +91,7 @@ impl PgInbox {
             i.retention,
             i.clock.clone(),
         )
+        .map(|inbox| inbox.with_unnamed(i.unnamed))
     }
 
     /// The same inbox with another retention window (every process of one
@@ -102,6 +105,7 @@ impl PgInbox {
             retention,
             i.clock.clone(),
         )
+        .map(|inbox| inbox.with_unnamed(i.unnamed))
     }
 
     /// The same inbox placing records in slots by `clock` (a test hook:
@@ -117,8 +121,42 @@ impl PgInbox {
                 retention: i.retention,
                 clock,
                 held_passes: std::sync::atomic::AtomicU32::new(0),
+                unnamed: i.unnamed,
             }),
         }
+    }
+
+    /// The same inbox for a pool that reaches PostgreSQL through `pooler`.
+    /// With [`Pooler::Transaction`] (PgBouncer's `pool_mode = transaction`)
+    /// the inbox's statements are unnamed, parsed at each execution,
+    /// because a statement left prepared on a server connection is another
+    /// client's next; every one of them already runs inside a transaction.
+    /// The handler's own statements in the transaction it is given need the
+    /// same care (`sqlx::query(..).persistent(false)`). The other modes keep
+    /// statements prepared (the inbox cannot see through the pool: `auto`
+    /// is `none` here).
+    pub fn with_pooler(self, pooler: Pooler) -> Self {
+        self.with_unnamed(pooler == Pooler::Transaction)
+    }
+
+    fn with_unnamed(self, unnamed: bool) -> Self {
+        let i = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                pool: i.pool.clone(),
+                schema: i.schema.clone(),
+                consumer: i.consumer.clone(),
+                retention: i.retention,
+                clock: i.clock.clone(),
+                held_passes: std::sync::atomic::AtomicU32::new(0),
+                unnamed,
+            }),
+        }
+    }
+
+    /// Whether statements may stay prepared on the connection.
+    fn prepared(&self) -> bool {
+        !self.inner.unnamed
     }
 
     fn build(
@@ -139,6 +177,7 @@ impl PgInbox {
                 retention,
                 clock,
                 held_passes: std::sync::atomic::AtomicU32::new(0),
+                unnamed: false,
             }),
         })
     }
@@ -198,6 +237,7 @@ impl PgInbox {
              FROM (SELECT DISTINCT hashtextextended($1 || t.id::text, 0) AS k \
                FROM unnest($2::uuid[]) AS t(id) ORDER BY k) AS keys",
         )
+        .persistent(self.prepared())
         .bind(format!(
             "outbox-inbox/{}/{}/",
             self.inner.schema, self.inner.consumer
@@ -236,6 +276,7 @@ impl PgInbox {
         let headers = serde_json::to_string(&m.headers)
             .map_err(|e| StoreError::Corrupt(format!("headers do not serialise: {e}")))?;
         sqlx::query(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
             .bind(m.id.as_uuid())
             .bind(m.order_key())
@@ -345,6 +386,7 @@ impl InboxStore for PgInbox {
         let s = &self.inner.schema;
         let mut tx = self.inner.pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .persistent(self.prepared())
             .bind(format!("outbox-inbox:{s}"))
             .execute(&mut *tx)
             .await?;
@@ -388,12 +430,16 @@ impl InboxStore for PgInbox {
             self.t("inbox_pending")
         ));
         for stmt in ddl {
-            sqlx::query(&stmt).execute(&mut *tx).await?;
+            sqlx::query(&stmt)
+                .persistent(self.prepared())
+                .execute(&mut *tx)
+                .await?;
         }
         let stored: Option<i64> = sqlx::query_scalar(&format!(
             "SELECT slot_seconds FROM {}",
             self.t("inbox_settings")
         ))
+        .persistent(self.prepared())
         .fetch_optional(&mut *tx)
         .await?;
         let wanted = self.inner.retention.slot_seconds();
@@ -403,6 +449,7 @@ impl InboxStore for PgInbox {
                     "INSERT INTO {} (slot_seconds) VALUES ($1)",
                     self.t("inbox_settings")
                 ))
+                .persistent(self.prepared())
                 .bind(wanted)
                 .execute(&mut *tx)
                 .await?;
@@ -461,6 +508,7 @@ impl InboxStore for PgInbox {
             slot = self.slot_expr(),
         );
         let rows = sqlx::query(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
             .bind(&ids)
             .bind(&keys)
@@ -520,6 +568,7 @@ impl InboxStore for PgInbox {
             p = self.t("inbox_pending"),
         );
         let rows = sqlx::query(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
             .bind(i64::from(limit))
             .bind(block_on_dead)
@@ -545,6 +594,7 @@ impl InboxStore for PgInbox {
             slot = self.slot_expr(),
         );
         let n: i64 = sqlx::query_scalar(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
             .bind(seq)
             .bind(id.as_uuid())
@@ -567,6 +617,7 @@ impl InboxStore for PgInbox {
             self.t("inbox_pending")
         );
         sqlx::query(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
             .bind(seq)
             .bind(state.as_str())
@@ -587,8 +638,17 @@ impl InboxStore for PgInbox {
             self.t("inbox_pending"),
             filter.limit.unwrap_or(100)
         );
-        let q = bind_filter(sqlx::query(&sql).bind(&self.inner.consumer), args);
-        let rows = q.fetch_all(&self.inner.pool).await?;
+        let q = bind_filter(
+            sqlx::query(&sql)
+                .persistent(self.prepared())
+                .bind(&self.inner.consumer),
+            args,
+        );
+        // In a transaction: through a pooler in transaction mode a
+        // statement outside one may be parsed and run on two connections.
+        let mut tx = self.inner.pool.begin().await?;
+        let rows = q.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
         rows.iter().map(pending_from_row).collect()
     }
 
@@ -598,15 +658,31 @@ impl InboxStore for PgInbox {
             "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = now() WHERE {w}",
             self.t("inbox_pending")
         );
-        let q = bind_filter(sqlx::query(&sql).bind(&self.inner.consumer), args);
-        Ok(q.execute(&self.inner.pool).await?.rows_affected())
+        let q = bind_filter(
+            sqlx::query(&sql)
+                .persistent(self.prepared())
+                .bind(&self.inner.consumer),
+            args,
+        );
+        let mut tx = self.inner.pool.begin().await?;
+        let done = q.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(done)
     }
 
     async fn purge(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
         let (w, args) = Self::dead_where(filter, 2);
         let sql = format!("DELETE FROM {} WHERE {w}", self.t("inbox_pending"));
-        let q = bind_filter(sqlx::query(&sql).bind(&self.inner.consumer), args);
-        Ok(q.execute(&self.inner.pool).await?.rows_affected())
+        let q = bind_filter(
+            sqlx::query(&sql)
+                .persistent(self.prepared())
+                .bind(&self.inner.consumer),
+            args,
+        );
+        let mut tx = self.inner.pool.begin().await?;
+        let done = q.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(done)
     }
 
     async fn pending_counts(&self) -> Result<(u64, u64, u64), StoreError> {
@@ -615,10 +691,13 @@ impl InboxStore for PgInbox {
              count(*) FILTER (WHERE state = 'dead') FROM {} WHERE consumer = $1",
             self.t("inbox_pending")
         );
+        let mut tx = self.inner.pool.begin().await?;
         let (r, p, d): (i64, i64, i64) = sqlx::query_as(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&mut *tx)
             .await?;
+        tx.commit().await?;
         let u = |n: i64| u64::try_from(n).unwrap_or(0);
         Ok((u(r), u(p), u(d)))
     }
@@ -626,10 +705,11 @@ impl InboxStore for PgInbox {
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
         let slots = i64::from(RETENTION_SLOTS);
         let len = self.inner.retention.slot_millis();
-        let mut conn = self.inner.pool.acquire().await?;
+        let mut conn = self.inner.pool.begin().await?;
         // Empty slots are the usual case: one cheap probe per pass, no lock.
         let current: i64 =
             sqlx::query_scalar(&format!("SELECT ({} / {len}) % {slots}", self.clock_ms()))
+                .persistent(self.prepared())
                 .fetch_one(&mut *conn)
                 .await?;
         let next = next_slot(current);
@@ -639,8 +719,10 @@ impl InboxStore for PgInbox {
             emptied,
         };
         let any: bool = sqlx::query_scalar(&format!("SELECT EXISTS (SELECT 1 FROM {part})"))
+            .persistent(self.prepared())
             .fetch_one(&mut *conn)
             .await?;
+        conn.commit().await?;
         if !any {
             return Ok(report(current, false));
         }
@@ -651,8 +733,9 @@ impl InboxStore for PgInbox {
         // clock is read, so the clock shows the boundary passed.
         let held = &self.inner.held_passes;
         let overdue = held.load(Ordering::Relaxed) >= RETENTION_PATIENCE;
-        drop(conn);
-        let Some(mut tx) = lock_partition(&self.inner.pool, &part, overdue).await? else {
+        let Some(mut tx) =
+            lock_partition(&self.inner.pool, &part, overdue, self.prepared()).await?
+        else {
             let passes = held.fetch_add(1, Ordering::Relaxed) + 1;
             tracing::warn!(
                 consumer = %self.inner.consumer,
@@ -671,6 +754,7 @@ impl InboxStore for PgInbox {
              FROM (SELECT {} AS ms) AS c",
             self.clock_ms()
         ))
+        .persistent(self.prepared())
         .bind(window)
         .fetch_one(&mut *tx)
         .await?;
@@ -691,12 +775,13 @@ impl InboxStore for PgInbox {
         if young {
             sqlx::query(&format!(
                 "DELETE FROM {part} WHERE handled_at <= clock_timestamp() - make_interval(secs => $1::double precision)"
-            ))
+            )).persistent(self.prepared())
             .bind(window)
             .execute(&mut *tx)
             .await?;
         } else {
             sqlx::query(&format!("TRUNCATE {part}"))
+                .persistent(self.prepared())
                 .execute(&mut *tx)
                 .await?;
         }
@@ -709,11 +794,15 @@ impl InboxStore for PgInbox {
             "SELECT EXISTS (SELECT 1 FROM {} WHERE consumer = $1 AND event_id = $2)",
             self.t("inbox_records")
         );
-        Ok(sqlx::query_scalar(&sql)
+        let mut tx = self.inner.pool.begin().await?;
+        let recorded = sqlx::query_scalar(&sql)
+            .persistent(self.prepared())
             .bind(&self.inner.consumer)
             .bind(id.as_uuid())
-            .fetch_one(&self.inner.pool)
-            .await?)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(recorded)
     }
 }
 
@@ -737,6 +826,7 @@ async fn lock_partition(
     pool: &PgPool,
     part: &str,
     overdue: bool,
+    prepared: bool,
 ) -> Result<Option<sqlx::Transaction<'static, sqlx::Postgres>>, StoreError> {
     let (tries, timeout) = if overdue {
         (1, RETENTION_OVERDUE_TIMEOUT)
@@ -750,9 +840,11 @@ async fn lock_partition(
         }
         let mut tx = pool.begin().await?;
         sqlx::query(&format!("SET LOCAL lock_timeout = '{timeout}'"))
+            .persistent(prepared)
             .execute(&mut *tx)
             .await?;
         match sqlx::query(&format!("LOCK TABLE {part} IN ACCESS EXCLUSIVE MODE"))
+            .persistent(prepared)
             .execute(&mut *tx)
             .await
         {

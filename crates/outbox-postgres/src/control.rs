@@ -3,10 +3,11 @@
 //! `<table>_log_control` (event-log mode, migration 4, see
 //! `log/control.rs`). Times come from the database's `now()`.
 
+use crate::db::Db;
 use crate::{PgStore, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{PauseNote, Paused, DEFAULT_GROUP};
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 /// The SQL of one control table, rendered once per call (a relay reads it
 /// about once a second).
@@ -46,15 +47,11 @@ impl ControlSql {
     }
 
     /// The group's pause, if it is paused.
-    pub(crate) async fn paused(
-        &self,
-        pool: &PgPool,
-        group: &str,
-    ) -> Result<Option<Paused>, StoreError> {
+    pub(crate) async fn paused(&self, db: &Db, group: &str) -> Result<Option<Paused>, StoreError> {
         self.check(group)?;
         let row = sqlx::query(&self.read)
             .bind(group)
-            .fetch_optional(pool)
+            .fetch_optional(db)
             .await?;
         row.map(|row| {
             let since: DateTime<Utc> = row.try_get("since")?;
@@ -69,7 +66,7 @@ impl ControlSql {
     /// Pauses or resumes; whether the state changed.
     pub(crate) async fn set_paused(
         &self,
-        pool: &PgPool,
+        db: &Db,
         group: &str,
         paused: bool,
         note: &PauseNote,
@@ -80,10 +77,10 @@ impl ControlSql {
                 .bind(group)
                 .bind(note.by.as_deref())
                 .bind(note.reason.as_deref())
-                .execute(pool)
+                .execute(db)
                 .await?
         } else {
-            sqlx::query(&self.resume).bind(group).execute(pool).await?
+            sqlx::query(&self.resume).bind(group).execute(db).await?
         };
         Ok(done.rows_affected() > 0)
     }
@@ -110,7 +107,7 @@ macro_rules! control_store {
                 &self,
                 group: &str,
             ) -> Result<Option<outbox_core::Paused>, $crate::StoreError> {
-                self.control_sql().paused(self.pool(), group).await
+                self.control_sql().paused(self.db(), group).await
             }
 
             async fn set_paused(
@@ -120,7 +117,7 @@ macro_rules! control_store {
                 note: &outbox_core::PauseNote,
             ) -> Result<bool, $crate::StoreError> {
                 self.control_sql()
-                    .set_paused(self.pool(), group, paused, note)
+                    .set_paused(self.db(), group, paused, note)
                     .await
             }
         }

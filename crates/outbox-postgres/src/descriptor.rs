@@ -12,12 +12,14 @@
 use crate::options::{DEFAULT_SCHEMA, DEFAULT_TABLE};
 use crate::{Ident, PgLogOptions, PgLogStore, PgStore, PgStoreOptions, StoreError};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
+use outbox_core::Pooler;
 use std::fmt;
 use std::str::FromStr;
 
 const SCHEMA: &str = "schema";
 const TABLE: &str = "table";
 const MODE: &str = "mode";
+const POOLER: &str = "pooler";
 
 const SETTINGS: &[Setting] = &[
     Setting::text(SCHEMA, "PostgreSQL: schema of the outbox tables.")
@@ -34,6 +36,12 @@ const SETTINGS: &[Setting] = &[
         "PostgreSQL: `log` (the event log: append-only, snapshot-window batches, rotation by TRUNCATE; migrating it upgrades a queue-mode outbox in place) or `queue` (the queue table).",
     )
     .with_default("log")
+    .with_value_name("MODE"),
+    Setting::text(
+        POOLER,
+        "PostgreSQL: what sits between this process and the server: `auto` (detected at connect: a server that answers on another port than the one dialled, or refuses the startup setting `options` as PgBouncer does, is taken as `transaction`, said in one log line), `none` (straight to PostgreSQL), `session` (a pooler in session mode, or a TCP proxy: as `none`), `transaction` (PgBouncer's pool_mode = transaction and managed poolers built the same way: every statement in a transaction, unnamed, settings per transaction, the queue table's probe instead of LISTEN).",
+    )
+    .with_default("auto")
     .with_value_name("MODE"),
 ];
 
@@ -94,6 +102,11 @@ fn require_mode(settings: &Settings, expected: PgMode) -> Result<(), InvalidSett
     }
 }
 
+/// The `pooler` setting (`auto` when unset).
+fn pooler(settings: &Settings) -> Result<Pooler, InvalidSetting> {
+    Ok(settings.parse::<Pooler>(POOLER)?.unwrap_or_default())
+}
+
 /// The `schema` and `table` settings, validated.
 fn names(settings: &Settings) -> Result<(Option<Ident>, Option<Ident>), InvalidSetting> {
     let ident = |name: &str| {
@@ -122,7 +135,7 @@ impl Backend for PgBackend {
     fn configure(url: &str, settings: &Settings) -> Result<PgStoreOptions, InvalidSetting> {
         require_mode(settings, PgMode::Queue)?;
         let (schema, table) = names(settings)?;
-        let mut options = PgStoreOptions::new(url);
+        let mut options = PgStoreOptions::new(url).with_pooler(pooler(settings)?);
         if let Some(schema) = schema {
             options = options.with_schema(schema);
         }
@@ -154,7 +167,9 @@ impl Backend for PgLogBackend {
         let (schema, table) = names(settings)?;
         // A runner's relays started without a static shard share the work
         // as a relay group.
-        let mut options = PgLogOptions::new(url).with_dynamic_shards(true);
+        let mut options = PgLogOptions::new(url)
+            .with_dynamic_shards(true)
+            .with_pooler(pooler(settings)?);
         if let Some(schema) = schema {
             options = options.with_schema(schema);
         }
@@ -214,5 +229,26 @@ mod tests {
         let err = PgMode::from_settings(&bad).unwrap_err();
         assert_eq!(err.setting(), MODE);
         assert!(err.reason().contains("queue"), "{}", err.reason());
+    }
+
+    #[test]
+    fn pooler_setting_is_read_and_an_unknown_mode_refused() {
+        let url = "postgres://app@db/app";
+        let auto = PgLogBackend::configure(url, &Settings::new()).unwrap();
+        assert_eq!(auto.pool.pooler, Pooler::Auto);
+        let tx = Settings::new().with_text(POOLER, "transaction");
+        assert_eq!(
+            PgLogBackend::configure(url, &tx).unwrap().pool.pooler,
+            Pooler::Transaction
+        );
+        let queue = tx.with_text(MODE, "queue");
+        assert_eq!(
+            PgBackend::configure(url, &queue).unwrap().pool.pooler,
+            Pooler::Transaction
+        );
+        let bad = Settings::new().with_text(POOLER, "statement");
+        let err = PgLogBackend::configure(url, &bad).unwrap_err();
+        assert_eq!(err.setting(), POOLER);
+        assert!(err.reason().contains("transaction"), "{}", err.reason());
     }
 }

@@ -6,7 +6,7 @@ use crate::names::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
 use chrono::{DateTime, Utc};
-use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
+use outbox_core::{Delivery, EventId, EventLimits, NewEvent, Pooler};
 use sqlx::PgConnection;
 use std::fmt;
 use std::sync::{Arc, OnceLock};
@@ -43,6 +43,8 @@ pub struct PgOutbox {
     sql: Arc<EnqueueSql>,
     limits: EventLimits,
     notify: bool,
+    /// Statements unnamed (a pooler in transaction mode is in between).
+    unnamed: bool,
 }
 
 /// One target's INSERT statements ([`Inserts`]) and the same wrapped in a
@@ -173,9 +175,10 @@ impl EnqueueSql {
         event: NewEvent,
         limits: &EventLimits,
         channel: Option<&str>,
+        unnamed: bool,
     ) -> Result<EventId, EnqueueError> {
         let sql = self.one_for(&event, channel.is_some());
-        let (id, mut q) = bind_event(sqlx::query(sql), event, limits)?;
+        let (id, mut q) = bind_event(sqlx::query(sql).persistent(!unnamed), event, limits)?;
         if let Some(channel) = channel {
             q = q.bind(channel);
         }
@@ -193,13 +196,14 @@ impl EnqueueSql {
         events: impl IntoIterator<Item = NewEvent>,
         limits: &EventLimits,
         channel: Option<&str>,
+        unnamed: bool,
     ) -> Result<Vec<EventId>, EnqueueError> {
         let events = validate_batch(events, limits)?;
         if events.is_empty() {
             return Ok(Vec::new());
         }
         let sql = self.batch_for(&events, channel.is_some());
-        let (ids, mut q) = bind_batch(sqlx::query(sql), events)?;
+        let (ids, mut q) = bind_batch(sqlx::query(sql).persistent(!unnamed), events)?;
         if let Some(channel) = channel {
             q = q.bind(channel);
         }
@@ -270,6 +274,7 @@ impl PgOutbox {
                     log: Some(Arc::new(log)),
                     limits: EventLimits::default(),
                     notify: DEFAULT_NOTIFY,
+                    unnamed: false,
                 })
             }
             _ => Ok(Self::from_names(names)),
@@ -288,6 +293,7 @@ impl PgOutbox {
             log: None,
             limits: EventLimits::default(),
             notify: DEFAULT_NOTIFY,
+            unnamed: false,
         }
     }
 
@@ -312,6 +318,27 @@ impl PgOutbox {
     /// The limits checked at enqueue.
     pub fn with_limits(mut self, limits: EventLimits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// What sits between the application and PostgreSQL. With
+    /// [`Pooler::Transaction`] (PgBouncer's `pool_mode = transaction`) the
+    /// INSERT is sent as an unnamed statement, parsed at each enqueue,
+    /// because a statement left prepared on a server connection is another
+    /// client's next. Any other mode keeps it prepared per connection (the
+    /// handle cannot see the connection it is given, so
+    /// [`Pooler::Auto`] is [`Pooler::None`] here; the stores'
+    /// [`outbox`](crate::PgLogStore::outbox) handles carry what their
+    /// connect found). The caller's own statements in the same
+    /// transaction need the same care (`sqlx::query(..).persistent(false)`).
+    pub fn with_pooler(mut self, pooler: Pooler) -> Self {
+        self.unnamed = pooler == Pooler::Transaction;
+        self
+    }
+
+    /// Unnamed statements when `yes` (what a store's connect found).
+    pub(crate) fn with_unnamed_statements(mut self, yes: bool) -> Self {
+        self.unnamed = yes;
         self
     }
 
@@ -350,7 +377,13 @@ impl PgOutbox {
         event: NewEvent,
     ) -> Result<EventId, EnqueueError> {
         self.sql
-            .enqueue(conn, event, &self.limits, self.notify_channel())
+            .enqueue(
+                conn,
+                event,
+                &self.limits,
+                self.notify_channel(),
+                self.unnamed,
+            )
             .await
     }
 
@@ -363,7 +396,13 @@ impl PgOutbox {
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
         self.sql
-            .enqueue_batch(conn, events, &self.limits, self.notify_channel())
+            .enqueue_batch(
+                conn,
+                events,
+                &self.limits,
+                self.notify_channel(),
+                self.unnamed,
+            )
             .await
     }
 

@@ -280,6 +280,18 @@ pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     }
 }
 
+/// What a pooler in transaction mode does to a client that keeps session
+/// state: a prepared statement that exists on the server connection it was
+/// handed (42P05) or is missing there (26000), or PgBouncer refusing the
+/// startup packet's `options` (08P01).
+fn pooler_symptom(code: &str, message: &str) -> bool {
+    match code {
+        "42P05" | "26000" => message.contains("prepared statement"),
+        "08P01" => message.contains("unsupported startup parameter"),
+        _ => false,
+    }
+}
+
 fn is_transient_sqlstate(code: &str) -> bool {
     matches!(
         code,
@@ -308,6 +320,13 @@ impl fmt::Display for Cause<'_> {
                     write!(f, " (SQLSTATE {code})")?;
                     if code == "42P01" {
                         f.write_str("; are the outbox migrations applied?")?;
+                    }
+                    if pooler_symptom(&code, db.message()) {
+                        f.write_str(
+                            "; a pooler in transaction mode (PgBouncer pool_mode = transaction) \
+                             is in between: set the pooler to `transaction` (outbox-relay: \
+                             --pg-pooler transaction)",
+                        )?;
                     }
                 }
                 Ok(())
@@ -359,5 +378,23 @@ mod tests {
         for code in ["42P01", "28P01", "23505", "42601"] {
             assert!(!is_transient_sqlstate(code), "{code}");
         }
+    }
+
+    #[test]
+    fn a_poolers_symptoms_name_the_setting() {
+        assert!(pooler_symptom(
+            "42P05",
+            "prepared statement \"sqlx_s_1\" already exists"
+        ));
+        assert!(pooler_symptom(
+            "26000",
+            "prepared statement \"sqlx_s_3\" does not exist"
+        ));
+        assert!(pooler_symptom(
+            "08P01",
+            "unsupported startup parameter: options"
+        ));
+        assert!(!pooler_symptom("08P01", "invalid message format"));
+        assert!(!pooler_symptom("42P01", "relation does not exist"));
     }
 }

@@ -2,6 +2,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod control;
+mod db;
 mod descriptor;
 mod enqueue;
 mod error;

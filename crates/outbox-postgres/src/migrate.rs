@@ -66,9 +66,13 @@ pub(crate) fn recorded_checksum(m: &Migration) -> i64 {
 /// serializes them, and the later ones find nothing left to do.
 /// Returns the versions this call applied.
 pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i32>, MigrateError> {
-    let kind = relkind(conn, &names.render("{{events}}"))
+    // In a transaction: through a pooler in transaction mode a statement
+    // outside one may be parsed on one server connection and run on another.
+    let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
+    let kind = relkind(&mut tx, &names.render("{{events}}"))
         .await
         .map_err(MigrateError::Database)?;
+    tx.commit().await.map_err(MigrateError::Database)?;
     if kind.as_deref() == Some("v") {
         return Err(MigrateError::ModeConflict {
             outbox: format!("{}.{}", names.schema, names.table),
@@ -81,11 +85,16 @@ pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i3
 
 /// The `pg_class.relkind` of the relation `qualified` (a quoted, qualified
 /// name) names, if it exists: `r` table, `v` view, ...
+///
+/// Migrations run rarely: their statements are never left prepared
+/// (`persistent(false)`), so they need no knowledge of a pooler in
+/// transaction mode; each runs inside a transaction.
 pub(crate) async fn relkind(
     conn: &mut PgConnection,
     qualified: &str,
 ) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+        .persistent(false)
         .bind(qualified)
         .fetch_optional(conn)
         .await
@@ -105,6 +114,7 @@ pub(crate) async fn apply(
 ) -> Result<Vec<i32>, MigrateError> {
     let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .persistent(false)
         .bind(lock_namespace)
         .bind(names.schema.as_str())
         .execute(&mut *tx)
@@ -128,6 +138,7 @@ pub(crate) async fn apply(
         .map_err(MigrateError::Database)?;
 
     let applied = sqlx::query(&names.render("SELECT version, checksum FROM {{history}}"))
+        .persistent(false)
         .fetch_all(&mut *tx)
         .await
         .map_err(MigrateError::Database)?;
@@ -161,6 +172,7 @@ pub(crate) async fn apply(
         sqlx::query(&names.render(
             "INSERT INTO {{history}} (version, name, checksum, applied_by) VALUES ($1, $2, $3, $4)",
         ))
+        .persistent(false)
         .bind(m.version)
         .bind(m.name)
         .bind(recorded_checksum(m))

@@ -166,7 +166,7 @@ impl PgStoreOptions {
     }
 }
 
-outbox_core::pool_builders!(PgStoreOptions, pool: max_connections, acquire_timeout, connect_timeout, auto_migrate, limits);
+outbox_core::pool_builders!(PgStoreOptions, pool: max_connections, acquire_timeout, connect_timeout, auto_migrate, limits, pooler);
 
 impl fmt::Debug for PgStoreOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

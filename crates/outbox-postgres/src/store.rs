@@ -1,5 +1,6 @@
 //! [`PgStore`]: claims, settlements, lease renewal, stats, dead letters, wake-ups.
 
+use crate::db::Db;
 use crate::names::Names;
 use crate::options::redact_url;
 use crate::{MigrateError, PgOutbox, PgStoreOptions, StoreError};
@@ -38,7 +39,7 @@ pub struct PgStore {
 }
 
 struct Inner {
-    pool: PgPool,
+    db: Db,
     outbox: PgOutbox,
     sql: StoreSql,
     url: Option<String>,
@@ -220,7 +221,7 @@ impl fmt::Debug for PgStore {
             .field("notify", &self.inner.outbox.notifies())
             .field("listen", &self.inner.listen)
             .field("retention", &self.inner.retention)
-            .field("pool_size", &self.inner.pool.size())
+            .field("pool_size", &self.inner.db.pool().size())
             .finish()
     }
 }
@@ -248,7 +249,7 @@ fn count(n: i64) -> u64 {
 impl PgStore {
     fn note_removed(&self, rows: u64) {
         if let Some(v) = &self.inner.vacuum {
-            v.removed(&self.inner.pool, rows);
+            v.removed(self.inner.db.pool(), rows);
         }
     }
 
@@ -262,24 +263,42 @@ impl PgStore {
     /// last attempt's cause ("connection refused", an authentication failure,
     /// a missing database...), never the password.
     pub async fn connect(options: PgStoreOptions) -> Result<Self, StoreError> {
-        let pool = connect_pool(options.url.as_deref(), &options.pool, &[]).await?;
-        Self::from_pool(pool, options).await
+        let db = connect_pool(options.url.as_deref(), &options.pool, &[]).await?;
+        Self::on(db, options).await
     }
 
     /// A store on an existing pool (the options' URL and pool size are
-    /// ignored). Must be called inside a Tokio runtime.
+    /// ignored; its pooler setting is used, see
+    /// [`PgStoreOptions::with_pooler`]). Must be called inside a Tokio
+    /// runtime.
     pub async fn from_pool(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
+        let pooled = crate::db::detect(&pool, options.pool.pooler).await?;
+        Self::on(Db::new(pool, pooled, &[("jit", "off")]), options).await
+    }
+
+    async fn on(db: Db, options: PgStoreOptions) -> Result<Self, StoreError> {
+        let pool = db.pool().clone();
         let names = Names::new(options.schema.clone(), options.table.clone())?;
         let outbox = PgOutbox::from_names(names)
             .with_notify(options.notify)
-            .with_limits(options.pool.limits);
+            .with_limits(options.pool.limits)
+            .with_unnamed_statements(db.pooled());
         if options.pool.auto_migrate {
             let mut conn = pool.acquire().await?;
             outbox.migrate(&mut conn).await?;
         }
         let sql = StoreSql::new(&outbox.names, options.retention.is_some());
         let mut tasks = BackgroundTasks::default();
-        let wakeup = if options.listen {
+        let listening = options.listen && !db.pooled();
+        if options.listen && db.pooled() {
+            tracing::warn!(
+                channel = outbox.channel(),
+                "the queue table's LISTEN wake-ups need a session, which a pooler in transaction \
+                 mode does not keep: the relay finds new events with its probe instead (connect \
+                 the relay straight to PostgreSQL, or through a session-mode pool, for LISTEN)"
+            );
+        }
+        let wakeup = if listening {
             let notify = Arc::new(Notify::new());
             tasks.spawn(listen(
                 pool.clone(),
@@ -293,7 +312,7 @@ impl PgStore {
         if let Some(retention) = options.retention {
             let retention_us = micros(retention)?;
             tasks.spawn(purge_loop(
-                pool.clone(),
+                db.clone(),
                 sql.purge_delivered.clone(),
                 retention_us,
                 options.purge_batch,
@@ -309,11 +328,11 @@ impl PgStore {
         Ok(Self {
             inner: Arc::new(Inner {
                 vacuum,
-                pool,
+                db,
                 outbox,
                 sql,
                 url: options.url,
-                listen: options.listen,
+                listen: listening,
                 retention: options.retention,
                 purge_batch: options.purge_batch,
                 wakeup,
@@ -332,14 +351,27 @@ impl PgStore {
 
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.pool
+        self.inner.db.pool()
+    }
+
+    /// What this store found between itself and PostgreSQL at connect:
+    /// [`Pooler::Transaction`](outbox_core::Pooler::Transaction) (a pooler in transaction mode, named by the
+    /// pooler setting or detected) or [`Pooler::None`](outbox_core::Pooler::None).
+    pub fn pooler(&self) -> outbox_core::Pooler {
+        self.inner.db.mode()
+    }
+
+    /// The pool as the store uses it (see [`Db`]).
+    pub(crate) fn db(&self) -> &Db {
+        &self.inner.db
     }
 
     /// Applies the missing migrations (see [`PgOutbox::migrate`]).
     pub async fn migrate(&self) -> Result<Vec<i32>, MigrateError> {
         let mut conn = self
             .inner
-            .pool
+            .db
+            .pool()
             .acquire()
             .await
             .map_err(MigrateError::Database)?;
@@ -359,7 +391,7 @@ impl PgStore {
             .collect();
         let rows = sqlx::query(&self.inner.sql.shard_stats)
             .bind(i64::from(total))
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&self.inner.db)
             .await?;
         fill_shards(&mut out, &rows, |stats, row| {
             stats.pending = count(row.try_get(1)?);
@@ -369,7 +401,7 @@ impl PgStore {
         })?;
         let rows = sqlx::query(&self.inner.sql.shard_dead)
             .bind(i64::from(total))
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&self.inner.db)
             .await?;
         fill_shards(&mut out, &rows, |stats, row| {
             stats.dead = count(row.try_get(1)?);
@@ -386,7 +418,7 @@ impl PgStore {
         let done = sqlx::query(&self.inner.sql.purge_delivered)
             .bind(retention)
             .bind(i64::from(limit))
-            .execute(&self.inner.pool)
+            .execute(&self.inner.db)
             .await?;
         Ok(done.rows_affected())
     }
@@ -413,7 +445,7 @@ impl PgStore {
         let (settled, min_pending, last, xmax): (bool, Option<i64>, i64, i64) =
             sqlx::query_as(&self.inner.sql.seq_floor)
                 .bind(known.candidate.map(|(_, xmax)| xmax))
-                .fetch_one(&self.inner.pool)
+                .fetch_one(&self.inner.db)
                 .await?;
         let mut state = lock();
         match (settled, known.candidate) {
@@ -580,13 +612,13 @@ async fn listen(pool: PgPool, channel: String, notify: Arc<Notify>) {
     }
 }
 
-async fn purge_loop(pool: PgPool, sql: String, retention_us: i64, batch: u32, every: Duration) {
+async fn purge_loop(db: Db, sql: String, retention_us: i64, batch: u32, every: Duration) {
     loop {
         loop {
             match sqlx::query(&sql)
                 .bind(retention_us)
                 .bind(i64::from(batch))
-                .execute(&pool)
+                .execute(&db)
                 .await
             {
                 Ok(done) if done.rows_affected() >= u64::from(batch) => continue,
@@ -634,7 +666,7 @@ impl Store for PgStore {
             .bind(token.as_uuid())
             .bind(walk_limit(req.batch_size))
             .bind(floor)
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&self.inner.db)
             .await
             .inspect_err(|_| {
                 // The floor is the only state this store keeps across
@@ -707,7 +739,7 @@ impl Store for PgStore {
             .bind(&args.delays)
             .bind(&args.codes)
             .bind(&args.messages)
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&self.inner.db)
             .await?;
         let applied: HashSet<Uuid> = rows.iter().map(|(id, _)| *id).collect();
         report.applied = applied.len() as u64;
@@ -760,7 +792,7 @@ impl Store for PgStore {
             .bind(ids)
             .bind(token.as_uuid())
             .bind(lease_us)
-            .execute(&self.inner.pool)
+            .execute(&self.inner.db)
             .await?
             .rows_affected();
         self.inner.held.renewed(token, held);
@@ -769,7 +801,7 @@ impl Store for PgStore {
 
     async fn stats(&self) -> Result<Stats, StoreError> {
         let row = sqlx::query(&self.inner.sql.stats)
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&self.inner.db)
             .await?;
         Ok(Stats {
             pending: count(row.try_get(0)?),
@@ -799,7 +831,7 @@ impl DeadLetterStore for PgStore {
         let rows = bind_dead_filter(sqlx::query(&self.inner.sql.list_dead), &query.filter)
             .bind(query.after.map(|id| id.as_uuid()))
             .bind(i64::from(query.limit))
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&self.inner.db)
             .await?;
         rows.iter()
             .map(|row| {
@@ -815,7 +847,7 @@ impl DeadLetterStore for PgStore {
 
     async fn count_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let n: i64 = bind_dead_filter(sqlx::query(&self.inner.sql.count_dead), filter)
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&self.inner.db)
             .await?
             .try_get(0)?;
         Ok(count(n))
@@ -823,13 +855,13 @@ impl DeadLetterStore for PgStore {
 
     async fn retry_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         let moved = bind_dead_filter(sqlx::query(&self.inner.sql.retry_dead), filter)
-            .execute(&self.inner.pool)
+            .execute(&self.inner.db)
             .await?
             .rows_affected();
         if moved > 0 {
             sqlx::query("SELECT pg_notify($1, '')")
                 .bind(self.inner.outbox.channel())
-                .execute(&self.inner.pool)
+                .execute(&self.inner.db)
                 .await?;
         }
         Ok(moved)
@@ -838,7 +870,7 @@ impl DeadLetterStore for PgStore {
     async fn purge_dead(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
         Ok(
             bind_dead_filter(sqlx::query(&self.inner.sql.purge_dead), filter)
-                .execute(&self.inner.pool)
+                .execute(&self.inner.db)
                 .await?
                 .rows_affected(),
         )
@@ -851,7 +883,7 @@ impl HeldKeyStore for PgStore {
     async fn held_keys(&self, limit: u32) -> Result<HeldKeys, StoreError> {
         let rows = sqlx::query(&self.inner.sql.held_keys)
             .bind(i64::from(limit))
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&self.inner.db)
             .await?;
         let mut out = HeldKeys::default();
         for row in &rows {

@@ -5,19 +5,39 @@
 mod common;
 
 use common::{end_enqueue, TestDb};
+use outbox_core::Pooler;
 use outbox_core::{EventId, FencingToken, NewEvent, ValidationError};
-use outbox_postgres::PgStore;
+use outbox_postgres::{PgOutbox, PgStore};
 use outbox_testkit::store::{RowState, StoreHarness};
+use sqlx::PgPool;
 use sqlx::Row;
 
+/// The suite's store and producer reach PostgreSQL through `pool` with
+/// `outbox`; the harness's own reads and writes go straight to `db`.
 struct PgHarness {
     db: TestDb,
+    pool: PgPool,
+    outbox: PgOutbox,
 }
 
 impl PgHarness {
     async fn new() -> Self {
+        let db = TestDb::new().await;
         Self {
-            db: TestDb::new().await,
+            pool: db.pool.clone(),
+            outbox: db.outbox.clone(),
+            db,
+        }
+    }
+
+    /// The store and the producer through PgBouncer in transaction mode:
+    /// the store detects it (`Pooler::Auto`), the producer is told.
+    async fn through_pgbouncer() -> Self {
+        let db = TestDb::new().await;
+        Self {
+            pool: common::pooler_pool(6).await,
+            outbox: db.outbox.clone().with_pooler(Pooler::Transaction),
+            db,
         }
     }
 }
@@ -26,7 +46,9 @@ impl StoreHarness for PgHarness {
     type Store = PgStore;
 
     async fn store(&self) -> PgStore {
-        self.db.store().await
+        PgStore::from_pool(self.pool.clone(), self.db.options().with_listen(false))
+            .await
+            .unwrap()
     }
 
     async fn enqueue(
@@ -34,16 +56,12 @@ impl StoreHarness for PgHarness {
         events: Vec<NewEvent>,
         commit: bool,
     ) -> Result<Vec<EventId>, ValidationError> {
-        let mut tx = self.db.pool.begin().await.unwrap();
+        let mut tx = self.pool.begin().await.unwrap();
         let result = if events.len() == 1 {
             let event = events.into_iter().next().unwrap();
-            self.db
-                .outbox
-                .enqueue(&mut tx, event)
-                .await
-                .map(|id| vec![id])
+            self.outbox.enqueue(&mut tx, event).await.map(|id| vec![id])
         } else {
-            self.db.outbox.enqueue_batch(&mut tx, events).await
+            self.outbox.enqueue_batch(&mut tx, events).await
         };
         end_enqueue(tx, result, commit).await
     }
@@ -142,3 +160,11 @@ impl StoreHarness for PgHarness {
 }
 
 outbox_testkit::store_conformance_tests!(PgHarness::new().await);
+
+/// The same suite with the store and the producer behind PgBouncer in
+/// transaction mode (`cargo xtask services` starts it on 127.0.0.1:6432).
+mod through_pgbouncer {
+    use super::*;
+
+    outbox_testkit::store_conformance_tests!(PgHarness::through_pgbouncer().await);
+}

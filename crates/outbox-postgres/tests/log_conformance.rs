@@ -33,21 +33,48 @@
 mod log_support;
 
 use log_support::{end_enqueue, LogDb};
+use outbox_core::Pooler;
 use outbox_core::{EventId, NewEvent, ValidationError};
-use outbox_postgres::PgLogStore;
+use outbox_postgres::{PgLogStore, PgOutbox};
 use outbox_testkit::store::{RowState, StoreHarness};
+use sqlx::PgPool;
 use sqlx::Row;
 
+/// The suite's store and producer reach PostgreSQL through `pool` with
+/// `outbox`; the harness's own reads and writes go straight to `db`.
 struct LogHarness {
     db: LogDb,
     store: PgLogStore,
+    pool: PgPool,
+    outbox: PgOutbox,
 }
 
 impl LogHarness {
     async fn new() -> Self {
         let db = LogDb::new().await;
         let store = db.store().await;
-        Self { db, store }
+        Self {
+            pool: db.pool.clone(),
+            outbox: db.log.clone(),
+            db,
+            store,
+        }
+    }
+
+    /// The store and the producer through PgBouncer in transaction mode:
+    /// the store detects it (`Pooler::Auto`), the producer is told.
+    async fn through_pgbouncer() -> Self {
+        let db = LogDb::new().await;
+        let pool = log_support::pooler_pool(8).await;
+        let store = PgLogStore::from_pool(pool.clone(), db.options())
+            .await
+            .unwrap();
+        Self {
+            pool,
+            outbox: db.log.clone().with_pooler(Pooler::Transaction),
+            db,
+            store,
+        }
     }
 }
 
@@ -63,12 +90,12 @@ impl StoreHarness for LogHarness {
         events: Vec<NewEvent>,
         commit: bool,
     ) -> Result<Vec<EventId>, ValidationError> {
-        let mut tx = self.db.pool.begin().await.unwrap();
+        let mut tx = self.pool.begin().await.unwrap();
         let result = if events.len() == 1 {
             let event = events.into_iter().next().unwrap();
-            self.db.log.enqueue(&mut tx, event).await.map(|id| vec![id])
+            self.outbox.enqueue(&mut tx, event).await.map(|id| vec![id])
         } else {
-            self.db.log.enqueue_batch(&mut tx, events).await
+            self.outbox.enqueue_batch(&mut tx, events).await
         };
         end_enqueue(tx, result, commit).await
     }
@@ -218,3 +245,14 @@ impl StoreHarness for LogHarness {
 }
 
 outbox_testkit::store_conformance_tests!(LogHarness::new().await, single_holder_per_shard);
+
+/// The same suite with the store and the producer behind PgBouncer in
+/// transaction mode (`cargo xtask services` starts it on 127.0.0.1:6432).
+mod through_pgbouncer {
+    use super::*;
+
+    outbox_testkit::store_conformance_tests!(
+        LogHarness::through_pgbouncer().await,
+        single_holder_per_shard
+    );
+}

@@ -275,6 +275,7 @@ pub(crate) async fn check_schema(
     let known = known_version();
     let history = names.render("{{history}}");
     let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .persistent(false)
         .bind(&history)
         .fetch_one(&mut *conn)
         .await?;
@@ -285,6 +286,7 @@ pub(crate) async fn check_schema(
             "SELECT version, to_jsonb(h) ->> 'applied_by' FROM {{history}} h \
              ORDER BY version DESC LIMIT 1",
         ))
+        .persistent(false)
         .fetch_optional(&mut *conn)
         .await?
     } else {
@@ -313,6 +315,7 @@ pub(crate) async fn check_schema(
         "SELECT s.cache_size FROM pg_sequences s \
          WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass = to_regclass($1)",
     )
+    .persistent(false)
     .bind(&order)
     .fetch_optional(&mut *conn)
     .await?;
@@ -348,6 +351,7 @@ pub(crate) async fn read_identity(
         "SELECT m.system_identifier, m.database_oid, m.database_name, f.* \
          FROM {{{{meta}}}} m, ({FOUND}) f"
     )))
+    .persistent(false)
     .fetch_one(&mut *conn)
     .await?;
     let stored = match (
@@ -392,7 +396,7 @@ pub(crate) async fn check_identity(
             sqlx::query(&names.render(&format!(
                 "UPDATE {{{{meta}}}} SET (system_identifier, database_oid, database_name, anchored_at) \
                  = (SELECT f.*, now() FROM ({FOUND}) f) WHERE system_identifier IS NULL"
-            )))
+            ))).persistent(false)
             .execute(&mut *conn)
             .await?;
             Ok(())
@@ -414,8 +418,8 @@ impl PgLogStore {
     /// The identity the log records and the one this store's connection
     /// finds ([`IdentityCheck::matches`]: whether relays may claim here).
     pub async fn identity(&self) -> Result<IdentityCheck, StoreError> {
-        let mut conn = self.pool().acquire().await?;
-        read_identity(&mut conn, &self.log().names).await
+        let mut tx = self.db().begin().await?;
+        read_identity(tx.conn(), &self.log().names).await
     }
 
     /// Anchors the log's positions to this database (after a switchover, a
@@ -444,22 +448,26 @@ impl PgLogStore {
     /// are kept.
     pub async fn reanchor(&self, from: ReanchorFrom) -> Result<Reanchored, StoreError> {
         let names = &self.log().names;
-        let mut conn = self.pool().acquire().await?;
-        check_schema(&mut conn, names).await?;
-        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        let mut conn = self.db().begin().await?;
+        check_schema(conn.conn(), names).await?;
+        conn.commit().await?;
+        let mut tx = self.db().begin().await?;
         // Serialized with migrations and other re-anchors; takes no
         // transaction id (the origin snapshot below must precede ours).
         sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+            .persistent(false)
             .bind(LOCK_NAMESPACE)
             .bind(names.schema.as_str())
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?;
         let before: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
-            .fetch_one(&mut *tx)
+            .persistent(false)
+            .fetch_one(tx.conn())
             .await?;
-        let check = read_identity(&mut tx, names).await?;
+        let check = read_identity(tx.conn(), names).await?;
         let own: String = sqlx::query_scalar("SELECT pg_current_xact_id()::text")
-            .fetch_one(&mut *tx)
+            .persistent(false)
+            .fetch_one(tx.conn())
             .await?;
         let own: u64 = own
             .parse()
@@ -476,7 +484,8 @@ impl PgLogStore {
             ReanchorFrom::Origin => Snap::parse(&before),
             ReanchorFrom::Now => {
                 let after: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
-                    .fetch_one(&mut *tx)
+                    .persistent(false)
+                    .fetch_one(tx.conn())
                     .await?;
                 Snap::parse(&after).map(|s| committed_in(s, own))
             }
@@ -484,6 +493,7 @@ impl PgLogStore {
         .map_err(decode_err)?;
         let lane_dropped = match from {
             ReanchorFrom::Origin => tx
+                .conn()
                 .execute(
                     names
                         .render("DELETE FROM {{lane}} WHERE id IN (SELECT id FROM {{log}})")
@@ -493,7 +503,7 @@ impl PgLogStore {
                 .rows_affected(),
             ReanchorFrom::Now => 0,
         };
-        tx.execute(
+        tx.conn().execute(
             names
                 .render(
                     "SELECT setval('{{order_lit}}', m) FROM (SELECT max(seq) AS m FROM {{log}}) x \
@@ -508,15 +518,18 @@ impl PgLogStore {
              (system_identifier, database_oid, database_name, anchored_at) = \
              (SELECT f.*, now() FROM ({FOUND}) f)"
         )))
+        .persistent(false)
         .bind(&anchor)
-        .execute(&mut *tx)
+        .execute(tx.conn())
         .await?;
         let cursors = sqlx::query(&names.render(RESET_CURSORS))
+            .persistent(false)
             .bind(&anchor)
-            .execute(&mut *tx)
+            .execute(tx.conn())
             .await?
             .rows_affected();
-        tx.execute(names.render("DELETE FROM {{boot}}").as_str())
+        tx.conn()
+            .execute(names.render("DELETE FROM {{boot}}").as_str())
             .await?;
         tx.commit().await?;
         tracing::warn!(

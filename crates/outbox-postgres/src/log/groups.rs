@@ -188,13 +188,14 @@ impl PgLogStore {
             .with_table(self.log().table().clone())
             .with_group(group.as_str())
             .with_background_rotation(false);
-        PgLogStore::from_pool(self.pool().clone(), options).await
+        PgLogStore::on(self.db().clone(), options).await
     }
 
     /// Every group that has cursors, retry-lane rows or dead letters, by name.
     pub async fn group_names(&self) -> Result<Vec<String>, StoreError> {
         Ok(sqlx::query_scalar(&self.render(GROUP_NAMES))
-            .fetch_all(self.pool())
+            .persistent(false)
+            .fetch_all(self.db())
             .await?)
     }
 
@@ -217,8 +218,9 @@ impl PgLogStore {
     pub async fn group_status(&self, group: &GroupName) -> Result<GroupStatus, StoreError> {
         let status = self.for_group(group).await?.status().await?;
         let dead_by_code = sqlx::query_as::<_, (String, i64)>(&self.render(DEAD_BY_CODE))
+            .persistent(false)
             .bind(group.as_str())
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await?
             .into_iter()
             .map(|(code, n)| (code, count(n)))
@@ -242,8 +244,9 @@ impl PgLogStore {
         generation: i64,
     ) -> Result<Option<String>, StoreError> {
         let incomplete: Vec<(i32, i64)> = sqlx::query_as(&self.render(INCOMPLETE))
+            .persistent(false)
             .bind(group)
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await?;
         if let Some((total, have)) = incomplete.first() {
             return Ok(Some(format!(
@@ -257,8 +260,9 @@ impl PgLogStore {
                 .replace("{{part}}", &self.log().names.partition(target)),
         );
         let behind: Vec<(i32, i32)> = sqlx::query_as(&sql)
+            .persistent(false)
             .bind(group)
-            .fetch_all(self.pool())
+            .fetch_all(self.db())
             .await?;
         if behind.is_empty() {
             return Ok(None);
@@ -274,8 +278,9 @@ impl PgLogStore {
     /// relays leasing its cursors now.
     pub async fn group_contents(&self, group: &str) -> Result<GroupContents, StoreError> {
         let row = sqlx::query(&self.render(CONTENTS))
+            .persistent(false)
             .bind(group)
-            .fetch_one(self.pool())
+            .fetch_one(self.db())
             .await?;
         Ok(GroupContents {
             cursors: count(row.try_get(0)?),
@@ -301,11 +306,12 @@ impl PgLogStore {
     /// the drop starts the group as new (see
     /// [`PgLogOptions::with_new_group_start`]).
     pub async fn drop_group(&self, group: &str, force: bool) -> Result<GroupDrop, StoreError> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.db().begin().await?;
         let owners: Vec<(Option<String>, bool)> =
             sqlx::query_as(&self.render(GROUP_OWNERS_FOR_UPDATE))
+                .persistent(false)
                 .bind(group)
-                .fetch_all(&mut *tx)
+                .fetch_all(&mut tx)
                 .await?;
         let mut leased_by: Vec<String> = owners
             .into_iter()
@@ -318,8 +324,9 @@ impl PgLogStore {
         let mut deleted = [0u64; GROUP_DELETE.len()];
         for (i, sql) in GROUP_DELETE.iter().enumerate() {
             deleted[i] = sqlx::query(&self.render(sql))
+                .persistent(false)
                 .bind(group)
-                .execute(&mut *tx)
+                .execute(&mut tx)
                 .await?
                 .rows_affected();
         }
@@ -340,7 +347,8 @@ impl PgLogStore {
     /// (every group), with their shards.
     pub async fn relays(&self) -> Result<Vec<RelayLease>, StoreError> {
         let rows: Vec<(String, String, i32, i32)> = sqlx::query_as(&self.render(RELAYS))
-            .fetch_all(self.pool())
+            .persistent(false)
+            .fetch_all(self.db())
             .await?;
         let mut out: Vec<RelayLease> = Vec::new();
         for (relay, group, total, index) in rows {
@@ -365,7 +373,8 @@ impl PgLogStore {
     /// `pg_prepared_xacts`.
     pub async fn horizon(&self) -> Result<Horizon, StoreError> {
         let oldest = sqlx::query(OLDEST_TRANSACTION)
-            .fetch_optional(self.pool())
+            .persistent(false)
+            .fetch_optional(self.db())
             .await?
             .map(|r| -> Result<OldTransaction, sqlx::Error> {
                 Ok(OldTransaction {
@@ -378,7 +387,8 @@ impl PgLogStore {
             })
             .transpose()?;
         let slots = sqlx::query(SLOTS)
-            .fetch_all(self.pool())
+            .persistent(false)
+            .fetch_all(self.db())
             .await?
             .iter()
             .map(|r| {
@@ -391,8 +401,10 @@ impl PgLogStore {
                 })
             })
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        let (prepared, oldest_prepared): (i64, Option<i64>) =
-            sqlx::query_as(PREPARED).fetch_one(self.pool()).await?;
+        let (prepared, oldest_prepared): (i64, Option<i64>) = sqlx::query_as(PREPARED)
+            .persistent(false)
+            .fetch_one(self.db())
+            .await?;
         Ok(Horizon {
             oldest_transaction: oldest,
             slots,

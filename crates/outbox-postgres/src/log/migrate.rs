@@ -105,6 +105,7 @@ async fn attach(conn: &mut PgConnection, names: &LogNames) -> Result<(), Migrate
     };
     let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .persistent(false)
         .bind(LOCK_NAMESPACE)
         .bind(names.schema.as_str())
         .execute(&mut *tx)
@@ -154,6 +155,7 @@ async fn attach(conn: &mut PgConnection, names: &LogNames) -> Result<(), Migrate
                      FROM (SELECT * FROM {{queue_dead}} ORDER BY dead_at, id) d \
                      ON CONFLICT (grp, id) DO NOTHING",
                 ))
+                .persistent(false)
                 .bind(DEFAULT_GROUP)
                 .execute(&mut *tx)
                 .await

@@ -310,7 +310,7 @@ impl PgLogOptions {
     }
 }
 
-outbox_core::pool_builders!(PgLogOptions, pool: max_connections, acquire_timeout, connect_timeout, auto_migrate, limits);
+outbox_core::pool_builders!(PgLogOptions, pool: max_connections, acquire_timeout, connect_timeout, auto_migrate, limits, pooler);
 
 impl fmt::Debug for PgLogOptions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -24,6 +24,7 @@ use super::group_name::GroupName;
 use super::names::LogNames;
 use super::options::{rotation_check_every, PgLogOptions};
 use super::sql::Sql;
+use crate::db::Db;
 use crate::store::BackgroundTasks;
 use crate::{redact_url, StoreError};
 use context::Ctx;
@@ -86,7 +87,7 @@ impl fmt::Debug for PgLogStore {
             .field("group", &self.inner.ctx.group)
             .field("dead_head", &self.inner.ctx.dead_head)
             .field("rotation_interval", &self.inner.rotation_interval)
-            .field("pool_size", &self.inner.ctx.pool.size())
+            .field("pool_size", &self.inner.ctx.db.pool().size())
             .finish()
     }
 }
@@ -111,10 +112,10 @@ impl PgLogStore {
         // the connect timeout, then its root cause is reported. Generic
         // plans: the claim statement is planned once per connection, not
         // at every claim (see `GENERIC_PLANS`).
-        let pool =
+        let db =
             crate::store::connect_pool(options.url.as_deref(), &options.pool, &[GENERIC_PLANS])
                 .await?;
-        Self::from_pool(pool, options).await
+        Self::on(db, options).await
     }
 
     /// A store on an existing pool (the options' URL and pool size are
@@ -122,12 +123,20 @@ impl PgLogStore {
     /// settings are left as they are; a pool opened with
     /// `plan_cache_mode=force_generic_plan` saves the claim's planning
     /// (about 1.3 ms of a 1,000-event claim), as [`PgLogStore::connect`]'s
-    /// own pool does.
+    /// own pool does. The options' pooler setting is used
+    /// ([`PgLogOptions::with_pooler`]).
     pub async fn from_pool(pool: PgPool, options: PgLogOptions) -> Result<Self, StoreError> {
+        let pooled = crate::db::detect(&pool, options.pool.pooler).await?;
+        Self::on(Db::new(pool, pooled, &[("jit", "off")]), options).await
+    }
+
+    pub(crate) async fn on(db: Db, options: PgLogOptions) -> Result<Self, StoreError> {
+        let pool = db.pool().clone();
         GroupName::new(options.group.as_str())?;
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
         let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
-            .with_limits(options.pool.limits);
+            .with_limits(options.pool.limits)
+            .with_unnamed_statements(db.pooled());
         let log = PgLog::from_names(names.clone());
         if options.pool.auto_migrate {
             // Migrated here, so checked here: a schema of a newer version
@@ -138,13 +147,16 @@ impl PgLogStore {
             // open a store on an outbox that needs them.
             let mut conn = pool.acquire().await?;
             outbox.migrate(&mut conn).await?;
-            super::anchor::check_schema(&mut conn, &names).await?;
+            drop(conn);
+            let mut tx = db.begin().await?;
+            super::anchor::check_schema(tx.conn(), &names).await?;
+            tx.commit().await?;
         }
         let sql = Arc::new(Sql::new(&names));
         let mut tasks = BackgroundTasks::default();
         if options.rotate_in_background {
             tasks.spawn(rotation::rotate_forever(
-                pool.clone(),
+                db.clone(),
                 Arc::clone(&sql),
                 options.group.clone(),
                 options.rotation_interval,
@@ -153,7 +165,7 @@ impl PgLogStore {
         }
         Ok(Self {
             inner: Arc::new(Inner {
-                ctx: Ctx::new(pool, names, sql, &options),
+                ctx: Ctx::new(db, names, sql, &options),
                 log,
                 outbox,
                 rotation_interval: options.rotation_interval,
@@ -177,7 +189,19 @@ impl PgLogStore {
 
     /// The pool.
     pub fn pool(&self) -> &PgPool {
-        &self.inner.ctx.pool
+        self.inner.ctx.db.pool()
+    }
+
+    /// What this store found between itself and PostgreSQL at connect:
+    /// [`Pooler::Transaction`](outbox_core::Pooler::Transaction) (a pooler in transaction mode, named by the
+    /// pooler setting or detected) or [`Pooler::None`](outbox_core::Pooler::None).
+    pub fn pooler(&self) -> outbox_core::Pooler {
+        self.inner.ctx.db.mode()
+    }
+
+    /// The pool as the store uses it (see [`Db`]).
+    pub(crate) fn db(&self) -> &Db {
+        &self.inner.ctx.db
     }
 
     /// The consumer group.
@@ -200,13 +224,13 @@ impl PgLogStore {
     /// the current one. Safe to call from any number of processes at once.
     pub async fn rotate(&self) -> Result<Rotation, StoreError> {
         let ctx = &self.inner.ctx;
-        rotation::rotate_once(&ctx.pool, &ctx.sql, self.inner.rotation_interval).await
+        rotation::rotate_once(&ctx.db, &ctx.sql, self.inner.rotation_interval).await
     }
 
     /// Rotates now if possible, whatever the interval (tests, operators).
     pub async fn rotate_now(&self) -> Result<Rotation, StoreError> {
         let ctx = &self.inner.ctx;
-        rotation::rotate_once(&ctx.pool, &ctx.sql, Duration::ZERO).await
+        rotation::rotate_once(&ctx.db, &ctx.sql, Duration::ZERO).await
     }
 
     /// What holds the next rotation back, read live: the partition it
@@ -321,7 +345,7 @@ impl Store for PgLogStore {
                 }
                 tokio::time::sleep(delay).await;
                 ctx.wake.back_off(delay);
-                match ctx.wake.probe(&ctx.pool).await {
+                match ctx.wake.probe(&ctx.db).await {
                     Ok(true) => return,
                     Ok(false) => {}
                     Err(e) => tracing::debug!(error = %e, "wake-up probe failed"),

@@ -1,11 +1,12 @@
 //! The connection pool of both PostgreSQL stores and their background
 //! tasks.
 
+use crate::db::Db;
 use crate::options::scrub;
 use crate::StoreError;
-use outbox_core::PoolSettings;
+use outbox_core::{PoolSettings, Pooler};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Connection, PgPool};
+use sqlx::{ConnectOptions, Connection};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
@@ -47,24 +48,65 @@ fn server_name(o: &PgConnectOptions) -> String {
 /// first connection tried until `connect_timeout` ([`first_connection`]),
 /// then a lazy pool of `max_connections` (both from `settings`). `session`:
 /// more settings of the pool's sessions.
+///
+/// The settings go in the startup packet, unless a pooler in transaction
+/// mode is in between ([`PoolSettings::pooler`], or [`Pooler::Auto`] and
+/// the server refused the startup setting as PgBouncer does, or
+/// [`crate::db::detect`] found a forwarder): then each transaction sets
+/// them ([`Db`]).
 pub(crate) async fn connect_pool(
     url: Option<&str>,
     settings: &PoolSettings,
     session: &[(&str, &str)],
-) -> Result<PgPool, StoreError> {
+) -> Result<Db, StoreError> {
     let url =
         url.ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
-    let connect: PgConnectOptions = url
+    let bare: PgConnectOptions = url
         .parse()
         .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?;
-    let connect = connect
-        .options([("jit", "off")])
-        .options(session.iter().copied());
-    first_connection(&connect, settings.connect_timeout, url).await?;
-    Ok(PgPoolOptions::new()
+    let mut settings_all = vec![("jit", "off")];
+    settings_all.extend_from_slice(session);
+    let mut pooled = settings.pooler == Pooler::Transaction;
+    let mut connect = bare.clone();
+    if !pooled {
+        let with_settings = bare.clone().options(settings_all.iter().copied());
+        match first_connection(&with_settings, settings.connect_timeout, url).await {
+            Ok(()) => connect = with_settings,
+            Err(e) if settings.pooler == Pooler::Auto && refused_startup_setting(&e) => {
+                tracing::warn!(
+                    server = %server_name(&bare),
+                    "the server refused the startup setting `options`, as PgBouncer does: the store \
+                     keeps nothing across transactions (pooler mode `transaction`); set the pooler \
+                     to `transaction` (outbox-relay: --pg-pooler transaction) to say so"
+                );
+                pooled = true;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if pooled {
+        first_connection(&connect, settings.connect_timeout, url).await?;
+    }
+    let pool = PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
-        .connect_lazy_with(connect))
+        .connect_lazy_with(connect);
+    if !pooled {
+        pooled = crate::db::detect(&pool, settings.pooler).await?;
+    }
+    Ok(Db::new(pool, pooled, &settings_all))
+}
+
+/// Whether `e` is a pooler's refusal of the startup packet's `options`
+/// (PgBouncer: "unsupported startup parameter: options", SQLSTATE 08P01).
+fn refused_startup_setting(e: &StoreError) -> bool {
+    match e {
+        StoreError::Connect {
+            error: Some(sqlx::Error::Database(db)),
+            ..
+        } => db.code().is_some_and(|c| c == "08P01") && db.message().contains("startup parameter"),
+        _ => false,
+    }
 }
 
 /// Opens (and closes) one connection, trying again while the server

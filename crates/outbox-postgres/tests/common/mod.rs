@@ -13,6 +13,29 @@ pub fn database_url() -> String {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
 }
 
+/// `PGBOUNCER_URL`, or the local default: PgBouncer in transaction mode
+/// in front of the test database (`cargo xtask services` starts it).
+pub fn pgbouncer_url() -> String {
+    std::env::var("PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".to_owned())
+}
+
+/// A pool through PgBouncer in transaction mode; fails with a clear message
+/// when it is not running.
+pub async fn pooler_pool(max: u32) -> PgPool {
+    let url = pgbouncer_url();
+    PgPoolOptions::new()
+        .max_connections(max)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot connect to PgBouncer at {} ({e}); start it with `cargo xtask services` or set PGBOUNCER_URL",
+                outbox_postgres::redact_url(&url)
+            )
+        })
+}
+
 /// A fresh schema name `outbox_test_<random>`.
 pub fn fresh_schema() -> Ident {
     let suffix = uuid::Uuid::new_v4().simple().to_string();

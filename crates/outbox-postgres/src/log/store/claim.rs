@@ -18,7 +18,7 @@ use crate::StoreError;
 use chrono::Utc;
 use outbox_core::{Claim, ClaimRequest, ErrorCode, Event, EventId, FencingToken, LastError};
 use sqlx::postgres::PgRow;
-use sqlx::{Acquire, Row};
+use sqlx::Row;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Instant;
 use uuid::Uuid;
@@ -181,7 +181,7 @@ async fn claim_once(
         .bind(read.hi.floor)
         .bind(upto.map(Snap::to_string))
         .bind(crate::log::sql::shard_mask(key.total, &key.shards))
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     // The snapshot row (see the claim's docs): the first with a snapshot.
     let mut first = None;
@@ -472,8 +472,7 @@ async fn write_claim(
     skip: Option<&[(u64, i64)]>,
     writes: &ClaimWrites,
 ) -> Result<bool, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
-    let mut tx = conn.begin().await?;
+    let mut tx = ctx.db.begin().await?;
     if !lease::advance(ctx, &mut tx, key, (epoch, boot), advance, skip).await? {
         return Ok(false);
     }

@@ -4,10 +4,10 @@
 use super::cursor::{Cursors, SeqFloors};
 use super::guard::Guard;
 use super::wake::Wake;
+use crate::db::Db;
 use crate::log::names::LogNames;
 use crate::log::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
 use crate::log::sql::Sql;
-use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use std::time::Duration;
 /// and statements of its outbox, its consumer group and options, and the
 /// cursor state of this process.
 pub(super) struct Ctx {
-    pub(super) pool: PgPool,
+    pub(super) db: Db,
     pub(super) names: LogNames,
     pub(super) sql: Arc<Sql>,
     /// The consumer group.
@@ -37,15 +37,10 @@ pub(super) struct Ctx {
 }
 
 impl Ctx {
-    /// The context of a store of `options` on `pool`.
-    pub(super) fn new(
-        pool: PgPool,
-        names: LogNames,
-        sql: Arc<Sql>,
-        options: &PgLogOptions,
-    ) -> Self {
+    /// The context of a store of `options` on `db`.
+    pub(super) fn new(db: Db, names: LogNames, sql: Arc<Sql>, options: &PgLogOptions) -> Self {
         Ctx {
-            pool,
+            db,
             names,
             sql,
             group: options.group.clone(),

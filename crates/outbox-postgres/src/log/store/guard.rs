@@ -69,7 +69,9 @@ pub(super) async fn check_new_lease(ctx: &Ctx, st: &mut CursorState) -> Result<(
 
 /// The fences themselves, on one connection.
 pub(super) async fn run(ctx: &Ctx) -> Result<(), StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
-    anchor::check_schema(&mut conn, &ctx.names).await?;
-    anchor::check_identity(&mut conn, &ctx.names).await
+    let mut tx = ctx.db.begin().await?;
+    anchor::check_schema(tx.conn(), &ctx.names).await?;
+    anchor::check_identity(tx.conn(), &ctx.names).await?;
+    tx.commit().await?;
+    Ok(())
 }

@@ -46,7 +46,7 @@ fn replaced(rows: Vec<PgRow>) -> Result<Vec<EventId>, StoreError> {
 /// parked behind their key).
 pub(super) async fn log_to_lane(
     ctx: &Ctx,
-    conn: &mut sqlx::PgConnection,
+    conn: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
     rows: &LaneRows,
 ) -> Result<(), StoreError> {
     let mut txids = Vec::with_capacity(rows.len());
@@ -71,7 +71,7 @@ pub(super) async fn log_to_lane(
         .bind(delays)
         .bind(codes)
         .bind(messages)
-        .execute(&mut *conn)
+        .execute(conn)
         .await?;
     Ok(())
 }
@@ -80,7 +80,7 @@ pub(super) async fn log_to_lane(
 /// replaced.
 pub(super) async fn log_to_dead(
     ctx: &Ctx,
-    conn: &mut sqlx::PgConnection,
+    conn: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
     rows: &[(u64, i64, i32, LastError)],
 ) -> Result<Vec<EventId>, StoreError> {
     let mut txids = Vec::with_capacity(rows.len());
@@ -103,7 +103,7 @@ pub(super) async fn log_to_dead(
         .bind(codes)
         .bind(messages)
         .bind(ctx.dead_head == DeadHeadPolicy::Block)
-        .fetch_all(&mut *conn)
+        .fetch_all(conn)
         .await?;
     replaced(out)
 }
@@ -112,7 +112,7 @@ pub(super) async fn log_to_dead(
 /// the dead letters); returns the ids whose older dead letter was replaced.
 pub(super) async fn lane_settle(
     ctx: &Ctx,
-    conn: &mut sqlx::PgConnection,
+    conn: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
     ops: &[LaneOp],
 ) -> Result<Vec<EventId>, StoreError> {
     let out = sqlx::query(&ctx.sql.lane_settle)
@@ -132,7 +132,7 @@ pub(super) async fn lane_settle(
                 .collect::<Vec<_>>(),
         )
         .bind(ctx.dead_head == DeadHeadPolicy::Block)
-        .fetch_all(&mut *conn)
+        .fetch_all(conn)
         .await?;
     replaced(out)
 }
@@ -145,7 +145,7 @@ pub(super) async fn dead_statement(
     filter: &DeadLetterFilter,
 ) -> Result<u64, StoreError> {
     let done = bind_dead_filter(sqlx::query(sql).bind(&ctx.group), filter)
-        .execute(&ctx.pool)
+        .execute(&ctx.db)
         .await?;
     Ok(done.rows_affected())
 }
@@ -161,7 +161,7 @@ pub(super) async fn list_dead(
     )
     .bind(query.after.map(|id| id.as_uuid()))
     .bind(i64::from(query.limit))
-    .fetch_all(&ctx.pool)
+    .fetch_all(&ctx.db)
     .await?;
     rows.iter()
         .map(|r| {
@@ -214,7 +214,7 @@ pub(super) async fn held_keys(ctx: &Ctx, limit: u32) -> Result<HeldKeys, StoreEr
     let rows = sqlx::query(&ctx.sql.held_keys)
         .bind(&ctx.group)
         .bind(i64::from(limit))
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     let mut out = HeldKeys::default();
     for r in &rows {
@@ -241,7 +241,7 @@ pub(super) async fn held_keys(ctx: &Ctx, limit: u32) -> Result<HeldKeys, StoreEr
 /// How many of this group's dead letters `filter` selects.
 pub(super) async fn count_dead(ctx: &Ctx, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
     let n: i64 = bind_dead_filter(sqlx::query(&ctx.sql.count_dead).bind(&ctx.group), filter)
-        .fetch_one(&ctx.pool)
+        .fetch_one(&ctx.db)
         .await?
         .try_get(0)?;
     Ok(count(n))

@@ -29,7 +29,7 @@ async fn start_position(ctx: &Ctx, total: u32, index: u32) -> Result<Snap, Store
         return create_group_at_now(ctx, total).await;
     }
     let origin: String = sqlx::query_scalar(&ctx.sql.origin)
-        .fetch_one(&ctx.pool)
+        .fetch_one(&ctx.db)
         .await?;
     snap(&origin)
 }
@@ -38,7 +38,7 @@ async fn start_position(ctx: &Ctx, total: u32, index: u32) -> Result<Snap, Store
 pub(super) async fn group_starts(ctx: &Ctx) -> Result<Vec<(u32, u32, Snap)>, StoreError> {
     let rows: Vec<(i32, i32, String)> = sqlx::query_as(&ctx.sql.group_starts)
         .bind(&ctx.group)
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     rows.into_iter()
         .map(|(t, i, lo)| {
@@ -69,7 +69,7 @@ async fn acquire(
             .bind(key.relay.as_str())
             .bind(st.epoch().unwrap_or(-1))
             .bind(micros(lease)?)
-            .fetch_one(&ctx.pool)
+            .fetch_one(&ctx.db)
             .await?;
         let now: DateTime<Utc> = row.try_get(6)?;
         let present: bool = row.try_get(7)?;
@@ -129,7 +129,7 @@ async fn acquire(
                     .bind(total)
                     .bind(index)
                     .bind(start.to_string())
-                    .execute(&ctx.pool)
+                    .execute(&ctx.db)
                     .await?;
             }
         }
@@ -153,7 +153,7 @@ pub(super) async fn incarnation(ctx: &Ctx, read: Option<String>) -> Result<Strin
     for _ in 0..3 {
         let token: Option<String> = sqlx::query_scalar(&ctx.sql.boot)
             .bind(Uuid::new_v4())
-            .fetch_optional(&ctx.pool)
+            .fetch_optional(&ctx.db)
             .await?;
         if let Some(token) = token {
             tracing::info!(group = %ctx.group, incarnation = %token, "database incarnation recorded");
@@ -184,7 +184,7 @@ pub(super) async fn hold(
 /// under incarnation `boot`.
 pub(super) async fn advance(
     ctx: &Ctx,
-    conn: &mut sqlx::PgConnection,
+    conn: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
     key: &CursorKey,
     (epoch, boot): (i64, &str),
     to: Option<&Position>,
@@ -216,7 +216,7 @@ pub(super) async fn advance(
         .bind(to.map_or(0, |p| p.lo.floor))
         .bind(to.map_or(0, |p| p.hi.floor))
         .bind(boot)
-        .fetch_all(&mut *conn)
+        .fetch_all(conn)
         .await?;
     Ok(row.len() == key.shards.len())
 }
@@ -253,7 +253,7 @@ pub(super) async fn renew_batch(
         .bind(epoch)
         .bind(micros(lease)?)
         .bind(boot)
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     let until = (renewed.len() == key.shards.len())
         .then(|| renewed.into_iter().min())
@@ -296,7 +296,7 @@ pub(super) async fn renew_set(
         .bind(micros(lease)?)
         .bind(key.relay.as_str())
         .bind(boot)
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     if rows.len() != key.shards.len() {
         tracing::warn!(group = %grp, relay = %key.relay, shards = ?key.shards, "relay-group cursor leases lost");
@@ -333,7 +333,7 @@ pub(super) async fn release(
         .bind(indexes)
         .bind(epoch)
         .bind(key.relay.as_str())
-        .execute(&ctx.pool)
+        .execute(&ctx.db)
         .await?;
     Ok(())
 }
@@ -361,7 +361,7 @@ pub(super) async fn release_static(ctx: &Ctx, relay: &RelayId) -> Result<(), Sto
             .bind(indexes)
             .bind(epoch)
             .bind(relay.as_str())
-            .execute(&ctx.pool)
+            .execute(&ctx.db)
             .await?;
         ctx.cursors.lose(&mut st);
         tracing::info!(group = %grp, shard = %key.shard(), %relay, "released the shard's lease (clean stop)");
@@ -378,7 +378,7 @@ pub(super) async fn create_group_at_now(ctx: &Ctx, total: u32) -> Result<Snap, S
     let (text, created): (String, i64) = sqlx::query_as(&ctx.sql.create_at_now)
         .bind(&ctx.group)
         .bind(i32::try_from(total).unwrap_or(i32::MAX))
-        .fetch_one(&ctx.pool)
+        .fetch_one(&ctx.db)
         .await?;
     tracing::info!(group = %ctx.group, shards = total, created, "new consumer group starts now");
     snap(&text)

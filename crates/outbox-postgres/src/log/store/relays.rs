@@ -243,7 +243,8 @@ impl RelayGroups {
         self.virtual_shards
             .get_or_try_init(|| async {
                 let n: i32 = sqlx::query_scalar(&ctx.sql.virtual_shards)
-                    .fetch_one(&ctx.pool)
+                    .persistent(false)
+                    .fetch_one(&ctx.db)
                     .await?;
                 Ok::<u32, StoreError>(u32::try_from(n).unwrap_or(1).max(1))
             })
@@ -387,11 +388,12 @@ impl RelayGroups {
         let total_i = i32::try_from(total).unwrap_or(i32::MAX);
         let alive = LeaseTimers::new(req.lease).alive_for(self.rebalance_every);
         let row = sqlx::query(&ctx.sql.heartbeat)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(req.relay_id.as_str())
             .bind(micros(alive)?)
             .bind(total_i)
-            .fetch_one(&ctx.pool)
+            .fetch_one(&ctx.db)
             .await?;
         let others: Vec<String> = row.try_get(0)?;
         let present: i64 = row.try_get(1)?;
@@ -404,9 +406,10 @@ impl RelayGroups {
                     // The group was dropped under this relay: its relay
                     // row goes too (the heartbeat above wrote it again).
                     sqlx::query(&ctx.sql.leave)
+                        .persistent(false)
                         .bind(&ctx.group)
                         .bind(req.relay_id.as_str())
-                        .execute(&ctx.pool)
+                        .execute(&ctx.db)
                         .await?;
                     for key in m.sets.clone() {
                         self.drop_set(ctx, m, &key).await;
@@ -471,7 +474,8 @@ impl RelayGroups {
             return Ok(());
         }
         let origin: String = sqlx::query_scalar(&ctx.sql.origin)
-            .fetch_one(&ctx.pool)
+            .persistent(false)
+            .fetch_one(&ctx.db)
             .await?;
         let mut indexes = Vec::new();
         let mut starts = Vec::new();
@@ -485,11 +489,12 @@ impl RelayGroups {
             starts.push(start);
         }
         sqlx::query(&ctx.sql.create_set)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
             .bind(indexes)
             .bind(starts)
-            .execute(&ctx.pool)
+            .execute(&ctx.db)
             .await?;
         Ok(())
     }
@@ -589,11 +594,12 @@ impl RelayGroups {
     ) -> Result<(), StoreError> {
         let mine: Vec<i32> = m.sets.iter().flat_map(|k| k.indexes()).collect::<Vec<_>>();
         let rows: Vec<(i32, String)> = sqlx::query_as(&ctx.sql.free_shards)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
             .bind(req.relay_id.as_str())
             .bind(mine)
-            .fetch_all(&ctx.pool)
+            .fetch_all(&ctx.db)
             .await?;
         if rows.is_empty() {
             return Ok(());
@@ -606,12 +612,13 @@ impl RelayGroups {
         groups.sort_by_key(|g| (std::cmp::Reverse(g.len()), g.first().copied()));
         let picked: Vec<i32> = groups.into_iter().flatten().take(want).collect();
         let rows = sqlx::query(&ctx.sql.acquire_set)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
             .bind(&picked)
             .bind(req.relay_id.as_str())
             .bind(micros(req.lease)?)
-            .fetch_all(&ctx.pool)
+            .fetch_all(&ctx.db)
             .await?;
         // One set per position taken.
         let mut sets: HashMap<String, (Vec<u32>, sqlx::postgres::PgRow)> = HashMap::new();
@@ -730,6 +737,7 @@ impl RelayGroups {
         }
         shards.sort_unstable();
         let rows = sqlx::query(&ctx.sql.merge_set)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(i32::try_from(first.1.total).unwrap_or(i32::MAX))
             .bind(&indexes)
@@ -743,7 +751,7 @@ impl RelayGroups {
             .bind(read.lo.floor)
             .bind(read.hi.floor)
             .bind(Uuid::parse_str(&boot).unwrap_or_default())
-            .fetch_all(&ctx.pool)
+            .fetch_all(&ctx.db)
             .await?;
         if rows.len() != indexes.len() {
             // Some moved away meanwhile: start over from the database.
@@ -812,9 +820,10 @@ impl RelayGroups {
             self.drop_set(ctx, &mut m, &key).await;
         }
         sqlx::query(&ctx.sql.leave)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(relay.as_str())
-            .execute(&ctx.pool)
+            .execute(&ctx.db)
             .await?;
         tracing::info!(group = %ctx.group, %relay, "left the relay group");
         Ok(())
@@ -825,9 +834,10 @@ impl RelayGroups {
     pub(super) async fn relay_group(&self, ctx: &Ctx) -> Result<Vec<RelayInfo>, StoreError> {
         let total = self.virtual_shards(ctx).await?;
         let rows: Vec<(String, bool, Vec<i32>)> = sqlx::query_as(&ctx.sql.relay_group)
+            .persistent(false)
             .bind(&ctx.group)
             .bind(i32::try_from(total).unwrap_or(i32::MAX))
-            .fetch_all(&ctx.pool)
+            .fetch_all(&ctx.db)
             .await?;
         Ok(rows
             .into_iter()

@@ -17,11 +17,12 @@
 
 use super::context::Ctx;
 use super::rows::micros;
+use crate::db::{Db, Tx};
 use crate::log::names::PARTITIONS;
 use crate::log::sql::Sql;
 use crate::StoreError;
 use chrono::{DateTime, Utc};
-use sqlx::{Acquire, PgPool, Row};
+use sqlx::Row;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -170,7 +171,7 @@ impl RotationHold {
 /// The holders of partition `target`, one per session or prepared
 /// transaction, oldest first.
 async fn holders(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut Tx<'_>,
     sql: &Sql,
     target: usize,
 ) -> Result<Vec<PartitionHolder>, StoreError> {
@@ -245,22 +246,21 @@ const LOCK_TRIES: u32 = 20;
 
 /// One rotation attempt (see [`PgLogStore::rotate`](super::PgLogStore::rotate)).
 pub(super) async fn rotate_once(
-    pool: &PgPool,
+    db: &Db,
     sql: &Sql,
     interval: Duration,
 ) -> Result<Rotation, StoreError> {
-    Ok(match attempt(pool, sql, interval).await? {
+    Ok(match attempt(db, sql, interval).await? {
         Attempt::Done(r) => r,
         Attempt::Busy(reason) | Attempt::Held(reason, _) => Rotation::Blocked(reason),
     })
 }
 
-async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt, StoreError> {
-    let mut conn = pool.acquire().await?;
-    let mut tx = conn.begin().await?;
+async fn attempt(db: &Db, sql: &Sql, interval: Duration) -> Result<Attempt, StoreError> {
+    let mut tx = db.begin().await?;
     let due = match sqlx::query(&sql.rotate_due)
         .bind(micros(interval)?)
-        .fetch_one(&mut *tx)
+        .fetch_one(&mut tx)
         .await
     {
         Ok(row) => row,
@@ -275,7 +275,7 @@ async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt
     // The generation is the committed one (the meta row's): a rotation
     // that committed but has not bumped the sequence yet is not undone by
     // truncating its partition again.
-    sqlx::query(&sql.rotate_catch_up).execute(&mut *tx).await?;
+    sqlx::query(&sql.rotate_catch_up).execute(&mut tx).await?;
     if !is_due {
         tx.commit().await?;
         return Ok(Attempt::Done(Rotation::NotDue));
@@ -286,7 +286,7 @@ async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt
         tx.rollback().await?;
         return Ok(Attempt::Done(Rotation::Blocked(reason)));
     }
-    sqlx::query(ROTATE_LOCK_TIMEOUT).execute(&mut *tx).await?;
+    sqlx::query(ROTATE_LOCK_TIMEOUT).execute(&mut tx).await?;
     // Every early return rolls back at once: a dropped transaction's
     // rollback waits for its connection's next use, and the meta row's
     // lock with it (the next attempt would find "another rotation").
@@ -309,11 +309,8 @@ async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt
             return Ok(Attempt::Held(reason, h));
         }
         tries += 1;
-        let mut sp = tx.begin().await?;
-        match sqlx::query(&sql.rotate_lock[target])
-            .execute(&mut *sp)
-            .await
-        {
+        let mut sp = tx.savepoint().await?;
+        match sqlx::query(&sql.rotate_lock[target]).execute(&mut sp).await {
             Ok(_) => {
                 sp.commit().await?;
                 break;
@@ -340,16 +337,16 @@ async fn attempt(pool: &PgPool, sql: &Sql, interval: Duration) -> Result<Attempt
         return Ok(Attempt::Done(Rotation::Blocked(reason)));
     }
     sqlx::query(&sql.rotate_truncate[target])
-        .execute(&mut *tx)
+        .execute(&mut tx)
         .await?;
     let (rotations, generation): (i64, i64) =
-        sqlx::query_as(&sql.rotate_done).fetch_one(&mut *tx).await?;
+        sqlx::query_as(&sql.rotate_done).fetch_one(&mut tx).await?;
     tx.commit().await?;
     // After the commit: producers that see the new generation write into
     // the truncated partition without waiting for this transaction.
     sqlx::query(&sql.rotate_bump)
         .bind(generation)
-        .execute(&mut *conn)
+        .execute(db)
         .await?;
     tracing::debug!(
         generation,
@@ -373,14 +370,15 @@ FROM {{meta}}";
 
 /// What holds the next rotation back, read live (no lock taken).
 pub(super) async fn hold(ctx: &Ctx, interval: Duration) -> Result<RotationHold, StoreError> {
-    let mut conn = ctx.pool.acquire().await?;
+    let mut tx = ctx.db.begin().await?;
     let (generation, due_at, due): (i64, DateTime<Utc>, bool) =
         sqlx::query_as(&ctx.names.render(HOLD_DUE))
             .bind(micros(interval)?)
-            .fetch_one(&mut *conn)
+            .fetch_one(&mut tx)
             .await?;
     let partition = usize::try_from((generation + 1).rem_euclid(PARTITIONS as i64)).unwrap_or(0);
-    let holders = holders(&mut conn, &ctx.sql, partition).await?;
+    let holders = holders(&mut tx, &ctx.sql, partition).await?;
+    tx.commit().await?;
     Ok(RotationHold {
         partition,
         due_at,
@@ -392,7 +390,7 @@ pub(super) async fn hold(ctx: &Ctx, interval: Duration) -> Result<RotationHold, 
 
 /// Why partition `target` may not be truncated now, if it may not.
 async fn rotate_check(
-    conn: &mut sqlx::PgConnection,
+    conn: &mut Tx<'_>,
     sql: &Sql,
     target: usize,
 ) -> Result<Option<String>, StoreError> {
@@ -471,7 +469,7 @@ impl HeldGauges {
 }
 
 pub(super) async fn rotate_forever(
-    pool: PgPool,
+    db: Db,
     sql: Arc<Sql>,
     group: String,
     interval: Duration,
@@ -485,7 +483,7 @@ pub(super) async fn rotate_forever(
         // The retry lane is small by design: counting it is cheap.
         match sqlx::query_as::<_, (i64, i64)>(&sql.lane_gauges)
             .bind(&group)
-            .fetch_one(&pool)
+            .fetch_one(&db)
             .await
         {
             Ok((lane, parked)) => {
@@ -496,7 +494,7 @@ pub(super) async fn rotate_forever(
             }
             Err(e) => tracing::debug!(error = %e, "counting the retry lane failed"),
         }
-        match attempt(&pool, &sql, interval).await {
+        match attempt(&db, &sql, interval).await {
             Ok(Attempt::Held(reason, holder)) => {
                 tracing::info!(%reason, "outbox event-log rotation held back");
                 gauges.held(&holder);

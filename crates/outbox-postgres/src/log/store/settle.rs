@@ -13,7 +13,6 @@ use crate::StoreError;
 use outbox_core::{
     EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement,
 };
-use sqlx::Acquire;
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
@@ -74,13 +73,12 @@ pub(super) async fn settle(
     let skip = skip_list(&st, bi, &plan, pops, advance_to.as_ref());
     let skip_arg = (skip != st.persisted_skip).then_some(skip.as_slice());
 
-    let mut conn = ctx.pool.acquire().await?;
     let simple = plan.to_lane.is_empty() && plan.to_dead.is_empty() && plan.lane_ops.is_empty();
     let mut replaced_ids = Vec::new();
     if simple {
         if !lease::advance(
             ctx,
-            &mut conn,
+            &ctx.db,
             &key,
             (epoch, &boot),
             advance_to.as_ref(),
@@ -92,7 +90,7 @@ pub(super) async fn settle(
             return Ok(all_fenced());
         }
     } else {
-        let mut tx = conn.begin().await?;
+        let mut tx = ctx.db.begin().await?;
         if !lease::advance(
             ctx,
             &mut tx,

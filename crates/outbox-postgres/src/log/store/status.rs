@@ -138,8 +138,9 @@ pub(super) async fn in_flight(ctx: &Ctx) -> Vec<InFlight> {
 /// The cursors of this store's consumer group.
 pub(super) async fn cursors(ctx: &Ctx) -> Result<Vec<CursorInfo>, StoreError> {
     let rows = sqlx::query(&ctx.sql.cursors)
+        .persistent(false)
         .bind(&ctx.group)
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     rows.iter()
         .map(|r| {
@@ -161,8 +162,9 @@ pub(super) async fn cursors(ctx: &Ctx) -> Result<Vec<CursorInfo>, StoreError> {
 /// what claims of this process hold or settled in part.
 pub(super) async fn stats(ctx: &Ctx) -> Result<Stats, StoreError> {
     let row = sqlx::query(&ctx.sql.stats)
+        .persistent(false)
         .bind(&ctx.group)
-        .fetch_one(&ctx.pool)
+        .fetch_one(&ctx.db)
         .await?;
     let total: i64 = row.try_get(0)?;
     let oldest: Option<i64> = row.try_get(1)?;
@@ -225,9 +227,10 @@ async fn cursors_raw(ctx: &Ctx) -> Result<Vec<((u32, u32), i64, bool)>, StoreErr
 pub(super) async fn log_info(ctx: &Ctx) -> Result<LogInfo, StoreError> {
     let names = ctx.names.partition_relnames();
     let rows = sqlx::query(&ctx.sql.partitions_info)
+        .persistent(false)
         .bind(ctx.names.schema.as_str())
         .bind(names)
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     let mut info = LogInfo {
         generation: 0,
@@ -259,8 +262,9 @@ pub(super) async fn log_info(ctx: &Ctx) -> Result<LogInfo, StoreError> {
 /// partitions: what `outbox-relay status` and the metrics show.
 pub(super) async fn status(ctx: &Ctx) -> Result<LogStatus, StoreError> {
     let rows = sqlx::query(&ctx.sql.status)
+        .persistent(false)
         .bind(&ctx.group)
-        .fetch_all(&ctx.pool)
+        .fetch_all(&ctx.db)
         .await?;
     let micros_to =
         |us: Option<i64>| us.map(|us| Duration::from_micros(u64::try_from(us).unwrap_or(0)));
@@ -286,11 +290,13 @@ pub(super) async fn status(ctx: &Ctx) -> Result<LogStatus, StoreError> {
         });
     }
     let dead: i64 = sqlx::query_scalar(&ctx.sql.dead_count)
+        .persistent(false)
         .bind(&ctx.group)
-        .fetch_one(&ctx.pool)
+        .fetch_one(&ctx.db)
         .await?;
     let oldest: Option<i64> = sqlx::query_scalar(ctx.sql.oldest_writer)
-        .fetch_one(&ctx.pool)
+        .persistent(false)
+        .fetch_one(&ctx.db)
         .await?;
     Ok(LogStatus {
         shards,
@@ -304,8 +310,8 @@ pub(super) async fn status(ctx: &Ctx) -> Result<LogStatus, StoreError> {
 /// The stored and found identity, or `None` when it cannot be read (a
 /// schema before migration 6).
 async fn identity(ctx: &Ctx) -> Option<crate::log::IdentityCheck> {
-    let mut conn = ctx.pool.acquire().await.ok()?;
-    match crate::log::anchor::read_identity(&mut conn, &ctx.names).await {
+    let mut tx = ctx.db.begin().await.ok()?;
+    match crate::log::anchor::read_identity(tx.conn(), &ctx.names).await {
         Ok(check) => Some(check),
         Err(e) => {
             tracing::debug!(error = %e, "the log's identity cannot be read");

@@ -3,9 +3,9 @@
 //! after activity, doubling up to a maximum while idle, and fires when the
 //! snapshot changed since the last claim or probe.
 
+use crate::db::Db;
 use crate::log::sql::PROBE;
 use crate::StoreError;
-use sqlx::PgPool;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -64,8 +64,8 @@ impl Wake {
     }
 
     /// One probe: whether the snapshot changed since the last claim or probe.
-    pub(super) async fn probe(&self, pool: &PgPool) -> Result<bool, StoreError> {
-        let now: String = sqlx::query_scalar(PROBE).fetch_one(pool).await?;
+    pub(super) async fn probe(&self, db: &Db) -> Result<bool, StoreError> {
+        let now: String = sqlx::query_scalar(PROBE).fetch_one(db).await?;
         let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
         if *seen == now {
             return Ok(false);
