@@ -25,9 +25,18 @@
 //! by waiting for silence: nothing pending for the durable consumer
 //! (JetStream consumer info), no message left in the queue (RabbitMQ), the
 //! group's committed offsets at the high watermarks (Kafka).
+//!
+//! Wire formats (issue 43): every format a publisher can be configured
+//! with (headers, envelope, CloudEvents binary and structured) arrives
+//! through each real source and decodes to the published event; a
+//! malformed CloudEvent, published raw with the broker's own client in that
+//! broker's binding, is refused naming the missing attribute and, through a
+//! running inbox with a PostgreSQL store, dead-lettered as `UNDECODABLE`
+//! while the good events after it are applied.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
-use outbox_core::{Event, EventId, InboundMessage, Outcome, Sink};
+use outbox_core::cloudevents::Binding;
+use outbox_core::{DecodeError, Event, EventId, InboundMessage, Outcome, Sink, WireFormat};
 use outbox_inbox::{Received, Source, SourceError};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -38,6 +47,29 @@ use std::time::{Duration, Instant};
 /// How long a case waits for messages that must come (group joins and
 /// NATS's ack_wait included).
 const BOUND: Duration = Duration::from_secs(60);
+
+/// The CloudEvents `source` every publisher of the suite states.
+const CE_SOURCE: &str = "/outbox/conformance";
+
+/// The CloudEvents `source` as the publishers' configs take it.
+fn ce_source() -> outbox_core::cloudevents::Source {
+    outbox_core::cloudevents::Source::new(CE_SOURCE).expect("a valid source")
+}
+
+/// A message as a foreign producer would put it on the broker, bypassing
+/// the outbox publisher.
+#[derive(Debug, Clone)]
+pub struct RawPublish {
+    /// Broker headers (AMQP: header-table entries, as long strings).
+    pub headers: Vec<(String, String)>,
+    /// The content type: the `content-type` header on Kafka and NATS, the
+    /// `content_type` property on AMQP.
+    pub content_type: Option<String>,
+    /// Kafka only: the record key (the partition).
+    pub key: Option<String>,
+    /// The body.
+    pub body: Vec<u8>,
+}
 
 /// What a broker provides to run the suite.
 pub trait SourceHarness: Send + Sync + Sized + 'static {
@@ -50,6 +82,9 @@ pub trait SourceHarness: Send + Sync + Sized + 'static {
     const CONTIGUOUS_REDELIVERY: bool;
     /// Whether the source reports redeliveries.
     const REPORTS_REDELIVERY: bool;
+    /// The broker's CloudEvents binding (the prefix of the attribute
+    /// headers in binary mode).
+    const BINDING: Binding;
 
     /// A fresh destination.
     fn new() -> impl Future<Output = Self> + Send;
@@ -59,6 +94,12 @@ pub trait SourceHarness: Send + Sync + Sized + 'static {
     fn destination(&self) -> String;
     /// The real publisher.
     fn sink(&self) -> impl Future<Output = Self::Sink> + Send;
+    /// The real publisher laying events out in `format`, with the
+    /// CloudEvents source [`CE_SOURCE`].
+    fn sink_with(&self, format: WireFormat) -> impl Future<Output = Self::Sink> + Send;
+    /// Publishes `message` to the destination with the broker's own client
+    /// (waiting for the broker's acknowledgement where it gives one).
+    fn publish_raw(&self, message: RawPublish) -> impl Future<Output = ()> + Send;
     /// A source consuming as `name` (durable consumer / consumer group;
     /// RabbitMQ: the queue is the state, the name is its consumer tag).
     fn source(&self, name: &str) -> impl Future<Output = Self::Source> + Send;
@@ -92,6 +133,9 @@ macro_rules! source_conformance_tests {
             missing_destination_is_a_config_error,
             config_debug_hides_the_password,
             lost_connection_is_unavailable_then_recovers,
+            every_wire_format_arrives_and_decodes_intact,
+            malformed_cloudevent_is_refused_naming_the_attribute,
+            malformed_cloudevent_is_dead_lettered_and_the_next_applied,
         );
     };
     (@cases $module:ident, $harness:ty; $($case:ident),* $(,)?) => {
@@ -134,7 +178,11 @@ fn event(topic: &str, key: Option<&str>, payload: Vec<u8>) -> Event {
 /// per-key order is the order given (the relay hands a sink at most one
 /// event of a key per call).
 async fn publish<H: SourceHarness>(h: &H, events: &[Event]) {
-    let sink = h.sink().await;
+    publish_via(&h.sink().await, events).await;
+}
+
+/// [`publish`] through `sink`.
+async fn publish_via<S: Sink>(sink: &S, events: &[Event]) {
     let mut rounds: Vec<Vec<Event>> = Vec::new();
     let mut seen: HashMap<Option<String>, usize> = HashMap::new();
     for e in events {
@@ -160,7 +208,8 @@ async fn publish<H: SourceHarness>(h: &H, events: &[Event]) {
     }
 }
 
-fn decode<T>(r: &Received<T>) -> InboundMessage {
+/// Decodes a received message as the inbox consumer does.
+fn try_decode<T>(r: &Received<T>) -> Result<InboundMessage, DecodeError> {
     let raw = &r.message;
     InboundMessage::decode(
         raw.header_pairs(),
@@ -168,7 +217,82 @@ fn decode<T>(r: &Received<T>) -> InboundMessage {
         &raw.destination,
         raw.timestamp,
     )
-    .unwrap_or_else(|e| panic!("{raw:?} does not decode: {e}"))
+}
+
+fn decode<T>(r: &Received<T>) -> InboundMessage {
+    try_decode(r).unwrap_or_else(|e| panic!("{:?} does not decode: {e}", r.message))
+}
+
+/// The header naming which malformed message a message is.
+const PROBE: &str = "x-probe";
+
+/// The value of header `name` (any letter case) of a received message.
+fn header<'m>(raw: &'m outbox_inbox::RawMessage, name: &str) -> Option<&'m str> {
+    raw.headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v.as_str())
+}
+
+/// Malformed CloudEvents as another producer could send them: in binary
+/// mode in the broker's binding, one per required attribute, each lacking
+/// that attribute; and one in structured mode lacking `source`. Each comes
+/// with its probe (the [`PROBE`] header's value) and the attribute a
+/// decoder must name.
+fn malformed<H: SourceHarness>(key: &str) -> Vec<(String, &'static str, RawPublish)> {
+    let prefix = H::BINDING.prefix();
+    let body = b"malformed:\x00\xff\x80".to_vec();
+    let mut out = Vec::new();
+    for missing in ["specversion", "id", "source", "type"] {
+        let probe = format!("binary-without-{missing}");
+        let id = EventId::new().to_string();
+        let time = chrono::Utc::now().to_rfc3339();
+        let attributes = [
+            ("specversion", "1.0"),
+            ("id", id.as_str()),
+            ("source", CE_SOURCE),
+            ("type", "conformance.malformed"),
+            ("time", time.as_str()),
+            ("subject", key),
+            ("partitionkey", key),
+        ];
+        let mut headers: Vec<(String, String)> = attributes
+            .iter()
+            .filter(|(name, _)| *name != missing)
+            .map(|(name, value)| (format!("{prefix}{name}"), (*value).to_owned()))
+            .collect();
+        headers.push((PROBE.to_owned(), probe.clone()));
+        out.push((
+            probe,
+            missing,
+            RawPublish {
+                headers,
+                content_type: Some("application/octet-stream".to_owned()),
+                key: Some(key.to_owned()),
+                body: body.clone(),
+            },
+        ));
+    }
+    let structured = serde_json::json!({
+        "specversion": "1.0",
+        "id": EventId::new().to_string(),
+        "type": "conformance.malformed",
+        "partitionkey": key,
+        "datacontenttype": "application/json",
+        "data": {"n": 1},
+    });
+    let probe = "structured-without-source".to_owned();
+    out.push((
+        probe.clone(),
+        "source",
+        RawPublish {
+            headers: vec![(PROBE.to_owned(), probe)],
+            content_type: Some(outbox_core::cloudevents::STRUCTURED_CONTENT_TYPE.to_owned()),
+            key: Some(key.to_owned()),
+            body: serde_json::to_vec(&structured).expect("JSON"),
+        },
+    ));
+    out
 }
 
 /// Receives until `n` messages arrived (panics naming what did arrive when
@@ -538,6 +662,432 @@ mod cases {
         let debug = h.config_debug_with_password(secret);
         assert!(!debug.contains(secret), "{debug}");
     }
+
+    /// One publisher per wire format (headers, envelope, CloudEvents binary
+    /// and structured), each publishing a keyed event with a non-UTF-8
+    /// payload and a keyless one with a JSON payload, both with trace
+    /// context and a plain header: all eight arrive through the real source
+    /// and decode, as the inbox decodes them, to the event published (id,
+    /// type, key, topic, content type, payload bytes, trace context and own
+    /// headers, creation time where the format carries it) in the format
+    /// published.
+    pub(crate) async fn every_wire_format_arrives_and_decodes_intact<H: SourceHarness>(h: &H) {
+        let topic = h.topic();
+        let formats = [
+            WireFormat::Headers,
+            WireFormat::Envelope,
+            WireFormat::CloudEvents,
+            WireFormat::CloudEventsJson,
+        ];
+        let mut sent: Vec<(Event, WireFormat)> = Vec::new();
+        for (n, format) in (0u8..).zip(formats) {
+            let mut bytes = format!("{format}:").into_bytes();
+            bytes.extend_from_slice(&[0, 255, 128, 0xc3, 0x28, n, b'\n']);
+            let mut keyed = event(&topic, Some(&format!("key-{format}")), bytes);
+            keyed.event_type = format!("conformance.{format}.bytes");
+            let mut json = event(
+                &topic,
+                None,
+                format!(r#"{{"format":"{format}","n":[1,2.5,null],"s":"caf\u00e9 \\ \""}}"#)
+                    .into_bytes(),
+            );
+            json.event_type = format!("conformance.{format}.json");
+            json.headers
+                .insert("content-type".into(), "application/json".into());
+            for (i, e) in [&mut keyed, &mut json].into_iter().enumerate() {
+                e.headers.insert(
+                    "traceparent".into(),
+                    format!(
+                        "00-4bf92f3577b34da6a3ce929d0e0e4736-{:016x}-01",
+                        u64::from(n) * 2 + i as u64 + 1
+                    ),
+                );
+                e.headers
+                    .insert("tracestate".into(), format!("outbox=conformance{n}"));
+                e.headers.insert("x-tenant".into(), format!("tenant-{n}"));
+            }
+            publish_via(&h.sink_with(format).await, &[keyed.clone(), json.clone()]).await;
+            sent.push((keyed, format));
+            sent.push((json, format));
+        }
+
+        let name = consumer_name();
+        let mut source = h.source(&name).await;
+        let got = recv_n(&mut source, sent.len()).await;
+        let by_id: HashMap<EventId, (InboundMessage, &Received<_>)> =
+            got.iter().map(|r| (decode(r).id, (decode(r), r))).collect();
+        assert_eq!(by_id.len(), sent.len(), "each event once: {:?}", ids(&got));
+        let prefix = H::BINDING.prefix();
+        for (e, format) in &sent {
+            let what = format!("{format} event {}", e.id);
+            let (m, raw) = by_id
+                .get(&e.id)
+                .unwrap_or_else(|| panic!("{what} not received"));
+            assert_eq!(m.format, *format, "format of the {what}");
+            assert_eq!(m.event_type, e.event_type, "type of the {what}");
+            assert_eq!(m.key, e.key, "key of the {what}");
+            assert_eq!(m.payload, e.payload, "payload bytes of the {what}");
+            let ct = e
+                .headers
+                .get("content-type")
+                .map_or(outbox_core::headers::DEFAULT_CONTENT_TYPE, String::as_str);
+            assert_eq!(m.content_type, ct, "content type of the {what}");
+            let own: BTreeMap<String, String> = e
+                .headers
+                .iter()
+                .filter(|(k, _)| !outbox_core::headers::is_reserved(k))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            assert_eq!(
+                m.headers, own,
+                "trace context and own headers of the {what}"
+            );
+            assert_eq!(raw.message.destination, h.destination(), "destination");
+            match format {
+                // The envelope names the event's topic itself.
+                WireFormat::Envelope => {
+                    assert_eq!(m.topic, e.topic, "topic of the {what}");
+                    assert_eq!(
+                        m.created_at.map(|t| t.timestamp_millis()),
+                        Some(e.created_at.timestamp_millis()),
+                        "creation time of the {what}"
+                    );
+                    assert_eq!(m.attempt, Some(e.attempts), "attempt of the {what}");
+                }
+                _ => {
+                    assert_eq!(m.topic, h.destination(), "topic of the {what}");
+                    assert_eq!(m.attempt, None, "attempt of the {what}");
+                }
+            }
+            match format {
+                WireFormat::CloudEvents => {
+                    assert_eq!(m.created_at, Some(e.created_at), "`time` of the {what}");
+                    assert_eq!(
+                        header(&raw.message, &format!("{prefix}source")),
+                        Some(CE_SOURCE),
+                        "the `source` attribute header of the {what}"
+                    );
+                    assert_eq!(
+                        header(&raw.message, &format!("{prefix}specversion")),
+                        Some("1.0"),
+                        "the `specversion` attribute header of the {what}"
+                    );
+                }
+                WireFormat::CloudEventsJson => {
+                    assert_eq!(m.created_at, Some(e.created_at), "`time` of the {what}");
+                    let body: serde_json::Value = serde_json::from_slice(&raw.message.body)
+                        .unwrap_or_else(|err| panic!("the {what} is not JSON: {err}"));
+                    assert_eq!(body["source"], CE_SOURCE, "`source` of the {what}");
+                    assert_eq!(body["id"], e.id.to_string(), "`id` of the {what}");
+                }
+                _ => {}
+            }
+        }
+        ack_all(&mut source, got).await;
+        source.close().await.expect("close");
+        assert_nothing_left(h, &name).await;
+    }
+
+    /// Malformed CloudEvents published raw with the broker's own client
+    /// (binary mode in the broker's binding without `specversion`, `id`,
+    /// `source` or `type`; structured mode without `source`) arrive
+    /// through the real source and the inbox's decoding refuses each with
+    /// the missing attribute named, never a panic.
+    pub(crate) async fn malformed_cloudevent_is_refused_naming_the_attribute<H: SourceHarness>(
+        h: &H,
+    ) {
+        let bad = malformed::<H>("key-malformed");
+        for (_, _, raw) in &bad {
+            h.publish_raw(raw.clone()).await;
+        }
+        let name = consumer_name();
+        let mut source = h.source(&name).await;
+        let got = recv_n(&mut source, bad.len()).await;
+        let mut refused: BTreeMap<String, DecodeError> = BTreeMap::new();
+        for r in &got {
+            let probe = header(&r.message, PROBE)
+                .unwrap_or_else(|| panic!("{:?} has no {PROBE} header", r.message));
+            let err = match try_decode(r) {
+                Ok(m) => panic!("malformed {probe} decoded as {m:?}"),
+                Err(e) => e,
+            };
+            assert!(
+                refused.insert(probe.to_owned(), err).is_none(),
+                "{probe} twice"
+            );
+        }
+        let expected: BTreeMap<String, DecodeError> = bad
+            .iter()
+            .map(|(probe, missing, _)| (probe.clone(), DecodeError::MissingAttribute(missing)))
+            .collect();
+        assert_eq!(refused, expected);
+        for (probe, missing, _) in &bad {
+            let text = refused[probe].to_string();
+            assert!(
+                text.contains(&format!("`{missing}`")),
+                "{probe}: {text:?} does not name `{missing}`"
+            );
+        }
+        ack_all(&mut source, got).await;
+        source.close().await.expect("close");
+        assert_nothing_left(h, &name).await;
+    }
+
+    /// The malformed CloudEvents of the case above, then two good ones of
+    /// the same key (one per CloudEvents format, from the real publisher),
+    /// consumed by a running inbox with a PostgreSQL store: each malformed
+    /// one is a dead letter with code `UNDECODABLE` and the message naming
+    /// its missing attribute, the good ones are applied in order, the run
+    /// ends cleanly and everything is acknowledged at the broker.
+    #[cfg(feature = "postgres")]
+    pub(crate) async fn malformed_cloudevent_is_dead_lettered_and_the_next_applied<
+        H: SourceHarness,
+    >(
+        h: &H,
+    ) {
+        use outbox_inbox::{DeadFilter, InboxStore};
+        let key = "key-malformed";
+        let bad = malformed::<H>(key);
+        for (_, _, raw) in &bad {
+            h.publish_raw(raw.clone()).await;
+        }
+        let topic = h.topic();
+        let mut good = Vec::new();
+        for format in [WireFormat::CloudEvents, WireFormat::CloudEventsJson] {
+            let mut payload = format!("good {format}:").into_bytes();
+            payload.extend_from_slice(&[0, 255]);
+            let e = event(&topic, Some(key), payload);
+            publish_via(&h.sink_with(format).await, std::slice::from_ref(&e)).await;
+            good.push((e, format));
+        }
+
+        let db = pg::Db::new().await;
+        let name = consumer_name();
+        let inbox = db.inbox(&name);
+        // The watch below reads the tables before the run would create them.
+        inbox.store().migrate().await.expect("migrate");
+        let source = h.source(&name).await;
+        let undecodable = DeadFilter {
+            code: Some("UNDECODABLE".into()),
+            ..DeadFilter::default()
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = inbox.run(source, async move {
+            let _ = stopped.await;
+        });
+        let watch = async {
+            let deadline = Instant::now() + BOUND;
+            loop {
+                let applied = db.applied().await.len();
+                let dead = inbox
+                    .store()
+                    .dead_letters(&undecodable)
+                    .await
+                    .unwrap()
+                    .len();
+                assert!(
+                    applied <= good.len(),
+                    "a malformed CloudEvent was applied: {:?}",
+                    db.applied().await
+                );
+                if applied == good.len() && dead >= bad.len() {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "within {BOUND:?} only {applied} applied and {dead} dead letters ({:?})",
+                    inbox.stats()
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            stop.send(()).unwrap();
+        };
+        let (counts, ()) = tokio::join!(run, watch);
+        let counts = counts.expect("the inbox ran to its shutdown");
+        assert_eq!(
+            (
+                counts.handled,
+                counts.undecodable,
+                counts.dead,
+                counts.retries
+            ),
+            (good.len() as u64, bad.len() as u64, bad.len() as u64, 0),
+            "{counts:?}"
+        );
+
+        let expected: Vec<(EventId, Vec<u8>, String)> = good
+            .iter()
+            .map(|(e, format)| (e.id, e.payload.clone(), format.to_string()))
+            .collect();
+        assert_eq!(db.applied().await, expected, "the good events, in order");
+
+        let dead = inbox.store().dead_letters(&undecodable).await.unwrap();
+        let by_probe: BTreeMap<String, (String, String)> = dead
+            .iter()
+            .map(|d| {
+                let probe = d
+                    .message
+                    .headers
+                    .iter()
+                    .find(|(k, _)| k.eq_ignore_ascii_case(PROBE))
+                    .map(|(_, v)| v.clone())
+                    .unwrap_or_else(|| panic!("dead letter {} has no {PROBE}", d.message.id));
+                let (code, message) = d.last_error.clone().expect("a dead letter's error");
+                (probe, (code.as_str().to_owned(), message))
+            })
+            .collect();
+        let wanted: BTreeMap<String, (String, String)> = bad
+            .iter()
+            .map(|(probe, missing, _)| {
+                (
+                    probe.clone(),
+                    (
+                        "UNDECODABLE".to_owned(),
+                        DecodeError::MissingAttribute(missing).to_string(),
+                    ),
+                )
+            })
+            .collect();
+        assert_eq!(by_probe, wanted, "the dead letters, by what they lack");
+        for (probe, missing, raw) in &bad {
+            let d = dead
+                .iter()
+                .find(|d| d.message.headers.get(PROBE).map(String::as_str) == Some(probe.as_str()))
+                .expect("found above");
+            assert_eq!(d.message.payload, raw.body, "{probe}: the raw body is kept");
+            assert!(
+                by_probe[probe].1.contains(&format!("`{missing}`")),
+                "{probe} names `{missing}`"
+            );
+        }
+        for (e, _) in &good {
+            assert!(
+                inbox.store().is_recorded(e.id).await.unwrap(),
+                "{} recorded",
+                e.id
+            );
+        }
+        assert_nothing_left(h, &name).await;
+        db.drop().await;
+    }
+
+    /// Without a PostgreSQL inbox the end-to-end half cannot run.
+    #[cfg(not(feature = "postgres"))]
+    pub(crate) async fn malformed_cloudevent_is_dead_lettered_and_the_next_applied<
+        H: SourceHarness,
+    >(
+        _h: &H,
+    ) {
+        eprintln!("skipped: needs the `postgres` feature (run with --all-features)");
+    }
+}
+
+/// A PostgreSQL inbox in a schema of its own, applying events into an
+/// `applied` table in the handler's transaction.
+#[cfg(feature = "postgres")]
+mod pg {
+    use futures::future::BoxFuture;
+    use outbox_core::{EventId, InboundMessage};
+    use outbox_inbox::{Handler, HandlerError, Inbox, InboxOptions, PgInbox};
+    use std::time::Duration;
+
+    pub(crate) struct Db {
+        pool: outbox_inbox::sqlx::PgPool,
+        schema: String,
+    }
+
+    impl Db {
+        pub(crate) async fn new() -> Self {
+            let url = std::env::var("DATABASE_URL")
+                .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+            let pool = outbox_inbox::sqlx::postgres::PgPoolOptions::new()
+                .max_connections(4)
+                .connect(&url)
+                .await
+                .expect("PostgreSQL on 127.0.0.1:5432 (or DATABASE_URL)");
+            let schema = format!(
+                "source_conf_{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..12]
+            );
+            outbox_inbox::sqlx::query(&format!("CREATE SCHEMA \"{schema}\""))
+                .execute(&pool)
+                .await
+                .unwrap();
+            outbox_inbox::sqlx::query(&format!(
+                "CREATE TABLE \"{schema}\".applied (serial bigserial PRIMARY KEY, event_id uuid NOT NULL, payload bytea NOT NULL, format text NOT NULL)"
+            ))
+            .execute(&pool)
+            .await
+            .unwrap();
+            Self { pool, schema }
+        }
+
+        pub(crate) fn inbox(&self, consumer: &str) -> Inbox<PgInbox, Applied> {
+            let store = PgInbox::new(self.pool.clone(), consumer)
+                .unwrap()
+                .with_schema(self.schema.clone())
+                .unwrap();
+            Inbox::new(
+                store,
+                Applied {
+                    insert: format!(
+                        "INSERT INTO \"{}\".applied (event_id, payload, format) VALUES ($1, $2, $3)",
+                        self.schema
+                    ),
+                },
+            )
+            .with_options(
+                InboxOptions::default()
+                    .with_lanes(2)
+                    .unwrap()
+                    .with_recv_wait(Duration::from_millis(50)),
+            )
+        }
+
+        /// What the handler applied, in the order it was applied.
+        pub(crate) async fn applied(&self) -> Vec<(EventId, Vec<u8>, String)> {
+            let rows: Vec<(uuid::Uuid, Vec<u8>, String)> = outbox_inbox::sqlx::query_as(&format!(
+                "SELECT event_id, payload, format FROM \"{}\".applied ORDER BY serial",
+                self.schema
+            ))
+            .fetch_all(&self.pool)
+            .await
+            .unwrap();
+            rows.into_iter()
+                .map(|(id, payload, format)| (EventId::from(id), payload, format))
+                .collect()
+        }
+
+        pub(crate) async fn drop(self) {
+            outbox_inbox::sqlx::query(&format!("DROP SCHEMA \"{}\" CASCADE", self.schema))
+                .execute(&self.pool)
+                .await
+                .ok();
+        }
+    }
+
+    /// One row per applied message: its id, payload and wire format.
+    pub(crate) struct Applied {
+        insert: String,
+    }
+
+    impl Handler<outbox_inbox::sqlx::Postgres> for Applied {
+        fn handle<'a>(
+            &'a self,
+            m: &'a InboundMessage,
+            tx: &'a mut outbox_inbox::sqlx::Transaction<'static, outbox_inbox::sqlx::Postgres>,
+        ) -> BoxFuture<'a, Result<(), HandlerError>> {
+            Box::pin(async move {
+                outbox_inbox::sqlx::query(&self.insert)
+                    .bind(m.id.as_uuid())
+                    .bind(&m.payload)
+                    .bind(m.format.to_string())
+                    .execute(&mut **tx)
+                    .await?;
+                Ok(())
+            })
+        }
+    }
 }
 
 #[cfg(feature = "nats")]
@@ -575,8 +1125,38 @@ mod nats_harness {
             self.0.subject(&self.0.topic())
         }
 
+        const BINDING: Binding = Binding::Nats;
+
         async fn sink(&self) -> NatsPublisher {
             self.0.sink().await
+        }
+
+        async fn sink_with(&self, format: WireFormat) -> NatsPublisher {
+            let config = self
+                .0
+                .config()
+                .with_wire_format(format)
+                .with_cloudevents_source(ce_source());
+            NatsPublisher::connect(config)
+                .await
+                .expect("connect the publisher")
+        }
+
+        async fn publish_raw(&self, message: RawPublish) {
+            let mut headers = outbox_nats::async_nats::HeaderMap::new();
+            for (name, value) in message.headers {
+                headers.insert(name.as_str(), value.as_str());
+            }
+            if let Some(ct) = message.content_type {
+                headers.insert("content-type", ct.as_str());
+            }
+            self.0
+                .jetstream()
+                .publish_with_headers(self.destination(), headers, message.body.into())
+                .await
+                .expect("publish")
+                .await
+                .expect("PubAck");
         }
 
         async fn source(&self, name: &str) -> NatsSource {
@@ -666,8 +1246,51 @@ mod amqp_harness {
             self.0.topic()
         }
 
+        const BINDING: Binding = Binding::Amqp;
+
         async fn sink(&self) -> AmqpPublisher {
             self.0.sink().await
+        }
+
+        async fn sink_with(&self, format: WireFormat) -> AmqpPublisher {
+            let config = self
+                .0
+                .config()
+                .with_wire_format(format)
+                .with_cloudevents_source(ce_source());
+            AmqpPublisher::connect(config)
+                .await
+                .expect("connect the publisher")
+        }
+
+        async fn publish_raw(&self, message: RawPublish) {
+            use outbox_amqp::lapin::options::BasicPublishOptions;
+            use outbox_amqp::lapin::types::{AMQPValue, FieldTable, LongString, ShortString};
+            use outbox_amqp::lapin::BasicProperties;
+            let mut table = FieldTable::default();
+            for (name, value) in message.headers {
+                table.insert(
+                    ShortString::from(name),
+                    AMQPValue::LongString(LongString::from(value)),
+                );
+            }
+            let mut properties = BasicProperties::default().with_headers(table);
+            if let Some(ct) = message.content_type {
+                properties = properties.with_content_type(ShortString::from(ct));
+            }
+            self.0
+                .channel()
+                .basic_publish(
+                    self.0.exchange(),
+                    &self.0.topic(),
+                    BasicPublishOptions::default(),
+                    &message.body,
+                    properties,
+                )
+                .await
+                .expect("basic.publish")
+                .await
+                .expect("publish confirm");
         }
 
         async fn source(&self, name: &str) -> AmqpSource {
@@ -757,8 +1380,53 @@ mod kafka_harness {
             self.0.topic()
         }
 
+        const BINDING: Binding = Binding::Kafka;
+
         async fn sink(&self) -> KafkaPublisher {
             self.0.sink().await
+        }
+
+        async fn sink_with(&self, format: WireFormat) -> KafkaPublisher {
+            let config = self
+                .0
+                .config()
+                .with_wire_format(format)
+                .with_cloudevents_source(ce_source());
+            KafkaPublisher::new(config).expect("create the publisher")
+        }
+
+        async fn publish_raw(&self, message: RawPublish) {
+            use outbox_kafka::rdkafka::message::{Header, OwnedHeaders};
+            use outbox_kafka::rdkafka::producer::{FutureProducer, FutureRecord};
+            let producer: FutureProducer = ClientConfig::new()
+                .set("bootstrap.servers", self.0.brokers())
+                .create()
+                .expect("producer");
+            let mut headers = OwnedHeaders::new();
+            for (name, value) in &message.headers {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value.as_bytes()),
+                });
+            }
+            if let Some(ct) = &message.content_type {
+                headers = headers.insert(Header {
+                    key: "content-type",
+                    value: Some(ct.as_bytes()),
+                });
+            }
+            let topic = self.0.topic();
+            let mut record = FutureRecord::<str, [u8]>::to(&topic)
+                .payload(&message.body)
+                .headers(headers);
+            if let Some(key) = &message.key {
+                record = record.key(key.as_str());
+            }
+            producer
+                .send(record, Duration::from_secs(30))
+                .await
+                .map_err(|(e, _)| e)
+                .expect("produce");
         }
 
         async fn source(&self, name: &str) -> KafkaSource {
