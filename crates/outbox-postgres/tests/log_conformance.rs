@@ -69,6 +69,7 @@ impl LogHarness {
         let store = PgLogStore::from_pool(pool.clone(), db.options())
             .await
             .unwrap();
+        assert_eq!(store.pooler(), Pooler::Transaction, "PgBouncer detected");
         Self {
             pool,
             outbox: db.log.clone().with_pooler(Pooler::Transaction),

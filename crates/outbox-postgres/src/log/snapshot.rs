@@ -176,6 +176,14 @@ impl sqlx::Type<sqlx::Postgres> for Xid8 {
     fn type_info() -> sqlx::postgres::PgTypeInfo {
         sqlx::postgres::PgTypeInfo::with_oid(XID8_OID)
     }
+
+    /// `xid8`, or `bigint`: through a pooler in transaction mode the claim
+    /// returns its transaction ids as `bigint` (same 8 big-endian bytes in
+    /// binary), because sqlx looks the `xid8` type up by a named statement
+    /// (`Sql::new`).
+    fn compatible(ty: &sqlx::postgres::PgTypeInfo) -> bool {
+        *ty == Self::type_info() || *ty == <i64 as sqlx::Type<sqlx::Postgres>>::type_info()
+    }
 }
 
 impl<'r> sqlx::Decode<'r, sqlx::Postgres> for Xid8 {

@@ -866,17 +866,33 @@ impl Sql {
         &set[usize::from(skip)]
     }
 
-    pub(crate) fn new(names: &LogNames) -> Self {
+    pub(crate) fn new(names: &LogNames, pooled: bool) -> Self {
+        // sqlx looks up a result column's type it does not know (`xid8`)
+        // with a prepared statement it names and keeps: through a pooler
+        // in transaction mode that name is another client's next. There
+        // the claim returns its transaction ids as `bigint` (cast per row).
+        let xid_out = |sql: String| {
+            if pooled {
+                sql.replace("NULL::xid8", "NULL::bigint").replace(
+                    "SELECT NULL, NULL, g.w, g.txid,",
+                    "SELECT NULL, NULL, g.w, g.txid::text::bigint,",
+                )
+            } else {
+                sql
+            }
+        };
         let dead =
             |sql: &str| names.render(&sql.replace("{{filter}}", &crate::store::dead_filter_sql(2)));
         let claim = |shard: &str, lane_shard: &str| {
             [false, true].map(|skip| {
-                names.render(
-                    &CLAIM
-                        .replace("{{cols}}", CLAIM_COLS)
-                        .replace("{{shard}}", shard)
-                        .replace("{{lane_shard}}", lane_shard)
-                        .replace("{{skip}}", if skip { CLAIM_SKIP } else { "" }),
+                xid_out(
+                    names.render(
+                        &CLAIM
+                            .replace("{{cols}}", CLAIM_COLS)
+                            .replace("{{shard}}", shard)
+                            .replace("{{lane_shard}}", lane_shard)
+                            .replace("{{skip}}", if skip { CLAIM_SKIP } else { "" }),
+                    ),
                 )
             })
         };

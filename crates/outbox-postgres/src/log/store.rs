@@ -152,7 +152,7 @@ impl PgLogStore {
             super::anchor::check_schema(tx.conn(), &names).await?;
             tx.commit().await?;
         }
-        let sql = Arc::new(Sql::new(&names));
+        let sql = Arc::new(Sql::new(&names, db.pooled()));
         let mut tasks = BackgroundTasks::default();
         if options.rotate_in_background {
             tasks.spawn(rotation::rotate_forever(
