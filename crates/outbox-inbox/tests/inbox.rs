@@ -141,6 +141,53 @@ impl Harness for Pg {
     }
 }
 
+/// [`Pg`] with the inbox (and the handler's transaction) reaching the
+/// database through PgBouncer in transaction mode; the harness's own reads
+/// go straight to it.
+struct PgBouncer {
+    direct: Pg,
+    pooled: sqlx::PgPool,
+}
+
+impl Harness for PgBouncer {
+    type St = PgInbox;
+    type H = PgEffects;
+
+    async fn new() -> Self {
+        let direct = Pg::new().await;
+        let pooled = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(12)
+            .connect(&support::pgbouncer_url())
+            .await
+            .expect("PgBouncer on 127.0.0.1:6432 (cargo xtask services), or PGBOUNCER_URL");
+        Self { direct, pooled }
+    }
+
+    fn store(&self) -> PgInbox {
+        PgInbox::new(self.pooled.clone(), "billing")
+            .unwrap()
+            .with_pooler(outbox_core::Pooler::Transaction)
+            .with_schema(self.direct.schema.clone())
+            .unwrap()
+    }
+
+    fn handler(&self, script: Script) -> PgEffects {
+        self.direct.handler(script)
+    }
+
+    async fn effects(&self) -> Vec<(EventId, String)> {
+        self.direct.effects().await
+    }
+
+    async fn cut_connections(&self) -> u64 {
+        self.direct.cut_connections().await
+    }
+
+    async fn age_records(&self, slot: u32, age: Duration) {
+        self.direct.age_records(slot, age).await
+    }
+}
+
 struct Lite {
     pool: sqlx::SqlitePool,
     _dir: tempfile::TempDir,
@@ -642,6 +689,15 @@ macro_rules! conformance {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $case() {
                     super::$case::<Lite>().await;
+                }
+            )*
+        }
+        mod postgres_through_pgbouncer {
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $case() {
+                    super::$case::<PgBouncer>().await;
                 }
             )*
         }

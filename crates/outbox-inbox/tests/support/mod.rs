@@ -200,10 +200,13 @@ impl Handler<sqlx::Postgres> for PgEffects {
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         Box::pin(async move {
             self.script.decide(m)?;
+            // Unnamed: the same handler runs through PgBouncer in
+            // transaction mode (inbox.rs, `PgBouncer`).
             sqlx::query(&format!(
                 "INSERT INTO \"{}\".effects (event_id, key) VALUES ($1, $2)",
                 self.schema
             ))
+            .persistent(false)
             .bind(m.id.as_uuid())
             .bind(m.key.as_deref())
             .execute(&mut **tx)
@@ -239,4 +242,11 @@ impl Handler<sqlx::Sqlite> for SqliteEffects {
 pub fn database_url() -> String {
     std::env::var("DATABASE_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+}
+
+/// `PGBOUNCER_URL`, default PgBouncer in transaction mode on the loopback
+/// (`cargo xtask services` starts it).
+pub fn pgbouncer_url() -> String {
+    std::env::var("PGBOUNCER_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:6432/test".to_owned())
 }
