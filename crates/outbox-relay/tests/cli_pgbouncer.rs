@@ -90,7 +90,7 @@ async fn every_command_and_the_producer_run_through_pgbouncer_detected() {
     let pool = pooler_pool().await;
     let outbox = PgOutbox::new(
         Ident::new(schema.clone()).unwrap(),
-        Ident::new("outbox").unwrap(),
+        Ident::new(outbox_postgres::DEFAULT_TABLE).unwrap(),
     )
     .unwrap()
     .with_pooler(Pooler::Transaction);
@@ -149,7 +149,7 @@ async fn the_queue_table_runs_through_pgbouncer_on_its_probe() {
     let pool = pooler_pool().await;
     let outbox = PgOutbox::in_mode(
         Ident::new(schema.clone()).unwrap(),
-        Ident::new("outbox").unwrap(),
+        Ident::new(outbox_postgres::DEFAULT_TABLE).unwrap(),
         PgMode::Queue,
     )
     .unwrap()
