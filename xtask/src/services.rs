@@ -69,6 +69,7 @@ pub(crate) fn ensure_all() -> Result<Started> {
     if !down.is_empty() {
         bail!("services down: {} (commands above)", down.join(", "));
     }
+    ensure_prepared_transactions()?;
     let pgbouncer = crate::pgbouncer::start()?;
     crate::kafka::ensure_tansu_installed()?;
     let kafka = crate::kafka::start_tansu()?;
@@ -82,6 +83,75 @@ pub(crate) fn ensure_all() -> Result<Started> {
         _kafka: kafka,
         _pgbouncer: pgbouncer,
     })
+}
+
+/// The test server's `max_prepared_transactions`, by `psql`.
+fn max_prepared_transactions() -> Result<u32> {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let out = std::process::Command::new("psql")
+        .args([url.as_str(), "-Atc", "SHOW max_prepared_transactions"])
+        .output()
+        .map_err(|e| anyhow::anyhow!("running psql: {e}"))?;
+    if !out.status.success() {
+        bail!(
+            "psql could not read max_prepared_transactions: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().parse()?)
+}
+
+/// Rotation must never queue behind a prepared (two-phase) transaction;
+/// the test of it needs `max_prepared_transactions > 0`, which PostgreSQL
+/// only reads at start. When it is 0, it is set to 16 (`ALTER SYSTEM`) and
+/// the cluster restarted once, with Debian's `pg_ctlcluster` (the command
+/// of [`SERVICES`]); later runs find it set.
+fn ensure_prepared_transactions() -> Result<()> {
+    let max = max_prepared_transactions()?;
+    if max > 0 {
+        println!("{:<16} max_prepared_transactions = {max}", "PostgreSQL");
+        return Ok(());
+    }
+    println!(
+        "{:<16} max_prepared_transactions = 0: setting it to 16 and restarting PostgreSQL once",
+        "PostgreSQL"
+    );
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let set = std::process::Command::new("psql")
+        .args([
+            url.as_str(),
+            "-c",
+            "ALTER SYSTEM SET max_prepared_transactions = 16",
+        ])
+        .status()?;
+    if !set.success() {
+        bail!("ALTER SYSTEM SET max_prepared_transactions failed");
+    }
+    let version = std::fs::read_dir("/etc/postgresql")?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("no cluster under /etc/postgresql"))?;
+    let restart = std::process::Command::new("pg_ctlcluster")
+        .args(["--skip-systemctl-redirect", &version, "main", "restart"])
+        .status()?;
+    if !restart.success() {
+        bail!("pg_ctlcluster {version} main restart failed");
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while max_prepared_transactions().map_or(true, |m| m == 0) {
+        if std::time::Instant::now() > deadline {
+            bail!("PostgreSQL did not come back with max_prepared_transactions > 0 within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    println!(
+        "{:<16} restarted, max_prepared_transactions = 16",
+        "PostgreSQL"
+    );
+    Ok(())
 }
 
 /// `cargo xtask services`: report, start what we own, and keep it running

@@ -8,7 +8,7 @@
 
 mod log_support;
 
-use log_support::{pooler_pool, LogDb};
+use log_support::{pgbouncer_url, pool, pooler_pool, LogDb, TestDb};
 use outbox_core::{
     ClaimRequest, ControlStore, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
     LastError, NewEvent, PauseNote, Pooler, RelayId, Resolution, Settlement, ShardSpec, Store,
@@ -17,9 +17,6 @@ use outbox_postgres::{PgLogOptions, PgLogStore, PgOutbox, PgStore, PgStoreOption
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 
-#[path = "common/mod.rs"]
-#[allow(dead_code)]
-mod common;
 
 fn req(relay: &str) -> ClaimRequest {
     ClaimRequest {
@@ -79,7 +76,7 @@ where
 
 /// The database's clock now (the simple protocol: nothing prepared).
 async fn server_now() -> String {
-    let pool = common::pool(1).await;
+    let pool = pool(1).await;
     let row = sqlx::raw_sql("SELECT clock_timestamp()::text")
         .fetch_one(&pool)
         .await
@@ -95,7 +92,7 @@ async fn server_now() -> String {
 async fn statements_left_on_the_servers(since: &str) -> Vec<String> {
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(20)
-        .connect(&common::pgbouncer_url())
+        .connect(&pgbouncer_url())
         .await
         .unwrap();
     let mut held = Vec::new();
@@ -168,9 +165,9 @@ async fn the_log_runs_through_pgbouncer_and_leaves_no_statement_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_table_runs_through_pgbouncer_and_leaves_no_statement_behind() {
     let since = server_now().await;
-    let db = common::TestDb::new().await;
+    let db = TestDb::new().await;
     let store = PgStore::connect(
-        PgStoreOptions::new(common::pgbouncer_url())
+        PgStoreOptions::new(pgbouncer_url())
             .with_schema(db.schema.clone())
             .with_table(outbox_postgres::Ident::new("events").unwrap()),
     )
@@ -192,7 +189,7 @@ async fn the_queue_table_runs_through_pgbouncer_and_leaves_no_statement_behind()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn told_none_through_pgbouncer_the_error_names_the_setting() {
     let err = PgLogStore::connect(
-        PgLogOptions::new(common::pgbouncer_url())
+        PgLogOptions::new(pgbouncer_url())
             .with_pooler(Pooler::None)
             .with_connect_timeout(Duration::from_secs(2)),
     )

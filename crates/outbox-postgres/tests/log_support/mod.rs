@@ -13,7 +13,9 @@ use std::time::Duration;
 #[path = "../common/mod.rs"]
 mod common;
 #[allow(unused_imports)] // each test binary uses a different subset
-pub use common::{database_url, end_enqueue, pool, pooler_pool, SchemaGuard};
+pub use common::{
+    database_url, end_enqueue, pgbouncer_url, pool, pooler_pool, SchemaGuard, TestDb,
+};
 
 /// A migrated event log in a fresh schema `outbox_log_<random>`, table `events`.
 #[derive(Debug)]
