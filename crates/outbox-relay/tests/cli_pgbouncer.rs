@@ -1,7 +1,7 @@
 //! `outbox-relay` through PgBouncer in transaction mode (`PGBOUNCER_URL`,
 //! default `postgres://postgres@127.0.0.1:6432/test`, started by `cargo
 //! xtask services`): every command on the pooler's URL, the producer
-//! committing through it too, with the pooler detected (`--pg-pooler`
+//! committing through it too, the console serving its overview, with the pooler detected (`--pg-pooler`
 //! unset) or named; a pooler mode that does not exist refused; the
 //! direct-connection mode against the pooler fails naming the setting.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
@@ -114,6 +114,30 @@ async fn every_command_and_the_producer_run_through_pgbouncer_detected() {
         let text = String::from_utf8_lossy(&out.stdout).to_lowercase();
         assert!(text.contains(expect), "{}: {text}", command.join(" "));
     }
+
+    // The console on the pooler's URL: its overview names the group.
+    let addr = support::free_addr();
+    let mut console = ChildGuard::new(
+        relay(&["console"])
+            .args(args)
+            .args(["--listen", &addr])
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let page = loop {
+        if let Some((200, body)) = support::get(&addr, "/") {
+            break body;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the console did not answer"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    };
+    stop(&mut console);
+    assert!(page.contains("default"), "{page}");
 
     // The store a library user opens on the pooler's URL finds it too.
     let store = PgLogStore::connect(
