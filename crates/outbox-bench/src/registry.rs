@@ -99,6 +99,10 @@ pub(crate) const SCENARIOS: &[(&str, &str)] = &[
         "inbox",
         "the consumer half, per broker: the inbox on PostgreSQL with a one-row handler vs the raw consume ceiling (source recv + ack), and the dedup record's cost per message",
     ),
+    (
+        "pooler",
+        "event log through PgBouncer (transaction mode) vs direct: relay -> no-op handler drain and commit -> handler latency at 1k events/s, ratio / p99 difference to direct",
+    ),
 ];
 
 /// Sizes and durations of a quick or full run.

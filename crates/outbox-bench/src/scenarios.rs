@@ -4,8 +4,9 @@
 //! `producer`, `backlog` and the event log's own targets ([`log_targets`]),
 //! `event-log` ([`event_log`]), relay and consumer groups ([`groups`]),
 //! rotation under load ([`rotation`]), the queue table's blocked keys
-//! ([`blocked_keys`]) and the consumer half ([`inbox`]). What is shared lives here: the run's [`Ctx`], the
-//! handlers, the open-loop producer.
+//! ([`blocked_keys`]), the consumer half ([`inbox`]) and the event log
+//! through PgBouncer ([`pooler`]). What is shared lives here: the run's
+//! [`Ctx`], the handlers, the open-loop producer.
 
 mod blocked_keys;
 mod event_log;
@@ -15,6 +16,7 @@ mod inbox;
 pub(crate) use inbox::Tuning;
 mod latency;
 mod log_targets;
+mod pooler;
 mod producer;
 mod rotation;
 
@@ -156,6 +158,7 @@ impl Ctx {
             "fan-out" => self.fan_out().await,
             "blocked-keys" => self.blocked_keys().await,
             "inbox" => self.inbox().await,
+            "pooler" => self.pooler().await,
             other => bail!("unknown scenario {other}"),
         }
     }

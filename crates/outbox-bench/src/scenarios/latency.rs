@@ -17,24 +17,24 @@ use tokio::sync::watch;
 
 /// Latency of one offered-load run.
 #[derive(Debug)]
-struct Latency {
-    per_tx: u64,
-    p50: f64,
-    p99: f64,
-    max: f64,
+pub(super) struct Latency {
+    pub(super) per_tx: u64,
+    pub(super) p50: f64,
+    pub(super) p99: f64,
+    pub(super) max: f64,
     /// p50 / p99 / max of the events committed after the first second
     /// (the relay was idle before production began: the first events wait
     /// for its adaptive wake-up probe, see `PgLogOptions::with_probe_delays`).
-    steady: (f64, f64, f64),
+    pub(super) steady: (f64, f64, f64),
     /// The largest latency of the first second's events.
-    first_max: f64,
-    mean: f64,
-    achieved: f64,
-    events: u64,
-    missing: u64,
-    skipped: u64,
-    cpu_s: f64,
-    error: Option<String>,
+    pub(super) first_max: f64,
+    pub(super) mean: f64,
+    pub(super) achieved: f64,
+    pub(super) events: u64,
+    pub(super) missing: u64,
+    pub(super) skipped: u64,
+    pub(super) cpu_s: f64,
+    pub(super) error: Option<String>,
 }
 
 impl Ctx {
@@ -56,14 +56,16 @@ impl Ctx {
                         pg_store(&self.services, &mut self.res, "latency", true, true, 6).await?;
                     let outbox = store.outbox().clone();
                     let pool = store.pool().clone();
-                    self.latency_run(store, outbox, pool, rate).await?
+                    let url = self.services.database_url.clone();
+                    self.latency_run(store, (outbox, &url), pool, rate).await?
                 }
                 PgMode::Log => {
                     let store =
                         pg_log_store(&self.services, &mut self.res, "latency_log", 6).await?;
                     let outbox = store.outbox().clone();
                     let pool = store.pool().clone();
-                    self.latency_run(store, outbox, pool, rate).await?
+                    let url = self.services.database_url.clone();
+                    self.latency_run(store, (outbox, &url), pool, rate).await?
                 }
             };
             let mut target = format!("p99 <= {target_p99} ms");
@@ -122,19 +124,19 @@ impl Ctx {
         Ok(())
     }
 
-    /// Offers `rate` events/s through `outbox` for the latency duration
-    /// while a relay on `store` runs a no-op handler; closes `pool` (the
-    /// store's) at the end.
-    async fn latency_run<St: Store + Clone>(
+    /// Offers `rate` events/s through `outbox` for the latency duration,
+    /// the producers connected to `producers_url`, while a relay on `store`
+    /// runs a no-op handler; closes `pool` (the store's) at the end.
+    pub(super) async fn latency_run<St: Store + Clone>(
         &mut self,
         store: St,
-        outbox: outbox_postgres::PgOutbox,
+        (outbox, producers_url): (outbox_postgres::PgOutbox, &str),
         pool: sqlx::PgPool,
         rate: u64,
     ) -> Result<Latency> {
         let producers = PgPoolOptions::new()
             .max_connections(16)
-            .connect(&self.services.database_url)
+            .connect(producers_url)
             .await?;
         let committed: Arc<Mutex<Vec<(uuid::Uuid, Instant)>>> = Arc::default();
         let handled: Arc<Mutex<HashMap<uuid::Uuid, Instant>>> = Arc::default();
