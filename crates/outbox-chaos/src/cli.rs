@@ -155,6 +155,24 @@ pub(crate) struct RunArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/test"
     )]
     pub(crate) database_url: String,
+    /// The relays' store and the application's pool reach PostgreSQL
+    /// through PgBouncer in transaction mode (`--pgbouncer-url`): the relays
+    /// find the pooler themselves (`--pg-pooler` unset: `auto`), the
+    /// application enqueues with `PgOutbox::with_pooler(Pooler::Transaction)`
+    /// and sends its own statements unnamed, each inside a transaction.
+    /// The harness's connections (set-up, faults, checker) stay direct. A
+    /// flag, not the URL alone: `PGBOUNCER_URL` set for the tests must not
+    /// turn every run into a pooled one.
+    #[arg(long)]
+    pub(crate) pgbouncer: bool,
+    /// PgBouncer's URL (with `--pgbouncer`), in front of the database of
+    /// `--database-url`.
+    #[arg(
+        long,
+        env = "PGBOUNCER_URL",
+        default_value = "postgres://postgres@127.0.0.1:6432/test"
+    )]
+    pub(crate) pgbouncer_url: String,
     /// NATS URL (a run with `broker-restart` starts its own server
     /// instead: see nats.rs).
     #[arg(long, env = "NATS_URL", default_value = "nats://127.0.0.1:4222")]

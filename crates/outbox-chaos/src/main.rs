@@ -205,7 +205,8 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let out = std::fs::canonicalize(&args.out)?;
-    eprintln!("chaos {name}: store {store_short}, broker {broker_name}, {} relays, {} ev/s for {} s, faults {:?}, seed {seed}, out {}",
+    eprintln!("chaos {name}: store {store_short}{}, broker {broker_name}, {} relays, {} ev/s for {} s, faults {:?}, seed {seed}, out {}",
+        if args.pgbouncer { " through PgBouncer" } else { "" },
         args.relays, args.rate, args.duration_s, args.faults, out.display());
 
     // A private broker where a fault needs one, killed when this returns,
@@ -353,6 +354,15 @@ async fn run_created(
     // it costs the harness's process (which also runs the producer and the
     // consumer) and a hop per round trip that a user's relay does not pay.
     let planned = |kinds: &[FaultKind]| steps.iter().flatten().any(|k| kinds.contains(k));
+    // Where the relays and the application reach PostgreSQL: the server,
+    // or PgBouncer in front of it (`--pgbouncer`; the database proxies
+    // then sit between the relays and the pooler). The harness's own
+    // connections use `--database-url` whatever this is.
+    let app_url = if args.pgbouncer && args.store == StoreKind::Postgres {
+        args.pgbouncer_url.as_str()
+    } else {
+        args.database_url.as_str()
+    };
     let broker_proxy = match dest {
         Destination::Nats { url, .. } | Destination::Amqp { url, .. }
             if planned(&[FaultKind::BrokerOutage, FaultKind::BrokerFlap]) =>
@@ -363,9 +373,9 @@ async fn run_created(
         Destination::Kafka { .. } => kafka_proxy,
     };
     let db_proxy = match args.store {
-        StoreKind::Postgres if planned(&[FaultKind::DbOutage, FaultKind::DbFlap]) => Some(
-            Arc::new(TcpProxy::start(resolve(&args.database_url).await?).await),
-        ),
+        StoreKind::Postgres if planned(&[FaultKind::DbOutage, FaultKind::DbFlap]) => {
+            Some(Arc::new(TcpProxy::start(resolve(app_url).await?).await))
+        }
         StoreKind::Postgres | StoreKind::Sqlite => None,
     };
 
@@ -376,7 +386,7 @@ async fn run_created(
         (StoreKind::Postgres, Destination::Nats { url, .. } | Destination::Amqp { url, .. })
             if planned(&[FaultKind::DbCutOne]) =>
         {
-            let db = Arc::new(TcpProxy::start(resolve(&args.database_url).await?).await);
+            let db = Arc::new(TcpProxy::start(resolve(app_url).await?).await);
             let broker_addr = resolve(url).await?;
             let broker = Arc::new(slow::SlowProxy::start(broker_addr).await?);
             Some((db, broker))
@@ -385,10 +395,10 @@ async fn run_created(
     };
 
     // Store URLs: the relays' (through the proxy, tagged with the run's
-    // application_name) and the application's (direct).
+    // application_name) and the application's (no proxy).
     let relay_store = match args.store {
         StoreKind::Postgres => {
-            let proxied = through(&args.database_url, db_proxy.as_ref())?;
+            let proxied = through(app_url, db_proxy.as_ref())?;
             let sep = if proxied.contains('?') { '&' } else { '?' };
             format!("{proxied}{sep}application_name={name}")
         }
@@ -435,8 +445,7 @@ async fn run_created(
     let app_db = match args.store {
         StoreKind::Postgres => {
             // Tagged, so that `pg-crash` can pick one of the run's sessions.
-            let opts = args
-                .database_url
+            let opts = app_url
                 .parse::<sqlx::postgres::PgConnectOptions>()
                 .context("parsing the PostgreSQL URL")?
                 .application_name(&format!("{name}-app"));
@@ -445,14 +454,43 @@ async fn run_created(
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_with(opts)
                 .await
-                .context("the application cannot connect to PostgreSQL")?;
+                .with_context(|| {
+                    format!(
+                        "the application cannot connect to {}",
+                        if args.pgbouncer {
+                            "PgBouncer (--pgbouncer-url; `cargo xtask services` starts it)"
+                        } else {
+                            "PostgreSQL"
+                        }
+                    )
+                })?;
+            // The harness's connection (set-up, faults, resolving unknown
+            // commits): direct, whatever the application goes through.
+            let admin = if args.pgbouncer {
+                sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(2)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect(&args.database_url)
+                    .await
+                    .context("the harness cannot connect to PostgreSQL")?
+            } else {
+                pool.clone()
+            };
+            let pooler = if args.pgbouncer {
+                outbox_core::Pooler::Transaction
+            } else {
+                outbox_core::Pooler::None
+            };
             let outbox = outbox_postgres::PgOutbox::in_mode(
                 outbox_postgres::Ident::new(name)?,
                 outbox_postgres::Ident::new("events")?,
                 args.pg_mode,
-            )?;
+            )?
+            .with_pooler(pooler);
             AppDb::Postgres {
                 pool,
+                admin,
+                pooled: args.pgbouncer,
                 outbox,
                 business: format!("\"{name}\".chaos_orders"),
                 aggregates: format!("\"{name}\".chaos_aggregates"),
@@ -487,7 +525,7 @@ async fn run_created(
     };
     app_db.prepare(&producer_cfg).await?;
     let pg_admin = match &app_db {
-        AppDb::Postgres { pool, .. } => Some((pool.clone(), name.to_owned())),
+        AppDb::Postgres { admin, .. } => Some((admin.clone(), name.to_owned())),
         AppDb::Sqlite { .. } => None,
     };
 
@@ -543,7 +581,7 @@ async fn run_created(
     let first_args = match (&first_relay, dest) {
         (Some((db, broker)), Destination::Nats { url, .. } | Destination::Amqp { url, .. }) => {
             let own_store = {
-                let proxied = via(&args.database_url, db.addr())?;
+                let proxied = via(app_url, db.addr())?;
                 let sep = if proxied.contains('?') { '&' } else { '?' };
                 format!("{proxied}{sep}application_name={name}")
             };
@@ -728,8 +766,9 @@ async fn run_created(
         }
     };
 
-    if let AppDb::Postgres { pool, .. } = &app_db {
+    if let AppDb::Postgres { pool, admin, .. } = &app_db {
         pool.close().await;
+        admin.close().await;
     }
 
     let meta = RunMeta {

@@ -21,6 +21,12 @@
 //!   number. A store that orders a window by transaction id delivers those
 //!   two out of order (DESIGN.md, invariant 12); one that orders by the
 //!   moment of the INSERT does not.
+//!
+//! Through PgBouncer in transaction mode (`run --pgbouncer`) every
+//! statement the application sends with arguments is unnamed
+//! (`persistent(false)`, and the outbox handle's `with_pooler`), and each
+//! runs inside the business transaction: a statement left prepared on a
+//! server connection is another client's next.
 
 use crate::record::{now_us, payload, Ledger, Produced, TxOutcome};
 use anyhow::{bail, Context as _, Result};
@@ -61,10 +67,15 @@ impl ProducerMode {
 /// The application's database.
 #[derive(Debug, Clone)]
 pub(crate) enum AppDb {
-    /// PostgreSQL: the outbox handle, the business table and the
-    /// aggregates table (both qualified).
+    /// PostgreSQL: the application's pool, the harness's (direct to the
+    /// server: set-up and the look-up of unknown commits; the same pool
+    /// when the application's is direct too), whether the application's
+    /// goes through a pooler in transaction mode, the outbox handle, the
+    /// business table and the aggregates table (both qualified).
     Postgres {
         pool: PgPool,
+        admin: PgPool,
+        pooled: bool,
         outbox: PgOutbox,
         business: String,
         aggregates: String,
@@ -79,7 +90,7 @@ impl AppDb {
     pub(crate) async fn prepare(&self, cfg: &ProducerConfig) -> Result<()> {
         match self {
             Self::Postgres {
-                pool,
+                admin: pool,
                 business,
                 aggregates,
                 ..
@@ -127,7 +138,11 @@ impl AppDb {
             return Ok(HashSet::new());
         }
         match self {
-            Self::Postgres { pool, business, .. } => {
+            Self::Postgres {
+                admin: pool,
+                business,
+                ..
+            } => {
                 let rows: Vec<(Uuid,)> =
                     sqlx::query_as(&format!("SELECT tx FROM {business} WHERE tx = ANY($1)"))
                         .bind(txs)
@@ -240,9 +255,11 @@ async fn task(
             (
                 AppDb::Postgres {
                     pool,
+                    pooled,
                     outbox,
                     business,
                     aggregates,
+                    ..
                 },
                 ProducerMode::Contended,
             ) => {
@@ -250,6 +267,7 @@ async fn task(
                 picks.sort_unstable();
                 let c = Contended {
                     pool,
+                    persistent: !*pooled,
                     outbox,
                     business,
                     aggregates,
@@ -270,10 +288,19 @@ async fn task(
                 match db {
                     AppDb::Postgres {
                         pool,
+                        pooled,
                         outbox,
                         business,
                         ..
-                    } => pg_tx(pool, outbox, business, tx, events, rollback, batch).await,
+                    } => {
+                        let pg = PgApp {
+                            pool,
+                            persistent: !*pooled,
+                            outbox,
+                            business,
+                        };
+                        pg.tx(tx, events, rollback, batch).await
+                    }
                     AppDb::Sqlite { pool } => sqlite_tx(pool, tx, events, rollback, batch).await,
                 }
             }
@@ -361,26 +388,38 @@ async fn finish<DB: sqlx::Database>(
     Ok(TxOutcome::Committed)
 }
 
-async fn pg_tx(
-    pool: &PgPool,
-    outbox: &PgOutbox,
-    business: &str,
-    tx_id: Uuid,
-    events: Vec<NewEvent>,
-    rollback: bool,
-    batch: bool,
-) -> Result<TxOutcome, TxError> {
-    let mut tx = pool.begin().await.map_err(|_| TxError::Before)?;
-    sqlx::query(&format!(
-        "INSERT INTO {business} (tx, events) VALUES ($1, $2)"
-    ))
-    .bind(tx_id)
-    .bind(i32::try_from(events.len()).unwrap_or(i32::MAX))
-    .execute(&mut *tx)
-    .await
-    .map_err(|_| TxError::Before)?;
-    enqueue_all!(outbox, tx, events, batch);
-    finish(tx, rollback).await
+/// A `partitioned` PostgreSQL transaction's handles: `persistent` false
+/// through a pooler in transaction mode (unnamed statements).
+struct PgApp<'a> {
+    pool: &'a PgPool,
+    persistent: bool,
+    outbox: &'a PgOutbox,
+    business: &'a str,
+}
+
+impl PgApp<'_> {
+    /// The business row and the events in one transaction.
+    async fn tx(
+        &self,
+        tx_id: Uuid,
+        events: Vec<NewEvent>,
+        rollback: bool,
+        batch: bool,
+    ) -> Result<TxOutcome, TxError> {
+        let mut tx = self.pool.begin().await.map_err(|_| TxError::Before)?;
+        sqlx::query(&format!(
+            "INSERT INTO {} (tx, events) VALUES ($1, $2)",
+            self.business
+        ))
+        .persistent(self.persistent)
+        .bind(tx_id)
+        .bind(i32::try_from(events.len()).unwrap_or(i32::MAX))
+        .execute(&mut *tx)
+        .await
+        .map_err(|_| TxError::Before)?;
+        enqueue_all!(self.outbox, tx, events, batch);
+        finish(tx, rollback).await
+    }
 }
 
 async fn sqlite_tx(
@@ -405,6 +444,8 @@ async fn sqlite_tx(
 /// A `contended` transaction's handles (see the module docs).
 struct Contended<'a> {
     pool: &'a PgPool,
+    /// False through a pooler in transaction mode (unnamed statements).
+    persistent: bool,
     outbox: &'a PgOutbox,
     business: &'a str,
     aggregates: &'a str,
@@ -432,6 +473,7 @@ impl Contended<'_> {
             "INSERT INTO {} (tx, events) VALUES ($1, $2)",
             self.business
         ))
+        .persistent(self.persistent)
         .bind(tx_id)
         .bind(i32::try_from(picks.len()).unwrap_or(i32::MAX))
         .execute(&mut *tx)
@@ -446,6 +488,7 @@ impl Contended<'_> {
                     "SELECT seq FROM {} WHERE key = $1 FOR UPDATE",
                     self.aggregates
                 ))
+                .persistent(self.persistent)
                 .bind(key)
                 .execute(&mut *tx)
                 .await
@@ -456,6 +499,7 @@ impl Contended<'_> {
                 "UPDATE {} SET seq = seq + 1 WHERE key = $1 RETURNING seq",
                 self.aggregates
             ))
+            .persistent(self.persistent)
             .bind(key)
             .fetch_one(&mut *tx)
             .await

@@ -60,6 +60,9 @@ pub(crate) struct Scenario {
     /// The inbox's retention window, seconds (`--inbox-retention-s`;
     /// `None`: the default, left out).
     pub(super) inbox_retention_s: Option<u64>,
+    /// The relays and the producer reach PostgreSQL through PgBouncer in
+    /// transaction mode (`--pgbouncer`; `cargo xtask services` starts it).
+    pub(super) pgbouncer: bool,
 }
 
 /// The steps of a plan, `none` and empty ones left out.
@@ -71,7 +74,8 @@ fn plan_steps(faults: &str) -> impl Iterator<Item = &str> {
 }
 
 impl Scenario {
-    /// The run's name: `<pg|sq>-<broker>[-contended][-inbox-<pg|sq>]-<faults>`.
+    /// The run's name:
+    /// `<pg|sq>-<broker>[-pgbouncer][-contended][-inbox-<pg|sq>]-<faults>`.
     pub(crate) fn label(&self) -> String {
         let store = if self.store == "postgres" { "pg" } else { "sq" };
         let faults: String = self
@@ -102,7 +106,8 @@ impl Scenario {
         if let Some(s) = self.inbox_retention_s {
             inbox.push_str(&format!("-window{s}s"));
         }
-        format!("{store}-{}{producer}{inbox}-{faults}", self.broker)
+        let pooler = if self.pgbouncer { "-pgbouncer" } else { "" };
+        format!("{store}-{}{pooler}{producer}{inbox}-{faults}", self.broker)
     }
 
     /// The run's parameters as `outbox-chaos run` arguments: everything
@@ -142,6 +147,9 @@ impl Scenario {
         }
         if let Some(s) = self.inbox_retention_s {
             args.extend(["--inbox-retention-s".to_owned(), s.to_string()]);
+        }
+        if self.pgbouncer {
+            args.push("--pgbouncer".to_owned());
         }
         args
     }
@@ -275,6 +283,7 @@ pub(crate) fn plan(
         inbox: None,
         consumers: 1,
         inbox_retention_s: None,
+        pgbouncer: false,
     };
     let mut out = Vec::new();
     match mode {
@@ -304,6 +313,17 @@ pub(crate) fn plan(
             // each, with the run's set-up.
             let mut s = base("postgres", "nats");
             s.producer = "contended";
+            s.faults = "kill*2".to_owned();
+            s.duration_s = 12 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+            s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+            out.push(s);
+            // The producer and the relays through PgBouncer in transaction
+            // mode (issue 43), through relay kills: the relays' store finds
+            // the pooler (unnamed statements, one transaction each), the
+            // application enqueues unnamed too. The same shape as the
+            // contended run, about 40 s with the set-up.
+            let mut s = base("postgres", "nats");
+            s.pgbouncer = true;
             s.faults = "kill*2".to_owned();
             s.duration_s = 12 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
             s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
@@ -643,6 +663,7 @@ mod tests {
                     && !s.faults.contains("db-cut-one")
                     && !s.faults.contains("partition-reader")
                     && s.inbox.is_none()
+                    && !s.pgbouncer
             })
             .collect()
     }
@@ -693,6 +714,37 @@ mod tests {
         assert!(!plan(Mode::Quick, true, false, false)
             .iter()
             .any(|s| s.faults.contains("pg-crash")));
+    }
+
+    #[test]
+    fn quick_runs_producer_and_relays_through_pgbouncer_once_within_a_minute() {
+        for kafka in [false, true] {
+            let p = plan(Mode::Quick, kafka, false, true);
+            let pooled: Vec<&Scenario> = p.iter().filter(|s| s.pgbouncer).collect();
+            let labels: Vec<String> = pooled.iter().map(|s| s.label()).collect();
+            assert_eq!(labels, vec!["pg-nats-pgbouncer-kill_2"]);
+            let s = pooled[0];
+            assert_eq!(
+                (s.store, s.broker, s.producer),
+                ("postgres", "nats", "partitioned")
+            );
+            assert_eq!(s.fault_count(), 2);
+            assert!(s.duration_s + 15 <= 60, "{} s", s.duration_s);
+            let args = s.args();
+            assert!(args.contains(&"--pgbouncer".to_owned()), "{args:?}");
+            assert_eq!(args.iter().filter(|a| a.starts_with("--")).count(), 16);
+        }
+        // Only that row: every other run's arguments are as before.
+        for s in plan(Mode::Quick, true, false, true)
+            .iter()
+            .filter(|s| !s.pgbouncer)
+        {
+            assert!(
+                !s.args().contains(&"--pgbouncer".to_owned()),
+                "{}",
+                s.label()
+            );
+        }
     }
 
     #[test]
