@@ -581,8 +581,18 @@ SELECT l.pid, a.application_name, a.state, a.backend_type,
        p.gid, l.mode, l.granted, clock_timestamp() AS now
 FROM pg_locks l
 LEFT JOIN pg_stat_activity a ON a.pid = l.pid
-LEFT JOIN pg_prepared_xacts p
-       ON l.pid IS NULL AND l.virtualtransaction = '-1/' || p.transaction::text
+LEFT JOIN LATERAL (
+    -- A prepared transaction's lock has no pid; PostgreSQL 15 shows it under
+    -- the virtual transaction it was prepared in (`-1/<xid>` only on some
+    -- versions and lock kinds): the exact match when there is one, else
+    -- every prepared transaction of this database, oldest first.
+    SELECT string_agg(x.gid, ', ' ORDER BY x.prepared) AS gid, min(x.prepared) AS prepared
+    FROM pg_prepared_xacts x
+    WHERE x.database = current_database()
+      AND (l.virtualtransaction = '-1/' || x.transaction::text
+           OR NOT EXISTS (SELECT 1 FROM pg_prepared_xacts y
+                          WHERE l.virtualtransaction = '-1/' || y.transaction::text))
+) p ON l.pid IS NULL
 WHERE l.locktype = 'relation' AND l.relation = '{{part}}'::regclass
   AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
   AND l.pid IS DISTINCT FROM pg_backend_pid()
