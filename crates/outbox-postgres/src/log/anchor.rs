@@ -311,9 +311,12 @@ pub(crate) async fn check_schema(
         }
     }
     let order = names.render("{{order_seq}}");
+    // Matched through pg_class, never by casting every sequence's name to
+    // `regclass`: that cast fails with 3F000 / 42P01 while any other
+    // schema's sequences are being dropped (seen with tests running side by
+    // side, and so in any database where schemas come and go).
     let cache: Option<i64> = sqlx::query_scalar(
-        "SELECT s.cache_size FROM pg_sequences s \
-         WHERE format('%I.%I', s.schemaname, s.sequencename)::regclass = to_regclass($1)",
+        "SELECT s.seqcache FROM pg_sequence s WHERE s.seqrelid = to_regclass($1)",
     )
     .persistent(false)
     .bind(&order)
