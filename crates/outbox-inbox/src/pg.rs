@@ -298,6 +298,23 @@ impl PgInbox {
         Ok(())
     }
 
+    /// Runs `sql` (a replay or purge of the dead letters `args` select) in
+    /// a transaction of its own (through a pooler in transaction mode a
+    /// statement outside one may be parsed and run on two connections);
+    /// returns the rows it changed.
+    async fn change_dead(&self, sql: &str, args: Vec<FilterArg>) -> Result<u64, StoreError> {
+        let q = bind_filter(
+            sqlx::query(sql)
+                .persistent(self.prepared())
+                .bind(&self.inner.consumer),
+            args,
+        );
+        let mut tx = self.inner.pool.begin().await?;
+        let done = q.execute(&mut *tx).await?.rows_affected();
+        tx.commit().await?;
+        Ok(done)
+    }
+
     fn pending_columns() -> &'static str {
         "seq, event_id, event_key, event_type, topic, content_type, payload, headers::text AS headers, \
          created_at, wire_format, state, attempts, next_attempt_at, held_at, last_error_code, \
@@ -658,31 +675,13 @@ impl InboxStore for PgInbox {
             "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = now() WHERE {w}",
             self.t("inbox_pending")
         );
-        let q = bind_filter(
-            sqlx::query(&sql)
-                .persistent(self.prepared())
-                .bind(&self.inner.consumer),
-            args,
-        );
-        let mut tx = self.inner.pool.begin().await?;
-        let done = q.execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(done)
+        self.change_dead(&sql, args).await
     }
 
     async fn purge(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
         let (w, args) = Self::dead_where(filter, 2);
         let sql = format!("DELETE FROM {} WHERE {w}", self.t("inbox_pending"));
-        let q = bind_filter(
-            sqlx::query(&sql)
-                .persistent(self.prepared())
-                .bind(&self.inner.consumer),
-            args,
-        );
-        let mut tx = self.inner.pool.begin().await?;
-        let done = q.execute(&mut *tx).await?.rows_affected();
-        tx.commit().await?;
-        Ok(done)
+        self.change_dead(&sql, args).await
     }
 
     async fn pending_counts(&self) -> Result<(u64, u64, u64), StoreError> {
