@@ -18,7 +18,8 @@
 //!   PostgreSQL + NATS twice more: the `contended` producer with relay
 //!   kills (per-key order when every task writes every key) and one
 //!   `pg-crash` (a PostgreSQL backend killed: the cluster's crash
-//!   recovery). `cargo xtask ci` runs the quick suite after every test,
+//!   recovery), and once with the producers and relays through PgBouncer
+//!   in transaction mode, with relay kills (`-pgbouncer`). `cargo xtask ci` runs the quick suite after every test,
 //!   alone: the one place a CI run crashes the shared cluster. And one
 //!   end-to-end run per broker through the inbox (`--inbox`), the
 //!   consumers' database alternating: NATS -> PostgreSQL, RabbitMQ ->
