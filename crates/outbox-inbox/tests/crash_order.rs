@@ -563,4 +563,169 @@ mod kafka {
         crash_mid_batch_keeps_key_order(&b).await;
         b.cleanup().await;
     }
+
+    /// The child process's environment: brokers, topic, group.
+    const CHILD_ENV: &str = "OUTBOX_CRASH_ORDER_KAFKA_CHILD";
+
+    /// The source as the chaos run's inbox consumer configures it.
+    fn chaos_source(brokers: &str, group: &str, topic: &str) -> KafkaSource {
+        let config = KafkaSourceConfig::new(brokers, group, [topic])
+            .with_property("session.timeout.ms", "6000")
+            .with_property("heartbeat.interval.ms", "1500")
+            .with_property("reconnect.backoff.ms", "100")
+            .with_property("reconnect.backoff.max.ms", "1000");
+        KafkaSource::new(config).expect("Kafka source")
+    }
+
+    /// Not a test: the consumer process that
+    /// `consumers_killed_in_a_row_do_not_stall_the_group` kills with
+    /// SIGKILL. Receives and acknowledges (slowly) until killed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "a child process of consumers_killed_in_a_row_do_not_stall_the_group"]
+    async fn killed_child_consumer() {
+        let Ok(env) = std::env::var(CHILD_ENV) else {
+            return;
+        };
+        let mut it = env.split('\t');
+        let (brokers, topic, group) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        let mut source = chaos_source(brokers, group, topic);
+        loop {
+            let got = source.recv(8, Duration::from_millis(100)).await.unwrap();
+            if !got.is_empty() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                source
+                    .ack(got.into_iter().map(|r| r.token).collect())
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+
+    /// Per partition: the group's committed offset and the high watermark.
+    fn committed_and_high(brokers: &str, topic: &str, group: &str) -> Vec<(i64, i64)> {
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        let mut tpl = TopicPartitionList::new();
+        for p in 0..PARTITIONS {
+            tpl.add_partition(topic, p);
+        }
+        let committed = consumer
+            .committed_offsets(tpl, Duration::from_secs(10))
+            .unwrap();
+        (0..PARTITIONS)
+            .map(|p| {
+                let (low, high) = consumer
+                    .fetch_watermarks(topic, p, Duration::from_secs(10))
+                    .unwrap();
+                let at = match committed.find_partition(topic, p).map(|e| e.offset()) {
+                    Some(Offset::Offset(o)) => o,
+                    _ => low,
+                };
+                (at, high)
+            })
+            .collect()
+    }
+
+    /// The chaos run's `consumer-kills` on Kafka (issue 42): a consumer
+    /// process of the group `kill -9`ed about every second (every third
+    /// one lives long enough to consume and commit), restarted each time,
+    /// never leaving the group. Once the kills stop, its successor must
+    /// get every message not committed within a bound, not be assigned
+    /// and then starve.
+    ///
+    /// Fails (issue 42, open): each restart joins as a new member beside
+    /// the dead ones; the leader assigns partitions to dead, not yet
+    /// expired, members; when Tansu's heartbeat handling drops the expired
+    /// members it keeps the group's generation and assignment, so no
+    /// rebalance follows and their partitions are never consumed: in 4 of
+    /// 4 runs the successor got none, or only some partitions', of the
+    /// remaining messages in 40 s (a plain rdkafka consumer: none). See
+    /// the Kafka source's module docs.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "issue 42: Tansu 0.6 strands the partitions of members that expire while the group is formed"]
+    async fn consumers_killed_in_a_row_do_not_stall_the_group() {
+        const KILLS: usize = 12;
+        const EACH: u32 = 60;
+        const STALL: Duration = Duration::from_secs(40);
+        let b = Kafka(KafkaFixture::new().await);
+        let topic = b.topic();
+        let brokers = b.0.brokers().to_owned();
+        let group = format!("kills-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+        let exe = std::env::current_exe().unwrap();
+        let mut n = 0;
+        for kill in 0..KILLS {
+            let events: Vec<Event> = (0..EACH)
+                .map(|_| {
+                    n += 1;
+                    event(&topic, &format!("k{}", n % 16), n)
+                })
+                .collect();
+            publish(&b, &events).await;
+            let mut child = std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "kafka::killed_child_consumer",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env(CHILD_ENV, format!("{brokers}\t{topic}\t{group}"))
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap();
+            let lives = if kill % 3 == 2 { 4500 } else { 1000 };
+            tokio::time::sleep(Duration::from_millis(lives)).await;
+            child.kill().unwrap(); // SIGKILL: the member stays in the group
+            child.wait().unwrap();
+        }
+        let events: Vec<Event> = (0..EACH)
+            .map(|_| {
+                n += 1;
+                event(&topic, &format!("k{}", n % 16), n)
+            })
+            .collect();
+        publish(&b, &events).await;
+        let (brokers2, topic2, group2) = (brokers.clone(), topic.clone(), group.clone());
+        let before =
+            tokio::task::spawn_blocking(move || committed_and_high(&brokers2, &topic2, &group2))
+                .await
+                .unwrap();
+        let highs: Vec<i64> = before.iter().map(|(_, h)| *h).collect();
+        let left: i64 = before.iter().map(|(c, h)| h - c).sum();
+        assert!(left > 0, "the killed consumers left nothing: {before:?}");
+
+        let started = Instant::now();
+        let mut source = chaos_source(&brokers, &group, &topic);
+        // One past the highest offset received, per partition.
+        let mut next: Vec<i64> = before.iter().map(|(c, _)| *c).collect();
+        let mut received = 0usize;
+        while next.iter().zip(&highs).any(|(n, h)| n < h) {
+            assert!(
+                started.elapsed() < STALL,
+                "after {KILLS} kills, a new consumer of the group got {received} messages in {STALL:?}; \
+                 per partition (next, high): {:?}; committed before: {before:?}",
+                next.iter().zip(&highs).collect::<Vec<_>>()
+            );
+            let got = source.recv(64, Duration::from_millis(500)).await.unwrap();
+            received += got.len();
+            for r in &got {
+                let p = usize::try_from(r.token.partition()).unwrap();
+                next[p] = next[p].max(r.token.offset() + 1);
+            }
+            source
+                .ack(got.into_iter().map(|r| r.token).collect())
+                .await
+                .unwrap();
+        }
+        eprintln!(
+            "after {KILLS} kills: {received} messages ({left} left) in {:?}",
+            started.elapsed()
+        );
+        source.close().await.unwrap();
+        b.cleanup().await;
+    }
 }

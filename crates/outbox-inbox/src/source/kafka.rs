@@ -27,6 +27,19 @@
 //! messages go to the partition's new owner. A token from before that
 //! (its partition has since been revoked, maybe assigned again) is ignored.
 //!
+//! A process that is killed does not leave the group: its member stays
+//! until the session timeout, holding its partitions. On Tansu 0.6 that
+//! can strand partitions for good (issue 42): when a heartbeat finds
+//! members past their session timeout, its coordinator drops them but
+//! keeps the group's generation and assignment (no rebalance), so the
+//! partitions the leader had given them are assigned to no live member;
+//! a survivor's rejoin with unchanged metadata gets the same generation
+//! and its old assignment back. A plain rdkafka consumer of the group is
+//! stranded the same way; static membership (`group.instance.id`) did
+//! not help there (its joins and syncs pause 3 s each and the member was
+//! revoked and assigned again every 6 s without consuming).
+//! `tests/crash_order.rs` reproduces it (ignored while it fails).
+//!
 //! Headers are Kafka's record headers, values read as UTF-8 (lossy);
 //! [`RawMessage::timestamp`] is the record timestamp;
 //! [`RawMessage::redelivered`] is always `false` (Kafka does not tell) and
@@ -214,6 +227,23 @@ pub struct KafkaToken {
     partition: i32,
     offset: i64,
     epoch: u64,
+}
+
+impl KafkaToken {
+    /// The record's topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The record's partition.
+    pub fn partition(&self) -> i32 {
+        self.partition
+    }
+
+    /// The record's offset.
+    pub fn offset(&self) -> i64 {
+        self.offset
+    }
 }
 
 /// One assigned partition's bookkeeping.
