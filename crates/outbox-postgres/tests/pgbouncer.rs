@@ -17,7 +17,6 @@ use outbox_postgres::{PgLogOptions, PgLogStore, PgOutbox, PgStore, PgStoreOption
 use sqlx::{PgPool, Row};
 use std::time::Duration;
 
-
 fn req(relay: &str) -> ClaimRequest {
     ClaimRequest {
         relay_id: RelayId::new(relay),
