@@ -412,6 +412,13 @@ async fn run_created(
             name.to_owned(),
             "--pg-mode".to_owned(),
             args.pg_mode.to_string(),
+            // The fault proxies forward TCP and keep each session: said,
+            // so that `auto` does not take them for a transaction pooler
+            // (they listen on another port) and the runs test the direct
+            // path. Through PgBouncer the relays find the pooler
+            // themselves.
+            "--pg-pooler".to_owned(),
+            if args.pgbouncer { "auto" } else { "session" }.to_owned(),
         ]);
     }
     let (sink, topic, mut sink_args) = match dest {
