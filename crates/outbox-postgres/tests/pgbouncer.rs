@@ -83,12 +83,20 @@ async fn server_now() -> String {
     row.get::<String, _>(0)
 }
 
-/// Every server connection of the pooler's pool for the test user, held
-/// at once (each in its own transaction), asked for the statements
-/// prepared on it since `since` (server connections outlive a test run:
-/// an older name is not this run's), with the simple protocol (nothing
-/// prepared by the asking).
-async fn statements_left_on_the_servers(since: &str) -> Vec<String> {
+/// One check at a time in this binary: each holds the pooler's server
+/// connections.
+static CHECKING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Every server connection of the pooler's pool for the test user that can
+/// be had (up to PgBouncer's default_pool_size, 20, in
+/// xtask/src/pgbouncer.rs; a connection another process holds for 2 s is
+/// left out), held at once, each in its own transaction, asked for the
+/// statements prepared on it since `since` (server connections outlive a
+/// test run: an older name is not this run's), with the simple protocol
+/// (nothing prepared by the asking). Returns them and how many server
+/// connections were asked.
+async fn statements_left_on_the_servers(since: &str) -> (Vec<String>, usize) {
+    let _one = CHECKING.lock().await;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(20)
         .connect(&pgbouncer_url())
@@ -96,22 +104,27 @@ async fn statements_left_on_the_servers(since: &str) -> Vec<String> {
         .unwrap();
     let mut held = Vec::new();
     let mut names = Vec::new();
-    // PgBouncer's default_pool_size (xtask/src/pgbouncer.rs): 20.
     for _ in 0..20 {
-        let mut tx = pool.begin().await.unwrap();
-        let rows = sqlx::raw_sql(&format!(
-            "SELECT pg_backend_pid()::text || ': ' || name || ': ' || statement \
-             FROM pg_prepared_statements WHERE prepare_time >= '{since}'::timestamptz"
-        ))
-        .fetch_all(&mut *tx)
-        .await
-        .unwrap();
+        let begun = tokio::time::timeout(Duration::from_secs(2), async {
+            let mut tx = pool.begin().await?;
+            let rows = sqlx::raw_sql(&format!(
+                "SELECT pg_backend_pid()::text || ': ' || name || ': ' || statement \
+                 FROM pg_prepared_statements WHERE prepare_time >= '{since}'::timestamptz"
+            ))
+            .fetch_all(&mut *tx)
+            .await?;
+            Ok::<_, sqlx::Error>((tx, rows))
+        })
+        .await;
+        let Ok(result) = begun else { break };
+        let (tx, rows) = result.unwrap();
         names.extend(rows.iter().map(|r| r.get::<String, _>(0)));
         held.push(tx);
     }
+    let asked = held.len();
     drop(held);
     pool.close().await;
-    names
+    (names, asked)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -157,7 +170,8 @@ async fn the_log_runs_through_pgbouncer_and_leaves_no_statement_behind() {
     );
     assert_eq!(drain(&store).await, 1, "the replayed dead letter");
     drop(store);
-    let left = statements_left_on_the_servers(&since).await;
+    let (left, asked) = statements_left_on_the_servers(&since).await;
+    assert!(asked >= 4, "only {asked} server connections could be asked");
     assert!(left.is_empty(), "statements left prepared: {left:?}");
 }
 
@@ -179,7 +193,8 @@ async fn the_queue_table_runs_through_pgbouncer_and_leaves_no_statement_behind()
     assert_eq!(store.stats().await.unwrap().dead, 1);
     store.stats_by_shard(4).await.unwrap();
     drop(store);
-    let left = statements_left_on_the_servers(&since).await;
+    let (left, asked) = statements_left_on_the_servers(&since).await;
+    assert!(asked >= 4, "only {asked} server connections could be asked");
     assert!(left.is_empty(), "statements left prepared: {left:?}");
 }
 
@@ -200,4 +215,27 @@ async fn told_none_through_pgbouncer_the_error_names_the_setting() {
         text.contains("unsupported startup parameter") && text.contains("--pg-pooler transaction"),
         "{text}"
     );
+}
+
+/// `session` (PgBouncer in session mode refuses the startup `options` as
+/// transaction mode does): the settings are `SET` on each new connection,
+/// statements stay prepared. Shown straight against PostgreSQL, where the
+/// startup route would have worked too: `jit` is off on every connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_mode_sets_the_settings_on_each_new_connection() {
+    let db = LogDb::new().await;
+    let store = PgLogStore::connect(db.options().with_pooler(Pooler::Session))
+        .await
+        .unwrap();
+    assert_eq!(store.pooler(), Pooler::None, "a session is a session");
+    let mut conns = Vec::new();
+    for _ in 0..3 {
+        let mut conn = store.pool().acquire().await.unwrap();
+        let row = sqlx::raw_sql("SHOW jit")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(row.get::<String, _>(0), "off");
+        conns.push(conn);
+    }
 }

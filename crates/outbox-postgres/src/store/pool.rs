@@ -7,6 +7,7 @@ use crate::StoreError;
 use outbox_core::{PoolSettings, Pooler};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
@@ -49,11 +50,13 @@ fn server_name(o: &PgConnectOptions) -> String {
 /// then a lazy pool of `max_connections` (both from `settings`). `session`:
 /// more settings of the pool's sessions.
 ///
-/// The settings go in the startup packet, unless a pooler in transaction
-/// mode is in between ([`PoolSettings::pooler`], or [`Pooler::Auto`] and
-/// the server refused the startup setting as PgBouncer does, or
-/// [`crate::db::detect`] found a forwarder): then each transaction sets
-/// them ([`Db`]).
+/// The settings go in the startup packet ([`Pooler::None`], and
+/// [`Pooler::Auto`] unless the server refuses them), are `SET` once per new
+/// connection ([`Pooler::Session`]: PgBouncer in session mode refuses the
+/// startup setting too), or, with a pooler in transaction mode
+/// ([`Pooler::Transaction`], or `auto` and the server refused the startup
+/// setting as PgBouncer does, or [`crate::db::detect`] found a forwarder),
+/// are set by each transaction ([`Db`]).
 pub(crate) async fn connect_pool(
     url: Option<&str>,
     settings: &PoolSettings,
@@ -67,8 +70,9 @@ pub(crate) async fn connect_pool(
     let mut settings_all = vec![("jit", "off")];
     settings_all.extend_from_slice(session);
     let mut pooled = settings.pooler == Pooler::Transaction;
+    let session_mode = settings.pooler == Pooler::Session;
     let mut connect = bare.clone();
-    if !pooled {
+    if !pooled && !session_mode {
         let with_settings = bare.clone().options(settings_all.iter().copied());
         match first_connection(&with_settings, settings.connect_timeout, url).await {
             Ok(()) => connect = with_settings,
@@ -84,13 +88,28 @@ pub(crate) async fn connect_pool(
             Err(e) => return Err(e),
         }
     }
-    if pooled {
+    if pooled || session_mode {
         first_connection(&connect, settings.connect_timeout, url).await?;
     }
-    let pool = PgPoolOptions::new()
+    let mut pool = PgPoolOptions::new()
         .max_connections(settings.max_connections)
-        .acquire_timeout(settings.acquire_timeout)
-        .connect_lazy_with(connect);
+        .acquire_timeout(settings.acquire_timeout);
+    if session_mode {
+        let set: Arc<str> = settings_all
+            .iter()
+            .map(|(name, value)| format!("SET {name} = '{value}'"))
+            .collect::<Vec<_>>()
+            .join("; ")
+            .into();
+        pool = pool.after_connect(move |conn, _| {
+            let set = Arc::clone(&set);
+            Box::pin(async move {
+                // The simple protocol: nothing is prepared.
+                sqlx::Executor::execute(conn, &*set).await.map(|_| ())
+            })
+        });
+    }
+    let pool = pool.connect_lazy_with(connect);
     if !pooled {
         pooled = crate::db::detect(&pool, settings.pooler).await?;
     }
