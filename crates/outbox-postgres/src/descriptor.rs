@@ -39,7 +39,7 @@ const SETTINGS: &[Setting] = &[
     .with_value_name("MODE"),
     Setting::text(
         POOLER,
-        "PostgreSQL: what sits between this process and the server: `auto` (detected at connect: a server that answers on another port than the one dialled, or refuses the startup setting `options` as PgBouncer does, is taken as `transaction`, said in one log line), `none` (straight to PostgreSQL), `session` (a pooler in session mode, or a TCP proxy: as `none`), `transaction` (PgBouncer's pool_mode = transaction and managed poolers built the same way: every statement in a transaction, unnamed, settings per transaction, the queue table's probe instead of LISTEN).",
+        "PostgreSQL: what sits between this process and the server: `auto` (detected at connect: a server that answers on another port than the one dialled, or refuses the startup setting `options` as PgBouncer does, is taken as `transaction`, said in one log line), `none` (straight to PostgreSQL), `session` (a pooler in session mode, or a TCP proxy: statements stay prepared, the settings are SET on each new connection), `transaction` (PgBouncer's pool_mode = transaction and managed poolers built the same way: every statement in a transaction, unnamed, settings per transaction, the queue table's probe instead of LISTEN).",
     )
     .with_default("auto")
     .with_value_name("MODE"),

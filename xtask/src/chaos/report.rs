@@ -24,6 +24,14 @@ fn order_cell(r: &Value) -> String {
 
 /// A report's producer shape (`partitioned` in reports from before it was
 /// recorded).
+/// Whether the run's producers and relays reached PostgreSQL through
+/// PgBouncer (`--pgbouncer`).
+fn through_pgbouncer(r: &Value) -> bool {
+    r["suite_run"]["args"]
+        .as_array()
+        .is_some_and(|a| a.iter().any(|v| v == "--pgbouncer"))
+}
+
 pub(super) fn producer_of(r: &Value) -> &str {
     r["scenario"]["producer"].as_str().unwrap_or("partitioned")
 }
@@ -86,10 +94,10 @@ fn tables(summary: &Value, heading: &str) -> String {
                 md,
                 "| `{}`{} | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} | {} |",
                 r["scenario"]["faults"].as_str().unwrap_or("?"),
-                if producer_of(r) == "contended" {
-                    ", contended producer"
-                } else {
-                    ""
+                match (producer_of(r) == "contended", through_pgbouncer(r)) {
+                    (true, _) => ", contended producer",
+                    (false, true) => ", producers and relays through PgBouncer",
+                    (false, false) => "",
                 },
                 r["scenario"]["relays"],
                 r["committed"],
