@@ -172,11 +172,23 @@ impl NatsPublisher {
             subjects: subjects.iter().map(|s| (*s).to_owned()).collect(),
             ..Default::default()
         };
-        let stream = self
-            .js
-            .get_or_create_stream(config)
-            .await
-            .map_err(|e| NatsError::JetStream(e.to_string()))?;
+        // nats-server removes an account's stream directory when its last
+        // stream is deleted; a stream created at that moment fails with
+        // "error creating store for stream" (JetStream error 10049, seen in
+        // CI with tests creating and deleting streams side by side). The
+        // server is fine: tried again, twice, after 50 and 150 ms.
+        let mut tries = 0;
+        let stream = loop {
+            match self.js.get_or_create_stream(config.clone()).await {
+                Ok(stream) => break stream,
+                Err(e) if tries < 2 && e.to_string().contains("error code 10049") => {
+                    tries += 1;
+                    tokio::time::sleep(std::time::Duration::from_millis(50 * (2 * tries - 1)))
+                        .await;
+                }
+                Err(e) => return Err(NatsError::JetStream(e.to_string())),
+            }
+        };
         let info = stream.cached_info().clone();
         let missing: Vec<String> = subjects
             .iter()
