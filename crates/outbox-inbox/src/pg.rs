@@ -112,18 +112,7 @@ impl PgInbox {
     /// [`SlotClock`] shifts the database's clock to put a transaction on
     /// either side of a slot boundary; production never needs it).
     pub fn with_slot_clock(self, clock: SlotClock) -> Self {
-        let i = &self.inner;
-        Self {
-            inner: Arc::new(Inner {
-                pool: i.pool.clone(),
-                schema: i.schema.clone(),
-                consumer: i.consumer.clone(),
-                retention: i.retention,
-                clock,
-                held_passes: std::sync::atomic::AtomicU32::new(0),
-                unnamed: i.unnamed,
-            }),
-        }
+        self.with_parts(clock, self.inner.unnamed)
     }
 
     /// The same inbox for a pool that reaches PostgreSQL through `pooler`.
@@ -140,6 +129,11 @@ impl PgInbox {
     }
 
     fn with_unnamed(self, unnamed: bool) -> Self {
+        self.with_parts(self.inner.clock.clone(), unnamed)
+    }
+
+    /// The same inbox with another slot clock and statement naming.
+    fn with_parts(&self, clock: SlotClock, unnamed: bool) -> Self {
         let i = &self.inner;
         Self {
             inner: Arc::new(Inner {
@@ -147,7 +141,7 @@ impl PgInbox {
                 schema: i.schema.clone(),
                 consumer: i.consumer.clone(),
                 retention: i.retention,
-                clock: i.clock.clone(),
+                clock,
                 held_passes: std::sync::atomic::AtomicU32::new(0),
                 unnamed,
             }),

@@ -23,15 +23,25 @@ pub fn pgbouncer_url() -> String {
 /// A pool through PgBouncer in transaction mode; fails with a clear message
 /// when it is not running.
 pub async fn pooler_pool(max: u32) -> PgPool {
-    let url = pgbouncer_url();
+    connect(
+        &pgbouncer_url(),
+        max,
+        "PgBouncer",
+        "start it with `cargo xtask services` or set PGBOUNCER_URL",
+    )
+    .await
+}
+
+/// A pool of `max` on `url`; panics naming `what` and `how` to fix it.
+async fn connect(url: &str, max: u32, what: &str, how: &str) -> PgPool {
     PgPoolOptions::new()
         .max_connections(max)
-        .connect(&url)
+        .connect(url)
         .await
         .unwrap_or_else(|e| {
             panic!(
-                "cannot connect to PgBouncer at {} ({e}); start it with `cargo xtask services` or set PGBOUNCER_URL",
-                outbox_postgres::redact_url(&url)
+                "cannot connect to {what} at {} ({e}); {how}",
+                outbox_postgres::redact_url(url)
             )
         })
 }
@@ -44,17 +54,13 @@ pub fn fresh_schema() -> Ident {
 
 /// A pool on the test database; fails with a clear message when PostgreSQL is down.
 pub async fn pool(max: u32) -> PgPool {
-    let url = database_url();
-    PgPoolOptions::new()
-        .max_connections(max)
-        .connect(&url)
-        .await
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot connect to PostgreSQL at {} ({e}); start it or set DATABASE_URL",
-                outbox_postgres::redact_url(&url)
-            )
-        })
+    connect(
+        &database_url(),
+        max,
+        "PostgreSQL",
+        "start it or set DATABASE_URL",
+    )
+    .await
 }
 
 /// Drops its schema (CASCADE) when dropped, even when the test panicked.
