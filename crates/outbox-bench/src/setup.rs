@@ -413,6 +413,14 @@ impl Sink for BrokerSink {
             BrokerSink::Kafka(p) => p.deliver(events).await,
         }
     }
+
+    fn late_send_bound(&self) -> std::time::Duration {
+        match self {
+            BrokerSink::Nats(p) => p.late_send_bound(),
+            BrokerSink::Amqp(p) => p.late_send_bound(),
+            BrokerSink::Kafka(p) => p.late_send_bound(),
+        }
+    }
 }
 
 /// A connected publisher and the fresh destination (stream / queue / topic)
@@ -452,7 +460,10 @@ pub(crate) async fn broker(
             let topic = format!("obench-{name}-{sfx}");
             res.topics.push(topic.clone());
             create_topic(&services.kafka_brokers, &topic).await?;
-            let p = KafkaPublisher::new(KafkaConfig::new(services.kafka_brokers.clone()))?;
+            // Fitted to the relays' default lease, as outbox-relay does.
+            let config = KafkaConfig::new(services.kafka_brokers.clone())
+                .with_lease(outbox_worker::RelayOptions::default().lock_timeout())?;
+            let p = KafkaPublisher::new(config)?;
             Ok((BrokerSink::Kafka(p), topic))
         }
     }

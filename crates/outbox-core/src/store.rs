@@ -577,11 +577,29 @@ pub trait Sink: Send + Sync + 'static {
     /// concurrently; the relay wraps every sink in a per-key order layer, so
     /// a sink only ever sees at most one event of a key per call.
     fn deliver(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send;
+
+    /// How long a message this sink was handed can still reach the
+    /// destination after the [`Sink::deliver`] call that handed it over was
+    /// dropped, or while the whole process was paused: a client library's
+    /// own queue and retries (librdkafka holds a message for up to its
+    /// `message.timeout.ms`). The relay stops handing over a batch, and
+    /// drops a delivery, this much earlier than its lease end by its own
+    /// clock, so that no copy reaches the broker after another relay may
+    /// have taken the events over and published a key's later events.
+    /// Zero (the default) for a sink that sends nothing once its call is
+    /// dropped, or that the broker deduplicates (JetStream's message ids).
+    fn late_send_bound(&self) -> Duration {
+        Duration::ZERO
+    }
 }
 
 impl<S: Sink> Sink for Arc<S> {
     fn deliver(&self, events: &[Event]) -> impl Future<Output = Vec<Outcome>> + Send {
         (**self).deliver(events)
+    }
+
+    fn late_send_bound(&self) -> Duration {
+        (**self).late_send_bound()
     }
 }
 

@@ -51,7 +51,13 @@ pub struct KafkaConfig {
     connect: ConnectPolicy,
     wire_format: WireFormat,
     cloudevents_source: Option<Source>,
+    /// Whether `message.timeout.ms` was set by the caller (not the default).
+    message_timeout_set: bool,
 }
+
+/// librdkafka's name for `message.timeout.ms` and its alias.
+const MESSAGE_TIMEOUT: &str = "message.timeout.ms";
+const MESSAGE_TIMEOUT_ALIAS: &str = "delivery.timeout.ms";
 
 impl fmt::Debug for KafkaConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -125,6 +131,7 @@ impl KafkaConfig {
                 .with_delays(Duration::from_millis(100), Duration::from_secs(1)),
             wire_format: WireFormat::Headers,
             cloudevents_source: None,
+            message_timeout_set: false,
         }
     }
 
@@ -176,8 +183,57 @@ impl KafkaConfig {
     /// `security.protocol`, `sasl.mechanism`, `sasl.username`,
     /// `sasl.password`, `compression.type`, `linger.ms`, `batch.size`.
     pub fn with_property(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
-        self.properties.insert(name.into(), value.into());
+        let mut name = name.into();
+        if name == MESSAGE_TIMEOUT_ALIAS || name == MESSAGE_TIMEOUT {
+            // One name for the one setting: the last one given wins.
+            name = MESSAGE_TIMEOUT.to_owned();
+            self.message_timeout_set = true;
+        }
+        self.properties.insert(name, value.into());
         self
+    }
+
+    /// Fits the send timeout to a relay holding its claims for `lock` (its
+    /// lock timeout). librdkafka keeps a message it was handed, and sends
+    /// it when a broker answers, until `message.timeout.ms` passes, even
+    /// after the relay dropped the delivery: a copy sent after the relay's
+    /// lease ended could reach Kafka after another relay took the events
+    /// over and published the key's later events. The relay keeps this
+    /// timeout back from its lease end ([`outbox_core::Sink::late_send_bound`]),
+    /// so it must be short against the lease: when not set, it becomes a
+    /// quarter of `lock` (at most the default 30 s); one set above a
+    /// quarter of `lock` (or to 0, no timeout) is refused.
+    pub fn with_lease(self, lock: Duration) -> Result<Self, KafkaError> {
+        if !self.message_timeout_set {
+            let ms = (lock / 4).as_millis().clamp(1, 30_000).to_string();
+            let mut config = self.with_property(MESSAGE_TIMEOUT, ms);
+            config.message_timeout_set = false;
+            return Ok(config);
+        }
+        let timeout = self.message_timeout();
+        if timeout.is_zero() || timeout > lock / 4 {
+            let set = self.property(MESSAGE_TIMEOUT).unwrap_or_default();
+            return Err(KafkaError::Config {
+                property: MESSAGE_TIMEOUT.to_owned(),
+                reason: format!(
+                    "{set} ms (0 = no timeout) is more than a quarter of the relay's lock timeout ({} ms): librdkafka could still send a message after the relay's lease ended, behind another relay's later events of its key; set it to at most {} ms or raise the lock timeout",
+                    lock.as_millis(),
+                    (lock / 4).as_millis()
+                ),
+            });
+        }
+        Ok(self)
+    }
+
+    /// How long librdkafka keeps trying to send a message
+    /// (`message.timeout.ms`); `Duration::MAX` for 0 (no timeout) or a value
+    /// that is not a number (librdkafka refuses it when the producer is made).
+    pub fn message_timeout(&self) -> Duration {
+        match self.property(MESSAGE_TIMEOUT).map(str::parse::<u64>) {
+            Some(Ok(0)) | Some(Err(_)) => Duration::MAX,
+            Some(Ok(ms)) => Duration::from_millis(ms),
+            None => Duration::from_secs(300),
+        }
     }
 
     /// Prefixes every Kafka topic (after [`with_topic_mapping`](Self::with_topic_mapping)), e.g. `prod.`.
@@ -213,7 +269,7 @@ impl KafkaConfig {
 
     /// How long a send waits for an acknowledgement before it is reported as a
     /// retryable `PUBLISH_TIMEOUT` (librdkafka `message.timeout.ms`, default 30 s).
-    /// Keep it below the relay's lease.
+    /// Keep it at most a quarter of the relay's lease (see [`Self::with_lease`]).
     pub fn with_delivery_timeout(self, timeout: Duration) -> Self {
         let ms = timeout.as_millis().max(1).to_string();
         self.with_property("message.timeout.ms", ms)
@@ -435,6 +491,39 @@ mod tests {
         assert_eq!(cc.get("enable.idempotence"), Some("true"));
         assert_eq!(cc.get("acks"), Some("all"));
         assert_eq!(cc.get("bootstrap.servers"), Some("b:1"));
+    }
+
+    /// The relay keeps the send timeout back from its lease end: unset, it
+    /// becomes a quarter of the lock timeout; set above that (or to
+    /// 0, none), the config is refused with both numbers named.
+    #[test]
+    fn the_send_timeout_fits_the_relays_lease() {
+        let lock = Duration::from_secs(3);
+        let c = KafkaConfig::new("b:1").with_lease(lock).unwrap();
+        assert_eq!(c.property("message.timeout.ms"), Some("750"));
+        assert_eq!(c.message_timeout(), Duration::from_millis(750));
+        let long = KafkaConfig::new("b:1")
+            .with_lease(Duration::from_secs(600))
+            .unwrap();
+        assert_eq!(long.message_timeout(), Duration::from_secs(30), "capped");
+        let ok = KafkaConfig::new("b:1")
+            .with_property("delivery.timeout.ms", "700")
+            .with_lease(lock)
+            .unwrap();
+        assert_eq!(ok.message_timeout(), Duration::from_millis(700), "alias");
+        for too_long in ["751", "0"] {
+            let err = KafkaConfig::new("b:1")
+                .with_property("message.timeout.ms", too_long)
+                .with_lease(lock)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("message.timeout.ms")
+                    && err.contains(&format!("{too_long} ms"))
+                    && err.contains("at most 750 ms"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

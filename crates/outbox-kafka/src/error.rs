@@ -124,6 +124,12 @@ pub(crate) fn classify_code(code: RDKafkaErrorCode, unknown_topic: UnknownTopic)
         | C::BrokerNotAvailable
         | C::SSL
         | C::Authentication => DeliveryError::unavailable(ErrorCode::PUBLISH_CONNECTION_LOST, msg),
+        // Purged by another delivery of this producer that was dropped
+        // (see the publisher's `PurgeOnDrop`): not the event's fault.
+        C::PurgeQueue | C::PurgeInflight => DeliveryError::unavailable(
+            ErrorCode::PUBLISH_CONNECTION_LOST,
+            format!("{msg}: a dropped delivery purged the producer's queue"),
+        ),
         C::LeaderNotAvailable
         | C::NotLeaderForPartition
         | C::NotEnoughReplicas

@@ -11,7 +11,7 @@ use rdkafka::config::{FromClientConfigAndContext, RDKafkaLogLevel};
 use rdkafka::error::{KafkaError as RdKafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::future_producer::OwnedDeliveryResult;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer, PurgeConfig};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -328,9 +328,11 @@ impl Sink for KafkaPublisher {
         }
         self.recreate_if_broken(None);
         let producer = self.producer();
+        let guard = PurgeOnDrop(Some(producer.clone()));
         let reports = SendWindow::new(self.config.max_in_flight())
             .run(events, |event| self.send_one(&producer, event))
             .await;
+        guard.disarm();
         let poisoned = reports.iter().find_map(|r| r.1);
         if poisoned.is_some() || reports.iter().any(|r| !r.0.is_delivered()) {
             // A fatal or fencing error fails every later send of this
@@ -338,5 +340,37 @@ impl Sink for KafkaPublisher {
             self.recreate_if_broken(poisoned);
         }
         reports.into_iter().map(|r| r.0).collect()
+    }
+
+    /// `message.timeout.ms`: librdkafka may send a message that long after
+    /// it was handed over (a dropped delivery purges what it still queues,
+    /// but a paused process cannot).
+    fn late_send_bound(&self) -> Duration {
+        self.config.message_timeout()
+    }
+}
+
+/// Armed while a delivery waits for its reports: dropped with the delivery
+/// (the relay stopped it at its lease end or its delivery timeout), it
+/// purges the messages librdkafka still queues, so none is sent later,
+/// after another relay may have published the key's later events.
+/// librdkafka's queues are the producer's, not the delivery's: a
+/// concurrent delivery's queued messages fail too (`PURGE_QUEUE`, sink
+/// unavailable: released, no attempt). Messages already sent stay in
+/// flight; librdkafka drops them too once `message.timeout.ms` passes.
+struct PurgeOnDrop(Option<OutboxProducer>);
+
+impl PurgeOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for PurgeOnDrop {
+    fn drop(&mut self) {
+        if let Some(producer) = self.0.take() {
+            producer.purge(PurgeConfig::default().queue().non_blocking());
+            tracing::debug!("kafka delivery dropped: purged the messages librdkafka still queued");
+        }
     }
 }

@@ -185,6 +185,63 @@ async fn brokers_down_then_up_while_in_flight_delivers_everything_once() {
     assert_topic_holds(&brokers, &topic, &warm, &events, true).await;
 }
 
+/// A relay drops a delivery at its lease end (by its own clock) while every
+/// broker is down: librdkafka must not keep the messages and send them once
+/// a broker is back, after another relay took the events over and
+/// published the key's later ones (a stale copy last). The dropped delivery
+/// purges what librdkafka still queues; the producer works on afterwards.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dropped_delivery_leaves_nothing_to_send_later() {
+    let (topic, mock, brokers) = mock_topic("mock-dropped");
+    // librdkafka's default send timeout: without the purge the message
+    // waits that long for a broker.
+    let old = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
+    let warm = warm_up(&old, &topic, "k").await;
+
+    mock.broker_down(-1).unwrap();
+    let first = vec![event(&topic, Some("k"), 1)];
+    let dropped = tokio::time::timeout(Duration::from_millis(300), old.deliver(&first)).await;
+    assert!(dropped.is_err(), "delivered while every broker was down");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while old.producer().in_flight_count() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "librdkafka still holds {} message(s) of the dropped delivery",
+            old.producer().in_flight_count()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    mock.broker_up(-1).unwrap();
+
+    // The relay that took the events over: the key's event again, then its
+    // next one.
+    let new = KafkaPublisher::new(KafkaConfig::new(&brokers)).unwrap();
+    let taken_over = [first[0].clone(), event(&topic, Some("k"), 2)];
+    assert_eq!(
+        new.deliver(&taken_over[..1]).await,
+        vec![Outcome::Delivered]
+    );
+    assert_eq!(
+        new.deliver(&taken_over[1..]).await,
+        vec![Outcome::Delivered]
+    );
+    // The old producer still delivers (its idempotence sequence skipped the
+    // purged message).
+    let later = vec![event(&topic, Some("k"), 3)];
+    let mut outcome = Vec::new();
+    for _ in 0..20 {
+        outcome = old.deliver(&later).await;
+        if outcome == vec![Outcome::Delivered] {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(outcome, vec![Outcome::Delivered]);
+    let sent: Vec<Event> = taken_over.iter().chain(&later).cloned().collect();
+    // Each once: no late copy of the first event from the old producer.
+    assert_topic_holds(&brokers, &topic, &warm, &sent, true).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn brokers_down_past_the_timeout_fail_unavailable_then_redelivery_succeeds() {
     let (topic, mock, brokers) = mock_topic("mock-timeout");

@@ -415,7 +415,9 @@ impl AnySink {
     /// of a compiled sink backend, configured with `settings_for` and
     /// publishing in `wire_format` (the JSON-lines sinks have their own
     /// format: [`crate::config::run_config`] refuses any other for them), and
-    /// with the CloudEvents `source` when one is configured.
+    /// with the CloudEvents `source` when one is configured. `lock_timeout`
+    /// is the relay's lease: a sink whose client keeps messages after a
+    /// dropped delivery (Kafka) fits its send timeout to it.
     /// A broker that is unreachable does not fail this: the publisher is
     /// opened lazily (`Backend::connect_lazy`) and the relay starts with its
     /// breaker open; a configuration, credential or TLS error does.
@@ -428,6 +430,7 @@ impl AnySink {
         settings_for: impl Fn(&Descriptor) -> Settings,
         wire_format: WireFormat,
         cloudevents_source: Option<&CloudEventsSource>,
+        lock_timeout: Duration,
     ) -> Result<Self, ConnectError> {
         let spec = spec.trim();
         if spec == "stdout" || spec == "jsonl:-" {
@@ -487,12 +490,13 @@ impl AnySink {
             #[cfg(feature = "kafka")]
             "kafka" => {
                 use outbox_kafka::descriptor::KafkaBackend as B;
-                open_with::<B, _>(d, spec, &settings, |c| {
+                open_with::<B, _>(d, spec, &settings, |c| async move {
                     B::connect_lazy(with_cloudevents(
-                        c.with_wire_format(wire_format),
+                        c.with_wire_format(wire_format).with_lease(lock_timeout)?,
                         cloudevents_source,
                         |c, s| c.with_cloudevents_source(s),
                     ))
+                    .await
                 })
                 .await
                 .map(|p| AnySink::Kafka(Box::new(p)))
@@ -517,6 +521,18 @@ impl Sink for AnySink {
             AnySink::Kafka(p) => p.deliver(events).await,
         }
     }
+
+    fn late_send_bound(&self) -> Duration {
+        match self {
+            AnySink::JsonLines(j) => j.late_send_bound(),
+            #[cfg(feature = "nats")]
+            AnySink::Nats(p) => p.late_send_bound(),
+            #[cfg(feature = "amqp")]
+            AnySink::Amqp(p) => p.late_send_bound(),
+            #[cfg(feature = "kafka")]
+            AnySink::Kafka(p) => p.late_send_bound(),
+        }
+    }
 }
 
 /// `config` with the CloudEvents source set by `set`, when there is one.
@@ -536,18 +552,56 @@ fn with_cloudevents<C>(
 mod tests {
     use super::*;
 
+    /// The relay's lease for these tests.
+    const LOCK: Duration = Duration::from_secs(60);
+
+    /// librdkafka keeps a message until `message.timeout.ms`, also after
+    /// the relay dropped its delivery: unset, it is a quarter of the lease
+    /// (which the relay keeps back from its lease end); set longer, the
+    /// sink is refused with the property and the bound named.
+    #[cfg(feature = "kafka")]
+    #[tokio::test]
+    async fn a_kafka_send_timeout_fits_the_lease_or_is_refused() {
+        let long = |_: &Descriptor| {
+            Settings::new().with_entry("properties", "message.timeout.ms", "60000")
+        };
+        let e = AnySink::connect("kafka://127.0.0.1:9", long, WireFormat::Headers, None, LOCK)
+            .await
+            .unwrap_err();
+        let chain: Vec<String> =
+            std::iter::successors(Some(&e as &dyn std::error::Error), |e| e.source())
+                .map(ToString::to_string)
+                .collect();
+        let chain = chain.join(": ");
+        assert!(
+            chain.contains("message.timeout.ms") && chain.contains("at most 15000 ms"),
+            "{chain}"
+        );
+        let none = |_: &Descriptor| Settings::new();
+        let sink = AnySink::connect(
+            "kafka://127.0.0.1:9",
+            none,
+            WireFormat::Headers,
+            None,
+            Duration::from_secs(8),
+        )
+        .await
+        .unwrap();
+        assert_eq!(sink.late_send_bound(), Duration::from_secs(2));
+    }
+
     #[tokio::test]
     async fn sink_specs() {
         let none = |_: &Descriptor| Settings::new();
         assert!(matches!(
-            AnySink::connect("stdout", none, WireFormat::Headers, None).await,
+            AnySink::connect("stdout", none, WireFormat::Headers, None, LOCK).await,
             Ok(AnySink::JsonLines(_))
         ));
-        let e = AnySink::connect("jsonl:", none, WireFormat::Headers, None)
+        let e = AnySink::connect("jsonl:", none, WireFormat::Headers, None, LOCK)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("jsonl:PATH"), "{e}");
-        let e = AnySink::connect("smtp://u:pw@h", none, WireFormat::Headers, None)
+        let e = AnySink::connect("smtp://u:pw@h", none, WireFormat::Headers, None, LOCK)
             .await
             .unwrap_err();
         assert!(matches!(e, ConnectError::Unknown { .. }), "{e}");

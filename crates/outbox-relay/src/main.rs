@@ -250,6 +250,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         |d| resolved.backend_settings(d),
         cfg.wire_format,
         cfg.cloudevents_source.as_ref(),
+        cfg.options.lock_timeout(),
     )
     .await
     .map_err(|e| connect_error(resolved, e))?;

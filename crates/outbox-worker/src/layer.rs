@@ -145,6 +145,10 @@ impl Waves {
 }
 
 impl<S: Sink> Sink for KeyOrder<S> {
+    fn late_send_bound(&self) -> std::time::Duration {
+        self.inner.late_send_bound()
+    }
+
     async fn deliver(&self, events: &[Event]) -> Vec<Outcome> {
         let Waves {
             key_of,

@@ -30,6 +30,10 @@
 //! earlier: it computed `now() + lease` after the request left. A delivery
 //! still running then is cancelled and its events released, and a batch
 //! claimed ahead whose local lease ended is never handed to the sink.
+//! A sink whose client may still send a message after the delivery was
+//! dropped ([`Sink::late_send_bound`](outbox_core::Sink::late_send_bound),
+//! librdkafka's queue) has that much more kept back, at most a quarter of
+//! the lease (the relay warns when the sink asks for more).
 
 use outbox_core::FencingToken;
 use std::collections::HashMap;
@@ -100,17 +104,20 @@ pub(crate) struct Leases {
     /// Woken whenever a renewal marks a lease lost.
     lost: Notify,
     /// Kept back from each lease end for the relay's own clock
-    /// ([`clock_margin`] of the lock timeout).
+    /// ([`clock_margin`] of the lock timeout) and the sink's late sends.
     margin: Duration,
 }
 
 impl Leases {
-    /// No leases yet; each will be held for `lease` (the lock timeout).
-    pub(crate) fn new(lease: Duration) -> Self {
+    /// No leases yet; each will be held for `lease` (the lock timeout), to
+    /// a sink whose messages can still arrive up to `late_send` after their
+    /// delivery was dropped ([`outbox_core::Sink::late_send_bound`]): the
+    /// local lease end keeps that back too.
+    pub(crate) fn new(lease: Duration, late_send: Duration) -> Self {
         Self {
             held: Mutex::default(),
             lost: Notify::new(),
-            margin: clock_margin(lease),
+            margin: clock_margin(lease) + late_send,
         }
     }
 
@@ -257,7 +264,7 @@ mod tests {
 
     #[test]
     fn renewal_moves_the_deadline_or_marks_the_lease_lost_once() {
-        let leases = Leases::new(Duration::from_secs(1));
+        let leases = Leases::new(Duration::from_secs(1), Duration::ZERO);
         let (a, b) = (FencingToken::new(), FencingToken::new());
         let t0 = Instant::now();
         leases.insert(a, 3, t0, Use::Delivering);
@@ -291,7 +298,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_waiter_learns_of_the_loss_with_the_events_still_held() {
         use futures::FutureExt;
-        let leases = Leases::new(Duration::from_secs(1));
+        let leases = Leases::new(Duration::from_secs(1), Duration::ZERO);
         let (a, b) = (FencingToken::new(), FencingToken::new());
         let t0 = Instant::now();
         leases.insert(a, 3, t0, Use::Delivering);
@@ -320,7 +327,7 @@ mod tests {
             clock_margin(Duration::from_secs(60)),
             Duration::from_millis(2050)
         );
-        let leases = Leases::new(lease);
+        let leases = Leases::new(lease, Duration::ZERO);
         let a = FencingToken::new();
         let sent = Instant::now();
         leases.insert(a, 2, sent + lease, Use::Delivering);
@@ -340,6 +347,13 @@ mod tests {
         // Untracked: never expired.
         leases.remove(a);
         assert!(!leases.is_expired(a));
+        // A sink that can still send 300 ms after its delivery was dropped
+        // (librdkafka's queue): the local end keeps that back too.
+        let late = Leases::new(lease, Duration::from_millis(300));
+        let b = FencingToken::new();
+        let sent = Instant::now();
+        late.insert(b, 1, sent + lease, Use::Delivering);
+        assert_eq!(late.local_end(b), Some(sent + Duration::from_millis(420)));
         assert_eq!(leases.expired(a).now_or_never(), None);
     }
 }

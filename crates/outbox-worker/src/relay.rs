@@ -370,7 +370,20 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         shutdown: impl Future<Output = ()> + Send,
         mode: Mode,
     ) -> RelaySummary {
-        let leases = Leases::new(self.options.lock_timeout());
+        let lock = self.options.lock_timeout();
+        let mut late_send = self.sink.late_send_bound();
+        if late_send > lock / 4 {
+            // Kept back in full, the local lease could end before the next
+            // renewal (every third of it): keep a quarter back and say what
+            // is not covered.
+            tracing::warn!(
+                late_send = ?late_send,
+                lock_timeout = ?lock,
+                "the sink can still send a message this long after its delivery was dropped, more than a quarter of the lock timeout: only a quarter is kept back, and a copy sent later than that could reach the broker after another relay published the key's later events; shorten the sink's send timeout (Kafka: message.timeout.ms) or lengthen the lock timeout"
+            );
+            late_send = lock / 4;
+        }
+        let leases = Leases::new(lock, late_send);
         let work = self.main_loop(shutdown, mode, &leases);
         let renew = self.renew_leases(&leases);
         // Both run on this task: the renewal loop keeps the held leases
