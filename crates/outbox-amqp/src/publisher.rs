@@ -694,7 +694,7 @@ mod tests {
         let p = properties_for(&message, true).unwrap();
         assert_eq!(
             p.content_type().as_ref().map(ShortString::as_str),
-            Some(outbox_core::wire::ENVELOPE_CONTENT_TYPE)
+            Some(outbox_core::ENVELOPE_CONTENT_TYPE)
         );
         assert_eq!(
             p.message_id().as_ref().map(|s| s.as_str().to_owned()),
@@ -703,14 +703,12 @@ mod tests {
         let h = p.headers().as_ref().unwrap().inner();
         assert_eq!(
             h.get(outbox_core::headers::WIRE_FORMAT),
-            Some(&AMQPValue::LongString(
-                outbox_core::wire::ENVELOPE_MARKER.into()
-            ))
+            Some(&AMQPValue::LongString(outbox_core::ENVELOPE_MARKER.into()))
         );
         assert_eq!(
             h.get(HEADER_CONTENT_TYPE),
             Some(&AMQPValue::LongString(
-                outbox_core::wire::ENVELOPE_CONTENT_TYPE.into()
+                outbox_core::ENVELOPE_CONTENT_TYPE.into()
             ))
         );
     }

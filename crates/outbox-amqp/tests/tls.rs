@@ -19,7 +19,8 @@
 use outbox_amqp::{AmqpPublisher, AmqpTls};
 use outbox_core::{EventId, Outcome, Sink};
 use outbox_testkit::amqp::AmqpFixture;
-use outbox_testkit::publisher::{assert_unavailable, event, Received};
+use outbox_testkit::broker::Received;
+use outbox_testkit::publisher::{assert_unavailable, event};
 use outbox_testkit::tls::TestPki;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;

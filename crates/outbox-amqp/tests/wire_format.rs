@@ -5,7 +5,7 @@
 
 use lapin::types::ShortString;
 use outbox_amqp::AmqpPublisher;
-use outbox_core::wire::ENVELOPE_CONTENT_TYPE;
+use outbox_core::ENVELOPE_CONTENT_TYPE;
 use outbox_core::{BrokerMessage, ErrorCode, EventId, Outcome, Sink, WireFormat};
 use outbox_testkit::amqp::{received, AmqpFixture};
 use outbox_testkit::publisher::wire::{assert_envelope, assert_headers_format, traced_event};

@@ -7,6 +7,7 @@ mod control;
 mod envelope;
 mod error;
 mod event;
+mod handler;
 pub mod headers;
 mod held;
 pub mod ident;
@@ -19,7 +20,7 @@ mod shard;
 mod store;
 #[cfg(feature = "otel")]
 pub mod trace;
-pub mod wire;
+mod wire;
 
 pub use control::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
 pub use envelope::Envelope;
@@ -28,6 +29,7 @@ pub use event::{
     Delivery, DeliveryDelay, Event, EventField, EventId, EventLimits, LastError, NewEvent,
     ValidationError, MAX_DELIVERY_DELAY,
 };
+pub use handler::{panic_message, HandlerError};
 pub use held::{HeadState, HeldKey, HeldKeyStore, HeldKeys};
 pub use message::BrokerMessage;
 pub use pool::{PoolSettings, Pooler, UnknownPooler};
@@ -39,4 +41,7 @@ pub use store::{
     FencingToken, Rejected, RelayId, Resolution, Retryable, SettleReport, Settlement, Sink, Stats,
     Store, MAX_DEAD_LETTER_AGE,
 };
-pub use wire::{DecodeError, InboundMessage, WireFormat};
+pub use wire::{
+    DecodeError, InboundMessage, UnknownWireFormat, WireFormat, ENVELOPE_CONTENT_TYPE,
+    ENVELOPE_MARKER,
+};

@@ -9,7 +9,6 @@ pub use config::{
     is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV,
 };
 pub use error::KafkaError;
-pub use outbox_broker::ConnectPolicy;
 pub use publisher::{
     KafkaPublisher, OutboxProducer, TracingContext, HEADER_CONTENT_TYPE, HEADER_EVENT_ID,
     HEADER_EVENT_TYPE, HEADER_KEY,

@@ -18,10 +18,11 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use outbox_kafka::{KafkaConfig, KafkaPublisher};
+use outbox_testkit::broker::Received;
 use outbox_testkit::kafka::{topic_name, KafkaFixture};
 use outbox_testkit::process::{free_port, ChildGuard};
 use outbox_testkit::proxy::TcpProxy;
-use outbox_testkit::publisher::{PublisherHarness, Received};
+use outbox_testkit::publisher::PublisherHarness;
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};

@@ -9,8 +9,9 @@ use outbox_kafka::rdkafka::mocking::MockCluster;
 use outbox_kafka::rdkafka::producer::Producer;
 use outbox_kafka::rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
 use outbox_kafka::{KafkaConfig, KafkaPublisher, UnknownTopic};
+use outbox_testkit::broker::Received;
 use outbox_testkit::kafka::{message_count, read_back, topic_name};
-use outbox_testkit::publisher::{assert_unavailable, Received};
+use outbox_testkit::publisher::assert_unavailable;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -442,7 +443,7 @@ async fn connect_checks_that_a_broker_answers() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let policy = outbox_kafka::ConnectPolicy::default()
+    let policy = outbox_broker::ConnectPolicy::default()
         .with_attempts(2)
         .with_timeout(Duration::from_secs(1));
     let err =

@@ -5,18 +5,18 @@ use std::fmt;
 
 /// The key of an event (its aggregate). Events of one key must be delivered
 /// in the order the protocol promises.
-pub type Key = u8;
+pub(crate) type Key = u8;
 
 /// Most producers a model holds.
-pub const MAX_PRODUCERS: usize = 3;
+pub(crate) const MAX_PRODUCERS: usize = 3;
 /// Most events one producer inserts.
-pub const MAX_EVENTS_PER_PRODUCER: usize = 2;
+pub(crate) const MAX_EVENTS_PER_PRODUCER: usize = 2;
 /// Most relays.
-pub const MAX_RELAYS: usize = 2;
+pub(crate) const MAX_RELAYS: usize = 2;
 /// Largest batch size.
-pub const MAX_BATCH: usize = 3;
+pub(crate) const MAX_BATCH: usize = 3;
 /// Keys are `0..MAX_KEYS`.
-pub const MAX_KEYS: usize = 4;
+pub(crate) const MAX_KEYS: usize = 4;
 
 /// One producer: a transaction that inserts events of the given keys, in
 /// that order, then commits (or aborts).

@@ -214,9 +214,9 @@
 //!
 //! [`Flush`]: protocol::Action::Flush
 
-pub mod config;
-pub mod explore;
-pub mod protocol;
+mod config;
+mod explore;
+mod protocol;
 pub mod snapshot;
 
 pub use config::{

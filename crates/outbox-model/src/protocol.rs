@@ -32,7 +32,7 @@ const DRAIN_STEPS: usize = 80;
 /// `floor_*` is a seq floor of each snapshot: every transaction whose xid
 /// is at least the snapshot's `xmax` inserted only events above it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Position {
+pub(crate) struct Position {
     /// The lower snapshot.
     pub lo: Snapshot,
     /// The upper snapshot.

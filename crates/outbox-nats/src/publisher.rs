@@ -530,11 +530,11 @@ mod tests {
         let h = headers_for(&message);
         assert_eq!(
             h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
-            Some(outbox_core::wire::ENVELOPE_CONTENT_TYPE)
+            Some(outbox_core::ENVELOPE_CONTENT_TYPE)
         );
         assert_eq!(
             h.get(outbox_core::headers::WIRE_FORMAT).map(|v| v.as_str()),
-            Some(outbox_core::wire::ENVELOPE_MARKER)
+            Some(outbox_core::ENVELOPE_MARKER)
         );
         assert_eq!(h.get(HEADER_KEY).map(|v| v.as_str()), Some("k1"));
         assert!(headers_for(&BrokerMessage::new(&e))

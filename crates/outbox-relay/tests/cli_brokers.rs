@@ -206,8 +206,8 @@ async fn run_relays_to_kafka() {
 #[cfg(feature = "nats")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_wire_format_envelope_delivers_envelopes_to_nats() {
-    use outbox_core::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
     use outbox_core::{headers, Envelope};
+    use outbox_core::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
     use outbox_testkit::nats::NatsFixture;
     use prost::Message as _;
     let h = NatsFixture::new().await;

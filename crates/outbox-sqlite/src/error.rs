@@ -5,7 +5,7 @@
 //! `Display` and do not repeat it through `source()`, so a reporter that
 //! walks the chain (`anyhow`'s `{:#}`) shows it exactly once.
 
-use crate::InvalidIdentifier;
+use outbox_core::ident::InvalidIdentifier;
 use outbox_core::{EventId, Retryable, ValidationError};
 use std::fmt;
 use std::path::PathBuf;

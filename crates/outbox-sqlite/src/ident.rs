@@ -1,9 +1,9 @@
 //! Validated SQL identifiers for the outbox table name.
 
-pub use outbox_core::ident::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
+use outbox_core::ident::InvalidIdentifier;
 
 /// A table name that is safe to put in SQL: it matches
-/// `[A-Za-z_][A-Za-z0-9_]*`, is at most [`MAX_IDENTIFIER_BYTES`] long (the
+/// `[A-Za-z_][A-Za-z0-9_]*`, is at most [`MAX_IDENTIFIER_BYTES`](outbox_core::ident::MAX_IDENTIFIER_BYTES) long (the
 /// same bound as `outbox-postgres`, so one name works on both stores) and
 /// does not start with `sqlite_` (reserved by SQLite).
 ///

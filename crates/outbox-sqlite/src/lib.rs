@@ -16,8 +16,8 @@ pub use enqueue::{
     enqueue, enqueue_batch, enqueue_batch_with_limits, enqueue_with_limits, SqliteOutbox,
 };
 pub use error::{EnqueueError, MigrateError, StoreError};
-pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
-pub use migrate::{AppliedMigration, Migration, MIGRATIONS, MIGRATIONS_TABLE};
+pub use ident::Ident;
+pub use migrate::{AppliedMigration, MIGRATIONS, MIGRATIONS_TABLE};
 pub use options::{SqliteStoreOptions, DEFAULT_BUSY_TIMEOUT, DEFAULT_TABLE};
 pub use store::SqliteStore;
 

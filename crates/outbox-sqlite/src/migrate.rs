@@ -17,7 +17,7 @@
 use crate::names::Names;
 use crate::MigrateError;
 use chrono::{DateTime, Utc};
-pub use outbox_core::migration::Migration;
+use outbox_core::migration::Migration;
 use outbox_core::migration::{self, HistoryError};
 use sqlx::{Connection, Executor, Row, SqliteConnection};
 

@@ -1,7 +1,8 @@
 //! The names of one outbox's tables and indexes, and SQL templating.
 
 use crate::options::DEFAULT_TABLE;
-use crate::{Ident, InvalidIdentifier};
+use crate::Ident;
+use outbox_core::ident::InvalidIdentifier;
 
 /// The tables of one outbox, derived from its events table name.
 ///

@@ -2,13 +2,13 @@
 //! names, the enqueue handle, the upgrade to commit order, readable errors.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
+use outbox_core::ident::InvalidIdentifier;
 use outbox_core::{
     ClaimRequest, DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, LastError, NewEvent,
     RelayId, Resolution, Settlement, ShardSpec, Store,
 };
 use outbox_sqlite::{
-    EnqueueError, Ident, InvalidIdentifier, SqliteOutbox, SqliteStore, SqliteStoreOptions,
-    StoreError,
+    EnqueueError, Ident, SqliteOutbox, SqliteStore, SqliteStoreOptions, StoreError,
 };
 use std::error::Error as _;
 use std::time::Duration;

@@ -24,8 +24,8 @@
 //! Unroutable, too large, invalid, nack / rejected: the event's failure,
 //! retryable or permanent.
 
-pub use crate::broker::Received;
-pub use crate::proxy::TcpProxy;
+use crate::broker::Received;
+use crate::proxy::TcpProxy;
 pub mod wire;
 
 use outbox_core::{ErrorCode, Event, EventId, Outcome, Sink};

@@ -3,8 +3,8 @@
 
 use super::{event, Received};
 use base64::Engine as _;
-use outbox_core::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
 use outbox_core::{headers, Envelope, Event, InboundMessage, WireFormat};
+use outbox_core::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
 use prost::Message as _;
 use std::collections::BTreeMap;
 
