@@ -53,7 +53,58 @@ pub(super) fn check(root: &Path) -> Vec<String> {
     problems.extend(dated_headings(root));
     problems.extend(deprecated_before_release(root));
     problems.extend(chaos_results(root));
+    problems.extend(cited_guards(root));
     problems
+}
+
+/// Every test ARCHITECTURE.md cites as an invariant's guard (a backticked
+/// `snake_case` name with at least three words after "Guarded by") is a
+/// function of the repository: an invariant guarded by a test that was
+/// renamed or removed is guarded by nothing.
+fn cited_guards(root: &Path) -> Vec<String> {
+    let Ok(doc) = std::fs::read_to_string(root.join("ARCHITECTURE.md")) else {
+        return Vec::new();
+    };
+    let mut cited = std::collections::BTreeSet::new();
+    for paragraph in doc.split("\n\n") {
+        let Some((_, guards)) = paragraph.split_once("Guarded by") else {
+            continue;
+        };
+        for (i, part) in guards.split('`').enumerate() {
+            let is_test_name = i % 2 == 1
+                && part.matches('_').count() >= 2
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if is_test_name {
+                cited.insert(part.to_owned());
+            }
+        }
+    }
+    let mut defined = std::collections::BTreeSet::new();
+    for dir in ["crates", "xtask", "examples", "tests"] {
+        for file in super::rust_files(&root.join(dir)) {
+            let Ok(text) = std::fs::read_to_string(&file) else {
+                continue;
+            };
+            for line in text.lines() {
+                let Some(rest) = line.trim_start().split("fn ").nth(1) else {
+                    continue;
+                };
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                defined.insert(name);
+            }
+        }
+    }
+    cited
+        .difference(&defined)
+        .map(|name| {
+            format!("ARCHITECTURE.md cites `{name}` as a guard, and no function of the repository has that name")
+        })
+        .collect()
 }
 
 /// Every repository path a doc names exists.
@@ -417,5 +468,34 @@ mod tests {
         for tag in ["v1", "v0.1", "safety-review", "2026-12-01"] {
             assert!(!is_release_tag(tag), "{tag}");
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod cited_guard_tests {
+    /// A cited guard that no function defines is a problem; one that
+    /// exists is not.
+    #[test]
+    fn a_guard_cited_but_never_defined_is_named() {
+        let root = std::env::temp_dir().join(format!("tidy-guards-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("crates/x/src")).unwrap();
+        std::fs::write(
+            root.join("ARCHITECTURE.md"),
+            "Architecture Invariant: it holds. Guarded by `a_test_that_exists`,\n`a_test_that_was_renamed` and `cargo xtask tidy`.\n",
+        )
+        .unwrap();
+        std::fs::write(
+            root.join("crates/x/src/lib.rs"),
+            "#[test]\nfn a_test_that_exists() {}\n",
+        )
+        .unwrap();
+        let problems = super::cited_guards(&root);
+        std::fs::remove_dir_all(&root).unwrap();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].contains("`a_test_that_was_renamed`"),
+            "{problems:?}"
+        );
     }
 }
