@@ -1,10 +1,10 @@
 //! Pause and resume ([`ControlStore`](outbox_core::ControlStore)) on PostgreSQL: one row per consumer
-//! group in `<table>_control` (queue mode, migration 3) or
-//! `<table>_log_control` (event-log mode, migration 4, see
-//! `log/control.rs`). Times come from the database's `now()`.
+//! group in `<table>_control` (queue mode, migration 3, see
+//! `queue/control.rs`) or `<table>_log_control` (event-log mode, migration
+//! 4, see `log/control.rs`). Times come from the database's `now()`.
 
 use crate::db::Db;
-use crate::{PgStore, StoreError};
+use crate::error::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{PauseNote, Paused, DEFAULT_GROUP};
 use sqlx::Row;
@@ -101,12 +101,12 @@ macro_rules! control_store {
     ($(#[$doc:meta])* $store:ty) => {
         $(#[$doc])*
         impl outbox_core::ControlStore for $store {
-            type Error = $crate::StoreError;
+            type Error = $crate::error::StoreError;
 
             async fn paused(
                 &self,
                 group: &str,
-            ) -> Result<Option<outbox_core::Paused>, $crate::StoreError> {
+            ) -> Result<Option<outbox_core::Paused>, $crate::error::StoreError> {
                 self.control_sql().paused(self.db(), group).await
             }
 
@@ -115,7 +115,7 @@ macro_rules! control_store {
                 group: &str,
                 paused: bool,
                 note: &outbox_core::PauseNote,
-            ) -> Result<bool, $crate::StoreError> {
+            ) -> Result<bool, $crate::error::StoreError> {
                 self.control_sql()
                     .set_paused(self.db(), group, paused, note)
                     .await
@@ -124,15 +124,3 @@ macro_rules! control_store {
     };
 }
 pub(crate) use control_store;
-
-impl PgStore {
-    fn control_sql(&self) -> ControlSql {
-        ControlSql::new(&self.outbox().names.render("{{control}}"), true)
-    }
-}
-
-control_store!(
-    /// The queue table's one group, [`DEFAULT_GROUP`]; other names are
-    /// refused with [`StoreError::UnknownGroup`].
-    PgStore
-);

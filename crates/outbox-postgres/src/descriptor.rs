@@ -9,16 +9,17 @@
 //! backend refuses the other's mode, so a runner that knows only
 //! [`PgBackend`] never opens the queue table when the log was asked for.
 
+use crate::error::StoreError;
+use crate::ident::Ident;
+use crate::log::{PgLogOptions, PgLogStore};
+use crate::mode::{PgMode, MODE};
 use crate::options::{DEFAULT_SCHEMA, DEFAULT_TABLE};
-use crate::{Ident, PgLogOptions, PgLogStore, PgStore, PgStoreOptions, StoreError};
+use crate::queue::{PgStore, PgStoreOptions};
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
 use outbox_core::Pooler;
-use std::fmt;
-use std::str::FromStr;
 
 const SCHEMA: &str = "schema";
 const TABLE: &str = "table";
-const MODE: &str = "mode";
 const POOLER: &str = "pooler";
 
 const SETTINGS: &[Setting] = &[
@@ -44,50 +45,6 @@ const SETTINGS: &[Setting] = &[
     .with_default("auto")
     .with_value_name("MODE"),
 ];
-
-/// Which PostgreSQL store a runner opens (setting `mode`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum PgMode {
-    /// The queue table: [`PgStore`], opened by [`PgBackend`].
-    Queue,
-    /// The event log (the default): [`PgLogStore`], opened by [`PgLogBackend`].
-    #[default]
-    Log,
-}
-
-impl PgMode {
-    /// The setting's spelling: `queue` or `log`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            PgMode::Queue => "queue",
-            PgMode::Log => "log",
-        }
-    }
-
-    /// The mode `settings` ask for (`log` when unset).
-    pub fn from_settings(settings: &Settings) -> Result<Self, InvalidSetting> {
-        Ok(settings.parse::<PgMode>(MODE)?.unwrap_or_default())
-    }
-}
-
-impl fmt::Display for PgMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for PgMode {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s.trim().to_ascii_lowercase().as_str() {
-            "queue" => Ok(PgMode::Queue),
-            "log" => Ok(PgMode::Log),
-            other => Err(format!("unknown mode {other:?}: use `queue` or `log`")),
-        }
-    }
-}
 
 /// `settings`' mode, refused unless it is `expected`.
 fn require_mode(settings: &Settings, expected: PgMode) -> Result<(), InvalidSetting> {

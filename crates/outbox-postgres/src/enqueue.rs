@@ -1,7 +1,7 @@
 //! Enqueue inside the caller's transaction.
 
-use crate::descriptor::PgMode;
 use crate::log::names::LogNames;
+use crate::mode::PgMode;
 use crate::names::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};

@@ -3,24 +3,30 @@
 
 mod control;
 mod db;
+mod dead_filter;
 mod descriptor;
 mod enqueue;
 mod error;
 mod ident;
 mod migrate;
+mod mode;
 mod names;
 mod options;
-mod store;
+mod pool;
+mod rows;
 
-pub use descriptor::{PgBackend, PgLogBackend, PgMode};
+// The queue-table mode: one row per event, claimed by UPDATE, deleted when
+// delivered. Its module docs say how it differs from the event log.
+mod queue;
+
+pub use descriptor::{PgBackend, PgLogBackend};
 pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 pub use migrate::{Migration, MIGRATIONS};
-pub use options::{
-    redact_url, PgStoreOptions, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_VACUUM_EVERY,
-};
-pub use store::{PgStore, ShardStats};
+pub use mode::PgMode;
+pub use options::{redact_url, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
+pub use queue::{PgStore, PgStoreOptions, ShardStats, DEFAULT_VACUUM_EVERY};
 
 // The event-log mode (the default): snapshot-window batches, fenced
 // per-shard cursors, rotation by TRUNCATE. Its module docs hold the design.

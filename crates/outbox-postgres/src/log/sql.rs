@@ -891,8 +891,9 @@ impl Sql {
                 sql
             }
         };
-        let dead =
-            |sql: &str| names.render(&sql.replace("{{filter}}", &crate::store::dead_filter_sql(2)));
+        let dead = |sql: &str| {
+            names.render(&sql.replace("{{filter}}", &crate::dead_filter::dead_filter_sql(2)))
+        };
         let claim = |shard: &str, lane_shard: &str| {
             [false, true].map(|skip| {
                 xid_out(

@@ -25,7 +25,7 @@ use super::names::LogNames;
 use super::options::{rotation_check_every, PgLogOptions};
 use super::sql::Sql;
 use crate::db::Db;
-use crate::store::BackgroundTasks;
+use crate::pool::BackgroundTasks;
 use crate::{redact_url, StoreError};
 use context::Ctx;
 use outbox_core::{
@@ -112,9 +112,8 @@ impl PgLogStore {
         // the connect timeout, then its root cause is reported. Generic
         // plans: the claim statement is planned once per connection, not
         // at every claim (see `GENERIC_PLANS`).
-        let db =
-            crate::store::connect_pool(options.url.as_deref(), &options.pool, &[GENERIC_PLANS])
-                .await?;
+        let db = crate::pool::connect_pool(options.url.as_deref(), &options.pool, &[GENERIC_PLANS])
+            .await?;
         Self::on(db, options).await
     }
 

@@ -13,7 +13,7 @@ use super::lease;
 use super::rows::{empty_claim, snap};
 use crate::log::options::{DeadHeadPolicy, LeaseTimers};
 use crate::log::snapshot::{Position, Snap, Xid8};
-use crate::store::{headers_strict, last_error};
+use crate::rows::{headers_strict, last_error};
 use crate::StoreError;
 use chrono::Utc;
 use outbox_core::{Claim, ClaimRequest, ErrorCode, Event, EventId, FencingToken, LastError};

@@ -1,9 +1,16 @@
-//! [`PgStore`]: claims, settlements, lease renewal, stats, dead letters, wake-ups.
+//! The queue-table mode: [`PgStore`] claims, settles, renews leases,
+//! counts, keeps dead letters and wakes relays on one table whose rows are
+//! updated when claimed and deleted when delivered (the event log,
+//! [`PgLogStore`](crate::log::PgLogStore), is the default mode).
 
 use crate::db::Db;
+use crate::dead_filter::bind_dead_filter;
+use crate::enqueue::PgOutbox;
+use crate::error::{MigrateError, StoreError};
 use crate::names::Names;
 use crate::options::redact_url;
-use crate::{MigrateError, PgOutbox, PgStoreOptions, StoreError};
+use crate::pool::{connect_pool, BackgroundTasks};
+use crate::rows::headers_strict;
 use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
@@ -20,14 +27,13 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-mod pool;
+mod control;
+mod options;
 mod rows;
 mod sql;
 
-pub(crate) use pool::{connect_pool, BackgroundTasks};
+pub use options::{PgStoreOptions, DEFAULT_VACUUM_EVERY};
 use rows::{event_from, headers_lenient};
-pub(crate) use rows::{headers_lenient_under, headers_strict, last_error};
-pub(crate) use sql::{bind_dead_filter, dead_filter_sql};
 use sql::{StoreSql, WALK_BEYOND_BATCH};
 
 /// The outbox store on PostgreSQL. Cheap to clone (an `Arc`); background
