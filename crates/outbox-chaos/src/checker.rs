@@ -646,7 +646,7 @@ fn stale_copies(
 fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
     match kind {
         "kill" | "stop" => Some(lease_ms as f64 / 1000.0 + 1.0),
-        "broker-outage" | "broker-flap" | "broker-restart" => Some(5.0),
+        "broker-outage" | "broker-flap" | "broker-restart" | "nats-leader-kill" => Some(5.0),
         // Every event delivered within lease + 5 s of the database
         // accepting connections again.
         "pg-crash" => Some(lease_ms as f64 / 1000.0 + 5.0),

@@ -25,6 +25,8 @@ pub(crate) enum Destination {
         url: String,
         stream: String,
         prefix: String,
+        /// Replicas of the stream (3 on the run's own cluster).
+        replicas: usize,
     },
     /// Queue `queue` (bound by name on the default exchange).
     Amqp { url: String, queue: String },
@@ -43,15 +45,25 @@ impl Destination {
                 url,
                 stream,
                 prefix,
+                replicas,
             } => {
                 let js = nats_js(url).await?;
                 js.create_stream(outbox_nats::async_nats::jetstream::stream::Config {
                     name: stream.clone(),
                     subjects: vec![format!("{prefix}.>")],
-                    // The relays' duplicates must be stored, not dropped by
-                    // the server's Nats-Msg-Id deduplication
-                    // (100 ms is the smallest window the server accepts).
-                    duplicate_window: Duration::from_millis(100),
+                    // On one server the relays' duplicates must be stored,
+                    // not dropped by the server's Nats-Msg-Id deduplication
+                    // (100 ms is the smallest window the server accepts), so
+                    // the checker counts them. On the run's cluster the
+                    // stream keeps NATS's default window (2 min): copies
+                    // sent again after a leader change are dropped there,
+                    // as a deployment's stream would.
+                    duplicate_window: if *replicas > 1 {
+                        Duration::from_secs(120)
+                    } else {
+                        Duration::from_millis(100)
+                    },
+                    num_replicas: *replicas,
                     max_age: Duration::from_secs(6 * 3600),
                     ..Default::default()
                 })

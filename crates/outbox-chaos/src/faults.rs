@@ -8,6 +8,7 @@
 use crate::consumers::Consumers;
 use crate::kafka::PrivateKafka;
 use crate::nats::PrivateNats;
+use crate::nats_cluster::NatsCluster;
 use crate::rabbit::PrivateRabbit;
 use crate::record::{now_us, FaultRecord};
 use crate::relays::Relays;
@@ -71,6 +72,10 @@ pub(crate) enum FaultKind {
     /// outage time, each started again at once (issue 42: a key's events
     /// stay in order however often the consumer crashes).
     ConsumerKills,
+    /// SIGKILL of the NATS server leading the run's stream in the run's own
+    /// three-node JetStream cluster (an R3 stream); it starts again on its
+    /// store once another node leads the stream (nats_cluster.rs).
+    NatsLeaderKill,
 }
 
 /// How long the `partition-reader` fault holds its transaction open.
@@ -81,7 +86,7 @@ const READER_ROTATION: Duration = Duration::from_secs(1);
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 15] = [
+    pub(crate) const ALL: [FaultKind; 16] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -97,6 +102,7 @@ impl FaultKind {
         Self::DbCutOne,
         Self::PartitionReader,
         Self::ConsumerKills,
+        Self::NatsLeaderKill,
     ];
 
     /// The name used in plans and reports.
@@ -117,6 +123,7 @@ impl FaultKind {
             Self::DbCutOne => "db-cut-one",
             Self::PartitionReader => "partition-reader",
             Self::ConsumerKills => "consumer-kills",
+            Self::NatsLeaderKill => "nats-leader-kill",
         }
     }
 
@@ -204,6 +211,8 @@ pub(crate) struct Targets {
     pub(crate) consumer_db: Option<(PgPool, String)>,
     /// `db-cut-one`: relay 0's own database proxy and its slow broker link.
     pub(crate) first_relay: Option<(Arc<TcpProxy>, Arc<SlowProxy>)>,
+    /// The run's JetStream stream (`nats-leader-kill` asks who leads it).
+    pub(crate) nats_stream: Option<String>,
 }
 
 /// A broker the run started for itself, so that `broker-restart` restarts
@@ -217,6 +226,9 @@ pub(crate) enum PrivateBroker {
     /// Tansu behind the broker fault proxy (kafka.rs), for the outage and
     /// the flap: it keeps its log in memory, so it is not restarted.
     Kafka(PrivateKafka),
+    /// Three `nats-server` nodes with JetStream (nats_cluster.rs), for
+    /// `nats-leader-kill`; not restarted as a whole.
+    NatsCluster(NatsCluster),
 }
 
 impl PrivateBroker {
@@ -226,6 +238,7 @@ impl PrivateBroker {
             Self::Nats(s) => s.url(),
             Self::Rabbit(s) => s.url(),
             Self::Kafka(s) => s.brokers(),
+            Self::NatsCluster(c) => c.url(),
         }
     }
 
@@ -236,12 +249,13 @@ impl PrivateBroker {
             Self::Nats(s) => Some(s.store()),
             Self::Rabbit(s) => Some(s.dir()),
             Self::Kafka(_) => None,
+            Self::NatsCluster(c) => Some(c.dir()),
         }
     }
 
     /// Whether `broker-restart` can restart it without losing its data.
     fn restartable(&self) -> bool {
-        self.dir().is_some()
+        self.dir().is_some() && !matches!(self, Self::NatsCluster(_))
     }
 
     /// Stops it gracefully and starts it again on the same port and store;
@@ -251,6 +265,9 @@ impl PrivateBroker {
             Self::Nats(s) => s.restart().await,
             Self::Rabbit(s) => s.restart().await,
             Self::Kafka(_) => bail!("the private Kafka broker keeps its log in memory"),
+            Self::NatsCluster(_) => {
+                bail!("the private NATS cluster loses one node at a time (nats-leader-kill)")
+            }
         }
     }
 
@@ -260,6 +277,7 @@ impl PrivateBroker {
             Self::Nats(_) => "nats-server",
             Self::Rabbit(_) => "rabbitmq-server",
             Self::Kafka(_) => "tansu",
+            Self::NatsCluster(_) => "nats-server (stream leader)",
         }
     }
 }
@@ -322,6 +340,15 @@ impl Targets {
                 if self.pg_admin.is_none() || self.database_url.is_none() =>
             {
                 bail!("partition-reader needs the PostgreSQL store (event-log mode)")
+            }
+            FaultKind::NatsLeaderKill
+                if self.nats_stream.is_none()
+                    || !self.broker_server.as_ref().is_some_and(|b| {
+                        b.try_lock()
+                            .is_ok_and(|b| matches!(*b, PrivateBroker::NatsCluster(_)))
+                    }) =>
+            {
+                bail!("nats-leader-kill needs NATS and the run's own NATS cluster (the run starts one)")
             }
             FaultKind::ConsumerDbCut if self.consumer_db.is_none() => {
                 bail!("consumer-db-cut needs the inbox on PostgreSQL (`run --inbox postgres`)")
@@ -535,6 +562,28 @@ async fn inject(
             target = server.name().to_owned();
             broker_cuts = 1;
             sink_down.push((down, now_us()));
+        }
+        FaultKind::NatsLeaderKill => {
+            let server = t
+                .broker_server
+                .as_ref()
+                .context("nats-leader-kill without the run's own NATS cluster")?;
+            let stream = t
+                .nats_stream
+                .as_deref()
+                .context("nats-leader-kill without a NATS stream")?;
+            let mut server = server.lock().await;
+            let PrivateBroker::NatsCluster(cluster) = &mut *server else {
+                bail!("nats-leader-kill without the run's own NATS cluster");
+            };
+            let down = now_us();
+            let (killed, elected) = cluster.kill_leader(stream).await?;
+            target = format!("nats-server {killed} (leader of {stream})");
+            // Publishes in flight to the killed leader may have been stored
+            // and not acknowledged: sent again (the stream's dedup window
+            // drops the copies).
+            broker_cuts = 1;
+            sink_down.push((down, elected));
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
             let (proxy, what) = proxy_of(kind, t)?;

@@ -35,6 +35,7 @@ mod faults;
 mod inbox;
 mod kafka;
 mod nats;
+mod nats_cluster;
 mod producer;
 mod rabbit;
 mod record;
@@ -226,7 +227,14 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         .iter()
         .flatten()
         .any(|k| *k == FaultKind::BrokerRestart);
+    let leader_kills = steps
+        .iter()
+        .flatten()
+        .any(|k| *k == FaultKind::NatsLeaderKill);
     let private_broker = match args.broker {
+        BrokerKind::Nats if leader_kills => Some(PrivateBroker::NatsCluster(
+            nats_cluster::NatsCluster::start(&out).await?,
+        )),
         BrokerKind::Nats if restarts => Some(PrivateBroker::Nats(PrivateNats::start(&out).await?)),
         BrokerKind::Amqp if restarts => {
             Some(PrivateBroker::Rabbit(PrivateRabbit::start(&out).await?))
@@ -249,6 +257,10 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
             url: private_url.unwrap_or_else(|| args.nats_url.clone()),
             stream: name.to_uppercase(),
             prefix: name.clone(),
+            // On the run's cluster: three replicas, and the dedup window a
+            // relay needs (copies sent again after a leader change are
+            // dropped by the stream, see nats_cluster.rs).
+            replicas: if leader_kills { 3 } else { 1 },
         },
         BrokerKind::Amqp => Destination::Amqp {
             url: private_url.unwrap_or_else(|| args.amqp_url.clone()),
@@ -626,6 +638,10 @@ async fn run_created(
         consumers: e2e.as_ref().map(|e| e.consumers.clone()),
         consumer_db: e2e.as_ref().and_then(|e| e.consumer_db.clone()),
         first_relay: first_relay.clone(),
+        nats_stream: match dest {
+            Destination::Nats { stream, .. } => Some(stream.clone()),
+            _ => None,
+        },
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;

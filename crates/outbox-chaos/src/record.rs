@@ -127,7 +127,7 @@ impl FaultRecord {
     pub(crate) fn is_sink_fault(&self) -> bool {
         matches!(
             self.kind.as_str(),
-            "broker-outage" | "broker-flap" | "broker-restart"
+            "broker-outage" | "broker-flap" | "broker-restart" | "nats-leader-kill"
         )
     }
 

@@ -184,6 +184,9 @@ impl Scenario {
                     "partition-reader" => 17,
                     // Kills one second apart for the outage time.
                     "consumer-kills" => self.outage_s,
+                    // A new stream leader (1-5 s), the killed node down 2 s
+                    // more, its start.
+                    "nats-leader-kill" => 8,
                     _ => 1,
                 })
                 .max()
@@ -333,6 +336,14 @@ pub(crate) fn plan(
             // take its shards over; it must stop by its own clock.
             let mut s = base("postgres", "nats");
             s.faults = "db-cut-one*2".to_owned();
+            s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
+            s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+            out.push(s);
+            // The stream's leader killed in the run's own three-node
+            // JetStream cluster (an R3 stream), twice (issue 46): the
+            // relays and the consumer follow the new leader.
+            let mut s = base("postgres", "nats");
+            s.faults = "nats-leader-kill*2".to_owned();
             s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
             s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
             out.push(s);
@@ -662,6 +673,7 @@ mod tests {
                     && !s.faults.contains("pg-crash")
                     && !s.faults.contains("db-cut-one")
                     && !s.faults.contains("partition-reader")
+                    && !s.faults.contains("nats-leader-kill")
                     && s.inbox.is_none()
                     && !s.pgbouncer
             })
