@@ -94,6 +94,7 @@ pub struct NatsConfig {
     pub(crate) ignore_discovered_servers: bool,
     pub(crate) wire_format: WireFormat,
     pub(crate) cloudevents_source: Option<Source>,
+    pub(crate) min_dedup_window: Option<Duration>,
 }
 
 impl Default for NatsConfig {
@@ -117,6 +118,7 @@ impl Default for NatsConfig {
             ignore_discovered_servers: false,
             wire_format: WireFormat::Headers,
             cloudevents_source: None,
+            min_dedup_window: None,
         }
     }
 }
@@ -250,6 +252,21 @@ impl NatsConfig {
     /// How long to wait for a PubAck before reporting `PUBLISH_TIMEOUT`.
     pub fn with_ack_timeout(mut self, timeout: Duration) -> Self {
         self.ack_timeout = timeout;
+        self
+    }
+
+    /// The shortest deduplication window a stream needs for the relay's
+    /// copies to be dropped by the server. A publish whose PubAck was lost
+    /// (a leader killed, a connection cut) is stored once and sent again
+    /// when the relay delivers the event again: after its breaker reopens,
+    /// or after another relay took the lease over, up to about two lock
+    /// timeouts later (`outbox-relay` sets twice its lock timeout). The
+    /// first PubAck from each stream makes the publisher read the stream's
+    /// `duplicate_window` once and log a WARN when it is shorter (copies
+    /// then reach consumers, which must dedup them by `Nats-Msg-Id`).
+    /// Unset: not checked.
+    pub fn with_min_dedup_window(mut self, window: Duration) -> Self {
+        self.min_dedup_window = Some(window);
         self
     }
 

@@ -32,6 +32,9 @@ pub struct NatsPublisher {
     js: jetstream::Context,
     config: Arc<NatsConfig>,
     last_error: Arc<Mutex<Option<String>>>,
+    /// The streams whose dedup window was read (see
+    /// [`NatsConfig::with_min_dedup_window`]).
+    dedup_checked: Arc<Mutex<std::collections::HashSet<String>>>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -141,6 +144,7 @@ impl NatsPublisher {
             js,
             config: Arc::new(config),
             last_error: Arc::new(Mutex::new(None)),
+            dedup_checked: Arc::default(),
         }
     }
 
@@ -202,6 +206,45 @@ impl NatsPublisher {
             });
         }
         Ok(info)
+    }
+
+    /// Reads `stream`'s dedup window once (the first PubAck from it) and
+    /// logs a WARN when it is shorter than `min`; a stream whose info cannot
+    /// be read is tried again at its next PubAck.
+    async fn check_dedup_window(&self, stream: &str, min: std::time::Duration) {
+        let first = self
+            .dedup_checked
+            .lock()
+            .map(|mut s| s.insert(stream.to_owned()))
+            .unwrap_or(false);
+        if !first {
+            return;
+        }
+        let window = match self.js.get_stream(stream).await {
+            Ok(mut s) => s
+                .info()
+                .await
+                .map(|i| i.config.duplicate_window)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match window {
+            Ok(window) if window < min => tracing::warn!(
+                stream,
+                duplicate_window = ?window,
+                needed = ?min,
+                "the stream's dedup window is shorter than the relay needs: a copy the relay sends again after a lost PubAck (a leader change, a cut connection, a relay taking over a lease) may be stored twice; raise the stream's duplicate_window (nats stream edit {stream} --dupe-window) or have consumers dedup by Nats-Msg-Id"
+            ),
+            Ok(window) => {
+                tracing::debug!(stream, duplicate_window = ?window, "stream dedup window checked");
+            }
+            Err(e) => {
+                if let Ok(mut s) = self.dedup_checked.lock() {
+                    s.remove(stream);
+                }
+                tracing::debug!(stream, error = %e, "could not read the stream's dedup window");
+            }
+        }
     }
 
     async fn send_batch(&self, events: &[Event]) -> Vec<Outcome> {
@@ -322,11 +365,17 @@ impl NatsPublisher {
             .message_id(message.dedup_id());
         let unroutable_retryable = self.config.unroutable_retryable;
         let id = event.id;
+        let check = self.config.min_dedup_window.map(|min| (self.clone(), min));
         match self.js.send_publish(subject.clone(), publish).await {
             Ok(ack) => Sent::InFlight(
                 async move {
                     match ack.await {
-                        Ok(_) => Outcome::Delivered,
+                        Ok(ack) => {
+                            if let Some((publisher, min)) = check {
+                                publisher.check_dedup_window(&ack.stream, min).await;
+                            }
+                            Outcome::Delivered
+                        }
                         Err(e) => {
                             let err = classify(&e, &subject, unroutable_retryable);
                             tracing::warn!(event_id = %id, code = %err.code(), error = %err.message(), "NATS publish failed");

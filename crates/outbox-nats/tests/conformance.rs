@@ -136,3 +136,33 @@ async fn connect_failure_is_retryable_and_debug_hides_secrets() {
     assert!(err.is_retryable(), "{err}");
     assert!(!err.to_string().contains("s3cret"), "{err}");
 }
+
+/// A stream keeping copies apart for less time than the relay may take to
+/// send an event again is named in one WARN, at its first PubAck (the
+/// stream's default 2 min window is not, against a 1 min need).
+#[tokio::test]
+async fn a_dedup_window_shorter_than_the_relay_needs_is_named_once() {
+    let h = NatsFixture::new().await;
+    let (logs, _guard) = outbox_testkit::logs::LogCapture::start(tracing::Level::WARN);
+    let needs = |min: Duration| NatsPublisher::connect(h.config().with_min_dedup_window(min));
+    let short = needs(Duration::from_secs(600)).await.unwrap();
+    for n in 0..3 {
+        let e = event(&h.topic(), Some("k"), vec![n]);
+        assert_eq!(short.deliver(&[e]).await, vec![Outcome::Delivered]);
+    }
+    assert_eq!(
+        logs.lines("WARN", "dedup window is shorter than the relay needs"),
+        1,
+        "{}",
+        logs.text()
+    );
+    assert!(logs.contains(h.stream()), "{}", logs.text());
+    let enough = needs(Duration::from_secs(60)).await.unwrap();
+    let e = event(&h.topic(), Some("k"), vec![9]);
+    assert_eq!(enough.deliver(&[e]).await, vec![Outcome::Delivered]);
+    assert_eq!(
+        logs.lines("WARN", "dedup window is shorter than the relay needs"),
+        1
+    );
+    h.cleanup().await;
+}

@@ -417,7 +417,8 @@ impl AnySink {
     /// format: [`crate::config::run_config`] refuses any other for them), and
     /// with the CloudEvents `source` when one is configured. `lock_timeout`
     /// is the relay's lease: a sink whose client keeps messages after a
-    /// dropped delivery (Kafka) fits its send timeout to it.
+    /// dropped delivery (Kafka) fits its send timeout to it; NATS checks
+    /// each stream's dedup window against twice it.
     /// A broker that is unreachable does not fail this: the publisher is
     /// opened lazily (`Backend::connect_lazy`) and the relay starts with its
     /// breaker open; a configuration, credential or TLS error does.
@@ -466,7 +467,10 @@ impl AnySink {
                 use outbox_nats::descriptor::NatsBackend as B;
                 open_with::<B, _>(d, spec, &settings, |c| {
                     B::connect_lazy(with_cloudevents(
-                        c.with_wire_format(wire_format),
+                        // A copy sent again after a lost PubAck comes at
+                        // most about two lock timeouts later.
+                        c.with_wire_format(wire_format)
+                            .with_min_dedup_window(lock_timeout * 2),
                         cloudevents_source,
                         |c, s| c.with_cloudevents_source(s),
                     ))
