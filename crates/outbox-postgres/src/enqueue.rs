@@ -1,10 +1,12 @@
 //! Enqueue inside the caller's transaction.
 
-use crate::log::names::LogNames;
+use crate::error::{EnqueueError, MigrateError};
+use crate::ident::{Ident, InvalidIdentifier};
+use crate::migrate::{self, render_all};
 use crate::mode::PgMode;
-use crate::names::Names;
+use crate::names::log::LogNames;
+use crate::names::queue::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
-use crate::{EnqueueError, Ident, InvalidIdentifier, MigrateError};
 use chrono::{DateTime, Utc};
 use outbox_core::{Delivery, EventId, EventLimits, NewEvent, Pooler};
 use sqlx::PgConnection;
@@ -418,8 +420,8 @@ impl PgOutbox {
     /// [`MigrateError::ModeConflict`].
     pub async fn migrate(&self, conn: &mut PgConnection) -> Result<Vec<i32>, MigrateError> {
         match &self.log {
-            Some(log) => crate::log::migrate::run(conn, log).await,
-            None => crate::migrate::run(conn, &self.names).await,
+            Some(log) => migrate::log::run(conn, log).await,
+            None => migrate::queue::run(conn, &self.names).await,
         }
     }
 
@@ -430,8 +432,8 @@ impl PgOutbox {
     /// only.)
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
         match &self.log {
-            Some(log) => crate::migrate::render_all(crate::log::LOG_MIGRATIONS, log),
-            None => crate::migrate::render_all(crate::MIGRATIONS, &self.names),
+            Some(log) => render_all(migrate::log::LOG_MIGRATIONS, log),
+            None => render_all(migrate::queue::MIGRATIONS, &self.names),
         }
     }
 }

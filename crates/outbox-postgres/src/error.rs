@@ -7,10 +7,15 @@
 //! three times. The driver's error stays reachable through the variants
 //! (e.g. [`StoreError::Database`]) and [`StoreError::sqlx_error`].
 
-use crate::InvalidIdentifier;
+use crate::group_name::InvalidGroupName;
+use crate::ident::InvalidIdentifier;
 use outbox_core::{EventId, Retryable, ValidationError};
 use std::fmt;
 use std::time::Duration;
+
+mod refusal;
+
+pub use refusal::{Identity, Refusal};
 
 /// Why an enqueue failed. Nothing was written when this is returned, but the
 /// caller's transaction may be aborted (on [`EnqueueError::Database`]): roll it back.
@@ -136,7 +141,7 @@ pub enum StoreError {
     /// A schema or table name was refused.
     InvalidName(InvalidIdentifier),
     /// A consumer group name was refused (event-log mode).
-    InvalidGroup(crate::log::InvalidGroupName),
+    InvalidGroup(InvalidGroupName),
     /// The connection URL could not be parsed (the message never contains the password).
     InvalidUrl(String),
     /// No connection could be opened when the store connected. A refused
@@ -171,7 +176,7 @@ pub enum StoreError {
     /// to another database, its schema version is not this library's, its
     /// order sequence is cached, or the group was dropped under a running
     /// relay. The message names the way out.
-    Refused(crate::log::Refusal),
+    Refused(Refusal),
 }
 
 impl From<InvalidIdentifier> for StoreError {
@@ -180,8 +185,8 @@ impl From<InvalidIdentifier> for StoreError {
     }
 }
 
-impl From<crate::log::InvalidGroupName> for StoreError {
-    fn from(e: crate::log::InvalidGroupName) -> Self {
+impl From<InvalidGroupName> for StoreError {
+    fn from(e: InvalidGroupName) -> Self {
         StoreError::InvalidGroup(e)
     }
 }

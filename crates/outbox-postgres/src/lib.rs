@@ -7,6 +7,7 @@ mod dead_filter;
 mod descriptor;
 mod enqueue;
 mod error;
+mod group_name;
 mod ident;
 mod migrate;
 mod mode;
@@ -21,9 +22,12 @@ mod queue;
 
 pub use descriptor::{PgBackend, PgLogBackend};
 pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
-pub use error::{EnqueueError, MigrateError, StoreError};
+pub use error::{EnqueueError, Identity, MigrateError, Refusal, StoreError};
+pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
 pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
-pub use migrate::{Migration, MIGRATIONS};
+pub use migrate::log::LOG_MIGRATIONS;
+pub use migrate::queue::MIGRATIONS;
+pub use migrate::Migration;
 pub use mode::PgMode;
 pub use options::{redact_url, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 pub use queue::{PgStore, PgStoreOptions, ShardStats, DEFAULT_VACUUM_EVERY};
@@ -32,13 +36,12 @@ pub use queue::{PgStore, PgStoreOptions, ShardStats, DEFAULT_VACUUM_EVERY};
 // per-shard cursors, rotation by TRUNCATE. Its module docs hold the design.
 mod log;
 pub use log::{
-    CursorInfo, DeadHeadPolicy, GroupContents, GroupDrop, GroupName, GroupStart, GroupStatus,
-    Horizon, InFlight, InvalidGroupName, LeaseHolding, LogInfo, LogStatus, OldTransaction,
-    PartitionHolder, PartitionInfo, PgLogOptions, PgLogStore, RelayInfo, RelayLease, Rotation,
-    RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
-    LOG_MIGRATIONS, MAX_GROUP_NAME_BYTES,
+    CursorInfo, DeadHeadPolicy, GroupContents, GroupDrop, GroupStart, GroupStatus, Horizon,
+    IdentityCheck, InFlight, LeaseHolding, LogInfo, LogStatus, OldTransaction, PartitionHolder,
+    PartitionInfo, PgLogOptions, PgLogStore, ReanchorFrom, Reanchored, RelayInfo, RelayLease,
+    Rotation, RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL,
+    DEFAULT_ROTATION_INTERVAL,
 };
-pub use log::{Identity, IdentityCheck, ReanchorFrom, Reanchored, Refusal};
 
 /// Names of the metrics the event-log store emits (through the `metrics`
 /// facade; the application or the relay binary installs the exporter).

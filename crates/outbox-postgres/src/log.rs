@@ -133,19 +133,19 @@
 //!
 //! **Identity and fences.** Stored positions are trusted only in the
 //! database that wrote them: the meta row records the cluster's
-//! `system_identifier` and the database's oid ([`Identity`]), and a claim
+//! `system_identifier` and the database's oid ([`Identity`](crate::Identity)), and a claim
 //! compares them with what it finds before it reads (at the store's first
 //! claim, whenever a lease is newly taken, and every 30 s). After a move
 //! (a logical-replication switchover, a restore or copy, a pg_upgrade) it
-//! refuses with [`Refusal::OtherDatabase`], naming
+//! refuses with [`Refusal::OtherDatabase`](crate::Refusal::OtherDatabase), naming
 //! [`PgLogStore::reanchor`] (`outbox-relay reanchor --from origin|now`):
 //! one transaction that gives every retained event its own transaction id
 //! and moves every cursor to a snapshot before it (the retained log again)
 //! or after it (skipped), with seq floors at 0, epochs bumped, leases
 //! voided and a new incarnation token. The same check refuses a schema
-//! version other than this library's ([`Refusal::SchemaTooNew`] names the
+//! version other than this library's ([`Refusal::SchemaTooNew`](crate::Refusal::SchemaTooNew) names the
 //! version that migrated it) and an order sequence with a cache
-//! ([`Refusal::SequenceCache`]); with `auto_migrate` they run at connect.
+//! ([`Refusal::SequenceCache`](crate::Refusal::SequenceCache)); with `auto_migrate` they run at connect.
 //!
 //! **The retry lane** (`<table>_log_lane`) holds the few events that
 //! cannot simply be passed: a retry (eligible at the database's `now()` +
@@ -211,7 +211,7 @@
 //! passed, the lag, the retry lane and the parked keys, plus the dead
 //! letters, the oldest open writing transaction and the partitions.
 //!
-//! **Consumer groups**: each group ([`GroupName`]) reads every event with
+//! **Consumer groups**: each group ([`GroupName`](crate::GroupName)) reads every event with
 //! its own cursors, lane and dead letters. A new cursor starts at what every
 //! cursor of its group has passed (reconfiguring shards from 2 to 4
 //! redelivers a little, never loses), or, for a new group, at the log's
@@ -222,7 +222,7 @@
 //! holds it back, and [`PgLogStore::drop_group`] deletes a group's
 //! cursors, lane, dead letters, control and relay rows in one fenced step
 //! (it then holds nothing back; a relay that was reading it refuses to
-//! claim, [`Refusal::GroupDropped`], instead of starting it again at the
+//! claim, [`Refusal::GroupDropped`](crate::Refusal::GroupDropped), instead of starting it again at the
 //! origin).
 //! A group can be paused and resumed on its own
 //! ([`ControlStore`](outbox_core::ControlStore): one row per group in
@@ -258,21 +258,17 @@
 
 mod anchor;
 mod control;
-mod enqueue;
-mod group_name;
 mod groups;
 mod metric_names;
-pub(crate) mod migrate;
-pub(crate) mod names;
 mod options;
+mod reanchor;
 mod snapshot;
 mod sql;
 mod store;
 
-pub use anchor::{Identity, IdentityCheck, ReanchorFrom, Reanchored, Refusal};
-pub use migrate::LOG_MIGRATIONS;
+pub use anchor::IdentityCheck;
+pub use reanchor::{ReanchorFrom, Reanchored};
 
-pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
 pub use groups::{
     GroupContents, GroupDrop, GroupStatus, Horizon, OldTransaction, RelayLease, SlotHold,
 };

@@ -1,46 +1,27 @@
-//! The migration runner of both PostgreSQL modes, and the queue table's
-//! migrations.
+//! The migration runner of both PostgreSQL modes; each mode's migrations
+//! in a module of its own ([`queue`], [`log`]).
 //!
-//! The SQL files live in this crate's `migrations/queue/` (the queue table)
-//! and `migrations/log/` (the event log, [`LOG_MIGRATIONS`](crate::log::LOG_MIGRATIONS)),
-//! embedded as [`Migration`]s (`outbox-core`'s type, shared with
-//! `outbox-sqlite`). [`apply`] runs either set: one transaction under a
-//! transaction-scoped advisory lock, the outbox's own history table, and
-//! `outbox_core::migration::pending` deciding what is missing.
+//! The SQL files live in this crate's `migrations/queue/` (the queue table,
+//! [`queue::MIGRATIONS`]) and `migrations/log/` (the event log,
+//! [`log::LOG_MIGRATIONS`]), embedded as [`Migration`]s (`outbox-core`'s
+//! type, shared with `outbox-sqlite`). [`apply`] runs either set: one
+//! transaction under a transaction-scoped advisory lock, the outbox's own
+//! history table, and `outbox_core::migration::pending` deciding what is
+//! missing.
 
-use crate::names::{Names, Templates};
-use crate::MigrateError;
+use crate::error::MigrateError;
+use crate::names::Templates;
 pub use outbox_core::migration::Migration;
 use outbox_core::migration::{self, HistoryError};
 use sqlx::{Connection, Executor, PgConnection, Row};
 
-/// Every queue-table migration of this crate version, in order (the files of
-/// `migrations/queue/`).
-pub const MIGRATIONS: &[Migration] = &[
-    Migration {
-        version: 1,
-        name: "0001_create_outbox",
-        sql: include_str!("../migrations/queue/0001_create_outbox.sql"),
-    },
-    Migration {
-        version: 2,
-        name: "0002_order_and_parking",
-        sql: include_str!("../migrations/queue/0002_order_and_parking.sql"),
-    },
-    Migration {
-        version: 3,
-        name: "0003_control",
-        sql: include_str!("../migrations/queue/0003_control.sql"),
-    },
-];
+pub(crate) mod log;
+pub(crate) mod queue;
 
 /// What the history's `applied_by` records: this crate's version. A relay
 /// that finds a schema version it does not know names it (the version of
 /// `outbox-relay` to run: the workspace releases its crates together).
 pub(crate) const APPLIED_BY: &str = env!("CARGO_PKG_VERSION");
-
-/// First key of the two-key advisory lock taken while migrating: ASCII "obox".
-const LOCK_NAMESPACE: i32 = 0x6f62_6f78;
 
 /// `migrations` rendered for `names` (either mode's, which deref to
 /// [`Templates`]), as `(version, name, sql)`: what both modes'
@@ -59,28 +40,6 @@ pub(crate) fn render_all(
 /// [`Migration::checksum`].
 pub(crate) fn recorded_checksum(m: &Migration) -> i64 {
     i64::from_ne_bytes(m.checksum().to_ne_bytes())
-}
-
-/// Applies the missing migrations in one transaction. Several processes may
-/// call this at once: a `pg_advisory_xact_lock` keyed on the schema
-/// serializes them, and the later ones find nothing left to do.
-/// Returns the versions this call applied.
-pub(crate) async fn run(conn: &mut PgConnection, names: &Names) -> Result<Vec<i32>, MigrateError> {
-    // In a transaction: through a pooler in transaction mode a statement
-    // outside one may be parsed on one server connection and run on another.
-    let mut tx = conn.begin().await.map_err(MigrateError::Database)?;
-    let kind = relkind(&mut tx, &names.render("{{events}}"))
-        .await
-        .map_err(MigrateError::Database)?;
-    tx.commit().await.map_err(MigrateError::Database)?;
-    if kind.as_deref() == Some("v") {
-        return Err(MigrateError::ModeConflict {
-            outbox: format!("{}.{}", names.schema, names.table),
-            detail: "it was upgraded to the event log (mode `log`, the default); queue-mode \
-                     migrations refuse it: open it in mode `log`",
-        });
-    }
-    apply(conn, names, MIGRATIONS, LOCK_NAMESPACE, "outbox").await
 }
 
 /// The `pg_class.relkind` of the relation `qualified` (a quoted, qualified
@@ -191,23 +150,4 @@ pub(crate) async fn apply(
     }
     tx.commit().await.map_err(MigrateError::Database)?;
     Ok(applied_now)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn both_embedded_sets_are_well_formed() {
-        assert!(migration::is_well_formed(MIGRATIONS));
-        assert!(migration::is_well_formed(crate::log::LOG_MIGRATIONS));
-    }
-
-    #[test]
-    fn the_recorded_checksum_keeps_every_bit() {
-        for m in MIGRATIONS.iter().chain(crate::log::LOG_MIGRATIONS) {
-            let recorded = recorded_checksum(m);
-            assert_eq!(u64::from_ne_bytes(recorded.to_ne_bytes()), m.checksum());
-        }
-    }
 }

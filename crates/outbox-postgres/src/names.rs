@@ -1,10 +1,16 @@
 //! The identifiers one outbox uses, derived from its schema and table, and
-//! the SQL text built from them once.
+//! the SQL text built from them once: what both modes' names are
+//! ([`Templates`]), the queue table's ([`queue::Names`]) and the event log's
+//! ([`log::LogNames`]). The enqueue handle and the migrations use both, so
+//! they live here, below both stores.
 
-use crate::ident::{Ident, InvalidIdentifier};
+use crate::ident::Ident;
 
-/// What the names of both modes (queue [`Names`], event log
-/// [`LogNames`](crate::log::names::LogNames)) are: the outbox's schema and
+pub(crate) mod log;
+pub(crate) mod queue;
+
+/// What the names of both modes (queue [`Names`](queue::Names), event log
+/// [`LogNames`](log::LogNames)) are: the outbox's schema and
 /// table, and the `{{placeholder}}`s its SQL templates are rendered with
 /// (also what the migration runner takes). Each mode's names deref to it.
 #[derive(Debug, Clone)]
@@ -34,86 +40,5 @@ impl Templates {
         self.replacements
             .iter()
             .fold(template.to_owned(), |sql, (from, to)| sql.replace(from, to))
-    }
-}
-
-/// Validated names of everything one (queue-mode) outbox owns in the database.
-#[derive(Debug, Clone)]
-pub(crate) struct Names {
-    templates: Templates,
-    /// LISTEN/NOTIFY channel (plain text, passed as a parameter).
-    pub(crate) channel: String,
-}
-
-impl std::ops::Deref for Names {
-    type Target = Templates;
-
-    fn deref(&self) -> &Templates {
-        &self.templates
-    }
-}
-
-impl Names {
-    /// Derives and validates every name (each must fit in 63 bytes).
-    pub(crate) fn new(schema: Ident, table: Ident) -> Result<Self, InvalidIdentifier> {
-        let s = schema.quoted();
-        let qualified = |suffix: &str| -> Result<String, InvalidIdentifier> {
-            Ok(format!("{s}.{}", table.with_suffix(suffix)?.quoted()))
-        };
-        let local = |suffix: &str| -> Result<String, InvalidIdentifier> {
-            Ok(table.with_suffix(suffix)?.quoted())
-        };
-        let replacements = vec![
-            ("{{schema}}", s.clone()),
-            ("{{events}}", format!("{s}.{}", table.quoted())),
-            ("{{dead}}", qualified("_dead")?),
-            ("{{history}}", qualified("_migrations")?),
-            ("{{control}}", qualified("_control")?),
-            ("{{seq}}", qualified("_seq")?),
-            ("{{claim_idx}}", local("_claim_idx")?),
-            ("{{key_idx}}", local("_key_idx")?),
-            ("{{delivered_idx}}", local("_delivered_idx")?),
-            ("{{parked_idx}}", local("_parked_idx")?),
-            ("{{dead_code_idx}}", local("_dead_code_idx")?),
-            ("{{key_hash_check}}", local("_key_hash_check")?),
-        ];
-        let plain = format!("{schema}.{table}");
-        let channel = if plain.len() <= crate::ident::MAX_IDENTIFIER_BYTES {
-            plain
-        } else {
-            format!("outbox_{:016x}", outbox_core::fnv1a_64(plain.as_bytes()))
-        };
-        Ok(Self {
-            templates: Templates::new(schema, table, replacements),
-            channel,
-        })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn renders_quoted_names() {
-        let n = Names::new(Ident::new("app").unwrap(), Ident::new("Events").unwrap()).unwrap();
-        assert_eq!(
-            n.render("SELECT 1 FROM {{events}} JOIN {{dead}} ON true; CREATE INDEX {{claim_idx}}"),
-            "SELECT 1 FROM \"app\".\"Events\" JOIN \"app\".\"Events_dead\" ON true; CREATE INDEX \"Events_claim_idx\""
-        );
-        assert_eq!(n.channel, "app.Events");
-    }
-
-    #[test]
-    fn derived_names_must_fit() {
-        let long = Ident::new("t".repeat(60)).unwrap();
-        let err = Names::new(Ident::new("s").unwrap(), long).unwrap_err();
-        assert!(matches!(err, InvalidIdentifier::TooLong { .. }), "{err}");
-        let n = Names::new(
-            Ident::new("s".repeat(40)).unwrap(),
-            Ident::new("t".repeat(40)).unwrap(),
-        )
-        .unwrap();
-        assert!(n.channel.starts_with("outbox_") && n.channel.len() <= 63);
     }
 }

@@ -2,8 +2,8 @@
 //! tasks.
 
 use crate::db::Db;
+use crate::error::StoreError;
 use crate::options::scrub;
-use crate::StoreError;
 use outbox_core::{PoolSettings, Pooler};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection};

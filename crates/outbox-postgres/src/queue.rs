@@ -7,7 +7,7 @@ use crate::db::Db;
 use crate::dead_filter::bind_dead_filter;
 use crate::enqueue::PgOutbox;
 use crate::error::{MigrateError, StoreError};
-use crate::names::Names;
+use crate::names::queue::Names;
 use crate::options::redact_url;
 use crate::pool::{connect_pool, BackgroundTasks};
 use crate::rows::headers_strict;

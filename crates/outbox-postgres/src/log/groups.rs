@@ -5,15 +5,15 @@
 //! Everything here reads or deletes rows of one outbox through the store's
 //! pool and names; nothing here is on the claim or settle path.
 
-use super::group_name::GroupName;
-use super::names::PARTITIONS;
 use super::options::PgLogOptions;
 use super::sql::{
     BEHIND, BEHIND_PARTITION, CONTENTS, DEAD_BY_CODE, GROUP_DELETE, GROUP_NAMES,
     GROUP_OWNERS_FOR_UPDATE, INCOMPLETE, OLDEST_TRANSACTION, PREPARED, RELAYS, SLOTS,
 };
 use super::store::{LogStatus, PgLogStore};
-use crate::StoreError;
+use crate::error::StoreError;
+use crate::group_name::GroupName;
+use crate::names::log::PARTITIONS;
 use sqlx::Row;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -300,7 +300,7 @@ impl PgLogStore {
     /// transaction and then finds no cursor: its settles are fenced, and a
     /// relay that had found the cursor before (its lease lapsed a moment
     /// before the drop, or it was forced out) refuses to claim
-    /// ([`Refusal::GroupDropped`](crate::log::Refusal::GroupDropped))
+    /// ([`Refusal::GroupDropped`](crate::error::Refusal::GroupDropped))
     /// instead of creating the cursor again at the log's origin, which
     /// would deliver the whole retained log again. A relay started after
     /// the drop starts the group as new (see

@@ -1,12 +1,10 @@
 //! Configuration of [`PgLogStore`](super::PgLogStore).
 
-use crate::options::{DEFAULT_SCHEMA, DEFAULT_TABLE};
-use crate::{redact_url, Ident};
-use outbox_core::PoolSettings;
+use crate::ident::Ident;
+use crate::options::{redact_url, DEFAULT_SCHEMA, DEFAULT_TABLE};
+use outbox_core::{PoolSettings, DEFAULT_GROUP};
 use std::fmt;
 use std::time::Duration;
-
-pub(crate) use outbox_core::DEFAULT_GROUP;
 /// Default [`PgLogOptions::with_rotation_interval`].
 pub const DEFAULT_ROTATION_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -197,7 +195,7 @@ impl PgLogOptions {
 
     /// The consumer group: relays of one group share the work (one cursor
     /// per shard); each group gets every event. Default `"default"`. The
-    /// name must be a valid [`GroupName`](super::GroupName) (checked when
+    /// name must be a valid [`GroupName`](crate::GroupName) (checked when
     /// the store connects: [`StoreError::InvalidGroup`](crate::StoreError::InvalidGroup)).
     pub fn with_group(mut self, group: impl Into<String>) -> Self {
         self.group = group.into();

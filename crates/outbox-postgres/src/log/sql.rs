@@ -1,6 +1,6 @@
 //! The SQL of [`PgLogStore`](super::PgLogStore), rendered once per store.
 
-use super::names::{LogNames, PARTITIONS};
+use crate::names::log::{LogNames, PARTITIONS};
 
 /// Takes or keeps the cursor lease. `$1..$3` the cursor, `$4` relay, `$5`
 /// the epoch this process holds (-1: none), `$6` lease in µs. Always one

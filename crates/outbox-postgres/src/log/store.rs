@@ -19,14 +19,16 @@
 //!
 //! The SQL of all of them is `log/sql.rs`.
 
-use super::enqueue::PgLog;
-use super::group_name::GroupName;
-use super::names::LogNames;
 use super::options::{rotation_check_every, PgLogOptions};
 use super::sql::Sql;
 use crate::db::Db;
-use crate::pool::BackgroundTasks;
-use crate::{redact_url, StoreError};
+use crate::enqueue::PgOutbox;
+use crate::error::StoreError;
+use crate::group_name::GroupName;
+use crate::ident::Ident;
+use crate::names::log::LogNames;
+use crate::options::redact_url;
+use crate::pool::{connect_pool, BackgroundTasks};
 use context::Ctx;
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore,
@@ -42,6 +44,7 @@ use std::time::Duration;
 mod claim;
 mod context;
 mod cursor;
+mod fences;
 mod guard;
 mod lane;
 mod lease;
@@ -70,12 +73,37 @@ struct Inner {
     /// cursor state.
     ctx: Ctx,
     log: PgLog,
-    outbox: crate::PgOutbox,
+    outbox: PgOutbox,
     rotation_interval: Duration,
     url: Option<String>,
     relays: RelayGroups,
     /// Held for its `Drop`: stops the background rotation with the last clone.
     _tasks: BackgroundTasks,
+}
+
+/// The names of one event-log outbox (`schema`.`<table>_log...`), shared by
+/// the store's parts.
+#[derive(Clone, Debug)]
+pub(crate) struct PgLog {
+    pub(crate) names: Arc<LogNames>,
+}
+
+impl PgLog {
+    pub(crate) fn from_names(names: LogNames) -> Self {
+        Self {
+            names: Arc::new(names),
+        }
+    }
+
+    /// The schema.
+    pub(crate) fn schema(&self) -> &Ident {
+        &self.names.schema
+    }
+
+    /// The outbox table name the log's objects are named after.
+    pub(crate) fn table(&self) -> &Ident {
+        &self.names.table
+    }
 }
 
 impl fmt::Debug for PgLogStore {
@@ -112,8 +140,7 @@ impl PgLogStore {
         // the connect timeout, then its root cause is reported. Generic
         // plans: the claim statement is planned once per connection, not
         // at every claim (see `GENERIC_PLANS`).
-        let db = crate::pool::connect_pool(options.url.as_deref(), &options.pool, &[GENERIC_PLANS])
-            .await?;
+        let db = connect_pool(options.url.as_deref(), &options.pool, &[GENERIC_PLANS]).await?;
         Self::on(db, options).await
     }
 
@@ -133,7 +160,7 @@ impl PgLogStore {
         let pool = db.pool().clone();
         GroupName::new(options.group.as_str())?;
         let names = LogNames::new(options.schema.clone(), options.table.clone())?;
-        let outbox = crate::PgOutbox::new(options.schema.clone(), options.table.clone())?
+        let outbox = PgOutbox::new(options.schema.clone(), options.table.clone())?
             .with_limits(options.pool.limits)
             .with_unnamed_statements(db.pooled());
         let log = PgLog::from_names(names.clone());
@@ -142,7 +169,7 @@ impl PgLogStore {
             // (the migration refuses it) or an order sequence someone
             // altered to a cache is refused at connect. Without
             // `auto_migrate` the same checks run at the first claim
-            // (`guard.rs`), so that `migrate`, `status` and `reanchor` can
+            // (`store/fences.rs`), so that `migrate`, `status` and `reanchor` can
             // open a store on an outbox that needs them.
             let mut conn = pool.acquire().await?;
             outbox.migrate(&mut conn).await?;
@@ -180,9 +207,9 @@ impl PgLogStore {
         &self.inner.log
     }
 
-    /// The same outbox as a [`PgOutbox`](crate::PgOutbox) (event-log mode),
+    /// The same outbox as a [`PgOutbox`](PgOutbox) (event-log mode),
     /// the handle a producer uses with either store.
-    pub fn outbox(&self) -> &crate::PgOutbox {
+    pub fn outbox(&self) -> &PgOutbox {
         &self.inner.outbox
     }
 

@@ -2,7 +2,7 @@
 //! once per store.
 
 use crate::dead_filter::dead_filter_sql;
-use crate::names::Names;
+use crate::names::queue::Names;
 
 /// The claim, one statement. See the crate docs ("Claim rules") for what it
 /// guarantees. Order is `seq`, the insertion sequence (migration 2). The

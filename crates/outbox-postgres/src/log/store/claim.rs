@@ -7,14 +7,14 @@
 
 use super::context::Ctx;
 use super::cursor::{Batch, CursorKey, CursorState, Item, Kind, Src};
-use super::guard;
+use super::fences;
 use super::lane::{self, LaneOp, LaneRows};
 use super::lease;
 use super::rows::{empty_claim, snap};
+use crate::error::StoreError;
 use crate::log::options::{DeadHeadPolicy, LeaseTimers};
 use crate::log::snapshot::{Position, Snap, Xid8};
 use crate::rows::{headers_strict, last_error};
-use crate::StoreError;
 use chrono::Utc;
 use outbox_core::{Claim, ClaimRequest, ErrorCode, Event, EventId, FencingToken, LastError};
 use sqlx::postgres::PgRow;
@@ -70,12 +70,12 @@ pub(super) async fn claim_key(
     // The fences (schema version, order sequence, database identity):
     // before a lease is taken when due, and again under every new lease.
     if ctx.guard.due() {
-        guard::check(ctx, st).await?;
+        fences::check(ctx, st).await?;
     }
     if st.renew_due(req.lease) && !lease::hold(ctx, key, st, req.lease).await? {
         return Ok(None);
     }
-    guard::check_new_lease(ctx, st).await?;
+    fences::check_new_lease(ctx, st).await?;
     let limit = req.batch_size.max(1);
     for _ in 0..8 {
         match claim_once(ctx, key, st, limit, upto).await? {
@@ -92,7 +92,7 @@ pub(super) async fn claim_key(
                 if !lease::hold(ctx, key, st, req.lease).await? {
                     return Ok(None);
                 }
-                guard::check_new_lease(ctx, st).await?;
+                fences::check_new_lease(ctx, st).await?;
             }
         }
     }

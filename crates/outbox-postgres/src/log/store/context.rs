@@ -5,9 +5,9 @@ use super::cursor::{Cursors, SeqFloors};
 use super::guard::Guard;
 use super::wake::Wake;
 use crate::db::Db;
-use crate::log::names::LogNames;
 use crate::log::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
 use crate::log::sql::Sql;
+use crate::names::log::LogNames;
 use std::sync::Arc;
 use std::time::Duration;
 

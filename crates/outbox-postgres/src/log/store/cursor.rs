@@ -92,7 +92,7 @@ pub(super) struct CursorState {
     /// are used only while the database is still that incarnation. `None`
     /// until a lease is taken.
     pub(super) boot: Option<String>,
-    /// The epoch under which the fences (`guard.rs`) last passed: a lease
+    /// The epoch under which the fences (`fences.rs`) last passed: a lease
     /// newly taken is checked before it is read under.
     pub(super) guarded_epoch: Option<i64>,
     /// This relay found the cursor row once: if it vanishes (the group was

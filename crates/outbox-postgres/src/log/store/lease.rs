@@ -6,10 +6,10 @@
 use super::context::Ctx;
 use super::cursor::{Cell, CursorKey, CursorState, Granted};
 use super::rows::{decode_err, micros, position, row_skip_list, snap};
-use crate::log::anchor::Refusal;
+use crate::error::Refusal;
+use crate::error::StoreError;
 use crate::log::options::{GroupStart, LeaseTimers};
 use crate::log::snapshot::{Position, Snap};
-use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{FencingToken, RelayId};
 use sqlx::Row;

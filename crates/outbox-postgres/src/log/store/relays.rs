@@ -32,9 +32,9 @@ use super::context::Ctx;
 use super::cursor::{CursorKey, Granted};
 use super::lease;
 use super::rows::{empty_claim, micros, position, row_skip_list};
+use crate::error::StoreError;
 use crate::log::options::{GroupStart, LeaseTimers};
 use crate::log::snapshot::Snap;
-use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, ClaimRequest, RelayId};
 use sqlx::Row;
@@ -464,7 +464,7 @@ impl RelayGroups {
     ) -> Result<(), StoreError> {
         let existing = lease::group_starts(ctx).await?;
         if existing.is_empty() && member {
-            return Err(StoreError::Refused(crate::log::Refusal::GroupDropped {
+            return Err(StoreError::Refused(crate::error::Refusal::GroupDropped {
                 group: ctx.group.clone(),
                 shard: format!("0..{total}/{total} (relay group)"),
             }));

@@ -18,9 +18,9 @@
 use super::context::Ctx;
 use super::rows::micros;
 use crate::db::{Db, Tx};
-use crate::log::names::PARTITIONS;
+use crate::error::StoreError;
 use crate::log::sql::Sql;
-use crate::StoreError;
+use crate::names::log::PARTITIONS;
 use chrono::{DateTime, Utc};
 use sqlx::Row;
 use std::fmt;

@@ -2,8 +2,8 @@
 //! microseconds, counts, and the snapshots, positions and skip lists of
 //! cursor rows.
 
+use crate::error::StoreError;
 use crate::log::snapshot::{Position, Snap};
-use crate::StoreError;
 use chrono::{DateTime, Utc};
 use outbox_core::{Claim, FencingToken, ShardSpec};
 use sqlx::postgres::PgRow;

@@ -8,8 +8,8 @@ use super::context::Ctx;
 use super::cursor::{CursorState, Kind, Src};
 use super::lane::{self, LaneOp, LaneRows};
 use super::lease;
+use crate::error::StoreError;
 use crate::log::snapshot::Position;
-use crate::StoreError;
 use outbox_core::{
     EventId, FencingToken, LastError, Rejected, Resolution, SettleReport, Settlement,
 };

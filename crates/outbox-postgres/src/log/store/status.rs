@@ -5,8 +5,8 @@
 use super::context::Ctx;
 use super::cursor::{Kind, Src};
 use super::rows::{count, shard_spec};
-use crate::log::names::PARTITIONS;
-use crate::StoreError;
+use crate::error::StoreError;
+use crate::names::log::PARTITIONS;
 use chrono::{DateTime, Utc};
 use outbox_core::{EventId, FencingToken, RelayId, ShardSpec, Stats};
 use sqlx::Row;
@@ -77,7 +77,7 @@ pub struct LogStatus {
     /// The database the log's positions belong to and the one this
     /// connection is to (`None`: a schema older than migration 6). When
     /// they differ relays refuse to claim: `outbox-relay reanchor`.
-    pub identity: Option<crate::log::IdentityCheck>,
+    pub identity: Option<crate::log::anchor::IdentityCheck>,
 }
 
 /// The state of the log's partitions (see [`PgLogStore::log_info`](super::PgLogStore::log_info)).
@@ -309,7 +309,7 @@ pub(super) async fn status(ctx: &Ctx) -> Result<LogStatus, StoreError> {
 
 /// The stored and found identity, or `None` when it cannot be read (a
 /// schema before migration 6).
-async fn identity(ctx: &Ctx) -> Option<crate::log::IdentityCheck> {
+async fn identity(ctx: &Ctx) -> Option<crate::log::anchor::IdentityCheck> {
     let mut tx = ctx.db.begin().await.ok()?;
     match crate::log::anchor::read_identity(tx.conn(), &ctx.names).await {
         Ok(check) => Some(check),

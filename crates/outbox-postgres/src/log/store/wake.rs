@@ -4,8 +4,8 @@
 //! snapshot changed since the last claim or probe.
 
 use crate::db::Db;
+use crate::error::StoreError;
 use crate::log::sql::PROBE;
-use crate::StoreError;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;

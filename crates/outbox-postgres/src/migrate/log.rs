@@ -2,9 +2,10 @@
 //! applied by the shared runner ([`crate::migrate::apply`]) with their own
 //! history table (`<table>_log_migrations`) under an advisory lock.
 
-use super::names::LogNames;
-use super::options::DEFAULT_GROUP;
-use crate::{MigrateError, Migration};
+use crate::error::MigrateError;
+use crate::migrate::Migration;
+use crate::names::log::LogNames;
+use outbox_core::DEFAULT_GROUP;
 use sqlx::{Connection, Executor, PgConnection};
 
 /// Every migration of the event-log mode, in order.
@@ -230,4 +231,20 @@ async fn relkind(conn: &mut PgConnection, qualified: &str) -> Result<Found, sqlx
             Some(other) => Found::Other(other.to_owned()),
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::migrate::recorded_checksum;
+    use outbox_core::migration;
+
+    #[test]
+    fn the_embedded_set_is_well_formed_and_its_checksums_keep_every_bit() {
+        assert!(migration::is_well_formed(LOG_MIGRATIONS));
+        for m in LOG_MIGRATIONS {
+            let recorded = recorded_checksum(m);
+            assert_eq!(u64::from_ne_bytes(recorded.to_ne_bytes()), m.checksum());
+        }
+    }
 }
