@@ -388,7 +388,7 @@ async fn nats_js(url: &str) -> Result<outbox_nats::async_nats::jetstream::Contex
         .reconnect_delay_callback(|attempts| {
             Duration::from_millis((100 * attempts as u64).min(500))
         })
-        .connect(url)
+        .connect(crate::nats_cluster::servers(url)?)
         .await
         .with_context(|| format!("NATS is not reachable at {url}"))?;
     Ok(outbox_nats::async_nats::jetstream::new(client))

@@ -120,7 +120,7 @@ impl NatsCluster {
     pub(crate) async fn kill_leader(&mut self, stream: &str) -> Result<(String, i64)> {
         let client = async_nats::ConnectOptions::new()
             .connection_timeout(Duration::from_secs(2))
-            .connect(self.url())
+            .connect(servers(&self.url())?)
             .await
             .context("connecting to the private NATS cluster")?;
         let js = async_nats::jetstream::new(client);
@@ -187,7 +187,7 @@ impl NatsCluster {
     /// meta leader).
     async fn wait_meta_leader(&self) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
-        let client = async_nats::connect(self.url()).await?;
+        let client = async_nats::connect(servers(&self.url())?).await?;
         let js = async_nats::jetstream::new(client);
         loop {
             if js.query_account().await.is_ok() {
@@ -202,6 +202,19 @@ impl NatsCluster {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
+}
+
+/// The servers of a comma-separated URL list (async-nats parses one URL
+/// per string).
+pub(crate) fn servers(urls: &str) -> Result<Vec<async_nats::ServerAddr>> {
+    urls.split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .with_context(|| format!("bad NATS URL {u:?}"))
+        })
+        .collect()
 }
 
 /// Whether the server at `addr` sends its `INFO` line.
