@@ -233,7 +233,7 @@ impl App for PostgresApp {
             panic!(
                 "PostgreSQL is not reachable at {} ({e}); start it (`cargo xtask services`) \
                  or set DATABASE_URL",
-                outbox_postgres::redact_url(&url)
+                outbox_core::redact_url(&url)
             )
         });
         store

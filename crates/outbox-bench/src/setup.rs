@@ -39,7 +39,7 @@ impl fmt::Debug for Services {
         f.debug_struct("Services")
             .field(
                 "database_url",
-                &outbox_postgres::redact_url(&self.database_url),
+                &outbox_core::redact_url(&self.database_url),
             )
             .field("kafka_brokers", &self.kafka_brokers)
             .finish_non_exhaustive()
@@ -177,7 +177,7 @@ pub(crate) async fn admin_pool(services: &Services) -> Result<PgPool> {
         .with_context(|| {
             format!(
                 "cannot connect to PostgreSQL at {} (is it running? `cargo xtask services`)",
-                outbox_postgres::redact_url(&services.database_url)
+                outbox_core::redact_url(&services.database_url)
             )
         })
 }
@@ -216,7 +216,7 @@ pub(crate) fn fresh_schema(res: &mut Resources, name: &str) -> Result<Ident> {
 fn cannot_open(store: &str, services: &Services) -> String {
     format!(
         "cannot open the Postgres {store} at {}",
-        outbox_postgres::redact_url(&services.database_url)
+        outbox_core::redact_url(&services.database_url)
     )
 }
 

@@ -1,10 +1,10 @@
 //! Validated SQL identifiers for schema and table names.
 
-pub use outbox_core::ident::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
+pub(crate) use outbox_core::ident::{InvalidIdentifier, MAX_IDENTIFIER_BYTES};
 
 /// A schema or table name that is safe to put in SQL: it matches
 /// `[A-Za-z_][A-Za-z0-9_]*` and is at most 63 bytes long
-/// ([`MAX_IDENTIFIER_BYTES`]: PostgreSQL truncates longer identifiers, so
+/// ([`MAX_IDENTIFIER_BYTES`](outbox_core::ident::MAX_IDENTIFIER_BYTES): PostgreSQL truncates longer identifiers, so
 /// they are refused instead).
 ///
 /// The store always writes it double-quoted (`"My_Table"`), so case is kept

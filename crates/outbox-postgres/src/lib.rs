@@ -24,12 +24,11 @@ pub use descriptor::{PgBackend, PgLogBackend};
 pub use enqueue::{enqueue, enqueue_batch, PgOutbox};
 pub use error::{EnqueueError, Identity, MigrateError, Refusal, StoreError};
 pub use group_name::{GroupName, InvalidGroupName, MAX_GROUP_NAME_BYTES};
-pub use ident::{Ident, InvalidIdentifier, MAX_IDENTIFIER_BYTES};
+pub use ident::Ident;
 pub use migrate::log::LOG_MIGRATIONS;
 pub use migrate::queue::MIGRATIONS;
-pub use migrate::Migration;
 pub use mode::PgMode;
-pub use options::{redact_url, DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
+pub use options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 pub use queue::{PgStore, PgStoreOptions, ShardStats, DEFAULT_VACUUM_EVERY};
 
 // The event-log mode (the default): snapshot-window batches, fenced

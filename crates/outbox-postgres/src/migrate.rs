@@ -11,7 +11,7 @@
 
 use crate::error::MigrateError;
 use crate::names::Templates;
-pub use outbox_core::migration::Migration;
+pub(crate) use outbox_core::migration::Migration;
 use outbox_core::migration::{self, HistoryError};
 use sqlx::{Connection, Executor, PgConnection, Row};
 

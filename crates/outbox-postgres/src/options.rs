@@ -10,7 +10,7 @@ pub const DEFAULT_TABLE: &str = "events";
 /// measurement behind it).
 pub const DEFAULT_NOTIFY: bool = false;
 
-pub use outbox_core::redact_url;
+pub(crate) use outbox_core::redact_url;
 
 /// Removes every occurrence of `url`'s password from `text` (for error
 /// messages of the driver that might echo parts of the URL).

@@ -5,13 +5,12 @@
 mod common;
 
 use common::{database_url, fresh_schema, pool, req, SchemaGuard, TestDb};
+use outbox_core::ident::InvalidIdentifier;
 use outbox_core::{
     Claim, ClaimRequest, EventId, FencingToken, NewEvent, Resolution, Settlement, ShardSpec, Stats,
     Store,
 };
-use outbox_postgres::{
-    Ident, InvalidIdentifier, PgMode, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS,
-};
+use outbox_postgres::{Ident, PgMode, PgOutbox, PgStore, PgStoreOptions, StoreError, MIGRATIONS};
 use outbox_testkit::logs::LogCapture;
 use sqlx::{Connection, PgConnection, Row};
 use std::collections::BTreeSet;

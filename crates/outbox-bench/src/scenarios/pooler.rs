@@ -201,14 +201,14 @@ impl Ctx {
                     format!(
                         "cannot open the event log through PgBouncer at {} (PGBOUNCER_URL; \
                          `cargo xtask services` starts it)",
-                        outbox_postgres::redact_url(url)
+                        outbox_core::redact_url(url)
                     )
                 })?;
                 if store.pooler() != Pooler::Transaction {
                     bail!(
                         "the store at {} did not find a pooler in transaction mode (found {}): \
                          PGBOUNCER_URL must point at PgBouncer",
-                        outbox_postgres::redact_url(url),
+                        outbox_core::redact_url(url),
                         store.pooler()
                     );
                 }

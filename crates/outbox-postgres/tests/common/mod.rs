@@ -41,7 +41,7 @@ async fn connect(url: &str, max: u32, what: &str, how: &str) -> PgPool {
         .unwrap_or_else(|e| {
             panic!(
                 "cannot connect to {what} at {} ({e}); {how}",
-                outbox_postgres::redact_url(url)
+                outbox_core::redact_url(url)
             )
         })
 }
