@@ -8,6 +8,4 @@ mod publisher;
 pub use config::{AmqpConfig, AmqpTls, Route};
 pub use error::AmqpError;
 pub use lapin;
-pub use publisher::{
-    AmqpPublisher, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY,
-};
+pub use publisher::AmqpPublisher;

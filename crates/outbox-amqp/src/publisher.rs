@@ -21,15 +21,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex;
 
-/// Header (AMQP table entry) carrying the event type (also in the `type` property).
-pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
-/// Header carrying the event key (absent when the event has none).
-pub const HEADER_KEY: &str = outbox_core::headers::KEY;
-/// Header carrying the event id (also the `message_id` property).
-pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
-/// Header carrying the content type (also the `content_type` property).
-pub const HEADER_CONTENT_TYPE: &str = outbox_core::headers::CONTENT_TYPE;
-
 /// Publishes outbox events to RabbitMQ (AMQP 0.9.1) with publisher confirms
 /// and `mandatory` set; an event is `Delivered` only on a confirm that is
 /// not a nack, and only if the broker did not return it (basic.return).
@@ -674,7 +665,10 @@ mod tests {
             h.get("traceparent"),
             Some(&AMQPValue::LongString("00-abc-def-01".into()))
         );
-        assert_eq!(h.get(HEADER_KEY), Some(&AMQPValue::LongString("k1".into())));
+        assert_eq!(
+            h.get(outbox_core::headers::KEY),
+            Some(&AMQPValue::LongString("k1".into()))
+        );
         assert_eq!(
             properties_for(&BrokerMessage::new(&e), false)
                 .unwrap()
@@ -682,7 +676,7 @@ mod tests {
             &Some(1)
         );
         assert_eq!(
-            h.get(HEADER_CONTENT_TYPE),
+            h.get(outbox_core::headers::CONTENT_TYPE),
             Some(&AMQPValue::LongString("application/octet-stream".into()))
         );
     }
@@ -706,7 +700,7 @@ mod tests {
             Some(&AMQPValue::LongString(outbox_core::ENVELOPE_MARKER.into()))
         );
         assert_eq!(
-            h.get(HEADER_CONTENT_TYPE),
+            h.get(outbox_core::headers::CONTENT_TYPE),
             Some(&AMQPValue::LongString(
                 outbox_core::ENVELOPE_CONTENT_TYPE.into()
             ))

@@ -9,8 +9,5 @@ pub use config::{
     is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV,
 };
 pub use error::KafkaError;
-pub use publisher::{
-    KafkaPublisher, OutboxProducer, TracingContext, HEADER_CONTENT_TYPE, HEADER_EVENT_ID,
-    HEADER_EVENT_TYPE, HEADER_KEY,
-};
+pub use publisher::{KafkaPublisher, OutboxProducer, TracingContext};
 pub use rdkafka;

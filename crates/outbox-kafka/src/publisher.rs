@@ -17,17 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// Header carrying the event id (the consumer's deduplication id).
-pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
-/// Header carrying the event type.
-pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
-/// Header carrying the event key (absent when the event has none; the
-/// message key is the event key, or the event id).
-pub const HEADER_KEY: &str = outbox_core::headers::KEY;
-/// Header carrying the content type (the event's own `content-type` header,
-/// else [`KafkaConfig::with_content_type`]).
-pub const HEADER_CONTENT_TYPE: &str = outbox_core::headers::CONTENT_TYPE;
-
 /// How long a send waits before trying again when librdkafka's local queue is full.
 const QUEUE_FULL_BACKOFF: Duration = Duration::from_millis(20);
 

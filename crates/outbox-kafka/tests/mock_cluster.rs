@@ -122,7 +122,7 @@ async fn delivers_with_key_headers_and_per_key_order() {
         // A keyless event is keyed by its id, which the reader reports as keyless.
         assert_eq!(r.key, ev.key);
         assert_eq!(r.payload, ev.payload);
-        assert_eq!(r.headers[outbox_kafka::HEADER_EVENT_TYPE], "test.event");
+        assert_eq!(r.headers[outbox_core::headers::EVENT_TYPE], "test.event");
         assert_eq!(r.headers["content-type"], "application/octet-stream");
         assert_eq!(r.headers["traceparent"], ev.headers["traceparent"]);
         assert_eq!(r.headers["tracestate"], "vendor=value");

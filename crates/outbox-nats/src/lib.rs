@@ -8,7 +8,4 @@ mod publisher;
 pub use async_nats;
 pub use config::{NatsAuth, NatsConfig, NatsTls};
 pub use error::NatsError;
-pub use publisher::{
-    NatsPublisher, HEADER_CONTENT_TYPE, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY,
-    HEADER_MSG_ID,
-};
+pub use publisher::{NatsPublisher, HEADER_MSG_ID};

@@ -13,16 +13,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-/// Header carrying the event type.
-pub const HEADER_EVENT_TYPE: &str = outbox_core::headers::EVENT_TYPE;
-/// Header carrying the event key (absent when the event has none).
-pub const HEADER_KEY: &str = outbox_core::headers::KEY;
-/// Header carrying the event id (also sent as `Nats-Msg-Id`).
-pub const HEADER_EVENT_ID: &str = outbox_core::headers::EVENT_ID;
 /// JetStream's deduplication header.
 pub const HEADER_MSG_ID: &str = "Nats-Msg-Id";
-/// Content type: the event's `content-type` header, else `application/octet-stream`.
-pub const HEADER_CONTENT_TYPE: &str = outbox_core::headers::CONTENT_TYPE;
 
 /// Publishes outbox events to NATS JetStream and reports an event
 /// `Delivered` only once its PubAck arrived. Cheap to clone.
@@ -543,17 +535,21 @@ mod tests {
         let e = event();
         let h = headers_for(&BrokerMessage::new(&e));
         assert_eq!(
-            h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
+            h.get(outbox_core::headers::CONTENT_TYPE)
+                .map(|v| v.as_str()),
             Some("application/json")
         );
         assert_eq!(
-            h.get(HEADER_EVENT_TYPE).map(|v| v.as_str()),
+            h.get(outbox_core::headers::EVENT_TYPE).map(|v| v.as_str()),
             Some("order.created")
         );
-        assert_eq!(h.get(HEADER_KEY).map(|v| v.as_str()), Some("k1"));
+        assert_eq!(
+            h.get(outbox_core::headers::KEY).map(|v| v.as_str()),
+            Some("k1")
+        );
         let id = e.id.to_string();
         assert_eq!(
-            h.get(HEADER_EVENT_ID).map(|v| v.as_str()),
+            h.get(outbox_core::headers::EVENT_ID).map(|v| v.as_str()),
             Some(id.as_str())
         );
         assert_eq!(
@@ -566,10 +562,11 @@ mod tests {
         bare.key = None;
         let h = headers_for(&BrokerMessage::new(&bare));
         assert_eq!(
-            h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
+            h.get(outbox_core::headers::CONTENT_TYPE)
+                .map(|v| v.as_str()),
             Some("application/octet-stream")
         );
-        assert!(h.get(HEADER_KEY).is_none());
+        assert!(h.get(outbox_core::headers::KEY).is_none());
     }
 
     #[test]
@@ -578,14 +575,18 @@ mod tests {
         let message = BrokerMessage::new(&e).with_format(outbox_core::WireFormat::Envelope);
         let h = headers_for(&message);
         assert_eq!(
-            h.get(HEADER_CONTENT_TYPE).map(|v| v.as_str()),
+            h.get(outbox_core::headers::CONTENT_TYPE)
+                .map(|v| v.as_str()),
             Some(outbox_core::ENVELOPE_CONTENT_TYPE)
         );
         assert_eq!(
             h.get(outbox_core::headers::WIRE_FORMAT).map(|v| v.as_str()),
             Some(outbox_core::ENVELOPE_MARKER)
         );
-        assert_eq!(h.get(HEADER_KEY).map(|v| v.as_str()), Some("k1"));
+        assert_eq!(
+            h.get(outbox_core::headers::KEY).map(|v| v.as_str()),
+            Some("k1")
+        );
         assert!(headers_for(&BrokerMessage::new(&e))
             .get(outbox_core::headers::WIRE_FORMAT)
             .is_none());

@@ -190,7 +190,7 @@ async fn run_relays_to_kafka() {
             use outbox_kafka::rdkafka::message::{Headers, Message};
             let id = m
                 .headers()
-                .and_then(|h| h.iter().find(|h| h.key == outbox_kafka::HEADER_EVENT_ID))
+                .and_then(|h| h.iter().find(|h| h.key == outbox_core::headers::EVENT_ID))
                 .and_then(|h| h.value.map(<[u8]>::to_vec));
             ids.insert(id);
         }

@@ -8,7 +8,7 @@ use outbox_amqp::lapin::options::{
 };
 use outbox_amqp::lapin::types::{AMQPValue, FieldTable};
 use outbox_amqp::lapin::{self, Connection, ConnectionProperties};
-use outbox_amqp::{AmqpConfig, AmqpPublisher, HEADER_EVENT_ID, HEADER_KEY};
+use outbox_amqp::{AmqpConfig, AmqpPublisher};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -286,9 +286,11 @@ pub fn received(d: &lapin::message::Delivery) -> Received {
     let message_id = d.properties.message_id().as_ref().map(|s| s.as_str());
     Received {
         message_id: message_id.and_then(|s| s.parse().ok()),
-        event_id_header: headers.get(HEADER_EVENT_ID).and_then(|v| v.parse().ok()),
+        event_id_header: headers
+            .get(outbox_core::headers::EVENT_ID)
+            .and_then(|v| v.parse().ok()),
         event_type: d.properties.kind().as_ref().map(|s| s.as_str().to_owned()),
-        key: headers.get(HEADER_KEY).cloned(),
+        key: headers.get(outbox_core::headers::KEY).cloned(),
         payload: d.data.clone(),
         partition: None,
         offset: None,

@@ -8,7 +8,7 @@ use outbox_kafka::rdkafka::client::DefaultClientContext;
 use outbox_kafka::rdkafka::consumer::{Consumer, StreamConsumer};
 use outbox_kafka::rdkafka::message::{BorrowedMessage, Headers, Message};
 use outbox_kafka::rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use outbox_kafka::{KafkaConfig, KafkaPublisher, HEADER_EVENT_ID, HEADER_EVENT_TYPE};
+use outbox_kafka::{KafkaConfig, KafkaPublisher};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -250,15 +250,22 @@ pub fn received(msg: &BorrowedMessage<'_>) -> Received {
         let value = h.value.map(String::from_utf8_lossy).unwrap_or_default();
         headers.insert(h.key.to_owned(), value.into_owned());
     }
-    let id = headers.get(HEADER_EVENT_ID).and_then(|v| v.parse().ok());
+    let id = headers
+        .get(outbox_core::headers::EVENT_ID)
+        .and_then(|v| v.parse().ok());
     let key = msg
         .key()
         .map(|k| String::from_utf8_lossy(k).into_owned())
-        .filter(|k| Some(k.as_str()) != headers.get(HEADER_EVENT_ID).map(String::as_str));
+        .filter(|k| {
+            Some(k.as_str())
+                != headers
+                    .get(outbox_core::headers::EVENT_ID)
+                    .map(String::as_str)
+        });
     Received {
         message_id: id,
         event_id_header: id,
-        event_type: headers.get(HEADER_EVENT_TYPE).cloned(),
+        event_type: headers.get(outbox_core::headers::EVENT_TYPE).cloned(),
         key,
         payload: msg.payload().unwrap_or_default().to_vec(),
         partition: Some(msg.partition()),

@@ -4,9 +4,7 @@
 use crate::broker::{first_socket_addr, nats_url, unique_suffix, Received};
 use crate::publisher::PublisherHarness;
 use outbox_nats::async_nats::{self, jetstream};
-use outbox_nats::{
-    NatsConfig, NatsPublisher, HEADER_EVENT_ID, HEADER_EVENT_TYPE, HEADER_KEY, HEADER_MSG_ID,
-};
+use outbox_nats::{NatsConfig, NatsPublisher, HEADER_MSG_ID};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -240,9 +238,9 @@ pub fn received(m: &jetstream::message::StreamMessage) -> Received {
     let id = |name: &str| headers.get(name).and_then(|v| v.parse().ok());
     Received {
         message_id: id(HEADER_MSG_ID),
-        event_id_header: id(HEADER_EVENT_ID),
-        event_type: headers.get(HEADER_EVENT_TYPE).cloned(),
-        key: headers.get(HEADER_KEY).cloned(),
+        event_id_header: id(outbox_core::headers::EVENT_ID),
+        event_type: headers.get(outbox_core::headers::EVENT_TYPE).cloned(),
+        key: headers.get(outbox_core::headers::KEY).cloned(),
         payload: m.payload.to_vec(),
         partition: None,
         offset: None,
