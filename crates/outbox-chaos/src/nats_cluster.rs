@@ -183,19 +183,21 @@ impl NatsCluster {
         }
     }
 
-    /// Waits until JetStream answers account info (the cluster elected its
-    /// meta leader).
+    /// Waits until JetStream answers a stream lookup (the cluster elected
+    /// its meta leader): "stream not found" is an answer.
     async fn wait_meta_leader(&self) -> Result<()> {
         let deadline = Instant::now() + READY_TIMEOUT;
         let client = async_nats::connect(servers(&self.url())?).await?;
         let js = async_nats::jetstream::new(client);
         loop {
-            if js.query_account().await.is_ok() {
-                return Ok(());
-            }
+            let last = match js.get_stream("OUTBOX_CHAOS_READY").await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.to_string().contains("not found") => return Ok(()),
+                Err(e) => e.to_string(),
+            };
             if Instant::now() >= deadline {
                 bail!(
-                    "the NATS cluster elected no JetStream leader within {READY_TIMEOUT:?}; see the logs under {}",
+                    "the NATS cluster's JetStream did not answer within {READY_TIMEOUT:?} (last: {last}); see the logs under {}",
                     self.dir.display()
                 );
             }
