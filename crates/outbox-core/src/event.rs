@@ -591,26 +591,35 @@ impl NewEvent {
 
     /// Splits the event into its parts (for store crates; read
     /// [`delivery`](Self::delivery) first).
-    #[allow(clippy::type_complexity)]
-    pub fn into_parts(
-        self,
-    ) -> (
-        EventId,
-        Option<String>,
-        String,
-        String,
-        Vec<u8>,
-        BTreeMap<String, String>,
-    ) {
-        (
-            self.id,
-            self.key,
-            self.event_type,
-            self.topic,
-            self.payload,
-            self.headers,
-        )
+    pub fn into_parts(self) -> EventParts {
+        EventParts {
+            id: self.id,
+            key: self.key,
+            event_type: self.event_type,
+            topic: self.topic,
+            payload: self.payload,
+            headers: self.headers,
+        }
     }
+}
+
+/// A [`NewEvent`]'s parts, as a store writes them
+/// ([`NewEvent::into_parts`]; the delivery time is read with
+/// [`NewEvent::delivery`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventParts {
+    /// The event id (UUIDv7).
+    pub id: EventId,
+    /// The ordering key, if any.
+    pub key: Option<String>,
+    /// The event type.
+    pub event_type: String,
+    /// The topic.
+    pub topic: String,
+    /// The payload.
+    pub payload: Vec<u8>,
+    /// The headers.
+    pub headers: BTreeMap<String, String>,
 }
 
 pub(crate) fn shard_key(id: EventId, key: Option<&str>) -> String {

@@ -25,8 +25,8 @@ pub use control::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
 pub use event::{
-    Delivery, DeliveryDelay, Event, EventField, EventId, EventLimits, LastError, NewEvent,
-    ValidationError, MAX_DELIVERY_DELAY,
+    Delivery, DeliveryDelay, Event, EventField, EventId, EventLimits, EventParts, LastError,
+    NewEvent, ValidationError, MAX_DELIVERY_DELAY,
 };
 pub use held::{HeadState, HeldKey, HeldKeyStore, HeldKeys};
 pub use message::BrokerMessage;

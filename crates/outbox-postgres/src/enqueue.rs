@@ -458,7 +458,14 @@ pub(crate) fn bind_event<'q>(
         .map_err(|source| EnqueueError::Invalid { id, source })?;
     let due = due_params(&event)?;
     let key_hash = i64::from(event.key_hash());
-    let (id, key, event_type, topic, payload, headers) = event.into_parts();
+    let outbox_core::EventParts {
+        id,
+        key,
+        event_type,
+        topic,
+        payload,
+        headers,
+    } = event.into_parts();
     let q = q
         .bind(id.as_uuid())
         .bind(key)
@@ -531,7 +538,14 @@ pub(crate) fn bind_batch(
             afters.push(after);
         }
         hashes.push(i64::from(e.key_hash()));
-        let (id, key, event_type, topic, payload, h) = e.into_parts();
+        let outbox_core::EventParts {
+            id,
+            key,
+            event_type,
+            topic,
+            payload,
+            headers: h,
+        } = e.into_parts();
         ids.push(id);
         uuids.push(id.as_uuid());
         keys.push(key);

@@ -200,7 +200,14 @@ impl SqliteOutbox {
             let mut query = sqlx::query(&sql);
             for (event, due) in chunk {
                 let key_hash = i64::from(event.key_hash());
-                let (id, key, event_type, topic, payload, headers) = event.into_parts();
+                let outbox_core::EventParts {
+                    id,
+                    key,
+                    event_type,
+                    topic,
+                    payload,
+                    headers,
+                } = event.into_parts();
                 ids.push(id);
                 query = query
                     .bind(id.as_uuid())
@@ -268,32 +275,6 @@ pub async fn enqueue_batch(
     events: impl IntoIterator<Item = NewEvent>,
 ) -> Result<Vec<EventId>, EnqueueError> {
     default_outbox().enqueue_batch(conn, events).await
-}
-
-/// [`enqueue`] with explicit limits.
-pub async fn enqueue_with_limits(
-    conn: &mut SqliteConnection,
-    event: NewEvent,
-    limits: &EventLimits,
-) -> Result<EventId, EnqueueError> {
-    default_outbox()
-        .clone()
-        .with_limits(*limits)
-        .enqueue(conn, event)
-        .await
-}
-
-/// [`enqueue_batch`] with explicit limits.
-pub async fn enqueue_batch_with_limits(
-    conn: &mut SqliteConnection,
-    events: Vec<NewEvent>,
-    limits: &EventLimits,
-) -> Result<Vec<EventId>, EnqueueError> {
-    default_outbox()
-        .clone()
-        .with_limits(*limits)
-        .enqueue_batch(conn, events)
-        .await
 }
 
 #[cfg(test)]

@@ -12,9 +12,7 @@ mod options;
 mod sql;
 mod store;
 
-pub use enqueue::{
-    enqueue, enqueue_batch, enqueue_batch_with_limits, enqueue_with_limits, SqliteOutbox,
-};
+pub use enqueue::{enqueue, enqueue_batch, SqliteOutbox};
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::Ident;
 pub use migrate::{AppliedMigration, MIGRATIONS, MIGRATIONS_TABLE};
