@@ -30,6 +30,7 @@ const USER_LIBRARIES: &[&str] = &[
     "outbox-amqp",
     "outbox-kafka",
     "outbox-worker",
+    "outbox-inbox",
 ];
 
 /// The `Store` calls the relay library may make; every write among them
