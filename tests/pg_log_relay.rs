@@ -10,11 +10,11 @@ mod log_support;
 
 use log_support::LogDb;
 use outbox_core::{
-    DeadLetterQuery, DeadLetterStore, EventId, Jitter, NewEvent, RelayId, RetryPolicy, ShardSpec,
-    Store,
+    DeadLetterQuery, DeadLetterStore, EventId, HandlerError, Jitter, NewEvent, RelayId,
+    RetryPolicy, ShardSpec, Store,
 };
 use outbox_postgres::PgLogStore;
-use outbox_worker::{HandlerError, HandlerRegistry, Relay, RelayOptions};
+use outbox_worker::{HandlerRegistry, Relay, RelayOptions};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

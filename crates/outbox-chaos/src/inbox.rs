@@ -19,13 +19,12 @@
 use crate::record::{now_us, parse_payload};
 use anyhow::{bail, Context as _, Result};
 use futures::future::BoxFuture;
-use outbox_core::InboundMessage;
+use outbox_core::{HandlerError, InboundMessage};
 use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
 use outbox_inbox::{
-    Handler, HandlerError, Inbox, InboxCounts, InboxOptions, PgInbox, Retention, Source,
-    SqliteInbox,
+    Handler, Inbox, InboxCounts, InboxOptions, PgInbox, Retention, Source, SqliteInbox,
 };
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};

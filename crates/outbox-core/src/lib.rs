@@ -7,6 +7,7 @@ mod control;
 mod envelope;
 mod error;
 mod event;
+mod handler;
 pub mod headers;
 mod held;
 pub mod ident;
@@ -28,6 +29,7 @@ pub use event::{
     Delivery, DeliveryDelay, Event, EventField, EventId, EventLimits, EventParts, LastError,
     NewEvent, ValidationError, MAX_DELIVERY_DELAY,
 };
+pub use handler::{panic_message, HandlerError};
 pub use held::{HeadState, HeldKey, HeldKeyStore, HeldKeys};
 pub use message::BrokerMessage;
 pub use pool::{PoolSettings, Pooler, UnknownPooler};

@@ -4,13 +4,13 @@
 //! acknowledges them at the broker; a retry loop works through the messages
 //! held back in the store.
 
-use crate::handler::{run_handler, Failure, Handler, HandlerError};
+use crate::handler::{run_handler, Failure, Handler};
 use crate::metrics as m;
 use crate::options::InboxOptions;
 use crate::source::{reconnect_delay, Position, RawMessage, Source};
 use crate::store::{Hold, InboxStore, StoreError, Verdict};
 use chrono::Utc;
-use outbox_core::{fnv1a_64, ErrorCode, EventId, InboundMessage};
+use outbox_core::{fnv1a_64, ErrorCode, EventId, HandlerError, InboundMessage};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -1,74 +1,22 @@
 //! The application's side: a [`Handler`] runs inside the inbox's
 //! transaction, so its writes commit together with the record that the
-//! message was handled, or not at all.
+//! message was handled, or not at all. It reports a failure as the outbox's
+//! [`HandlerError`]: [`HandlerError::retryable`] is retried with the inbox's
+//! [`RetryPolicy`](outbox_core::RetryPolicy) (`HANDLER_TEMPORARY_FAILURE`),
+//! [`HandlerError::permanent`] goes to the inbox's dead letters at once
+//! (`HANDLER_PERMANENT_FAILURE`), and the handler's writes are rolled back
+//! either way. A database error through `?` is retryable: the inbox's own
+//! transaction is what failed (a terminated connection, a deadlock, a
+//! serialization failure), not the message.
 
 use futures::future::BoxFuture;
 use futures::FutureExt;
-use outbox_core::{DeliveryError, ErrorCode, InboundMessage};
+use outbox_core::{ErrorCode, HandlerError, InboundMessage};
 use sqlx::Transaction;
 use std::collections::HashMap;
 use std::fmt;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-
-/// Why a handler could not apply a message. The handler's writes are rolled
-/// back either way. [`HandlerError::retryable`] is retried with the inbox's
-/// [`RetryPolicy`](outbox_core::RetryPolicy) (`HANDLER_TEMPORARY_FAILURE`);
-/// [`HandlerError::permanent`] goes to the inbox's dead letters at once
-/// (`HANDLER_PERMANENT_FAILURE`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct HandlerError {
-    retryable: bool,
-    message: String,
-}
-
-impl HandlerError {
-    /// A transient failure (a dependency is down, a lock timeout): retry later.
-    pub fn retryable(message: impl Into<String>) -> Self {
-        Self {
-            retryable: true,
-            message: message.into(),
-        }
-    }
-
-    /// A failure retrying cannot fix (a malformed payload): dead-letter.
-    pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            retryable: false,
-            message: message.into(),
-        }
-    }
-
-    /// Whether the message should be retried.
-    pub fn is_retryable(&self) -> bool {
-        self.retryable
-    }
-
-    /// The text stored as the message's last error.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl From<sqlx::Error> for HandlerError {
-    /// A database error inside a handler is retryable: the inbox's own
-    /// transaction is what failed (a terminated connection, a deadlock, a
-    /// serialization failure), not the message.
-    fn from(e: sqlx::Error) -> Self {
-        Self::retryable(format!("database error in the handler: {e}"))
-    }
-}
-
-impl From<HandlerError> for DeliveryError {
-    fn from(e: HandlerError) -> Self {
-        if e.retryable {
-            DeliveryError::retryable(ErrorCode::HANDLER_TEMPORARY_FAILURE, e.message)
-        } else {
-            DeliveryError::permanent(ErrorCode::HANDLER_PERMANENT_FAILURE, e.message)
-        }
-    }
-}
 
 /// Applies one message inside the inbox's transaction on database `DB`.
 ///
@@ -140,11 +88,11 @@ where
 
 /// Handlers by event type. A message whose type has no handler is
 /// dead-lettered with `HANDLER_NOT_REGISTERED`, never dropped.
-pub struct Handlers<DB: sqlx::Database> {
+pub struct HandlerRegistry<DB: sqlx::Database> {
     by_type: HashMap<String, Arc<dyn Handler<DB>>>,
 }
 
-impl<DB: sqlx::Database> Default for Handlers<DB> {
+impl<DB: sqlx::Database> Default for HandlerRegistry<DB> {
     fn default() -> Self {
         Self {
             by_type: HashMap::new(),
@@ -152,17 +100,17 @@ impl<DB: sqlx::Database> Default for Handlers<DB> {
     }
 }
 
-impl<DB: sqlx::Database> fmt::Debug for Handlers<DB> {
+impl<DB: sqlx::Database> fmt::Debug for HandlerRegistry<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut types: Vec<&str> = self.by_type.keys().map(String::as_str).collect();
         types.sort_unstable();
-        f.debug_struct("Handlers")
+        f.debug_struct("HandlerRegistry")
             .field("event_types", &types)
             .finish()
     }
 }
 
-impl<DB: sqlx::Database> Handlers<DB> {
+impl<DB: sqlx::Database> HandlerRegistry<DB> {
     /// No handlers yet.
     pub fn new() -> Self {
         Self::default()
@@ -170,13 +118,17 @@ impl<DB: sqlx::Database> Handlers<DB> {
 
     /// Handles messages of `event_type` with `handler` (replacing any
     /// earlier one).
-    pub fn on(mut self, event_type: impl Into<String>, handler: impl Handler<DB>) -> Self {
+    pub fn with_handler(
+        mut self,
+        event_type: impl Into<String>,
+        handler: impl Handler<DB>,
+    ) -> Self {
         self.by_type.insert(event_type.into(), Arc::new(handler));
         self
     }
 }
 
-impl<DB: sqlx::Database> Handler<DB> for Handlers<DB> {
+impl<DB: sqlx::Database> Handler<DB> for HandlerRegistry<DB> {
     fn handle<'a>(
         &'a self,
         message: &'a InboundMessage,
@@ -184,22 +136,10 @@ impl<DB: sqlx::Database> Handler<DB> for Handlers<DB> {
     ) -> BoxFuture<'a, Result<(), HandlerError>> {
         match self.by_type.get(&message.event_type) {
             Some(h) => h.handle(message, tx),
-            None => Box::pin(async move { Err(not_registered(&message.event_type)) }),
+            None => Box::pin(async move { Err(HandlerError::not_registered(&message.event_type)) }),
         }
     }
 }
-
-/// The error of a message no handler is registered for; its code is
-/// `HANDLER_NOT_REGISTERED` ([`Failure::code`]).
-fn not_registered(event_type: &str) -> HandlerError {
-    HandlerError {
-        retryable: false,
-        message: format!("{NOT_REGISTERED_PREFIX}{event_type:?}"),
-    }
-}
-
-const NOT_REGISTERED_PREFIX: &str = "no handler is registered for event type ";
-const PANIC_PREFIX: &str = "the handler panicked: ";
 
 /// A handler's failure with its stable code, as stored with a retry or a
 /// dead letter.
@@ -216,19 +156,10 @@ pub struct Failure {
 
 impl From<HandlerError> for Failure {
     fn from(e: HandlerError) -> Self {
-        let code = if e.message.starts_with(NOT_REGISTERED_PREFIX) && !e.retryable {
-            ErrorCode::HANDLER_NOT_REGISTERED
-        } else if e.message.starts_with(PANIC_PREFIX) {
-            ErrorCode::HANDLER_PANICKED
-        } else if e.retryable {
-            ErrorCode::HANDLER_TEMPORARY_FAILURE
-        } else {
-            ErrorCode::HANDLER_PERMANENT_FAILURE
-        };
         Self {
-            code,
-            message: e.message,
-            retryable: e.retryable,
+            code: e.code().clone(),
+            retryable: e.is_retryable(),
+            message: e.message().to_owned(),
         }
     }
 }
@@ -246,19 +177,10 @@ pub(crate) async fn run_handler<DB: sqlx::Database, H: Handler<DB> + ?Sized>(
         handler.handle(message, tx)
     })) {
         Ok(fut) => fut,
-        Err(p) => return Err(panicked(&*p)),
+        Err(p) => return Err(HandlerError::panicked(&*p)),
     };
     match AssertUnwindSafe(fut).catch_unwind().await {
         Ok(r) => r,
-        Err(p) => Err(panicked(&*p)),
+        Err(p) => Err(HandlerError::panicked(&*p)),
     }
-}
-
-fn panicked(p: &(dyn std::any::Any + Send)) -> HandlerError {
-    let what = p
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a non-string payload".to_owned());
-    HandlerError::retryable(format!("{PANIC_PREFIX}{what}"))
 }

@@ -16,7 +16,7 @@ pub mod store;
 
 pub use common::MAX_CONSUMER_NAME;
 pub use consumer::{Inbox, InboxCounts, InboxError, InboxStats};
-pub use handler::{handler_fn, Failure, FnHandler, Handler, HandlerError, Handlers};
+pub use handler::{handler_fn, Failure, FnHandler, Handler, HandlerRegistry};
 pub use options::{DeadHead, InboxOptions};
 #[cfg(feature = "postgres")]
 pub use pg::PgInbox;

@@ -24,11 +24,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use futures::future::BoxFuture;
-use outbox_core::{Event, InboundMessage, Outcome, Sink};
+use outbox_core::{Event, HandlerError, InboundMessage, Outcome, Sink};
 use outbox_inbox::source::Position;
 use outbox_inbox::{
-    Handler, HandlerError, Inbox, InboxCounts, InboxOptions, PgInbox, RawMessage, Received, Source,
-    SourceError,
+    Handler, Inbox, InboxCounts, InboxOptions, PgInbox, RawMessage, Received, Source, SourceError,
 };
 use std::future::Future;
 use std::time::{Duration, Instant};

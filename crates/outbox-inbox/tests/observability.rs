@@ -137,7 +137,7 @@ impl outbox_inbox::Handler<sqlx::Sqlite> for Traced {
         &'a self,
         m: &'a outbox_core::InboundMessage,
         tx: &'a mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    ) -> futures::future::BoxFuture<'a, Result<(), outbox_inbox::HandlerError>> {
+    ) -> futures::future::BoxFuture<'a, Result<(), outbox_core::HandlerError>> {
         let trace = tracing::Span::current()
             .context()
             .span()

@@ -987,8 +987,9 @@ mod cases {
 #[cfg(feature = "postgres")]
 mod pg {
     use futures::future::BoxFuture;
+    use outbox_core::HandlerError;
     use outbox_core::{EventId, InboundMessage};
-    use outbox_inbox::{Handler, HandlerError, Inbox, InboxOptions, PgInbox};
+    use outbox_inbox::{Handler, Inbox, InboxOptions, PgInbox};
     use std::time::Duration;
 
     pub(crate) struct Db {

@@ -3,11 +3,11 @@
 use anyhow::{bail, Context as _};
 use clap::Args;
 use outbox_core::{
-    DeadLetterQuery, DeadLetterStore, EventId, Jitter, NewEvent, RetryPolicy, Store,
+    DeadLetterQuery, DeadLetterStore, EventId, HandlerError, Jitter, NewEvent, RetryPolicy, Store,
 };
 use outbox_sqlite::sqlx::{self, Sqlite, Transaction};
 use outbox_sqlite::{enqueue, SqliteStore};
-use outbox_worker::{HandlerError, HandlerRegistry, Progress, Relay, RelayOptions};
+use outbox_worker::{HandlerRegistry, Progress, Relay, RelayOptions};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};

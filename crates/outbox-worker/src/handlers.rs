@@ -2,8 +2,7 @@
 
 use futures::stream::{self, StreamExt};
 use futures::FutureExt;
-use outbox_core::{DeliveryError, ErrorCode, Event, Outcome, Sink};
-use std::any::Any;
+use outbox_core::{DeliveryError, ErrorCode, Event, HandlerError, Outcome, Sink};
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -12,55 +11,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
-
-/// Why a handler could not process an event. Map your own errors to one of
-/// the two kinds: [`HandlerError::retryable`] (`HANDLER_TEMPORARY_FAILURE`,
-/// retried with backoff) or [`HandlerError::permanent`]
-/// (`HANDLER_PERMANENT_FAILURE`, dead-lettered at once).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct HandlerError {
-    retryable: bool,
-    message: String,
-}
-
-impl HandlerError {
-    /// A transient failure (a dependency is down, a timeout): retry later.
-    pub fn retryable(message: impl Into<String>) -> Self {
-        Self {
-            retryable: true,
-            message: message.into(),
-        }
-    }
-
-    /// A failure retrying cannot fix (malformed payload): dead-letter.
-    pub fn permanent(message: impl Into<String>) -> Self {
-        Self {
-            retryable: false,
-            message: message.into(),
-        }
-    }
-
-    /// Whether the event should be retried.
-    pub fn is_retryable(&self) -> bool {
-        self.retryable
-    }
-
-    /// The message stored as the event's `last_error`.
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl From<HandlerError> for DeliveryError {
-    fn from(e: HandlerError) -> Self {
-        if e.retryable {
-            DeliveryError::retryable(ErrorCode::HANDLER_TEMPORARY_FAILURE, e.message)
-        } else {
-            DeliveryError::permanent(ErrorCode::HANDLER_PERMANENT_FAILURE, e.message)
-        }
-    }
-}
 
 type BoxFuture = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send>>;
 type Handler = Arc<dyn Fn(Event) -> BoxFuture + Send + Sync>;
@@ -145,13 +95,14 @@ impl HandlerRegistry {
         self
     }
 
-    /// Registers `handler` for `event_type`, replacing any earlier one.
+    /// Handles events of `event_type` with `handler` (replacing any earlier
+    /// one).
     ///
     /// ```
-    /// use outbox_worker::{HandlerError, HandlerRegistry};
+    /// use outbox_worker::core::HandlerError;
+    /// use outbox_worker::HandlerRegistry;
     ///
-    /// let mut handlers = HandlerRegistry::new();
-    /// handlers.register("order.created", |event| async move {
+    /// let handlers = HandlerRegistry::new().with_handler("order.created", |event| async move {
     ///     if event.payload.is_empty() {
     ///         return Err(HandlerError::permanent("empty payload"));
     ///     }
@@ -159,23 +110,13 @@ impl HandlerRegistry {
     /// });
     /// assert!(handlers.contains("order.created"));
     /// ```
-    pub fn register<F, Fut>(&mut self, event_type: impl Into<String>, handler: F) -> &mut Self
+    pub fn with_handler<F, Fut>(mut self, event_type: impl Into<String>, handler: F) -> Self
     where
         F: Fn(Event) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
     {
         let handler: Handler = Arc::new(move |event| Box::pin(handler(event)) as BoxFuture);
         self.handlers.insert(event_type.into(), handler);
-        self
-    }
-
-    /// [`HandlerRegistry::register`] in builder style.
-    pub fn with_handler<F, Fut>(mut self, event_type: impl Into<String>, handler: F) -> Self
-    where
-        F: Fn(Event) -> Fut + Send + Sync + 'static,
-        Fut: Future<Output = Result<(), HandlerError>> + Send + 'static,
-    {
-        self.register(event_type, handler);
         self
     }
 
@@ -193,13 +134,7 @@ impl HandlerRegistry {
     /// [`task_per_event`](Self::with_task_per_event)).
     async fn handle(&self, event: Event) -> Outcome {
         let Some(handler) = self.handlers.get(&event.event_type).cloned() else {
-            return Outcome::Failed(DeliveryError::permanent(
-                ErrorCode::HANDLER_NOT_REGISTERED,
-                format!(
-                    "no handler registered for event type {:?}",
-                    event.event_type
-                ),
-            ));
+            return Outcome::Failed(HandlerError::not_registered(&event.event_type).into());
         };
         let span = delivery_span(&event);
         // A handler may panic before it returns its future: that is the same
@@ -260,16 +195,8 @@ fn finished(result: Result<(), HandlerError>) -> Outcome {
 }
 
 /// The outcome of a handler that panicked with `payload`.
-fn panicked(payload: &(dyn Any + Send)) -> Outcome {
-    let msg = payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-text panic payload".to_owned());
-    Outcome::Failed(DeliveryError::retryable(
-        ErrorCode::HANDLER_PANICKED,
-        format!("handler panicked: {msg}"),
-    ))
+fn panicked(payload: &(dyn std::any::Any + Send)) -> Outcome {
+    Outcome::Failed(HandlerError::panicked(payload).into())
 }
 
 /// Aborts the handler task if the delivery is dropped (shutdown grace expired).

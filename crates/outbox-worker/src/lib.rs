@@ -20,7 +20,7 @@ mod test_support;
 
 pub use breaker::{SinkHealth, SinkState, SinkStatus};
 pub use control::{PauseHandle, PauseStatus, CONTROL_REFRESH};
-pub use handlers::{HandlerError, HandlerRegistry};
+pub use handlers::HandlerRegistry;
 pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};
 pub use layer::{KeyOrder, KeyOrderLayer};
 pub use options::{InvalidOptions, RelayOptions};

@@ -2,10 +2,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test helpers outside #[test] fns
 
 use crate::test_support::logged;
-use crate::{HandlerError, HandlerRegistry, Progress, Relay, RelayOptions, RelaySummary};
+use crate::{HandlerRegistry, Progress, Relay, RelayOptions, RelaySummary};
 use outbox_core::{
-    ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId,
-    Settlement, Sink, Store,
+    ClaimRequest, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, HandlerError, NewEvent,
+    RelayId, Settlement, Sink, Store,
 };
 use outbox_sqlite::SqliteStore;
 use outbox_testkit::logs::LogCapture;

@@ -14,9 +14,9 @@
 //! Settings come from the environment: `DATABASE_URL`, `ORDERS_SCHEMA`,
 //! `NATS_URL`, `NATS_SUBJECT_PREFIX` (see the README).
 
-use outbox_core::NewEvent;
+use outbox_core::{HandlerError, NewEvent};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
-use outbox_inbox::{handler_fn, HandlerError, Handlers, Inbox, PgInbox};
+use outbox_inbox::{handler_fn, HandlerRegistry, Inbox, PgInbox};
 use outbox_nats::{NatsConfig, NatsPublisher};
 use outbox_postgres::{Ident, PgLogOptions, PgLogStore};
 use outbox_worker::{Relay, RelayOptions};
@@ -212,7 +212,7 @@ async fn billing(settings: &Settings, stream: &str, until_idle: bool) -> Result<
     let insert = format!(
         "INSERT INTO {invoices} (order_id, customer, total_cents, event_id) VALUES ($1, $2, $3, $4)"
     );
-    let handlers = Handlers::new().on(
+    let handlers = HandlerRegistry::new().with_handler(
         "order.placed",
         handler_fn(move |msg, tx| {
             let insert = insert.clone();

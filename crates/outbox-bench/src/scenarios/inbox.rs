@@ -14,13 +14,13 @@ use crate::setup::{
 };
 use anyhow::{bail, Context, Result};
 use futures::future::BoxFuture;
-use outbox_core::{Event, EventId, InboundMessage, Outcome, Sink};
+use outbox_core::{Event, EventId, HandlerError, InboundMessage, Outcome, Sink};
 use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
 use outbox_inbox::{
-    DeadFilter, Handler, HandlerError, Hold, Inbox, InboxOptions, InboxStore, Pending, PgInbox,
-    Received, RetentionReport, Source, SourceError, StoreError, Verdict,
+    DeadFilter, Handler, Hold, Inbox, InboxOptions, InboxStore, Pending, PgInbox, Received,
+    RetentionReport, Source, SourceError, StoreError, Verdict,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Postgres, Transaction};

@@ -5,8 +5,8 @@
 #![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
 
 use futures::future::BoxFuture;
-use outbox_core::{BrokerMessage, Event, EventId, InboundMessage};
-use outbox_inbox::{Handler, HandlerError, RawMessage, Received, Source, SourceError};
+use outbox_core::{BrokerMessage, Event, EventId, HandlerError, InboundMessage};
+use outbox_inbox::{Handler, RawMessage, Received, Source, SourceError};
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

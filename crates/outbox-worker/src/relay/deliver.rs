@@ -7,7 +7,7 @@ use super::{Held, Relay, RelaySummary, SINK_PANICKED};
 use crate::lease::Leases;
 use crate::metrics as m;
 use futures::FutureExt;
-use outbox_core::{DeliveryError, ErrorCode, EventId, Outcome, Sink, Store};
+use outbox_core::{panic_message, DeliveryError, ErrorCode, EventId, Outcome, Sink, Store};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -101,7 +101,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                         () = expired => Delivery::LeaseExpired,
                         r = delivery => match r {
                             Ok(Ok(outcomes)) => Delivery::Outcomes(outcomes),
-                            Ok(Err(panic)) => Delivery::Panicked(panic_message(panic)),
+                            Ok(Err(panic)) => Delivery::Panicked(panic_message(panic.as_ref())),
                             Err(_) => Delivery::TimedOut,
                         },
                     }
@@ -202,12 +202,4 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         .instrument(span)
         .await
     }
-}
-
-pub(super) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
-    payload
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_owned())
-        .or_else(|| payload.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "non-text panic payload".to_owned())
 }
