@@ -37,10 +37,7 @@ pub(crate) struct Services {
 impl fmt::Debug for Services {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Services")
-            .field(
-                "database_url",
-                &outbox_core::redact_url(&self.database_url),
-            )
+            .field("database_url", &outbox_core::redact_url(&self.database_url))
             .field("kafka_brokers", &self.kafka_brokers)
             .finish_non_exhaustive()
     }

@@ -213,10 +213,22 @@ impl SqliteStore {
     }
 
     /// Wraps a pool the application already has (the same one it enqueues
-    /// with), for the default table. The pool's own settings (busy timeout,
-    /// WAL) are the application's.
-    pub fn from_pool(pool: SqlitePool) -> Self {
-        Self::with_outbox(pool, SqliteOutbox::default())
+    /// with), for the table and limits of `options` (its URL, busy timeout
+    /// and pool size are ignored: the pool's own settings are the
+    /// application's); migrates when `options` asks (as
+    /// [`Self::connect`]). The same shape as the PostgreSQL stores'
+    /// `from_pool`.
+    pub async fn from_pool(
+        pool: SqlitePool,
+        options: impl Into<SqliteStoreOptions>,
+    ) -> Result<Self, StoreError> {
+        let options = options.into();
+        let names = Names::new(options.table.clone())?;
+        let store = Self::with_names(pool, names, options.pool.limits);
+        if options.pool.auto_migrate {
+            store.migrate().await?;
+        }
+        Ok(store)
     }
 
     /// Wraps a pool for the outbox `outbox` (its table and limits).

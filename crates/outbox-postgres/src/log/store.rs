@@ -218,6 +218,17 @@ impl PgLogStore {
         self.inner.ctx.db.pool()
     }
 
+    /// Applies the missing migrations (see [`PgOutbox::migrate`]), as
+    /// [`PgStore::migrate`](crate::PgStore::migrate) does. Idempotent.
+    pub async fn migrate(&self) -> Result<Vec<i32>, crate::error::MigrateError> {
+        let mut conn = self
+            .pool()
+            .acquire()
+            .await
+            .map_err(crate::error::MigrateError::Database)?;
+        self.inner.outbox.migrate(&mut conn).await
+    }
+
     /// What this store found between itself and PostgreSQL at connect:
     /// [`Pooler::Transaction`](outbox_core::Pooler::Transaction) (a pooler in transaction mode, named by the
     /// pooler setting or detected) or [`Pooler::None`](outbox_core::Pooler::None).
