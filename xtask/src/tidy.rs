@@ -36,8 +36,14 @@
 //! 9. README.md's quick start is `xtask/quickstart/main.rs`, the program the
 //!    outside project of `cargo xtask package` builds and runs (see
 //!    `package.rs`).
+//! 10. One public path per item (`tidy/paths.rs`): no library crate
+//!     re-exports another workspace crate's item (a whole crate as a module
+//!     excepted, listed), nor an item of one of its own public modules, nor
+//!     aliases another crate's constant; ARCHITECTURE.md's "Guarded by" tests
+//!     exist (`tidy/docs.rs`).
 
 mod docs;
+mod paths;
 mod seams;
 mod size;
 
@@ -130,6 +136,7 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(dependency_direction(&meta));
     problems.extend(core_sources(&crate::root()));
     problems.extend(seams::check(&meta, &crate::root()));
+    problems.extend(paths::check(&crate::root()));
     problems.extend(crate::package::check_readme_quickstart(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.

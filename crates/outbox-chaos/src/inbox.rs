@@ -23,9 +23,8 @@ use outbox_core::{HandlerError, InboundMessage};
 use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
-use outbox_inbox::{
-    Handler, Inbox, InboxCounts, InboxOptions, PgInbox, Retention, Source, SqliteInbox,
-};
+use outbox_inbox::source::Source;
+use outbox_inbox::{Handler, Inbox, InboxCounts, InboxOptions, PgInbox, Retention, SqliteInbox};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -428,7 +427,7 @@ where
 async fn connect_retrying<S, F, Fut>(what: &str, connect: F) -> Result<S>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<S, outbox_inbox::SourceError>>,
+    Fut: std::future::Future<Output = Result<S, outbox_inbox::source::SourceError>>,
 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
     loop {

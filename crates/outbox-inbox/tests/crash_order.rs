@@ -25,10 +25,8 @@
 
 use futures::future::BoxFuture;
 use outbox_core::{Event, HandlerError, InboundMessage, Outcome, Sink};
-use outbox_inbox::source::Position;
-use outbox_inbox::{
-    Handler, Inbox, InboxCounts, InboxOptions, PgInbox, RawMessage, Received, Source, SourceError,
-};
+use outbox_inbox::source::{Position, RawMessage, Received, Source, SourceError};
+use outbox_inbox::{Handler, Inbox, InboxCounts, InboxOptions, PgInbox};
 use std::future::Future;
 use std::time::{Duration, Instant};
 

@@ -483,7 +483,7 @@ async fn bad_messages_become_dead_letters<X: Harness>() {
     let inbox = Inbox::new(h.store(), h.handler(script.clone())).with_options(fast_retry());
     let run = Running::start(inbox, &broker);
     // No outbox headers at all.
-    broker.push(outbox_inbox::RawMessage {
+    broker.push(outbox_inbox::source::RawMessage {
         headers: vec![("x".into(), "y".into())],
         body: b"not an event".to_vec(),
         destination: "orders".into(),

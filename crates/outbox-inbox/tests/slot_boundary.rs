@@ -8,7 +8,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use outbox_core::{EventId, InboundMessage, WireFormat};
-use outbox_inbox::retention::SlotClock;
+use outbox_inbox::SlotClock;
 use outbox_inbox::{InboxStore, PgInbox, Retention, SqliteInbox, Verdict};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -37,7 +37,7 @@
 
 use outbox_core::cloudevents::Binding;
 use outbox_core::{DecodeError, Event, EventId, InboundMessage, Outcome, Sink, WireFormat};
-use outbox_inbox::{Received, Source, SourceError};
+use outbox_inbox::source::{Received, Source, SourceError};
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -227,7 +227,7 @@ fn decode<T>(r: &Received<T>) -> InboundMessage {
 const PROBE: &str = "x-probe";
 
 /// The value of header `name` (any letter case) of a received message.
-fn header<'m>(raw: &'m outbox_inbox::RawMessage, name: &str) -> Option<&'m str> {
+fn header<'m>(raw: &'m outbox_inbox::source::RawMessage, name: &str) -> Option<&'m str> {
     raw.headers
         .iter()
         .find(|(k, _)| k.eq_ignore_ascii_case(name))

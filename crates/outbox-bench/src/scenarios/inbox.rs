@@ -18,9 +18,10 @@ use outbox_core::{Event, EventId, HandlerError, InboundMessage, Outcome, Sink};
 use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
+use outbox_inbox::source::{Received, Source, SourceError};
 use outbox_inbox::{
-    DeadFilter, Handler, Hold, Inbox, InboxOptions, InboxStore, Pending, PgInbox, Received,
-    RetentionReport, Source, SourceError, StoreError, Verdict,
+    DeadFilter, Handler, Hold, Inbox, InboxOptions, InboxStore, Pending, PgInbox, RetentionReport,
+    StoreError, Verdict,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Postgres, Transaction};

@@ -6,7 +6,8 @@
 
 use futures::future::BoxFuture;
 use outbox_core::{BrokerMessage, Event, EventId, HandlerError, InboundMessage};
-use outbox_inbox::{Handler, RawMessage, Received, Source, SourceError};
+use outbox_inbox::source::{RawMessage, Received, Source, SourceError};
+use outbox_inbox::Handler;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -59,7 +59,7 @@ pub use relays::{LeaseHolding, RelayInfo};
 pub use rotation::{PartitionHolder, Rotation, RotationHold};
 pub use status::{CursorInfo, InFlight, LogInfo, LogStatus, PartitionInfo, ShardStatus};
 
-/// The event-log store on PostgreSQL (see the [module docs](super)). Cheap to
+/// The event-log store on PostgreSQL (the design: `src/log.rs`). Cheap to
 /// clone; clones share the claims in flight, so one process should use one
 /// store (and its clones) per outbox. The background rotation stops when
 /// the last clone is dropped. `Debug` never shows the password.
