@@ -25,7 +25,9 @@
 //! [`InboundMessage::decode`](crate::InboundMessage::decode) reads both
 //! modes back (and CloudEvents from other producers whose `id` is a UUID).
 
-use crate::{headers, DecodeError, EventId, InboundMessage, WireFormat};
+use crate::event::EventId;
+use crate::headers;
+use crate::wire::{DecodeError, InboundMessage, WireFormat};
 use base64::Engine as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::value::RawValue;

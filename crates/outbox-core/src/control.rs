@@ -7,7 +7,7 @@
 //! the row says so. No restart, no signal: every relay of the group, on
 //! any host, sees the same row.
 
-use crate::Retryable;
+use crate::store::Retryable;
 use chrono::{DateTime, Utc};
 use std::future::Future;
 

@@ -8,7 +8,7 @@ mod generated {
 
 pub use generated::Envelope;
 
-use crate::{Event, EventId};
+use crate::event::{Event, EventId};
 
 impl From<&Event> for Envelope {
     fn from(e: &Event) -> Self {

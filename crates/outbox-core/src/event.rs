@@ -1,7 +1,7 @@
 //! Events: the one a caller enqueues ([`NewEvent`]) and the one a relay
 //! claims ([`Event`]).
 
-use crate::ErrorCode;
+use crate::error::ErrorCode;
 use chrono::{DateTime, Datelike, Utc};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -489,7 +489,11 @@ impl NewEvent {
     /// the caller's span is current; an application does not need to.
     pub fn capture_trace_context(&mut self, limits: &EventLimits) {
         #[cfg(feature = "otel")]
-        crate::trace::capture_current(&mut self.headers, limits);
+        crate::trace::capture_current(
+            &mut self.headers,
+            limits.max_headers,
+            limits.max_header_bytes,
+        );
         #[cfg(not(feature = "otel"))]
         let _ = limits;
     }

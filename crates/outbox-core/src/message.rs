@@ -3,8 +3,11 @@
 //! [`WireFormat`].
 
 use crate::cloudevents::{self, Binding, Source};
+use crate::envelope::Envelope;
+use crate::event::Event;
+use crate::headers;
+use crate::wire::WireFormat;
 use crate::wire::{ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
-use crate::{headers, Envelope, Event, WireFormat};
 use prost::Message as _;
 use std::borrow::Cow;
 use std::fmt;
@@ -19,7 +22,7 @@ use std::fmt;
 /// [`WireFormat::Envelope`] ([`BrokerMessage::with_format`]) it is the
 /// protobuf [`Envelope`], the content type is
 /// [`ENVELOPE_CONTENT_TYPE`] and [`headers::WIRE_FORMAT`] marks it. A
-/// consumer reads both back with [`crate::InboundMessage::decode`].
+/// consumer reads both back with [`InboundMessage::decode`](crate::wire::InboundMessage::decode).
 ///
 /// In the CloudEvents formats ([`WireFormat::CloudEvents`],
 /// [`WireFormat::CloudEventsJson`]) the broker's header names and the
@@ -55,10 +58,10 @@ use std::fmt;
 /// assert_eq!(&*m.body(), b"{}");
 ///
 /// // The same event as a protobuf envelope.
-/// use outbox_core::{wire, WireFormat};
+/// use outbox_core::{WireFormat, ENVELOPE_CONTENT_TYPE, ENVELOPE_MARKER};
 /// let m = m.with_format(WireFormat::Envelope);
-/// assert_eq!(m.content_type(), wire::ENVELOPE_CONTENT_TYPE);
-/// assert!(m.headers().any(|h| h == (headers::WIRE_FORMAT, wire::ENVELOPE_MARKER)));
+/// assert_eq!(m.content_type(), ENVELOPE_CONTENT_TYPE);
+/// assert!(m.headers().any(|h| h == (headers::WIRE_FORMAT, ENVELOPE_MARKER)));
 /// let back = outbox_core::InboundMessage::decode(m.headers(), &m.body(), "orders", None).unwrap();
 /// assert_eq!(back.id, event.id);
 /// assert_eq!(back.payload, b"{}");
@@ -323,7 +326,7 @@ impl<'a> BrokerMessage<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::EventId;
+    use crate::event::EventId;
     use chrono::Utc;
 
     fn event() -> Event {
@@ -430,7 +433,7 @@ mod tests {
 
     #[test]
     fn both_formats_decode_to_the_same_event() {
-        use crate::InboundMessage;
+        use crate::wire::InboundMessage;
         let mut keyless = event();
         keyless.key = None;
         keyless.headers.clear();

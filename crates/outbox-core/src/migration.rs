@@ -25,10 +25,10 @@ pub struct Migration {
 
 impl Migration {
     /// A stable checksum of the SQL template (64-bit FNV-1a,
-    /// [`fnv1a_64`](crate::fnv1a_64)): recorded in the history so an edited
+    /// [`fnv1a_64`](crate::shard::fnv1a_64)): recorded in the history so an edited
     /// migration is noticed.
     pub fn checksum(&self) -> u64 {
-        crate::fnv1a_64(self.sql.as_bytes())
+        crate::shard::fnv1a_64(self.sql.as_bytes())
     }
 }
 

@@ -6,7 +6,7 @@
 //! `SqliteStoreOptions`) with one `PoolSettings` field; no I/O here, the
 //! store crates open the pools.
 
-use crate::EventLimits;
+use crate::event::EventLimits;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! The [`Store`] and [`Sink`] traits, and the data they exchange.
 
-use crate::{ErrorCode, Event, EventId, LastError, Outcome, ShardSpec};
+use crate::error::{ErrorCode, Outcome};
+use crate::event::{Event, EventId, LastError};
+use crate::shard::ShardSpec;
 use chrono::{DateTime, Utc};
 use std::fmt;
 use std::future::Future;

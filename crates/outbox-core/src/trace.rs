@@ -2,7 +2,7 @@
 //! writes and reads the [`TRACEPARENT`] / [`TRACESTATE`] headers.
 //!
 //! - **Capture** (store crates, at enqueue, through
-//!   [`NewEvent::capture_trace_context`](crate::NewEvent::capture_trace_context)):
+//!   [`NewEvent::capture_trace_context`](crate::event::NewEvent::capture_trace_context)):
 //!   the current `tracing` span's OpenTelemetry context (through
 //!   `tracing-opentelemetry`'s [`OpenTelemetrySpanExt::context`]) becomes the
 //!   event's `traceparent` (and `tracestate` when it has entries). A trace
@@ -39,7 +39,6 @@
 //! ```
 
 use crate::headers::{TRACEPARENT, TRACESTATE};
-use crate::EventLimits;
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use opentelemetry::Context;
 use std::collections::BTreeMap;
@@ -176,19 +175,24 @@ pub fn inject_current(headers: &mut BTreeMap<String, String>) -> bool {
     inject(&current_context(), headers)
 }
 
-/// What enqueue does ([`crate::NewEvent::capture_trace_context`]): inject
-/// the current span's context, within `limits` (a trace header that would
-/// break a limit is left out rather than failing the caller's enqueue:
-/// `tracestate` first, then both).
-pub(crate) fn capture_current(headers: &mut BTreeMap<String, String>, limits: &EventLimits) {
+/// What enqueue does ([`crate::event::NewEvent::capture_trace_context`]): inject
+/// the current span's context, within an event's limits on its headers
+/// (`max_headers` of them, `max_header_bytes` each: a trace header that
+/// would break a limit is left out rather than failing the caller's
+/// enqueue, `tracestate` first, then both).
+pub(crate) fn capture_current(
+    headers: &mut BTreeMap<String, String>,
+    max_headers: usize,
+    max_header_bytes: usize,
+) {
     if has_trace_context(headers) {
         return;
     }
     let Some((parent, state)) = header_values(&current_context()) else {
         return;
     };
-    let fits = |name: &str, value: &str| name.len() + value.len() <= limits.max_header_bytes;
-    let room = limits.max_headers.saturating_sub(headers.len());
+    let fits = |name: &str, value: &str| name.len() + value.len() <= max_header_bytes;
+    let room = max_headers.saturating_sub(headers.len());
     if room == 0 || !fits(TRACEPARENT, &parent) {
         tracing::debug!("no room for the traceparent header within the event limits; not captured");
         return;
@@ -254,7 +258,7 @@ pub fn link(span: &tracing::Span, headers: &BTreeMap<String, String>) -> bool {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
-    use crate::NewEvent;
+    use crate::event::{EventLimits, NewEvent};
     use opentelemetry::trace::TracerProvider as _;
     use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
     use tracing_subscriber::layer::SubscriberExt;

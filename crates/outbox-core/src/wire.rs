@@ -23,7 +23,9 @@
 //! means structured mode, and an attribute header binary mode.
 
 use crate::cloudevents::{self, Attributes};
-use crate::{headers, Envelope, EventId};
+use crate::envelope::Envelope;
+use crate::event::EventId;
+use crate::headers;
 use chrono::{DateTime, Utc};
 use prost::Message as _;
 use std::collections::BTreeMap;
@@ -313,7 +315,8 @@ impl InboundMessage {
 mod tests {
     use super::*;
     use crate::cloudevents::{Binding, Source};
-    use crate::{BrokerMessage, Event};
+    use crate::event::Event;
+    use crate::message::BrokerMessage;
 
     fn event() -> Event {
         let now = DateTime::from_timestamp_millis(1_700_000_000_123).unwrap();
