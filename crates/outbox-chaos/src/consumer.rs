@@ -51,18 +51,18 @@ impl Destination {
                 js.create_stream(outbox_nats::async_nats::jetstream::stream::Config {
                     name: stream.clone(),
                     subjects: vec![format!("{prefix}.>")],
-                    // On one server the relays' duplicates must be stored,
-                    // not dropped by the server's Nats-Msg-Id deduplication
-                    // (100 ms is the smallest window the server accepts), so
-                    // the checker counts them. On the run's cluster the
-                    // stream keeps NATS's default window (2 min): copies
-                    // sent again after a leader change are dropped there,
-                    // as a deployment's stream would.
-                    duplicate_window: if *replicas > 1 {
-                        Duration::from_secs(120)
-                    } else {
-                        Duration::from_millis(100)
-                    },
+                    // NATS's default dedup window (2 min), as a deployment's
+                    // stream has it and the relay checks (at least twice
+                    // its lock timeout): a copy sent again with the same
+                    // Nats-Msg-Id within it is dropped by the server. That
+                    // includes the copy a relay paused between handing a
+                    // message to its client and the client writing it
+                    // sends when it resumes, after the new lease holder
+                    // published the key's later events (the `stop` fault):
+                    // nothing in the process can take those bytes back. So
+                    // the duplicates counted here are those a consumer
+                    // sees, not every copy the relays sent.
+                    duplicate_window: Duration::from_secs(120),
                     num_replicas: *replicas,
                     max_age: Duration::from_secs(6 * 3600),
                     ..Default::default()
