@@ -19,7 +19,7 @@
 use crate::record::{now_us, parse_payload};
 use anyhow::{bail, Context as _, Result};
 use futures::future::BoxFuture;
-use outbox_core::{HandlerError, InboundMessage};
+use outbox_core::{DeadHeadPolicy, HandlerError, InboundMessage};
 use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
@@ -339,6 +339,7 @@ pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
         .with_ansi(false)
         .try_init();
     let mut options = InboxOptions::default()
+        .with_dead_head_policy(DeadHeadPolicy::Block)
         .with_lanes(args.lanes)?
         // Short, so that the run's drain sees the retried messages soon.
         .with_retry_poll(Duration::from_millis(100))

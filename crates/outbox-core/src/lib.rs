@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod cloudevents;
 mod control;
+mod dead_head;
 mod envelope;
 mod error;
 mod event;
@@ -23,6 +24,7 @@ pub mod trace;
 mod wire;
 
 pub use control::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
+pub use dead_head::DeadHeadPolicy;
 pub use envelope::Envelope;
 pub use error::{DeliveryError, ErrorCode, FailureKind, Outcome};
 pub use event::{

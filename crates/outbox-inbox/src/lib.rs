@@ -17,7 +17,7 @@ mod store;
 pub use common::MAX_CONSUMER_NAME;
 pub use consumer::{Inbox, InboxCounts, InboxError, InboxStats};
 pub use handler::{handler_fn, Failure, FnHandler, Handler, HandlerRegistry};
-pub use options::{DeadHead, InboxOptions};
+pub use options::InboxOptions;
 #[cfg(feature = "postgres")]
 pub use pg::PgInbox;
 pub use retention::{Retention, SlotClock, DEFAULT_WINDOW};

@@ -1,20 +1,8 @@
 //! [`InboxOptions`]: how the consumer runs. Every setting has a default.
 
 use crate::store::StoreError;
-use outbox_core::RetryPolicy;
+use outbox_core::{DeadHeadPolicy, RetryPolicy};
 use std::time::Duration;
-
-/// What happens to later messages of a key whose message is dead.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum DeadHead {
-    /// They wait (parked) until the dead message is replayed and handled or
-    /// purged: per-key order is never broken (the default).
-    #[default]
-    Block,
-    /// They are handled; the dead message waits alone for an operator.
-    MoveOn,
-}
 
 /// How the consumer runs.
 #[derive(Debug, Clone)]
@@ -25,7 +13,7 @@ pub struct InboxOptions {
     pub(crate) lane_batch: usize,
     pub(crate) recv_wait: Duration,
     pub(crate) retry: RetryPolicy,
-    pub(crate) dead_head: DeadHead,
+    pub(crate) dead_head: DeadHeadPolicy,
     pub(crate) retry_poll: Duration,
     pub(crate) retry_workers: usize,
     pub(crate) retention_every: Duration,
@@ -41,7 +29,7 @@ impl Default for InboxOptions {
             lane_batch: 256,
             recv_wait: Duration::from_millis(200),
             retry: RetryPolicy::default(),
-            dead_head: DeadHead::Block,
+            dead_head: DeadHeadPolicy::Continue,
             retry_poll: Duration::from_millis(250),
             retry_workers: 2,
             retention_every: Duration::from_secs(60),
@@ -98,8 +86,11 @@ impl InboxOptions {
         self
     }
 
-    /// What a dead message does to its key (default [`DeadHead::Block`]).
-    pub fn with_dead_head(mut self, policy: DeadHead) -> Self {
+    /// What a dead message does to its key's later messages (default
+    /// [`DeadHeadPolicy::Continue`]: they are handled, the dead message
+    /// waits alone for an operator; [`DeadHeadPolicy::Block`] parks them
+    /// until it is replayed and handled, or purged).
+    pub fn with_dead_head_policy(mut self, policy: DeadHeadPolicy) -> Self {
         self.dead_head = policy;
         self
     }
@@ -130,6 +121,6 @@ impl InboxOptions {
     }
 
     pub(crate) fn block_on_dead(&self) -> bool {
-        self.dead_head == DeadHead::Block
+        self.dead_head == DeadHeadPolicy::Block
     }
 }

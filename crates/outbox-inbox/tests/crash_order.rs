@@ -24,7 +24,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, missing_docs)]
 
 use futures::future::BoxFuture;
-use outbox_core::{Event, HandlerError, InboundMessage, Outcome, Sink};
+use outbox_core::{DeadHeadPolicy, Event, HandlerError, InboundMessage, Outcome, Sink};
 use outbox_inbox::source::{Position, RawMessage, Received, Source, SourceError};
 use outbox_inbox::{Handler, Inbox, InboxCounts, InboxOptions, PgInbox};
 use std::future::Future;
@@ -76,6 +76,7 @@ impl Db {
             .with_schema(self.schema.clone())
             .unwrap();
         let options = InboxOptions::default()
+            .with_dead_head_policy(DeadHeadPolicy::Block)
             .with_lanes(2)
             .unwrap()
             .with_recv_wait(Duration::from_millis(50));

@@ -7,9 +7,9 @@
 
 mod support;
 
-use outbox_core::{EventId, Jitter, RetryPolicy};
+use outbox_core::{DeadHeadPolicy, EventId, Jitter, RetryPolicy};
 use outbox_inbox::{
-    DeadFilter, DeadHead, Handler, Inbox, InboxOptions, InboxStore, PgInbox, Retention, SqliteInbox,
+    DeadFilter, Handler, Inbox, InboxOptions, InboxStore, PgInbox, Retention, SqliteInbox,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -270,6 +270,7 @@ impl Harness for Lite {
 
 fn fast_retry() -> InboxOptions {
     InboxOptions::default()
+        .with_dead_head_policy(DeadHeadPolicy::Block)
         .with_retry(
             RetryPolicy::new(
                 Duration::from_millis(20),
@@ -453,12 +454,12 @@ async fn dead_head_blocks_until_replayed<X: Harness>() {
     assert_eq!(by_key["a"], vec![a1.id, a2.id]);
 }
 
-async fn move_on_lets_the_key_continue_and_purge_removes<X: Harness>() {
+async fn dead_head_continue_lets_the_key_go_on_and_purge_removes<X: Harness>() {
     let h = X::new().await;
     let broker = MemoryBroker::default();
     let script = Script::default();
     let inbox = Inbox::new(h.store(), h.handler(script.clone()))
-        .with_options(fast_retry().with_dead_head(DeadHead::MoveOn));
+        .with_options(fast_retry().with_dead_head_policy(DeadHeadPolicy::Continue));
     let run = Running::start(inbox, &broker);
     let a1 = event("a", "dead");
     let a2 = event("a", "ok");
@@ -708,7 +709,7 @@ conformance!(
     each_message_once_in_key_order,
     retry_parks_the_key_and_keeps_order,
     dead_head_blocks_until_replayed,
-    move_on_lets_the_key_continue_and_purge_removes,
+    dead_head_continue_lets_the_key_go_on_and_purge_removes,
     bad_messages_become_dead_letters,
     database_faults_cost_no_attempt,
     retention_empties_old_slots_in_bulk,

@@ -9,6 +9,7 @@ mod support;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use opentelemetry::trace::{SpanId, TraceContextExt, TraceId, TracerProvider as _};
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
+use outbox_core::DeadHeadPolicy;
 use outbox_inbox::{metrics as m, Inbox, InboxOptions, SqliteInbox};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -66,8 +67,11 @@ fn counters_gauges_and_a_span_continuing_the_producers_trace() {
             inner: SqliteEffects { script },
             seen: seen.clone(),
         };
-        let inbox = Inbox::new(SqliteInbox::new(pool, "metrics").unwrap(), handler)
-            .with_options(InboxOptions::default().with_recv_wait(Duration::from_millis(20)));
+        let inbox = Inbox::new(SqliteInbox::new(pool, "metrics").unwrap(), handler).with_options(
+            InboxOptions::default()
+                .with_dead_head_policy(DeadHeadPolicy::Block)
+                .with_recv_wait(Duration::from_millis(20)),
+        );
         let ok1 = event("a", "ok");
         let ok2 = event("b", "ok");
         let dead = event("c", "dead");

@@ -988,7 +988,7 @@ mod cases {
 mod pg {
     use futures::future::BoxFuture;
     use outbox_core::HandlerError;
-    use outbox_core::{EventId, InboundMessage};
+    use outbox_core::{DeadHeadPolicy, EventId, InboundMessage};
     use outbox_inbox::{Handler, Inbox, InboxOptions, PgInbox};
     use std::time::Duration;
 
@@ -1039,6 +1039,7 @@ mod pg {
             )
             .with_options(
                 InboxOptions::default()
+                    .with_dead_head_policy(DeadHeadPolicy::Block)
                     .with_lanes(2)
                     .unwrap()
                     .with_recv_wait(Duration::from_millis(50)),

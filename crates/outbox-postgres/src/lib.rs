@@ -35,11 +35,10 @@ pub use queue::{PgStore, PgStoreOptions, ShardStats, DEFAULT_VACUUM_EVERY};
 // per-shard cursors, rotation by TRUNCATE. Its module docs hold the design.
 mod log;
 pub use log::{
-    CursorInfo, DeadHeadPolicy, GroupContents, GroupDrop, GroupStart, GroupStatus, Horizon,
-    IdentityCheck, InFlight, LeaseHolding, LogInfo, LogStatus, OldTransaction, PartitionHolder,
-    PartitionInfo, PgLogOptions, PgLogStore, ReanchorFrom, Reanchored, RelayInfo, RelayLease,
-    Rotation, RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL,
-    DEFAULT_ROTATION_INTERVAL,
+    CursorInfo, GroupContents, GroupDrop, GroupStart, GroupStatus, Horizon, IdentityCheck,
+    InFlight, LeaseHolding, LogInfo, LogStatus, OldTransaction, PartitionHolder, PartitionInfo,
+    PgLogOptions, PgLogStore, ReanchorFrom, Reanchored, RelayInfo, RelayLease, Rotation,
+    RotationHold, ShardStatus, SlotHold, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
 };
 
 /// Names of the metrics the event-log store emits (through the `metrics`

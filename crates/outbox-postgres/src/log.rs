@@ -162,10 +162,10 @@
 //! by design (failures only), so that churn stays off the hot path.
 //!
 //! **Dead letters** (`<table>_log_dead`, per group) keep the event, its
-//! error and its place in its key's order. [`DeadHeadPolicy::Continue`]
+//! error and its place in its key's order. [`DeadHeadPolicy::Continue`](outbox_core::DeadHeadPolicy::Continue)
 //! (default) lets the key's next event go, and a dead letter retried later
 //! enters the lane behind the key's lane rows (a new `ord`);
-//! [`DeadHeadPolicy::Block`] parks the key's later events until the dead
+//! [`DeadHeadPolicy::Block`](outbox_core::DeadHeadPolicy::Block) parks the key's later events until the dead
 //! letter is retried (it keeps its `ord` and goes first) or purged. A row whose headers cannot be decoded is dead-lettered
 //! by the claim with `UNDECODABLE`, never retried in a loop.
 //!
@@ -277,7 +277,7 @@ pub use metric_names::{
     ROTATION_HOLDER, ROTATION_LOCK_TRIES, SHARDS_HELD, SHARDS_QUOTA, SHARD_LAG,
 };
 pub use options::{
-    DeadHeadPolicy, GroupStart, PgLogOptions, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
+    GroupStart, PgLogOptions, DEFAULT_REBALANCE_INTERVAL, DEFAULT_ROTATION_INTERVAL,
 };
 pub use store::{
     CursorInfo, InFlight, LeaseHolding, LogInfo, LogStatus, PartitionHolder, PartitionInfo,

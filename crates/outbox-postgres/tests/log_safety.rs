@@ -12,10 +12,10 @@ mod log_support;
 
 use log_support::{claim, deliver, ids, LogDb, LEASE};
 use outbox_core::{
-    DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId, Resolution,
-    Settlement, Store,
+    DeadHeadPolicy, DeadLetterFilter, DeadLetterStore, ErrorCode, EventId, NewEvent, RelayId,
+    Resolution, Settlement, Store,
 };
-use outbox_postgres::{DeadHeadPolicy, PgLogStore};
+use outbox_postgres::PgLogStore;
 use outbox_postgres::{GroupDrop, Rotation};
 use sqlx::Row;
 use std::collections::HashMap;

@@ -7,10 +7,10 @@ mod log_support;
 
 use log_support::{claim, deliver, ids, req, LogDb, LEASE};
 use outbox_core::{
-    ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
-    LastError, NewEvent, Resolution, Settlement, ShardSpec, Store,
+    ClaimRequest, DeadHeadPolicy, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,
+    EventId, LastError, NewEvent, Resolution, Settlement, ShardSpec, Store,
 };
-use outbox_postgres::{DeadHeadPolicy, PgLogStore};
+use outbox_postgres::PgLogStore;
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 

@@ -610,7 +610,7 @@ async fn with_relay_the_overview_shows_its_sink_state_and_throughput() {
 async fn the_retry_lane_shows_which_key_waits_behind_which_head() {
     let (schema, pool) = migrated_log("outbox_console_lane").await;
     let store = log_store(&schema, |o| {
-        o.with_dead_head_policy(outbox_postgres::DeadHeadPolicy::Block)
+        o.with_dead_head_policy(outbox_core::DeadHeadPolicy::Block)
     })
     .await;
     let Held {
@@ -802,7 +802,7 @@ async fn with_a_token_every_page_needs_the_login_and_shows_no_payload() {
     let store = log_store(&schema, |o| o).await;
     let [a, _, c] = three(&store, &pool).await;
     let blocking = log_store(&schema, |o| {
-        o.with_dead_head_policy(outbox_postgres::DeadHeadPolicy::Block)
+        o.with_dead_head_policy(outbox_core::DeadHeadPolicy::Block)
     })
     .await;
     let held = held_keys(&blocking, &pool).await;

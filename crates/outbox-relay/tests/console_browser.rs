@@ -141,7 +141,7 @@ async fn the_overview_shows_the_lag_a_test_created() {
 async fn the_retry_lane_leads_from_a_held_key_to_its_dead_head() {
     let (schema, pool) = migrated_log("outbox_browser_lane").await;
     let store = log_store(&schema, |o| {
-        o.with_dead_head_policy(outbox_postgres::DeadHeadPolicy::Block)
+        o.with_dead_head_policy(outbox_core::DeadHeadPolicy::Block)
     })
     .await;
     let dead = held_keys(&store, &pool).await.dead;

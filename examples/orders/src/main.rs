@@ -14,9 +14,9 @@
 //! Settings come from the environment: `DATABASE_URL`, `ORDERS_SCHEMA`,
 //! `NATS_URL`, `NATS_SUBJECT_PREFIX` (see the README).
 
-use outbox_core::{HandlerError, NewEvent};
+use outbox_core::{DeadHeadPolicy, HandlerError, NewEvent};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
-use outbox_inbox::{handler_fn, HandlerRegistry, Inbox, PgInbox};
+use outbox_inbox::{handler_fn, HandlerRegistry, Inbox, InboxOptions, PgInbox};
 use outbox_nats::{NatsConfig, NatsPublisher};
 use outbox_postgres::{Ident, PgLogOptions, PgLogStore};
 use outbox_worker::{Relay, RelayOptions};
@@ -244,7 +244,10 @@ async fn billing(settings: &Settings, stream: &str, until_idle: bool) -> Result<
     let config = NatsSourceConfig::new(&settings.nats_url, stream, "billing")
         .with_filter_subject(format!("{}.orders", settings.subject_prefix));
     let source = NatsSource::connect(config).await?;
-    let inbox = Inbox::new(store, handlers);
+    // Block: an invoice must never be written for a later event of an order
+    // whose earlier event is dead (the inbox's default, Continue, would).
+    let inbox = Inbox::new(store, handlers)
+        .with_options(InboxOptions::default().with_dead_head_policy(DeadHeadPolicy::Block));
     let counts = if until_idle {
         inbox
             .run_until_idle(source, std::time::Duration::from_secs(1))

@@ -14,7 +14,7 @@ use crate::setup::{
 };
 use anyhow::{bail, Context, Result};
 use futures::future::BoxFuture;
-use outbox_core::{Event, EventId, HandlerError, InboundMessage, Outcome, Sink};
+use outbox_core::{DeadHeadPolicy, Event, EventId, HandlerError, InboundMessage, Outcome, Sink};
 use outbox_inbox::source::amqp::{AmqpSource, AmqpSourceConfig};
 use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
@@ -82,6 +82,7 @@ impl Tuning {
 
     fn options(&self) -> Result<InboxOptions> {
         Ok(InboxOptions::default()
+            .with_dead_head_policy(DeadHeadPolicy::Block)
             .with_lanes(self.lanes)?
             .with_lane_batch(self.lane_batch)?
             .with_recv_batch(self.recv_batch)?

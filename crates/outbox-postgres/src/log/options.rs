@@ -2,7 +2,7 @@
 
 use crate::ident::Ident;
 use crate::options::{redact_url, DEFAULT_SCHEMA, DEFAULT_TABLE};
-use outbox_core::{PoolSettings, DEFAULT_GROUP};
+use outbox_core::{DeadHeadPolicy, PoolSettings, DEFAULT_GROUP};
 use std::fmt;
 use std::time::Duration;
 /// Default [`PgLogOptions::with_rotation_interval`].
@@ -67,20 +67,6 @@ impl LeaseTimers {
 /// due: a quarter of the rotation interval, between 50 ms and 10 s.
 pub(crate) fn rotation_check_every(rotation_interval: Duration) -> Duration {
     (rotation_interval / 4).clamp(Duration::from_millis(50), Duration::from_secs(10))
-}
-
-/// What happens to the later events of a key once its head event was
-/// dead-lettered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum DeadHeadPolicy {
-    /// The next event of the key is delivered (the default: one poison event
-    /// does not stop its aggregate).
-    #[default]
-    Continue,
-    /// The key stays blocked: its later events wait in the retry lane until
-    /// the dead letter is retried (replayed, then they follow it) or purged.
-    Block,
 }
 
 /// Where the cursors of a consumer group that has none yet start (see
@@ -234,7 +220,8 @@ impl PgLogOptions {
         self
     }
 
-    /// What happens to a key after its head event was dead-lettered.
+    /// What happens to a key after its head event was dead-lettered
+    /// (default [`DeadHeadPolicy::Continue`]).
     pub fn with_dead_head_policy(mut self, policy: DeadHeadPolicy) -> Self {
         self.dead_head = policy;
         self

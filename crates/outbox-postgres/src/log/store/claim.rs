@@ -12,11 +12,13 @@ use super::lane::{self, LaneOp, LaneRows};
 use super::lease;
 use super::rows::{empty_claim, snap};
 use crate::error::StoreError;
-use crate::log::options::{DeadHeadPolicy, LeaseTimers};
+use crate::log::options::LeaseTimers;
 use crate::log::snapshot::{Position, Snap, Xid8};
 use crate::rows::{headers_strict, last_error};
 use chrono::Utc;
-use outbox_core::{Claim, ClaimRequest, ErrorCode, Event, EventId, FencingToken, LastError};
+use outbox_core::{
+    Claim, ClaimRequest, DeadHeadPolicy, ErrorCode, Event, EventId, FencingToken, LastError,
+};
 use sqlx::postgres::PgRow;
 use sqlx::Row;
 use std::collections::{BTreeMap, HashSet};

@@ -5,9 +5,10 @@ use super::cursor::{Cursors, SeqFloors};
 use super::guard::Guard;
 use super::wake::Wake;
 use crate::db::Db;
-use crate::log::options::{DeadHeadPolicy, GroupStart, PgLogOptions};
+use crate::log::options::{GroupStart, PgLogOptions};
 use crate::log::sql::Sql;
 use crate::names::log::LogNames;
+use outbox_core::DeadHeadPolicy;
 use std::sync::Arc;
 use std::time::Duration;
 

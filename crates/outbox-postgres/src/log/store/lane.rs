@@ -7,11 +7,10 @@ use super::context::Ctx;
 use super::rows::count;
 use crate::dead_filter::bind_dead_filter;
 use crate::error::StoreError;
-use crate::log::options::DeadHeadPolicy;
 use crate::rows::headers_lenient_under;
 use outbox_core::{
-    DeadLetter, DeadLetterFilter, DeadLetterQuery, ErrorCode, Event, EventId, HeadState, HeldKey,
-    HeldKeys, LastError,
+    DeadHeadPolicy, DeadLetter, DeadLetterFilter, DeadLetterQuery, ErrorCode, Event, EventId,
+    HeadState, HeldKey, HeldKeys, LastError,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
