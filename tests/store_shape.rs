@@ -32,71 +32,55 @@ pub trait StoreShape: Sized {
     fn migrate(&self) -> impl Future<Output = Result<Vec<i32>, Self::MigrateError>>;
 }
 
-impl StoreShape for outbox_sqlite::SqliteStore {
-    type Options = outbox_sqlite::SqliteStoreOptions;
-    type Pool = sqlx::SqlitePool;
-    type Error = outbox_sqlite::StoreError;
-    type MigrateError = outbox_sqlite::MigrateError;
+/// The shape, delegated to the store's own inherent constructors: a store
+/// whose constructor changes shape fails to build here.
+macro_rules! store_shape {
+    ($store:ty, $options:ty, $pool:ty, $error:ty, $migrate_error:ty) => {
+        impl StoreShape for $store {
+            type Options = $options;
+            type Pool = $pool;
+            type Error = $error;
+            type MigrateError = $migrate_error;
 
-    fn connect(options: Self::Options) -> impl Future<Output = Result<Self, Self::Error>> {
-        Self::connect(options)
-    }
+            fn connect(options: Self::Options) -> impl Future<Output = Result<Self, Self::Error>> {
+                <$store>::connect(options)
+            }
 
-    fn from_pool(
-        pool: Self::Pool,
-        options: Self::Options,
-    ) -> impl Future<Output = Result<Self, Self::Error>> {
-        Self::from_pool(pool, options)
-    }
+            fn from_pool(
+                pool: Self::Pool,
+                options: Self::Options,
+            ) -> impl Future<Output = Result<Self, Self::Error>> {
+                <$store>::from_pool(pool, options)
+            }
 
-    fn migrate(&self) -> impl Future<Output = Result<Vec<i32>, Self::MigrateError>> {
-        self.migrate()
-    }
+            fn migrate(&self) -> impl Future<Output = Result<Vec<i32>, Self::MigrateError>> {
+                <$store>::migrate(self)
+            }
+        }
+    };
 }
 
-impl StoreShape for outbox_postgres::PgStore {
-    type Options = outbox_postgres::PgStoreOptions;
-    type Pool = sqlx::PgPool;
-    type Error = outbox_postgres::StoreError;
-    type MigrateError = outbox_postgres::MigrateError;
-
-    fn connect(options: Self::Options) -> impl Future<Output = Result<Self, Self::Error>> {
-        Self::connect(options)
-    }
-
-    fn from_pool(
-        pool: Self::Pool,
-        options: Self::Options,
-    ) -> impl Future<Output = Result<Self, Self::Error>> {
-        Self::from_pool(pool, options)
-    }
-
-    fn migrate(&self) -> impl Future<Output = Result<Vec<i32>, Self::MigrateError>> {
-        self.migrate()
-    }
-}
-
-impl StoreShape for outbox_postgres::PgLogStore {
-    type Options = outbox_postgres::PgLogOptions;
-    type Pool = sqlx::PgPool;
-    type Error = outbox_postgres::StoreError;
-    type MigrateError = outbox_postgres::MigrateError;
-
-    fn connect(options: Self::Options) -> impl Future<Output = Result<Self, Self::Error>> {
-        Self::connect(options)
-    }
-
-    fn from_pool(
-        pool: Self::Pool,
-        options: Self::Options,
-    ) -> impl Future<Output = Result<Self, Self::Error>> {
-        Self::from_pool(pool, options)
-    }
-
-    fn migrate(&self) -> impl Future<Output = Result<Vec<i32>, Self::MigrateError>> {
-        self.migrate()
-    }
-}
+store_shape!(
+    outbox_sqlite::SqliteStore,
+    outbox_sqlite::SqliteStoreOptions,
+    sqlx::SqlitePool,
+    outbox_sqlite::StoreError,
+    outbox_sqlite::MigrateError
+);
+store_shape!(
+    outbox_postgres::PgStore,
+    outbox_postgres::PgStoreOptions,
+    sqlx::PgPool,
+    outbox_postgres::StoreError,
+    outbox_postgres::MigrateError
+);
+store_shape!(
+    outbox_postgres::PgLogStore,
+    outbox_postgres::PgLogOptions,
+    sqlx::PgPool,
+    outbox_postgres::StoreError,
+    outbox_postgres::MigrateError
+);
 
 /// Opens a store on a pool through the shared shape and migrates it.
 async fn open_and_migrate<S: StoreShape>(pool: S::Pool, options: S::Options) -> Vec<i32>

@@ -106,7 +106,7 @@ impl PrivateNats {
 }
 
 /// Whether the server at `addr` sends its `INFO` line.
-async fn greets(addr: SocketAddr) -> bool {
+pub(crate) async fn greets(addr: SocketAddr) -> bool {
     let Ok(Ok(mut s)) =
         tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
     else {

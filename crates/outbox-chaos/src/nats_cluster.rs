@@ -19,7 +19,6 @@ use outbox_nats::async_nats;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio::io::AsyncReadExt as _;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -168,7 +167,7 @@ impl NatsCluster {
                     node.log.display()
                 );
             }
-            if greets(node.client).await {
+            if crate::nats::greets(node.client).await {
                 return Ok(());
             }
             if Instant::now() >= deadline {
@@ -217,20 +216,6 @@ pub(crate) fn servers(urls: &str) -> Result<Vec<async_nats::ServerAddr>> {
                 .with_context(|| format!("bad NATS URL {u:?}"))
         })
         .collect()
-}
-
-/// Whether the server at `addr` sends its `INFO` line.
-async fn greets(addr: SocketAddr) -> bool {
-    let Ok(Ok(mut s)) =
-        tokio::time::timeout(Duration::from_secs(1), tokio::net::TcpStream::connect(addr)).await
-    else {
-        return false;
-    };
-    let mut buf = [0u8; 4];
-    matches!(
-        tokio::time::timeout(Duration::from_secs(1), s.read_exact(&mut buf)).await,
-        Ok(Ok(_)) if &buf == b"INFO"
-    )
 }
 
 fn spawn(
