@@ -24,9 +24,9 @@ pub struct NatsPublisher {
     js: jetstream::Context,
     config: Arc<NatsConfig>,
     last_error: Arc<Mutex<Option<String>>>,
-    /// The streams whose dedup window was read (see
-    /// [`NatsConfig::with_min_dedup_window`]).
-    dedup_checked: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// The dedup window check, when configured
+    /// ([`NatsConfig::with_min_dedup_window`]).
+    dedup: Option<Arc<DedupCheck>>,
 }
 
 impl fmt::Debug for NatsPublisher {
@@ -131,12 +131,19 @@ impl NatsPublisher {
     pub fn from_client(client: async_nats::Client, config: NatsConfig) -> Self {
         let mut js = jetstream::new(client.clone());
         js.set_timeout(config.ack_timeout);
+        let dedup = config.min_dedup_window.map(|min| {
+            Arc::new(DedupCheck {
+                js: js.clone(),
+                min,
+                checked: Mutex::default(),
+            })
+        });
         Self {
             client,
             js,
             config: Arc::new(config),
             last_error: Arc::new(Mutex::new(None)),
-            dedup_checked: Arc::default(),
+            dedup,
         }
     }
 
@@ -198,45 +205,6 @@ impl NatsPublisher {
             });
         }
         Ok(info)
-    }
-
-    /// Reads `stream`'s dedup window once (the first PubAck from it) and
-    /// logs a WARN when it is shorter than `min`; a stream whose info cannot
-    /// be read is tried again at its next PubAck.
-    async fn check_dedup_window(&self, stream: &str, min: std::time::Duration) {
-        let first = self
-            .dedup_checked
-            .lock()
-            .map(|mut s| s.insert(stream.to_owned()))
-            .unwrap_or(false);
-        if !first {
-            return;
-        }
-        let window = match self.js.get_stream(stream).await {
-            Ok(mut s) => s
-                .info()
-                .await
-                .map(|i| i.config.duplicate_window)
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(e.to_string()),
-        };
-        match window {
-            Ok(window) if window < min => tracing::warn!(
-                stream,
-                duplicate_window = ?window,
-                needed = ?min,
-                "the stream's dedup window is shorter than the relay needs: a copy the relay sends again after a lost PubAck (a leader change, a cut connection, a relay taking over a lease) may be stored twice; raise the stream's duplicate_window (nats stream edit {stream} --dupe-window) or have consumers dedup by Nats-Msg-Id"
-            ),
-            Ok(window) => {
-                tracing::debug!(stream, duplicate_window = ?window, "stream dedup window checked");
-            }
-            Err(e) => {
-                if let Ok(mut s) = self.dedup_checked.lock() {
-                    s.remove(stream);
-                }
-                tracing::debug!(stream, error = %e, "could not read the stream's dedup window");
-            }
-        }
     }
 
     async fn send_batch(&self, events: &[Event]) -> Vec<Outcome> {
@@ -357,14 +325,14 @@ impl NatsPublisher {
             .message_id(message.dedup_id());
         let unroutable_retryable = self.config.unroutable_retryable;
         let id = event.id;
-        let check = self.config.min_dedup_window.map(|min| (self.clone(), min));
+        let check = self.dedup.clone();
         match self.js.send_publish(subject.clone(), publish).await {
             Ok(ack) => Sent::InFlight(
                 async move {
                     match ack.await {
                         Ok(ack) => {
-                            if let Some((publisher, min)) = check {
-                                publisher.check_dedup_window(&ack.stream, min).await;
+                            if let Some(check) = check {
+                                check.run(&ack.stream).await;
                             }
                             Outcome::Delivered
                         }
@@ -381,6 +349,58 @@ impl NatsPublisher {
                 let err = classify(&e, &subject, unroutable_retryable);
                 tracing::warn!(event_id = %id, code = %err.code(), error = %err.message(), "NATS publish not sent");
                 Sent::Done(Outcome::Failed(err))
+            }
+        }
+    }
+}
+
+/// Reads each stream's dedup window once, at its first PubAck, and names
+/// one shorter than `min` in a WARN (see
+/// [`NatsConfig::with_min_dedup_window`]).
+struct DedupCheck {
+    js: jetstream::Context,
+    min: std::time::Duration,
+    /// The streams read (or being read).
+    checked: Mutex<std::collections::HashSet<String>>,
+}
+
+impl DedupCheck {
+    /// Reads `stream`'s dedup window once (the first PubAck from it) and
+    /// logs a WARN when it is shorter than `min`; a stream whose info cannot
+    /// be read is tried again at its next PubAck.
+    async fn run(&self, stream: &str) {
+        let min = self.min;
+        let first = self
+            .checked
+            .lock()
+            .map(|mut s| !s.contains(stream) && s.insert(stream.to_owned()))
+            .unwrap_or(false);
+        if !first {
+            return;
+        }
+        let window = match self.js.get_stream(stream).await {
+            Ok(mut s) => s
+                .info()
+                .await
+                .map(|i| i.config.duplicate_window)
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        match window {
+            Ok(window) if window < min => tracing::warn!(
+                stream,
+                duplicate_window = ?window,
+                needed = ?min,
+                "the stream's dedup window is shorter than the relay needs: a copy the relay sends again after a lost PubAck (a leader change, a cut connection, a relay taking over a lease) may be stored twice; raise the stream's duplicate_window (nats stream edit {stream} --dupe-window) or have consumers dedup by Nats-Msg-Id"
+            ),
+            Ok(window) => {
+                tracing::debug!(stream, duplicate_window = ?window, "stream dedup window checked");
+            }
+            Err(e) => {
+                if let Ok(mut s) = self.checked.lock() {
+                    s.remove(stream);
+                }
+                tracing::debug!(stream, error = %e, "could not read the stream's dedup window");
             }
         }
     }
