@@ -31,7 +31,7 @@ pub(crate) async fn run(
     pause: bool,
     secrets: &mut Vec<String>,
 ) -> anyhow::Result<()> {
-    let (store, _url) = crate::open(&args.store, secrets).await?;
+    let (store, _url) = crate::open::store(&args.store, secrets).await?;
     let group = store.group().to_owned();
     let mut note = PauseNote::new();
     if let Some(by) = args.by.or_else(|| std::env::var("USER").ok()) {

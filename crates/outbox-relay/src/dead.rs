@@ -124,7 +124,7 @@ pub(crate) struct ActArgs {
 pub(crate) async fn run(command: DeadCommand, secrets: &mut Vec<String>) -> anyhow::Result<()> {
     match command {
         DeadCommand::List(args) => {
-            let (store, _) = crate::open(&args.store, secrets).await?;
+            let (store, _) = crate::open::store(&args.store, secrets).await?;
             let query = DeadLetterQuery {
                 filter: args.filter.filter(),
                 limit: args.limit,
@@ -144,7 +144,7 @@ pub(crate) async fn run(command: DeadCommand, secrets: &mut Vec<String>) -> anyh
             Ok(())
         }
         DeadCommand::Show(args) => {
-            let (store, _) = crate::open(&args.store, secrets).await?;
+            let (store, _) = crate::open::store(&args.store, secrets).await?;
             let query = DeadLetterQuery {
                 filter: DeadLetterFilter::ids([args.id]),
                 limit: 1,
@@ -192,7 +192,7 @@ async fn act(what: Act, args: ActArgs, secrets: &mut Vec<String>) -> anyhow::Res
         bail!("pass --all or at least one filter (--id, --type, --code, --key, --older-than, --newer-than)");
     }
     let verb = what.verb();
-    let (store, _) = crate::open(&args.store, secrets).await?;
+    let (store, _) = crate::open::store(&args.store, secrets).await?;
     let n = store
         .count_dead(&filter)
         .await

@@ -60,7 +60,7 @@ pub(crate) async fn run(command: GroupCommand, secrets: &mut Vec<String>) -> any
         GroupCommand::List(a) => &a.store,
         GroupCommand::Drop(a) => &a.store,
     };
-    let (store, _) = crate::open(store_args, secrets).await?;
+    let (store, _) = crate::open::store(store_args, secrets).await?;
     #[cfg(feature = "postgres")]
     if let AnyStore::PgLog(log) = &store {
         return match command {

@@ -27,12 +27,14 @@ mod dead;
 mod demo;
 mod groups;
 mod http;
+mod open;
 mod reanchor;
 mod report;
+mod shutdown;
 mod status;
 mod table;
 
-use any::{AnySink, AnyStore, ConnectError};
+use any::{AnySink, AnyStore};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use config::{Resolved, RunArgs, StoreArgs};
@@ -40,7 +42,7 @@ use outbox_core::redact_url;
 use outbox_worker::Relay;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use tracing::{info, warn};
+use tracing::info;
 
 /// The transactional outbox relay.
 #[derive(Debug, Parser)]
@@ -167,7 +169,7 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
         }
         Command::Migrate(args) => {
             init_logging("warn");
-            let (store, url) = open(&args, secrets).await?;
+            let (store, url) = open::store(&args, secrets).await?;
             store.migrate().await.context("migration failed")?;
             println!("migrated {}", redact_url(&url));
             Ok(())
@@ -213,35 +215,9 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
     }
 }
 
-/// A connect error, with the flag, variable or file key of a refused setting.
-fn connect_error(resolved: &Resolved, e: ConnectError) -> anyhow::Error {
-    match e {
-        ConnectError::Invalid { descriptor, error } => resolved.explain_invalid(descriptor, &error),
-        e => e.into(),
-    }
-}
-
-async fn open_store(resolved: &Resolved) -> anyhow::Result<(AnyStore, String)> {
-    let url = resolved.store_url()?;
-    let scope = resolved.scope()?;
-    let store = AnyStore::connect(&url, |d| resolved.backend_settings(d), &scope)
-        .await
-        .map_err(|e| connect_error(resolved, e))?;
-    Ok((store, url))
-}
-
-pub(crate) async fn open(
-    args: &StoreArgs,
-    secrets: &mut Vec<String>,
-) -> anyhow::Result<(AnyStore, String)> {
-    let resolved = args.resolve()?;
-    secrets.extend(resolved.secrets());
-    open_store(&resolved).await
-}
-
 async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     let cfg = config::run_config(resolved)?;
-    let (store, url) = open_store(resolved).await?;
+    let (store, url) = open::resolved_store(resolved).await?;
     if cfg.migrate {
         store.migrate().await.context("migration failed")?;
     }
@@ -253,7 +229,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         cfg.options.lock_timeout(),
     )
     .await
-    .map_err(|e| connect_error(resolved, e))?;
+    .map_err(|e| open::connect_error(resolved, e))?;
     // Bound before the relay starts, so a taken port fails the command.
     let listener = match cfg.metrics_addr {
         Some(addr) => Some((
@@ -316,7 +292,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
         );
         info!(%addr, "serving /metrics, /healthz and /readyz");
     }
-    let summary = relay.run(shutdown_signal()).await;
+    let summary = relay.run(shutdown::signal()).await;
     info!(
         delivered = summary.delivered,
         retried = summary.retried,
@@ -391,36 +367,8 @@ fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
 /// endpoints; `/metrics` says what is missing.
 #[cfg(not(feature = "prometheus"))]
 fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
-    warn!(
+    tracing::warn!(
         "built without the `prometheus` feature: --metrics-addr serves /healthz and /readyz only"
     );
     Ok(None)
-}
-
-/// Completes on SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        if let Err(e) = tokio::signal::ctrl_c().await {
-            warn!(error = %e, "cannot listen for Ctrl-C");
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => info!("SIGINT received: finishing the in-flight batch, then stopping"),
-        () = term => info!("SIGTERM received: finishing the in-flight batch, then stopping"),
-    }
 }

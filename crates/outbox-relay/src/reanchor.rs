@@ -44,7 +44,7 @@ enum From {
 
 /// Runs `reanchor`.
 pub(crate) async fn run(args: ReanchorArgs, secrets: &mut Vec<String>) -> anyhow::Result<()> {
-    let (store, _) = crate::open(&args.store, secrets).await?;
+    let (store, _) = crate::open::store(&args.store, secrets).await?;
     #[cfg(feature = "postgres")]
     if let AnyStore::PgLog(log) = &store {
         return reanchor(log, &args).await;

@@ -38,7 +38,7 @@ pub(crate) struct StatusArgs {
 
 /// Runs `status`.
 pub(crate) async fn run(args: StatusArgs, secrets: &mut Vec<String>) -> anyhow::Result<()> {
-    let (store, url) = crate::open(&args.store, secrets).await?;
+    let (store, url) = crate::open::store(&args.store, secrets).await?;
     let Some(every) = args.watch else {
         let doc = collect(&store, &url, &args.relays).await?;
         print(&doc, args.json);

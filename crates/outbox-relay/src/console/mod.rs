@@ -183,7 +183,7 @@ pub(crate) async fn run(args: ConsoleArgs, secrets: &mut Vec<String>) -> anyhow:
     };
     // Refuse a remote address before connecting to anything.
     serving.check()?;
-    let (store, url) = crate::open(&args.store, secrets).await?;
+    let (store, url) = crate::open::store(&args.store, secrets).await?;
     let listener = serving.bind().await?;
     serve(listener, store, &url, serving, secrets.clone()).await
 }
@@ -245,7 +245,7 @@ pub(crate) async fn serve(
     );
     let app = router(console).into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app)
-        .with_graceful_shutdown(crate::shutdown_signal())
+        .with_graceful_shutdown(crate::shutdown::signal())
         .await
         .context("the console's server failed")?;
     Ok(())
