@@ -25,7 +25,7 @@
 //! [`InboundMessage::decode`](crate::InboundMessage::decode) reads both
 //! modes back (and CloudEvents from other producers whose `id` is a UUID).
 
-use crate::event::EventId;
+use crate::event::{Event, EventId};
 use crate::headers;
 use crate::wire::{DecodeError, InboundMessage, WireFormat};
 use base64::Engine as _;
@@ -271,7 +271,7 @@ fn check_uri_reference(s: &str) -> Result<(), &'static str> {
 pub(crate) fn attributes<'a>(
     id: &'a str,
     source: Option<&'a Source>,
-    event: &'a crate::Event,
+    event: &'a Event,
     time: &'a str,
 ) -> Vec<(&'a str, &'a str)> {
     let mut out = vec![("specversion", SPEC_VERSION), ("id", id)];
@@ -302,7 +302,7 @@ pub(crate) fn time_text(t: DateTime<Utc>) -> String {
 
 /// The event's own headers that travel as plain broker headers: not
 /// reserved, not the content type, not an extension attribute.
-pub(crate) fn plain_headers(event: &crate::Event) -> impl Iterator<Item = (&str, &str)> {
+pub(crate) fn plain_headers(event: &Event) -> impl Iterator<Item = (&str, &str)> {
     event
         .headers
         .iter()

@@ -5,6 +5,7 @@ pub mod backend;
 pub mod cloudevents;
 mod control;
 mod dead_head;
+mod decode;
 mod envelope;
 mod error;
 mod event;
