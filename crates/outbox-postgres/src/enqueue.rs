@@ -1,4 +1,11 @@
-//! Enqueue inside the caller's transaction.
+//! Enqueue inside the caller's transaction ([`PgOutbox::enqueue`]), with
+//! the COMMIT in the same round trip ([`PgOutbox::commit_with`], in
+//! `enqueue/commit.rs`), or by COPY for backfills
+//! ([`PgOutbox::enqueue_bulk`], in `enqueue/copy.rs`).
+
+mod commit;
+mod copy;
+mod literal;
 
 use crate::error::{EnqueueError, MigrateError};
 use crate::ident::{Ident, InvalidIdentifier};
@@ -9,7 +16,7 @@ use crate::names::queue::Names;
 use crate::options::{DEFAULT_NOTIFY, DEFAULT_SCHEMA, DEFAULT_TABLE};
 use chrono::{DateTime, Utc};
 use outbox_core::{Delivery, EventId, EventLimits, NewEvent, Pooler};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Postgres, Transaction};
 use std::fmt;
 use std::sync::{Arc, OnceLock};
 use uuid::Uuid;
@@ -57,6 +64,14 @@ pub(crate) struct EnqueueSql {
     batch_notify: String,
     delayed_one_notify: String,
     delayed_batch_notify: String,
+    /// The quoted, qualified table the statements insert into (for the
+    /// literal INSERT of `commit_with` and the COPY of `enqueue_bulk`).
+    target: String,
+    /// The column a delayed event sets.
+    due_column: &'static str,
+    /// Whether an undelayed event's value of `due_column` is `now()` (the
+    /// queue table) rather than NULL (the log).
+    undelayed_now: bool,
 }
 
 const COLUMNS: &str = "id, key, key_hash, event_type, topic, payload, headers";
@@ -137,7 +152,7 @@ fn is_delayed(event: &NewEvent) -> bool {
 
 impl EnqueueSql {
     /// The queue table's or the event log's statements (see [`Inserts::new`]).
-    pub(crate) fn new(target: &str, due_column: &str, undelayed: &str) -> Self {
+    pub(crate) fn new(target: &str, due_column: &'static str, undelayed: &str) -> Self {
         let plain = Inserts::new(target, due_column, undelayed);
         let notify =
             |sql: &str, param: u32| format!("WITH ins AS ({sql}) SELECT pg_notify(${param}, '')");
@@ -147,6 +162,9 @@ impl EnqueueSql {
             delayed_one_notify: notify(&plain.delayed_one, 10),
             delayed_batch_notify: notify(&plain.delayed_batch, 10),
             plain,
+            target: target.to_owned(),
+            due_column,
+            undelayed_now: undelayed == "now()",
         }
     }
 
@@ -405,6 +423,114 @@ impl PgOutbox {
                 self.notify_channel(),
                 self.unnamed,
             )
+            .await
+    }
+
+    /// Writes `event` and COMMITs `tx` in ONE round trip, for the usual
+    /// case where the event is the transaction's last write: `BEGIN`, the
+    /// business writes, then this instead of `enqueue` + `tx.commit()`
+    /// (which is one round trip more). Returns the event's id once it is
+    /// committed.
+    ///
+    /// The INSERT and `COMMIT AND CHAIN` go as one simple query with the
+    /// values as literals (escaped, so no parameter and no prepared
+    /// statement: it works the same behind a pooler in transaction mode).
+    /// The event is validated as [`enqueue`](Self::enqueue) validates it,
+    /// with the same errors. Taking `tx` by value is what ends it:
+    ///
+    /// - `Ok(id)`: committed.
+    /// - [`EnqueueError::Invalid`], [`EnqueueError::Database`]: not
+    ///   committed; `tx` was rolled back (the business writes too). A
+    ///   refused INSERT never reaches the COMMIT, and a refused COMMIT (a
+    ///   deferred constraint, a serialization failure) is a rollback.
+    /// - [`EnqueueError::CommitUnknown`]: the connection failed after the
+    ///   COMMIT was sent and before its answer. The transaction may or may
+    ///   not have committed: look the event up by id once the database
+    ///   answers (or make the retry idempotent), never assume either.
+    /// - [`EnqueueError::NotTopLevel`]: `tx` is a savepoint (a transaction
+    ///   begun inside another); nothing was sent, and it rolls back to its
+    ///   savepoint. A COMMIT would end the outer transaction.
+    ///
+    /// The chained empty transaction the COMMIT opens is ended by the
+    /// `ROLLBACK` sqlx queues when `tx` is dropped: a pooled connection
+    /// sends it with the check the pool makes on every returned connection,
+    /// a bare connection with its next statement (ARCHITECTURE.md,
+    /// "commit_with" decision). When to use which: the crate docs'
+    /// "Enqueue, commit_with or enqueue_bulk".
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use outbox_core::NewEvent;
+    /// use outbox_postgres::PgOutbox;
+    ///
+    /// let outbox = PgOutbox::default();
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("UPDATE orders SET state = 'paid' WHERE id = 42")
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// let event = NewEvent::new("order.paid", "orders", b"{}".to_vec()).with_key("order-42");
+    /// let id = outbox.commit_with(tx, event).await?; // committed
+    /// # let _ = id; Ok(()) }
+    /// ```
+    pub async fn commit_with(
+        &self,
+        tx: Transaction<'_, Postgres>,
+        event: NewEvent,
+    ) -> Result<EventId, EnqueueError> {
+        let ids = self.commit_with_batch(tx, [event]).await?;
+        // One event in, one id out.
+        ids.into_iter().next().ok_or_else(|| {
+            EnqueueError::Database(sqlx::Error::Protocol(
+                "commit_with: no id for the event".to_owned(),
+            ))
+        })
+    }
+
+    /// [`commit_with`](Self::commit_with) for many events: one multi-row
+    /// INSERT (in the given order) and the COMMIT, in one round trip. All
+    /// are validated first; if one is refused nothing is written and `tx`
+    /// is rolled back. An empty batch sends the COMMIT alone. Returns the
+    /// ids in the given order.
+    pub async fn commit_with_batch(
+        &self,
+        tx: Transaction<'_, Postgres>,
+        events: impl IntoIterator<Item = NewEvent>,
+    ) -> Result<Vec<EventId>, EnqueueError> {
+        let events = match validate_batch(events, &self.limits) {
+            Ok(events) => events,
+            Err(e) => {
+                // Ends the caller's transaction as every other error does.
+                let _ = tx.rollback().await;
+                return Err(e);
+            }
+        };
+        self.sql
+            .commit_with(tx, events, self.notify_channel())
+            .await
+    }
+
+    /// Adds many events with `COPY ... FROM STDIN` (binary format), for
+    /// backfills and imports: no statement text grows with the batch, no
+    /// parameter limit, the fastest way in. In the caller's transaction
+    /// when `conn` is one (`&mut *tx`), or atomically on its own. All are
+    /// validated first (nothing is written if one is refused); the events
+    /// keep the given order, as with [`enqueue_batch`](Self::enqueue_batch)
+    /// (the log's order columns take their defaults row by row). A delayed
+    /// event's delay counts from the database's `now()`, read once first.
+    /// With notify on (queue mode) one `pg_notify` follows. Returns the ids
+    /// in the given order.
+    ///
+    /// Behind a pooler in transaction mode, run it inside a transaction.
+    /// The whole batch is held in memory: pass a backfill in chunks (tens
+    /// of thousands of events per call).
+    pub async fn enqueue_bulk(
+        &self,
+        conn: &mut PgConnection,
+        events: impl IntoIterator<Item = NewEvent>,
+    ) -> Result<Vec<EventId>, EnqueueError> {
+        let events = validate_batch(events, &self.limits)?;
+        self.sql
+            .copy_in(conn, events, self.notify_channel())
             .await
     }
 

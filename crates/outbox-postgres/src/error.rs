@@ -31,6 +31,22 @@ pub enum EnqueueError {
     },
     /// The INSERT failed (e.g. a duplicate id, a missing table: run the migrations).
     Database(sqlx::Error),
+    /// `commit_with`: the connection failed after the COMMIT was sent and
+    /// before its answer. The transaction may or may not have committed:
+    /// look the events up by id, never assume either outcome.
+    CommitUnknown {
+        /// The events of the transaction, in order.
+        ids: Vec<EventId>,
+        /// The connection's error (printed by `Display`; not returned by `source()`).
+        source: sqlx::Error,
+    },
+    /// `commit_with` was given a savepoint (a transaction begun inside
+    /// another, at this depth): its COMMIT would end the outer transaction.
+    /// Nothing was sent.
+    NotTopLevel {
+        /// The transaction's depth (1 is a top-level transaction).
+        depth: usize,
+    },
 }
 
 impl fmt::Display for EnqueueError {
@@ -38,6 +54,20 @@ impl fmt::Display for EnqueueError {
         match self {
             EnqueueError::Invalid { id, source } => write!(f, "event {id} refused: {source}"),
             EnqueueError::Database(e) => write!(f, "enqueue failed: {}", Cause(e)),
+            EnqueueError::CommitUnknown { ids, source } => write!(
+                f,
+                "the outcome of the COMMIT is unknown (the connection failed after it was sent: \
+                 {}): the {} event(s) from {} may or may not be committed; look them up by id",
+                Cause(source),
+                ids.len(),
+                ids.first().map_or_else(|| "none".to_owned(), ToString::to_string),
+            ),
+            EnqueueError::NotTopLevel { depth } => write!(
+                f,
+                "commit_with needs a top-level transaction, got a savepoint at depth {depth}: \
+                 its COMMIT would end the outer transaction (use enqueue and commit the \
+                 savepoint)"
+            ),
         }
     }
 }
