@@ -2,7 +2,9 @@
 //! the services, makes sure the Kafka-protocol broker (Tansu) runs, then
 //! runs the `outbox-bench` binary as a release build, forwarding the
 //! arguments. `cargo xtask bench --write-doc` only does the last step
-//! below, from the results already in `target/bench`.
+//! below, from the results already in `target/bench`. `cargo xtask bench
+//! --profile SCENARIO [--quick]` runs one scenario under `perf` and writes
+//! its flame graph (see [`profile`]).
 //!
 //! The binary does the measuring and writes `target/bench/results.json` and
 //! `target/bench/results.md`. After a quick or full run of every scenario
@@ -14,6 +16,8 @@
 //! fingerprint from the registry in the tree: when the scenario set or a
 //! size changes, the written numbers no longer count until the bench runs
 //! again.
+
+mod profile;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -40,6 +44,14 @@ pub(crate) fn run(args: &[String]) -> Result<()> {
     let root = crate::root();
     if args.iter().any(|a| a == "--write-doc") {
         return write_doc(&root);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--profile") {
+        let Some(scenario) = args.get(i + 1) else {
+            bail!("--profile needs a scenario name (cargo xtask bench --list names them)");
+        };
+        let mut rest = args.to_vec();
+        rest.drain(i..=i + 1);
+        return profile::run(scenario, &rest);
     }
     if args
         .iter()
