@@ -1,10 +1,11 @@
 //! The console in a real browser: Debian's headless `chromium` driven
-//! through `chromedriver` (W3C WebDriver), against PostgreSQL's event log
-//! (each test in its own schema). The cases: the overview shows
-//! the lag a test created; a dead letter found by filter is replayed and
-//! then delivered by a running relay; purge asks for confirmation; without
-//! the token every change is refused; a page of 10,000 dead letters stays
-//! paged; the retry lane leads from a held key to its dead head. With `OUTBOX_CONSOLE_SCREENSHOTS=DIR` (`cargo xtask
+//! through `chromedriver` (W3C WebDriver, with the fantoccini client),
+//! against PostgreSQL's event log (each test in its own schema). The
+//! issue's cases: the overview shows the lag a test created; a dead letter
+//! found by filter is replayed and then delivered by a running relay; purge
+//! asks for confirmation; without the token every change is refused; a page
+//! of 10,000 dead letters stays paged; the retry lane leads from a held key
+//! to its dead head. With `OUTBOX_CONSOLE_SCREENSHOTS=DIR` (`cargo xtask
 //! screenshots`) the pages are also saved as PNGs into DIR.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
@@ -32,19 +33,21 @@ fn store_args(schema: &str) -> Vec<String> {
     ]
 }
 
-fn shot(browser: &Browser, name: &str) {
+async fn shot(browser: &Browser, name: &str) {
     if let Some(dir) = screenshot_dir() {
-        browser.screenshot(&dir.join(format!("{name}.png")));
+        browser.screenshot(&dir.join(format!("{name}.png"))).await;
     }
 }
 
 /// Logs the browser in as `who`.
-fn login(browser: &Browser, console: &Console, who: &str) {
-    browser.goto(&format!("http://{}/login", console.addr));
-    browser.fill("input[name=who]", who);
-    browser.fill("input[name=token]", TOKEN);
-    browser.click("[data-test=login]");
-    browser.wait_for("logged in", |b| b.find(".who").is_some());
+async fn login(browser: &Browser, console: &Console, who: &str) {
+    browser
+        .goto(&format!("http://{}/login", console.addr))
+        .await;
+    browser.fill("input[name=who]", who).await;
+    browser.fill("input[name=token]", TOKEN).await;
+    browser.click("[data-test=login]").await;
+    browser.wait_for_element("logged in", ".who").await;
 }
 
 async fn dead_ids(store: &PgLogStore) -> Vec<EventId> {
@@ -107,31 +110,39 @@ async fn the_overview_shows_the_lag_a_test_created() {
     let store = log_store(&schema, |o| o).await;
     lag_of(&store, &pool, 7).await;
     let console = Console::start(&store_args(&schema), true, &[]);
-    let browser = Browser::start();
+    let browser = Browser::start().await;
     // A token is set: every page needs the login (which lands on `/`).
-    login(&browser, &console, "olga");
-    browser.goto(&format!("http://{}/", console.addr));
-    assert_eq!(browser.text("[data-test=pending]"), "7");
-    let lag = browser.text("[data-test=lag]");
+    login(&browser, &console, "olga").await;
+    browser.goto(&format!("http://{}/", console.addr)).await;
+    assert_eq!(browser.text("[data-test=pending]").await, "7");
+    let lag = browser.text("[data-test=lag]").await;
     assert!(lag.ends_with(" s") || lag.contains("min"), "lag {lag:?}");
-    assert!(browser.text("#total-pending").contains('7'));
+    assert!(browser.text("#total-pending").await.contains('7'));
     // The live refresh keeps it current: 3 more, without a reload.
     enqueue(&store, &pool, 3).await;
-    browser.wait_for("the refreshed overview shows 10 behind", |b| {
-        b.text("[data-test=pending]") == "10"
-    });
+    browser
+        .wait_for("the refreshed overview shows 10 behind", async |b| {
+            b.text("[data-test=pending]").await == "10"
+        })
+        .await;
     // Let the sampler take two samples so the charts show.
-    browser.wait_for("the charts", |b| {
-        b.goto(&format!("http://{}/", console.addr));
-        b.find("figure.chart polyline").is_some()
-    });
-    shot(&browser, "overview");
+    browser
+        .wait_for("the charts", async |b| {
+            b.goto(&format!("http://{}/", console.addr)).await;
+            b.find("figure.chart polyline").await.is_some()
+        })
+        .await;
+    shot(&browser, "overview").await;
     if let Some(dir) = screenshot_dir() {
-        browser.screenshot_width(&dir.join("overview-phone.png"), 390);
+        browser
+            .screenshot_width(&dir.join("overview-phone.png"), 390)
+            .await;
     }
-    browser.goto(&format!("http://{}/shards", console.addr));
-    assert!(browser.source().contains("Group default"));
-    shot(&browser, "shards");
+    browser
+        .goto(&format!("http://{}/shards", console.addr))
+        .await;
+    assert!(browser.source().await.contains("Group default"));
+    shot(&browser, "shards").await;
     drop(browser);
     drop(console);
     drop_schema(&pool, &schema).await;
@@ -146,18 +157,19 @@ async fn the_retry_lane_leads_from_a_held_key_to_its_dead_head() {
     .await;
     let dead = held_keys(&store, &pool).await.dead;
     let console = Console::start(&store_args(&schema), false, &[]);
-    let browser = Browser::start();
-    browser.goto(&format!("http://{}/lane", console.addr));
-    assert_eq!(browser.text("[data-test=held-count]"), "2");
-    assert_eq!(browser.text("[data-test=held-key]"), "acct-7");
-    assert_eq!(browser.text("[data-test=waiting]"), "3");
-    shot(&browser, "retry-lane");
-    browser.click(&format!("a[href^=\"/dead/{dead}\"]"));
-    browser.wait_for("the dead head's detail", |b| {
-        b.find("[data-test=final-error]").is_some()
-    });
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{}/lane", console.addr)).await;
+    assert_eq!(browser.text("[data-test=held-count]").await, "2");
+    assert_eq!(browser.text("[data-test=held-key]").await, "acct-7");
+    assert_eq!(browser.text("[data-test=waiting]").await, "3");
+    shot(&browser, "retry-lane").await;
+    browser.click(&format!("a[href^=\"/dead/{dead}\"]")).await;
+    browser
+        .wait_for_element("the dead head's detail", "[data-test=final-error]")
+        .await;
     assert!(browser
         .text("[data-test=final-error]")
+        .await
         .contains("card <expired>"));
     drop(browser);
     drop(console);
@@ -206,44 +218,59 @@ async fn a_dead_letter_found_by_filter_is_replayed_then_delivered() {
             .unwrap(),
     );
     let console = Console::start(&store_args(&schema), true, &[]);
-    let browser = Browser::start();
-    login(&browser, &console, "dana");
-    browser.goto(&format!("http://{}/dead", console.addr));
-    assert_eq!(browser.text("[data-test=dead-count]"), "2");
-    browser.fill("#filters input[name=type]", "payment.failed");
-    browser.click("#filters button[type=submit]");
-    browser.wait_for("the filtered list", |b| {
-        b.text("[data-test=dead-count]") == "1"
-    });
-    assert!(browser.source().contains(&wanted.to_string()));
-    shot(&browser, "dead-letters");
-    browser.click(&format!("a[href^=\"/dead/{wanted}\"]"));
-    browser.wait_for("the detail page", |b| {
-        b.find("[data-test=payload]").is_some()
-    });
+    let browser = Browser::start().await;
+    login(&browser, &console, "dana").await;
+    browser.goto(&format!("http://{}/dead", console.addr)).await;
+    assert_eq!(browser.text("[data-test=dead-count]").await, "2");
+    browser
+        .fill("#filters input[name=type]", "payment.failed")
+        .await;
+    browser.click("#filters button[type=submit]").await;
+    browser
+        .wait_for("the filtered list", async |b| {
+            b.text("[data-test=dead-count]").await == "1"
+        })
+        .await;
+    assert!(browser.source().await.contains(&wanted.to_string()));
+    shot(&browser, "dead-letters").await;
+    browser.click(&format!("a[href^=\"/dead/{wanted}\"]")).await;
+    browser
+        .wait_for_element("the detail page", "[data-test=payload]")
+        .await;
     assert!(browser
         .text("[data-test=payload]")
+        .await
         .contains("\"amount\": 42"));
     assert!(browser
         .text("[data-test=final-error]")
+        .await
         .contains("card declined"));
-    shot(&browser, "dead-letter");
-    browser.goto(&format!("http://{}/dead?type=payment.failed", console.addr));
-    browser.click(&format!("input[name=id][value=\"{wanted}\"]"));
-    browser.click("[data-test=replay-selected]");
-    browser.wait_for("the confirmation", |b| {
-        b.find("[data-test=confirm]").is_some()
-    });
-    assert_eq!(browser.text("[data-test=confirm-count]"), "1");
-    shot(&browser, "replay-confirm");
+    shot(&browser, "dead-letter").await;
+    browser
+        .goto(&format!("http://{}/dead?type=payment.failed", console.addr))
+        .await;
+    browser
+        .click(&format!("input[name=id][value=\"{wanted}\"]"))
+        .await;
+    browser.click("[data-test=replay-selected]").await;
+    browser
+        .wait_for_element("the confirmation", "[data-test=confirm]")
+        .await;
+    assert_eq!(browser.text("[data-test=confirm-count]").await, "1");
+    shot(&browser, "replay-confirm").await;
     assert_eq!(
         dead_ids(&store).await.len(),
         2,
         "nothing before the confirmation"
     );
-    browser.click("[data-test=confirm]");
-    browser.wait_for("the result", |b| b.find("[data-test=done]").is_some());
-    assert!(browser.text("[data-test=done]").contains("Replayed 1"));
+    browser.click("[data-test=confirm]").await;
+    browser
+        .wait_for_element("the result", "[data-test=done]")
+        .await;
+    assert!(browser
+        .text("[data-test=done]")
+        .await
+        .contains("Replayed 1"));
     let delivered = support::wait_jsonl_ids(&file, 1, &mut relay).await;
     assert_eq!(delivered, vec![wanted], "the replayed event is delivered");
     assert_eq!(dead_ids(&store).await, vec![other]);
@@ -275,35 +302,38 @@ async fn purge_asks_for_confirmation_first() {
     )
     .await;
     let console = Console::start(&store_args(&schema), true, &[]);
-    let browser = Browser::start();
-    login(&browser, &console, "erin");
-    browser.goto(&format!("http://{}/dead", console.addr));
-    browser.click("#select-all");
-    browser.click("[data-test=purge-selected]");
-    browser.wait_for("the confirmation", |b| {
-        b.find("[data-test=confirm]").is_some()
-    });
-    assert_eq!(browser.text("[data-test=confirm-count]"), "3");
+    let browser = Browser::start().await;
+    login(&browser, &console, "erin").await;
+    browser.goto(&format!("http://{}/dead", console.addr)).await;
+    browser.click("#select-all").await;
+    browser.click("[data-test=purge-selected]").await;
+    browser
+        .wait_for_element("the confirmation", "[data-test=confirm]")
+        .await;
+    assert_eq!(browser.text("[data-test=confirm-count]").await, "3");
     assert!(browser
         .text("[data-test=confirm-text]")
+        .await
         .starts_with("Purge 3"));
-    shot(&browser, "purge-confirm");
+    shot(&browser, "purge-confirm").await;
     // Asking changed nothing; cancelling neither.
     assert_eq!(dead_ids(&store).await.len(), 3);
-    browser.click("[data-test=cancel]");
-    browser.wait_for("back on the list", |b| {
-        b.find("[data-test=dead-count]").is_some()
-    });
-    assert_eq!(browser.text("[data-test=dead-count]"), "3");
+    browser.click("[data-test=cancel]").await;
+    browser
+        .wait_for_element("back on the list", "[data-test=dead-count]")
+        .await;
+    assert_eq!(browser.text("[data-test=dead-count]").await, "3");
     assert_eq!(dead_ids(&store).await.len(), 3);
     // Confirmed, they are gone.
-    browser.click("[data-test=purge-all]");
-    browser.wait_for("the confirmation", |b| {
-        b.find("[data-test=confirm]").is_some()
-    });
-    browser.click("[data-test=confirm]");
-    browser.wait_for("the result", |b| b.find("[data-test=done]").is_some());
-    assert!(browser.text("[data-test=done]").contains("Purged 3"));
+    browser.click("[data-test=purge-all]").await;
+    browser
+        .wait_for_element("the confirmation", "[data-test=confirm]")
+        .await;
+    browser.click("[data-test=confirm]").await;
+    browser
+        .wait_for_element("the result", "[data-test=done]")
+        .await;
+    assert!(browser.text("[data-test=done]").await.contains("Purged 3"));
     assert!(dead_ids(&store).await.is_empty());
     drop(browser);
     drop(console);
@@ -337,36 +367,51 @@ async fn without_the_token_every_change_is_refused() {
 
     // A read-only console: no forms, and a forged one is refused.
     let ro = Console::start(&store_args(&schema), false, &[]);
-    let browser = Browser::start();
-    browser.goto(&format!("http://{}/", ro.addr));
-    assert!(browser.find("form[method=post]").is_none());
-    assert!(browser.source().contains("read-only"));
-    browser.script(&forge("/groups/pause", &pause));
-    browser.wait_for("the refusal", |b| b.find("[data-test=error]").is_some());
-    assert!(browser.source().contains("Read-only console"));
+    let browser = Browser::start().await;
+    browser.goto(&format!("http://{}/", ro.addr)).await;
+    assert!(browser.find("form[method=post]").await.is_none());
+    assert!(browser.source().await.contains("read-only"));
+    browser.script(&forge("/groups/pause", &pause)).await;
+    browser
+        .wait_for_element("the refusal", "[data-test=error]")
+        .await;
+    assert!(browser.source().await.contains("Read-only console"));
     drop(ro);
 
     // With a token, not logged in: the page is the login form, and a
     // forged change is refused the same.
     let console = Console::start(&store_args(&schema), true, &[]);
-    browser.goto(&format!("http://{}/dead", console.addr));
-    assert!(browser.find("[data-test=purge-all]").is_none());
-    assert!(browser.find("[data-test=login]").is_some());
-    browser.script(&forge("/dead/act", &purge));
-    browser.wait_for("the refusal", |b| b.find("[data-test=error]").is_some());
-    assert!(browser.text("[data-test=error-detail]").contains("log in"));
+    browser.goto(&format!("http://{}/dead", console.addr)).await;
+    assert!(browser.find("[data-test=purge-all]").await.is_none());
+    assert!(browser.find("[data-test=login]").await.is_some());
+    browser.script(&forge("/dead/act", &purge)).await;
+    browser
+        .wait_for_element("the refusal", "[data-test=error]")
+        .await;
+    assert!(browser
+        .text("[data-test=error-detail]")
+        .await
+        .contains("log in"));
     // Logged in, a form without the session's CSRF token is refused too.
-    login(&browser, &console, "frank");
-    browser.script(&forge("/groups/pause", &pause));
-    browser.wait_for("the refusal", |b| b.find("[data-test=error]").is_some());
-    assert!(browser.source().contains("CSRF"));
+    login(&browser, &console, "frank").await;
+    browser.script(&forge("/groups/pause", &pause)).await;
+    browser
+        .wait_for_element("the refusal", "[data-test=error]")
+        .await;
+    assert!(browser.source().await.contains("CSRF"));
     // A wrong token opens no session.
-    browser.goto(&format!("http://{}/login", console.addr));
-    browser.fill("input[name=who]", "mallory");
-    browser.fill("input[name=token]", "definitely-not-the-token");
-    browser.click("[data-test=login]");
-    browser.wait_for("the refusal", |b| b.find("[data-test=error]").is_some());
-    assert!(browser.source().contains("Wrong admin token"));
+    browser
+        .goto(&format!("http://{}/login", console.addr))
+        .await;
+    browser.fill("input[name=who]", "mallory").await;
+    browser
+        .fill("input[name=token]", "definitely-not-the-token")
+        .await;
+    browser.click("[data-test=login]").await;
+    browser
+        .wait_for_element("the refusal", "[data-test=error]")
+        .await;
+    assert!(browser.source().await.contains("Wrong admin token"));
     assert_eq!(
         outbox_core::ControlStore::paused(&store, "default")
             .await
@@ -398,28 +443,36 @@ async fn ten_thousand_dead_letters_stay_paged_in_the_browser() {
     )
     .await;
     let console = Console::start(&store_args(&schema), true, &[]);
-    let browser = Browser::start();
-    login(&browser, &console, "gina");
-    browser.goto(&format!("http://{}/dead", console.addr));
-    assert_eq!(browser.text("[data-test=dead-count]"), "10000");
-    let rows =
-        |b: &Browser| b.script("return document.querySelectorAll('table.dead tbody tr').length;");
-    assert_eq!(rows(&browser), 50);
-    let first =
-        browser.script("return document.querySelector('table.dead tbody tr a').textContent;");
-    browser.click("[data-test=next-page]");
-    browser.wait_for("the second page", |b| b.url().contains("after="));
-    assert_eq!(rows(&browser), 50);
-    let second =
-        browser.script("return document.querySelector('table.dead tbody tr a').textContent;");
+    let browser = Browser::start().await;
+    login(&browser, &console, "gina").await;
+    browser.goto(&format!("http://{}/dead", console.addr)).await;
+    assert_eq!(browser.text("[data-test=dead-count]").await, "10000");
+    let rows = async |b: &Browser| {
+        b.script("return document.querySelectorAll('table.dead tbody tr').length;")
+            .await
+    };
+    assert_eq!(rows(&browser).await, 50);
+    let first = browser
+        .script("return document.querySelector('table.dead tbody tr a').textContent;")
+        .await;
+    browser.click("[data-test=next-page]").await;
+    browser
+        .wait_for("the second page", async |b| {
+            b.url().await.contains("after=")
+        })
+        .await;
+    assert_eq!(rows(&browser).await, 50);
+    let second = browser
+        .script("return document.querySelector('table.dead tbody tr a').textContent;")
+        .await;
     assert_ne!(first, second);
     // The page answers clicks: select all on the page, then confirm 50.
-    browser.click("#select-all");
-    browser.click("[data-test=purge-selected]");
-    browser.wait_for("the confirmation", |b| {
-        b.find("[data-test=confirm]").is_some()
-    });
-    assert_eq!(browser.text("[data-test=confirm-count]"), "50");
+    browser.click("#select-all").await;
+    browser.click("[data-test=purge-selected]").await;
+    browser
+        .wait_for_element("the confirmation", "[data-test=confirm]")
+        .await;
+    assert_eq!(browser.text("[data-test=confirm-count]").await, "50");
     assert_eq!(
         store
             .count_dead(&outbox_core::DeadLetterFilter::all())

@@ -1,17 +1,24 @@
-//! A minimal W3C WebDriver client for Debian's `chromedriver` driving a
-//! headless `chromium`: sessions, navigation, elements (find, click, type,
-//! text), a script, the page source and screenshots. JSON over the raw
-//! HTTP/1.1 of [`super::try_http`]'s kind; nothing else is needed.
+//! Debian's `chromedriver` driving a headless `chromium`, through
+//! fantoccini (a maintained W3C WebDriver client) over plain HTTP on
+//! loopback. Ours is only what the tests share: finding and starting the
+//! two binaries, the session's capabilities, and explicit waits that panic
+//! with the page when their condition does not hold within [`WAIT`].
 
+use fantoccini::elements::Element;
+use fantoccini::error::CmdError;
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
 use outbox_testkit::process::ChildGuard;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::{interval, timeout};
 
-/// The W3C element reference key.
-const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+/// How long a wait gives its condition.
+const WAIT: Duration = Duration::from_secs(30);
+/// How often a wait checks its condition again.
+const POLL: Duration = Duration::from_millis(100);
 
 /// The chromium binary (`$CHROMIUM`, default Debian's `/usr/bin/chromium`).
 pub fn chromium() -> PathBuf {
@@ -24,87 +31,10 @@ pub fn chromedriver() -> PathBuf {
         .map_or_else(|| PathBuf::from("/usr/bin/chromedriver"), PathBuf::from)
 }
 
-/// One request to chromedriver: the answer's `value`, or the WebDriver
-/// error as `Err`.
-fn call(addr: &str, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
-    let mut s = std::net::TcpStream::connect(addr).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(120)))
-        .map_err(|e| e.to_string())?;
-    let body = body.map(Value::to_string).unwrap_or_default();
-    let req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).map_err(|e| e.to_string())?;
-    let body = read_response(&mut s).map_err(|e| format!("{method} {path}: {e}"))?;
-    let v: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
-    let value = v.get("value").cloned().unwrap_or(Value::Null);
-    if let Some(err) = value.get("error").and_then(Value::as_str) {
-        return Err(format!(
-            "{err}: {}",
-            value.get("message").and_then(Value::as_str).unwrap_or("")
-        ));
-    }
-    Ok(value)
-}
-
-/// Reads one response's body: chromedriver keeps the connection open
-/// (it ignores `Connection: close`), so read by `Content-Length`, or
-/// chunks up to the last one.
-fn read_response(s: &mut std::net::TcpStream) -> std::io::Result<String> {
-    let mut raw = Vec::new();
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        let n = s.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        raw.extend_from_slice(&buf[..n]);
-        let Some(end) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-            continue;
-        };
-        let head = String::from_utf8_lossy(&raw[..end]).to_ascii_lowercase();
-        let rest = &raw[end + 4..];
-        let length = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse::<usize>().ok());
-        match length {
-            Some(len) if rest.len() >= len => {
-                return Ok(String::from_utf8_lossy(&rest[..len]).into_owned())
-            }
-            None if head.contains("transfer-encoding: chunked") && rest.ends_with(b"0\r\n\r\n") => {
-                return Ok(dechunk(&String::from_utf8_lossy(rest)))
-            }
-            _ => {}
-        }
-    }
-    let text = String::from_utf8_lossy(&raw);
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned())
-}
-
-fn dechunk(mut rest: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, tail)) = rest.split_once("\r\n") {
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        if n == 0 || tail.len() < n {
-            break;
-        }
-        out.push_str(&tail[..n]);
-        rest = tail[n..].trim_start_matches("\r\n");
-    }
-    out
-}
-
 /// chromedriver and one headless chromium session, both ended on drop.
 pub struct Browser {
-    addr: String,
-    session: String,
+    client: Client,
+    // Dropped after `Drop::drop` ended the session: chromium quits first.
     _driver: ChildGuard,
     _profile: tempfile::TempDir,
 }
@@ -113,7 +43,7 @@ impl Browser {
     /// Starts chromedriver on a free port and opens a headless session
     /// (1280 x 900). Panics with the install command when either binary
     /// is missing.
-    pub fn start() -> Browser {
+    pub async fn start() -> Browser {
         for bin in [chromium(), chromedriver()] {
             assert!(
                 bin.exists(),
@@ -131,20 +61,19 @@ impl Browser {
                 .spawn()
                 .expect("start chromedriver"),
         );
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while call(&addr, "GET", "/status", None)
-            .ok()
-            .and_then(|v| v["ready"].as_bool())
-            != Some(true)
-        {
-            if let Some(status) = driver.child().try_wait().unwrap() {
-                panic!("chromedriver exited with {status}");
+        let listening = timeout(Duration::from_secs(60), async {
+            let mut tick = interval(POLL);
+            while tokio::net::TcpStream::connect(&addr).await.is_err() {
+                if let Some(status) = driver.child().try_wait().unwrap() {
+                    panic!("chromedriver exited with {status}");
+                }
+                tick.tick().await;
             }
-            assert!(Instant::now() < deadline, "chromedriver not ready in 60 s");
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        })
+        .await;
+        assert!(listening.is_ok(), "chromedriver not listening in 60 s");
         let profile = tempfile::tempdir().unwrap();
-        let caps = json!({"capabilities": {"alwaysMatch": {
+        let caps = json!({
             "browserName": "chrome",
             "goog:chromeOptions": {
                 "binary": chromium().to_string_lossy(),
@@ -156,195 +85,183 @@ impl Browser {
                     format!("--user-data-dir={}", profile.path().display()),
                 ],
             },
-        }}});
-        let v = call(&addr, "POST", "/session", Some(&caps)).expect("a browser session");
-        let session = v["sessionId"].as_str().expect("a session id").to_owned();
+        });
+        let Value::Object(caps) = caps else {
+            unreachable!("capabilities are an object")
+        };
+        let client = ClientBuilder::new(HttpConnector::new())
+            .capabilities(caps)
+            .connect(&format!("http://{addr}"))
+            .await
+            .expect("a browser session");
         Browser {
-            addr,
-            session,
+            client,
             _driver: driver,
             _profile: profile,
         }
     }
 
-    fn cmd(&self, method: &str, path: &str, body: Option<Value>) -> Value {
-        self.try_cmd(method, path, body)
-            .unwrap_or_else(|e| panic!("webdriver {method} {path}: {e}"))
-    }
-
-    fn try_cmd(&self, method: &str, path: &str, body: Option<Value>) -> Result<Value, String> {
-        let full = format!("/session/{}{path}", self.session);
-        call(&self.addr, method, &full, body.as_ref())
+    /// Panics with `what`, the current URL and the page.
+    async fn fail(&self, what: &str) -> ! {
+        let url = self.client.current_url().await.map(String::from);
+        let source = self.client.source().await.unwrap_or_default();
+        panic!("{what} on {url:?}:\n{source}")
     }
 
     /// Opens `url` and waits for the page to load.
-    pub fn goto(&self, url: &str) {
-        self.cmd("POST", "/url", Some(json!({ "url": url })));
-    }
-
-    /// The current URL.
-    pub fn url(&self) -> String {
-        self.cmd("GET", "/url", None)
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    }
-
-    /// The page's HTML as the browser has it now.
-    pub fn source(&self) -> String {
-        self.cmd("GET", "/source", None)
-            .as_str()
-            .unwrap_or("")
-            .to_owned()
-    }
-
-    /// The first element matching `css`, if any.
-    pub fn find(&self, css: &str) -> Option<String> {
-        let full = format!("/session/{}/element", self.session);
-        call(
-            &self.addr,
-            "POST",
-            &full,
-            Some(&json!({"using": "css selector", "value": css})),
-        )
-        .ok()
-        .and_then(|v| v[ELEMENT].as_str().map(str::to_owned))
-    }
-
-    /// The first element matching `css`; panics with the page when none.
-    pub fn el(&self, css: &str) -> String {
-        self.find(css)
-            .unwrap_or_else(|| panic!("no element {css:?} on {}:\n{}", self.url(), self.source()))
-    }
-
-    /// Runs `op` on the first element matching `css`, finding it again
-    /// when the page was replaced between the lookup and the command (a
-    /// navigation that a click started, or the live refresh swapping
-    /// `<main>`): a stale reference is a race of the test, not a result.
-    /// Panics with the page when no element matches within 30 s.
-    fn on_element(&self, css: &str, op: impl Fn(&str) -> Result<Value, String>) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let Some(e) = self.find(css) else {
-                // Between two pages: the next one may not be there yet.
-                if Instant::now() >= deadline {
-                    self.el(css);
-                }
-                std::thread::sleep(Duration::from_millis(50));
-                continue;
-            };
-            match op(&e) {
-                Ok(v) => return v,
-                Err(err) if err.starts_with("stale element") && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(err) => panic!("webdriver on {css:?}: {err}"),
-            }
+    pub async fn goto(&self, url: &str) {
+        if let Err(e) = self.client.goto(url).await {
+            self.fail(&format!("opening {url}: {e}")).await
         }
     }
 
-    /// Clicks the first element matching `css` (a submit button waits for
-    /// the next page).
-    pub fn click(&self, css: &str) {
-        self.on_element(css, |e| {
-            self.try_cmd("POST", &format!("/element/{e}/click"), Some(json!({})))
-        });
+    /// The current URL.
+    pub async fn url(&self) -> String {
+        self.client.current_url().await.unwrap().into()
+    }
+
+    /// The page's HTML as the browser has it now.
+    pub async fn source(&self) -> String {
+        self.client.source().await.unwrap()
+    }
+
+    /// The first element matching `css` now, if any (no wait).
+    pub async fn find(&self, css: &str) -> Option<Element> {
+        match self.client.find(Locator::Css(css)).await {
+            Ok(e) => Some(e),
+            Err(e) if e.is_no_such_element() => None,
+            Err(e) => panic!("webdriver finding {css:?}: {e}"),
+        }
+    }
+
+    /// Runs `op` on the first element matching `css`, waiting for it to
+    /// appear (a click may have started a navigation). A reference gone
+    /// stale between the lookup and `op` (the next page, or the live
+    /// refresh swapping `<main>`) is a race of the test, not a result: the
+    /// element is found again. Panics with the page after [`WAIT`].
+    async fn on<T>(&self, css: &str, op: impl AsyncFn(Element) -> Result<T, CmdError>) -> T {
+        let done = timeout(WAIT, async {
+            loop {
+                let e = self
+                    .client
+                    .wait()
+                    .at_most(WAIT)
+                    .every(POLL)
+                    .for_element(Locator::Css(css))
+                    .await?;
+                match op(e).await {
+                    Err(e) if e.is_stale_element_reference() => {}
+                    done => return done,
+                }
+            }
+        })
+        .await;
+        match done {
+            Ok(Ok(v)) => v,
+            Ok(Err(e)) => self.fail(&format!("webdriver on {css:?}: {e}")).await,
+            Err(_) => self.fail(&format!("{css:?} not usable in 30 s")).await,
+        }
+    }
+
+    /// Clicks the first element matching `css`.
+    pub async fn click(&self, css: &str) {
+        self.on(css, async |e| e.click().await).await;
     }
 
     /// Types `text` into the first element matching `css` (cleared first).
-    pub fn fill(&self, css: &str, text: &str) {
-        self.on_element(css, |e| {
-            self.try_cmd("POST", &format!("/element/{e}/clear"), Some(json!({})))?;
-            self.try_cmd(
-                "POST",
-                &format!("/element/{e}/value"),
-                Some(json!({ "text": text })),
-            )
-        });
+    pub async fn fill(&self, css: &str, text: &str) {
+        self.on(css, async |e| {
+            e.clear().await?;
+            e.send_keys(text).await
+        })
+        .await;
     }
 
     /// The rendered text of the first element matching `css`.
-    pub fn text(&self, css: &str) -> String {
-        self.on_element(css, |e| {
-            self.try_cmd("GET", &format!("/element/{e}/text"), None)
-        })
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
+    pub async fn text(&self, css: &str) -> String {
+        self.on(css, async |e| e.text().await).await
     }
 
     /// Runs `script` (a function body; `return` gives the result).
-    pub fn script(&self, script: &str) -> Value {
-        self.cmd(
-            "POST",
-            "/execute/sync",
-            Some(json!({ "script": script, "args": [] })),
-        )
+    pub async fn script(&self, script: &str) -> Value {
+        match self.client.execute(script, Vec::new()).await {
+            Ok(v) => v,
+            Err(e) => self.fail(&format!("script {script:?}: {e}")).await,
+        }
     }
 
-    /// Polls `check` (at most 30 s, every 100 ms) until it holds; panics
-    /// with `what` and the page otherwise.
-    pub fn wait_for(&self, what: &str, check: impl Fn(&Browser) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !check(self) {
-            assert!(
-                Instant::now() < deadline,
-                "{what}: not within 30 s on {}:\n{}",
-                self.url(),
-                self.source()
-            );
-            std::thread::sleep(Duration::from_millis(100));
+    /// Waits (fantoccini's `wait().for_element`) for an element matching
+    /// `css`; panics with `what` and the page after [`WAIT`].
+    pub async fn wait_for_element(&self, what: &str, css: &str) -> Element {
+        let found = self
+            .client
+            .wait()
+            .at_most(WAIT)
+            .every(POLL)
+            .for_element(Locator::Css(css))
+            .await;
+        match found {
+            Ok(e) => e,
+            Err(e) => self.fail(&format!("{what} ({css:?}): {e}")).await,
+        }
+    }
+
+    /// Checks `check` until it holds (every [`POLL`], at most [`WAIT`]);
+    /// panics with `what` and the page otherwise.
+    pub async fn wait_for(&self, what: &str, check: impl AsyncFn(&Browser) -> bool) {
+        let held = timeout(WAIT, async {
+            let mut tick = interval(POLL);
+            while !check(self).await {
+                tick.tick().await;
+            }
+        })
+        .await;
+        if held.is_err() {
+            self.fail(&format!("{what}: not within 30 s")).await
         }
     }
 
     /// Saves a PNG of the whole page (its full height, at most 4000 px)
     /// to `path`, 1280 px wide.
-    pub fn screenshot(&self, path: &Path) {
-        self.screenshot_width(path, 1280);
+    pub async fn screenshot(&self, path: &Path) {
+        self.screenshot_width(path, 1280).await;
     }
 
     /// [`Browser::screenshot`] at `width` px (390: a phone).
-    pub fn screenshot_width(&self, path: &Path, width: u64) {
-        self.cmd(
-            "POST",
-            "/window/rect",
-            Some(json!({"width": width, "height": 900})),
-        );
+    pub async fn screenshot_width(&self, path: &Path, width: u32) {
+        self.client.set_window_size(width, 900).await.unwrap();
         let height = self
             .script("return Math.min(4000, document.documentElement.scrollHeight);")
+            .await
             .as_u64()
-            .unwrap_or(900);
-        self.cmd(
-            "POST",
-            "/window/rect",
-            Some(json!({"width": width, "height": height.max(600) + 140})),
-        );
-        let b64 = self.cmd("GET", "/screenshot", None);
-        let png = base64::Engine::decode(
-            &base64::engine::general_purpose::STANDARD,
-            b64.as_str().unwrap_or(""),
-        )
-        .expect("a base64 PNG");
+            .map_or(900, |h| u32::try_from(h).unwrap());
+        self.client
+            .set_window_size(width, height.max(600) + 140)
+            .await
+            .unwrap();
+        let png = self.client.screenshot().await.unwrap();
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).unwrap();
         }
         std::fs::write(path, png).unwrap();
-        self.cmd(
-            "POST",
-            "/window/rect",
-            Some(json!({"width": 1280, "height": 900})),
-        );
+        self.client.set_window_size(1280, 900).await.unwrap();
     }
 }
 
 impl Drop for Browser {
+    /// Ends the session (chromium quits) before chromedriver is killed.
+    /// fantoccini would only send that from a task of its own once the last
+    /// `Client` is gone, racing the kill; the tests run on a multi-thread
+    /// runtime, where this thread may block for it.
     fn drop(&mut self) {
-        let _ = call(
-            &self.addr,
-            "DELETE",
-            &format!("/session/{}", self.session),
-            None,
-        );
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if rt.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+            return;
+        }
+        let close = timeout(Duration::from_secs(10), self.client.clone().close());
+        let _ = tokio::task::block_in_place(|| rt.block_on(close));
     }
 }
 
