@@ -308,7 +308,7 @@ pub(crate) async fn prepare_db(
         if let Some(r) = retention {
             store = store.with_retention(r)?;
         }
-        outbox_inbox::InboxStore::migrate(&store).await?;
+        outbox_inbox::InboxSchema::migrate(&store).await?;
         create_pg_effects(&pool, schema).await?;
         pool.close().await;
     } else {
@@ -317,7 +317,7 @@ pub(crate) async fn prepare_db(
         if let Some(r) = retention {
             store = store.with_retention(r)?;
         }
-        outbox_inbox::InboxStore::migrate(&store).await?;
+        outbox_inbox::InboxSchema::migrate(&store).await?;
         create_sqlite_effects(&pool).await?;
         pool.close().await;
     }
@@ -390,7 +390,7 @@ pub(crate) async fn run_consumer(args: ConsumerArgs) -> Result<()> {
 
 async fn with_source<St, H>(args: &ConsumerArgs, inbox: Inbox<St, H>) -> Result<()>
 where
-    St: outbox_inbox::InboxStore,
+    St: outbox_inbox::InboxStore + outbox_inbox::InboxSchema + outbox_inbox::InboxRetentionStore,
     H: Handler<St::Db>,
 {
     match args.broker {
@@ -445,7 +445,7 @@ where
 
 async fn consume<St, H, S>(args: &ConsumerArgs, inbox: Inbox<St, H>, source: S) -> Result<()>
 where
-    St: outbox_inbox::InboxStore,
+    St: outbox_inbox::InboxStore + outbox_inbox::InboxSchema + outbox_inbox::InboxRetentionStore,
     H: Handler<St::Db>,
     S: Source,
 {

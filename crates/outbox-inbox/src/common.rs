@@ -1,5 +1,4 @@
-//! Pieces both stores share: consumer name rules, filter arguments, the
-//! parts of a [`Hold`].
+//! Pieces both stores share: consumer name rules, the parts of a [`Hold`].
 
 use crate::handler::Failure;
 use crate::store::{Hold, PendingState, StoreError};
@@ -16,15 +15,6 @@ pub(crate) fn check_consumer(name: &str) -> Result<(), StoreError> {
         )));
     }
     Ok(())
-}
-
-/// One bound value of a dead-letter filter.
-#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-pub(crate) enum FilterArg {
-    /// Event ids (PostgreSQL binds them as one array).
-    Ids(Vec<uuid::Uuid>),
-    /// A text value.
-    Text(String),
 }
 
 /// The state, attempts, delay in milliseconds and failure of a hold.

@@ -8,9 +8,9 @@ use crate::handler::{run_handler, Failure, Handler};
 use crate::metrics as m;
 use crate::options::InboxOptions;
 use crate::source::{reconnect_delay, Position, RawMessage, Source};
-use crate::store::{Hold, InboxStore, StoreError, Verdict};
+use crate::store::{Hold, InboxRetentionStore, InboxSchema, InboxStore, StoreError, Verdict};
 use chrono::Utc;
-use outbox_core::{fnv1a_64, ErrorCode, EventId, HandlerError, InboundMessage};
+use outbox_core::{fnv1a_64, ErrorCode, EventId, HandlerError, InboundMessage, Retryable};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -75,13 +75,14 @@ impl InboxStats {
     }
 }
 
-/// Why [`Inbox::run`] stopped with an error.
+/// Why [`Inbox::run`] stopped with an error: `E` is the store's
+/// [`InboxSchema::Error`] ([`StoreError`] for the stores of this crate).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum InboxError {
+pub enum InboxError<E = StoreError> {
     /// The store could not be prepared (migration, configuration).
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(E),
     /// The source is misconfigured.
     #[error(transparent)]
     Source(#[from] crate::source::SourceError),
@@ -217,7 +218,15 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     fn label(&self) -> [(&'static str, String); 1] {
         [("consumer", self.store.consumer().to_owned())]
     }
+}
 
+/// Running: the store also prepares its tables ([`InboxSchema`]) and keeps
+/// its records' retention ([`InboxRetentionStore`]).
+impl<St, H> Inbox<St, H>
+where
+    St: InboxStore + InboxSchema + InboxRetentionStore,
+    H: Handler<St::Db>,
+{
     /// Runs until `shutdown` completes: migrates the store, then receives,
     /// handles and acknowledges. On shutdown, lane transactions in flight
     /// get the shutdown grace to finish and be acknowledged; what is left is
@@ -228,7 +237,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         &self,
         source: S,
         shutdown: impl Future<Output = ()> + Send + 'static,
-    ) -> Result<InboxCounts, InboxError> {
+    ) -> Result<InboxCounts, InboxError<<St as InboxSchema>::Error>> {
         self.run_inner(source, shutdown, None).await
     }
 
@@ -239,7 +248,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         &self,
         source: S,
         idle: Duration,
-    ) -> Result<InboxCounts, InboxError> {
+    ) -> Result<InboxCounts, InboxError<<St as InboxSchema>::Error>> {
         self.run_inner(source, std::future::pending(), Some(idle))
             .await
     }
@@ -249,7 +258,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         mut source: S,
         shutdown: impl Future<Output = ()> + Send + 'static,
         idle: Option<Duration>,
-    ) -> Result<InboxCounts, InboxError> {
+    ) -> Result<InboxCounts, InboxError<<St as InboxSchema>::Error>> {
         let shared = Arc::new(Shared {
             inbox: self.clone(),
             stopping: AtomicBool::new(false),
@@ -259,8 +268,8 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         // refused configuration ends the run.
         let mut failures = 0u32;
         while let Err(e) = self.store.migrate().await {
-            if !e.is_transient() {
-                return Err(e.into());
+            if !e.is_retryable() {
+                return Err(InboxError::Store(e));
             }
             self.fault("store");
             tracing::warn!(consumer = %self.store.consumer(), error = %e, "preparing the inbox tables failed; retrying");
@@ -440,11 +449,13 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         }
         tracing::info!(consumer = %self.store.consumer(), unacknowledged = in_flight, "inbox stopped");
         match fatal {
-            Some(e) => Err(e.into()),
+            Some(e) => Err(InboxError::Source(e)),
             None => Ok(self.stats()),
         }
     }
+}
 
+impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     async fn ack<S: Source>(
         &self,
         source: &mut S,
@@ -471,7 +482,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     /// Handles the messages held back that are due, until none is; returns
     /// how many it worked on. The running inbox does this on its own every
     /// retry poll; tests and tools call it directly.
-    pub async fn retry_due(&self) -> Result<usize, StoreError> {
+    pub async fn retry_due(&self) -> Result<usize, St::Error> {
         let mut n = 0;
         while self.retry_one().await? {
             n += 1;
@@ -481,7 +492,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
 
     /// One due head: handled (or recognised) and removed, or its failure
     /// recorded. Returns whether there was one.
-    async fn retry_one(&self) -> Result<bool, StoreError> {
+    async fn retry_one(&self) -> Result<bool, St::Error> {
         let o = &self.options;
         let mut tx = self.store.begin().await?;
         let mut heads = self.store.due(&mut tx, 1, o.block_on_dead()).await?;
@@ -577,7 +588,7 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
         &self,
         messages: &[InboundMessage],
         positions: &[Option<Position>],
-    ) -> Result<[u64; 3], BatchError> {
+    ) -> Result<[u64; 3], BatchError<St::Error>> {
         let started = Instant::now();
         let mut tx = self.store.begin().await.map_err(BatchError::Store)?;
         let verdicts = self
@@ -644,9 +655,9 @@ impl<St: InboxStore, H: Handler<St::Db>> Inbox<St, H> {
     }
 }
 
-enum BatchError {
+enum BatchError<E> {
     Handler(usize, HandlerError),
-    Store(StoreError),
+    Store(E),
 }
 
 /// The lane of a message: its order key's hash, so one key is always in
@@ -706,7 +717,7 @@ async fn hold_with_retries<St: InboxStore, H: Handler<St::Db>>(
             let mut tx = inbox.store.begin().await?;
             inbox.store.hold(&mut tx, msg, hold).await?;
             tx.commit().await?;
-            Ok::<_, StoreError>(())
+            Ok::<_, St::Error>(())
         }
         .await;
         match r {
@@ -866,7 +877,9 @@ async fn retry_loop<St: InboxStore, H: Handler<St::Db>>(shared: Arc<Shared<St, H
     }
 }
 
-async fn retention_loop<St: InboxStore, H: Handler<St::Db>>(shared: Arc<Shared<St, H>>) {
+async fn retention_loop<St: InboxStore + InboxRetentionStore, H: Handler<St::Db>>(
+    shared: Arc<Shared<St, H>>,
+) {
     let inbox = &shared.inbox;
     loop {
         match inbox.store.retain().await {

@@ -26,6 +26,6 @@ pub use sqlite::SqliteInbox;
 /// The sqlx version the handlers and stores use.
 pub use sqlx;
 pub use store::{
-    DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
-    RETENTION_SLOTS,
+    Hold, InboxDeadLetterStore, InboxRetentionStore, InboxSchema, InboxStore, Pending,
+    PendingCounts, PendingState, RetentionReport, StoreError, Verdict, RETENTION_SLOTS,
 };

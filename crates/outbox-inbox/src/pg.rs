@@ -1,6 +1,6 @@
 //! [`PgInbox`]: the inbox in the consumer's PostgreSQL database.
 //!
-//! Tables (in the inbox's schema, created by [`InboxStore::migrate`]):
+//! Tables (in the inbox's schema, created by [`InboxSchema::migrate`]):
 //! - `inbox_records`, partitioned by `slot` into `inbox_records_0` ..
 //!   `inbox_records_7`, unique on (consumer, event id, slot): the dedup
 //!   records. Per lane batch, one statement takes a transaction-scoped
@@ -21,21 +21,24 @@
 //! - `inbox_settings`: the slot length the records were written with, so a
 //!   process started with another window is refused instead of mixing slots.
 
-use crate::common::{check_consumer, hold_parts, FilterArg};
+use crate::common::{check_consumer, hold_parts};
 use crate::handler::Failure;
 use crate::retention::{may_empty_next, next_slot, Retention, SlotClock};
 use crate::store::{
-    DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
-    RETENTION_SLOTS,
+    Hold, InboxDeadLetterStore, InboxRetentionStore, InboxSchema, InboxStore, Pending,
+    PendingCounts, PendingState, RetentionReport, StoreError, Verdict, RETENTION_SLOTS,
 };
 use chrono::{DateTime, Utc};
-use outbox_core::{ErrorCode, EventId, InboundMessage, Pooler, WireFormat};
-use sqlx::postgres::{PgPool, PgRow};
+use outbox_core::{
+    DeadLetterFilter, ErrorCode, EventId, InboundMessage, Pooler, WireFormat, MAX_DEAD_LETTER_AGE,
+};
+use sqlx::postgres::{PgArguments, PgPool, PgRow};
 use sqlx::{Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// The inbox on PostgreSQL: a pool on the consumer's database, the schema
@@ -95,7 +98,7 @@ impl PgInbox {
     }
 
     /// The same inbox with another retention window (every process of one
-    /// schema must use the same; [`InboxStore::migrate`] refuses another).
+    /// schema must use the same; [`InboxSchema::migrate`] refuses another).
     pub fn with_retention(self, retention: Retention) -> Result<Self, StoreError> {
         let i = &self.inner;
         Self::build(
@@ -292,16 +295,16 @@ impl PgInbox {
         Ok(())
     }
 
-    /// Runs `sql` (a replay or purge of the dead letters `args` select) in
-    /// a transaction of its own (through a pooler in transaction mode a
-    /// statement outside one may be parsed and run on two connections);
-    /// returns the rows it changed.
-    async fn change_dead(&self, sql: &str, args: Vec<FilterArg>) -> Result<u64, StoreError> {
-        let q = bind_filter(
+    /// Runs `sql` (a replay or purge of the dead letters `filter` selects,
+    /// by [`DEAD_WHERE`]) in a transaction of its own (through a pooler in
+    /// transaction mode a statement outside one may be parsed and run on two
+    /// connections); returns the rows it changed.
+    async fn change_dead(&self, sql: &str, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let q = bind_dead_filter(
             sqlx::query(sql)
                 .persistent(self.prepared())
                 .bind(&self.inner.consumer),
-            args,
+            filter,
         );
         let mut tx = self.inner.pool.begin().await?;
         let done = q.execute(&mut *tx).await?.rows_affected();
@@ -314,42 +317,42 @@ impl PgInbox {
          created_at, wire_format, state, attempts, next_attempt_at, held_at, last_error_code, \
          last_error_message"
     }
-
-    fn dead_where(filter: &DeadFilter, first_param: usize) -> (String, Vec<FilterArg>) {
-        let mut clauses = vec!["consumer = $1".to_owned(), "state = 'dead'".to_owned()];
-        let mut args = Vec::new();
-        let mut n = first_param;
-        if let Some(ids) = &filter.ids {
-            clauses.push(format!("event_id = ANY(${n})"));
-            args.push(FilterArg::Ids(ids.iter().map(|i| i.as_uuid()).collect()));
-            n += 1;
-        }
-        for (col, v) in [
-            ("event_type", &filter.event_type),
-            ("last_error_code", &filter.code),
-            ("event_key", &filter.key),
-        ] {
-            if let Some(v) = v {
-                clauses.push(format!("{col} = ${n}"));
-                args.push(FilterArg::Text(v.clone()));
-                n += 1;
-            }
-        }
-        (clauses.join(" AND "), args)
-    }
 }
 
-fn bind_filter<'q>(
-    mut q: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
-    args: Vec<FilterArg>,
-) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
-    for a in args {
-        q = match a {
-            FilterArg::Ids(v) => q.bind(v),
-            FilterArg::Text(v) => q.bind(v),
-        };
-    }
-    q
+/// The dead letters of the consumer `$1` that a [`DeadLetterFilter`]
+/// selects, with its six parameters `$2` .. `$7` (bound by
+/// [`bind_dead_filter`], in this order): ids, event type, error code, key,
+/// older than (µs), newer than (µs). Every criterion is always bound (NULL
+/// when unset), as outbox-postgres's dead-letter filter: one statement text
+/// per operation, whatever the filter. A dead letter's age runs from its
+/// `next_attempt_at`, which holds the time it was dead-lettered.
+const DEAD_WHERE: &str = "consumer = $1 AND state = 'dead' \
+     AND ($2::uuid[] IS NULL OR event_id = ANY($2)) \
+     AND ($3::text IS NULL OR event_type = $3) \
+     AND ($4::text IS NULL OR last_error_code = $4) \
+     AND ($5::text IS NULL OR event_key = $5) \
+     AND ($6::bigint IS NULL OR next_attempt_at <= now() - $6 * interval '1 microsecond') \
+     AND ($7::bigint IS NULL OR next_attempt_at > now() - $7 * interval '1 microsecond')";
+
+/// Binds the six parameters of [`DEAD_WHERE`].
+fn bind_dead_filter<'q>(
+    q: sqlx::query::Query<'q, Postgres, PgArguments>,
+    f: &'q DeadLetterFilter,
+) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+    let age = |d: Duration| {
+        // Capped at 100 years: fits in i64 microseconds and in timestamptz.
+        i64::try_from(d.min(MAX_DEAD_LETTER_AGE).as_micros()).unwrap_or(i64::MAX)
+    };
+    let ids = f
+        .ids
+        .as_deref()
+        .map(|ids| ids.iter().map(EventId::as_uuid).collect::<Vec<Uuid>>());
+    q.bind(ids)
+        .bind(f.event_type.as_deref())
+        .bind(f.code.as_ref().map(ErrorCode::as_str))
+        .bind(f.key.as_deref())
+        .bind(f.older_than.map(age))
+        .bind(f.newer_than.map(age))
 }
 
 /// Reads a pending row back.
@@ -388,93 +391,10 @@ fn pending_from_row(row: &PgRow) -> Result<Pending, StoreError> {
 
 impl InboxStore for PgInbox {
     type Db = Postgres;
+    type Error = StoreError;
 
     fn consumer(&self) -> &str {
         &self.inner.consumer
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let s = &self.inner.schema;
-        let mut tx = self.inner.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .persistent(self.prepared())
-            .bind(format!("outbox-inbox:{s}"))
-            .execute(&mut *tx)
-            .await?;
-        let mut ddl = vec![
-            format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (slot_seconds bigint NOT NULL)",
-                self.t("inbox_settings")
-            ),
-            format!(
-                "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, event_id uuid NOT NULL, \
-                 slot smallint NOT NULL, handled_at timestamptz NOT NULL DEFAULT now()) \
-                 PARTITION BY LIST (slot)",
-                self.t("inbox_records")
-            ),
-        ];
-        for i in 0..RETENTION_SLOTS {
-            ddl.push(format!(
-                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES IN ({i})",
-                self.t(&format!("inbox_records_{i}")),
-                self.t("inbox_records")
-            ));
-        }
-        ddl.push(format!(
-            "CREATE UNIQUE INDEX IF NOT EXISTS inbox_records_id ON {} (consumer, event_id, slot)",
-            self.t("inbox_records")
-        ));
-        ddl.push(format!(
-            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
-             event_id uuid NOT NULL, order_key text NOT NULL, event_key text, event_type text NOT NULL, \
-             topic text NOT NULL, content_type text NOT NULL, payload bytea NOT NULL, \
-             headers jsonb NOT NULL, created_at timestamptz, wire_format text NOT NULL, \
-             state text NOT NULL CHECK (state IN ('retry', 'parked', 'dead')), \
-             attempts integer NOT NULL DEFAULT 0, next_attempt_at timestamptz NOT NULL DEFAULT now(), \
-             held_at timestamptz NOT NULL DEFAULT now(), last_error_code text, last_error_message text, \
-             PRIMARY KEY (consumer, seq), UNIQUE (consumer, event_id))",
-            self.t("inbox_pending")
-        ));
-        ddl.push(format!(
-            "CREATE INDEX IF NOT EXISTS inbox_pending_key ON {} (consumer, order_key, seq)",
-            self.t("inbox_pending")
-        ));
-        for stmt in ddl {
-            sqlx::query(&stmt)
-                .persistent(self.prepared())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let stored: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT slot_seconds FROM {}",
-            self.t("inbox_settings")
-        ))
-        .persistent(self.prepared())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let wanted = self.inner.retention.slot_seconds();
-        match stored {
-            None => {
-                sqlx::query(&format!(
-                    "INSERT INTO {} (slot_seconds) VALUES ($1)",
-                    self.t("inbox_settings")
-                ))
-                .persistent(self.prepared())
-                .bind(wanted)
-                .execute(&mut *tx)
-                .await?;
-            }
-            Some(have) if have != wanted => {
-                return Err(StoreError::Config(format!(
-                    "schema {s} keeps inbox records in slots of {have} s, this process was configured \
-                     for {wanted} s (another retention window): use the same window everywhere"
-                )));
-            }
-            Some(_) => {}
-        }
-        tx.commit().await?;
-        Ok(())
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
@@ -640,60 +560,98 @@ impl InboxStore for PgInbox {
             .await?;
         Ok(())
     }
+}
 
-    async fn dead_letters(&self, filter: &DeadFilter) -> Result<Vec<Pending>, StoreError> {
-        let (w, args) = Self::dead_where(filter, 2);
-        let sql = format!(
-            "SELECT {} FROM {} WHERE {w} ORDER BY seq LIMIT {}",
-            Self::pending_columns(),
-            self.t("inbox_pending"),
-            filter.limit.unwrap_or(100)
-        );
-        let q = bind_filter(
-            sqlx::query(&sql)
-                .persistent(self.prepared())
-                .bind(&self.inner.consumer),
-            args,
-        );
-        // In a transaction: through a pooler in transaction mode a
-        // statement outside one may be parsed and run on two connections.
+impl InboxSchema for PgInbox {
+    type Error = StoreError;
+
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let s = &self.inner.schema;
         let mut tx = self.inner.pool.begin().await?;
-        let rows = q.fetch_all(&mut *tx).await?;
-        tx.commit().await?;
-        rows.iter().map(pending_from_row).collect()
-    }
-
-    async fn replay(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        let (w, args) = Self::dead_where(filter, 2);
-        let sql = format!(
-            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = now() WHERE {w}",
-            self.t("inbox_pending")
-        );
-        self.change_dead(&sql, args).await
-    }
-
-    async fn purge(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        let (w, args) = Self::dead_where(filter, 2);
-        let sql = format!("DELETE FROM {} WHERE {w}", self.t("inbox_pending"));
-        self.change_dead(&sql, args).await
-    }
-
-    async fn pending_counts(&self) -> Result<(u64, u64, u64), StoreError> {
-        let sql = format!(
-            "SELECT count(*) FILTER (WHERE state = 'retry'), count(*) FILTER (WHERE state = 'parked'), \
-             count(*) FILTER (WHERE state = 'dead') FROM {} WHERE consumer = $1",
-            self.t("inbox_pending")
-        );
-        let mut tx = self.inner.pool.begin().await?;
-        let (r, p, d): (i64, i64, i64) = sqlx::query_as(&sql)
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .persistent(self.prepared())
-            .bind(&self.inner.consumer)
-            .fetch_one(&mut *tx)
+            .bind(format!("outbox-inbox:{s}"))
+            .execute(&mut *tx)
             .await?;
+        let mut ddl = vec![
+            format!("CREATE SCHEMA IF NOT EXISTS \"{s}\""),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (slot_seconds bigint NOT NULL)",
+                self.t("inbox_settings")
+            ),
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, event_id uuid NOT NULL, \
+                 slot smallint NOT NULL, handled_at timestamptz NOT NULL DEFAULT now()) \
+                 PARTITION BY LIST (slot)",
+                self.t("inbox_records")
+            ),
+        ];
+        for i in 0..RETENTION_SLOTS {
+            ddl.push(format!(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {} FOR VALUES IN ({i})",
+                self.t(&format!("inbox_records_{i}")),
+                self.t("inbox_records")
+            ));
+        }
+        ddl.push(format!(
+            "CREATE UNIQUE INDEX IF NOT EXISTS inbox_records_id ON {} (consumer, event_id, slot)",
+            self.t("inbox_records")
+        ));
+        ddl.push(format!(
+            "CREATE TABLE IF NOT EXISTS {} (consumer text NOT NULL, seq bigint GENERATED ALWAYS AS IDENTITY, \
+             event_id uuid NOT NULL, order_key text NOT NULL, event_key text, event_type text NOT NULL, \
+             topic text NOT NULL, content_type text NOT NULL, payload bytea NOT NULL, \
+             headers jsonb NOT NULL, created_at timestamptz, wire_format text NOT NULL, \
+             state text NOT NULL CHECK (state IN ('retry', 'parked', 'dead')), \
+             attempts integer NOT NULL DEFAULT 0, next_attempt_at timestamptz NOT NULL DEFAULT now(), \
+             held_at timestamptz NOT NULL DEFAULT now(), last_error_code text, last_error_message text, \
+             PRIMARY KEY (consumer, seq), UNIQUE (consumer, event_id))",
+            self.t("inbox_pending")
+        ));
+        ddl.push(format!(
+            "CREATE INDEX IF NOT EXISTS inbox_pending_key ON {} (consumer, order_key, seq)",
+            self.t("inbox_pending")
+        ));
+        for stmt in ddl {
+            sqlx::query(&stmt)
+                .persistent(self.prepared())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let stored: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT slot_seconds FROM {}",
+            self.t("inbox_settings")
+        ))
+        .persistent(self.prepared())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let wanted = self.inner.retention.slot_seconds();
+        match stored {
+            None => {
+                sqlx::query(&format!(
+                    "INSERT INTO {} (slot_seconds) VALUES ($1)",
+                    self.t("inbox_settings")
+                ))
+                .persistent(self.prepared())
+                .bind(wanted)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Some(have) if have != wanted => {
+                return Err(StoreError::Config(format!(
+                    "schema {s} keeps inbox records in slots of {have} s, this process was configured \
+                     for {wanted} s (another retention window): use the same window everywhere"
+                )));
+            }
+            Some(_) => {}
+        }
         tx.commit().await?;
-        let u = |n: i64| u64::try_from(n).unwrap_or(0);
-        Ok((u(r), u(p), u(d)))
+        Ok(())
     }
+}
+
+impl InboxRetentionStore for PgInbox {
+    type Error = StoreError;
 
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
         let slots = i64::from(RETENTION_SLOTS);
@@ -796,6 +754,70 @@ impl InboxStore for PgInbox {
             .await?;
         tx.commit().await?;
         Ok(recorded)
+    }
+}
+
+impl InboxDeadLetterStore for PgInbox {
+    type Error = StoreError;
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> Result<Vec<Pending>, StoreError> {
+        let sql = format!(
+            "SELECT {} FROM {} WHERE {DEAD_WHERE} ORDER BY seq LIMIT $8",
+            Self::pending_columns(),
+            self.t("inbox_pending"),
+        );
+        let q = bind_dead_filter(
+            sqlx::query(&sql)
+                .persistent(self.prepared())
+                .bind(&self.inner.consumer),
+            filter,
+        )
+        .bind(i64::from(limit));
+        // In a transaction: through a pooler in transaction mode a
+        // statement outside one may be parsed and run on two connections.
+        let mut tx = self.inner.pool.begin().await?;
+        let rows = q.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replay(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let sql = format!(
+            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = now() \
+             WHERE {DEAD_WHERE}",
+            self.t("inbox_pending")
+        );
+        self.change_dead(&sql, filter).await
+    }
+
+    async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let sql = format!("DELETE FROM {} WHERE {DEAD_WHERE}", self.t("inbox_pending"));
+        self.change_dead(&sql, filter).await
+    }
+
+    async fn pending_counts(&self) -> Result<PendingCounts, StoreError> {
+        let sql = format!(
+            "SELECT count(*) FILTER (WHERE state = 'retry'), count(*) FILTER (WHERE state = 'parked'), \
+             count(*) FILTER (WHERE state = 'dead') FROM {} WHERE consumer = $1",
+            self.t("inbox_pending")
+        );
+        let mut tx = self.inner.pool.begin().await?;
+        let (r, p, d): (i64, i64, i64) = sqlx::query_as(&sql)
+            .persistent(self.prepared())
+            .bind(&self.inner.consumer)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let u = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(PendingCounts {
+            retry: u(r),
+            parked: u(p),
+            dead: u(d),
+        })
     }
 }
 

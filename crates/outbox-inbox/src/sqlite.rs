@@ -9,20 +9,23 @@
 //! write lock at the start means a transaction never fails half-way on
 //! `SQLITE_BUSY` when another writer got there first.
 
-use crate::common::{check_consumer, hold_parts, FilterArg};
+use crate::common::{check_consumer, hold_parts};
 use crate::handler::Failure;
 use crate::retention::{may_empty_next, next_slot, Retention, SlotClock};
 use crate::store::{
-    DeadFilter, Hold, InboxStore, Pending, PendingState, RetentionReport, StoreError, Verdict,
-    RETENTION_SLOTS,
+    Hold, InboxDeadLetterStore, InboxRetentionStore, InboxSchema, InboxStore, Pending,
+    PendingCounts, PendingState, RetentionReport, StoreError, Verdict, RETENTION_SLOTS,
 };
 use chrono::{DateTime, Utc};
-use outbox_core::{ErrorCode, EventId, InboundMessage, WireFormat};
+use outbox_core::{
+    DeadLetterFilter, ErrorCode, EventId, InboundMessage, WireFormat, MAX_DEAD_LETTER_AGE,
+};
 use sqlx::sqlite::{SqlitePool, SqliteRow};
 use sqlx::{Row, Sqlite, Transaction};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// SQLite's clock in milliseconds since the Unix epoch.
 const NOW_MS: &str = "CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)";
@@ -247,43 +250,69 @@ impl SqliteInbox {
         Ok(())
     }
 
-    fn dead_where(filter: &DeadFilter) -> (String, Vec<FilterArg>) {
-        let mut clauses = vec!["consumer = ?".to_owned(), "state = 'dead'".to_owned()];
-        let mut args = Vec::new();
-        if let Some(ids) = &filter.ids {
-            let marks = vec!["?"; ids.len()].join(", ");
-            clauses.push(format!("event_id IN ({marks})"));
-            for id in ids {
-                args.push(FilterArg::Text(id.to_string()));
-            }
-            if ids.is_empty() {
-                clauses.push("0".to_owned());
-            }
-        }
-        for (col, v) in [
-            ("event_type", &filter.event_type),
-            ("last_error_code", &filter.code),
-            ("event_key", &filter.key),
+    /// The dead letters of the consumer (the first `?`) that `filter`
+    /// selects, with a `?` for every criterion set, bound by
+    /// [`SqliteInbox::bind_dead_filter`] in the same order (as outbox-sqlite
+    /// builds its dead-letter filter). A dead letter's age runs from its
+    /// `next_attempt_at`, which holds the time it was dead-lettered.
+    fn dead_where(filter: &DeadLetterFilter) -> String {
+        let mut sql = String::from("consumer = ? AND state = 'dead'");
+        for (set, cond) in [
+            (
+                filter.event_type.is_some(),
+                " AND event_type = ?".to_owned(),
+            ),
+            (filter.code.is_some(), " AND last_error_code = ?".to_owned()),
+            (filter.key.is_some(), " AND event_key = ?".to_owned()),
+            (
+                filter.older_than.is_some(),
+                format!(" AND next_attempt_at <= {NOW_MS} - ?"),
+            ),
+            (
+                filter.newer_than.is_some(),
+                format!(" AND next_attempt_at > {NOW_MS} - ?"),
+            ),
         ] {
-            if let Some(v) = v {
-                clauses.push(format!("{col} = ?"));
-                args.push(FilterArg::Text(v.clone()));
+            if set {
+                sql.push_str(&cond);
             }
         }
-        (clauses.join(" AND "), args)
+        if let Some(ids) = &filter.ids {
+            if ids.is_empty() {
+                // An empty id list selects nothing.
+                sql.push_str(" AND 0");
+            } else {
+                let marks = vec!["?"; ids.len()].join(", ");
+                sql.push_str(&format!(" AND event_id IN ({marks})"));
+            }
+        }
+        sql
     }
 
-    fn bind_filter<'q>(
+    /// `sql` with the consumer and the values of [`SqliteInbox::dead_where`]
+    /// bound.
+    fn bind_dead_filter<'q>(
         &'q self,
         sql: &'q str,
-        args: Vec<FilterArg>,
+        filter: &'q DeadLetterFilter,
     ) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+        let age =
+            |d: Duration| i64::try_from(d.min(MAX_DEAD_LETTER_AGE).as_millis()).unwrap_or(i64::MAX);
         let mut q = sqlx::query(sql).bind(&self.inner.consumer);
-        for a in args {
-            q = match a {
-                FilterArg::Text(v) => q.bind(v),
-                FilterArg::Ids(_) => q,
-            };
+        if let Some(t) = &filter.event_type {
+            q = q.bind(t.as_str());
+        }
+        if let Some(c) = &filter.code {
+            q = q.bind(c.as_str());
+        }
+        if let Some(k) = &filter.key {
+            q = q.bind(k.as_str());
+        }
+        for d in [filter.older_than, filter.newer_than].into_iter().flatten() {
+            q = q.bind(age(d));
+        }
+        for id in filter.ids.iter().flatten() {
+            q = q.bind(id.to_string());
         }
         q
     }
@@ -335,70 +364,10 @@ fn pending_from_row(row: &SqliteRow) -> Result<Pending, StoreError> {
 
 impl InboxStore for SqliteInbox {
     type Db = Sqlite;
+    type Error = StoreError;
 
     fn consumer(&self) -> &str {
         &self.inner.consumer
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let mut ddl = vec![format!(
-            "CREATE TABLE IF NOT EXISTS {} (slot_seconds INTEGER NOT NULL)",
-            self.t("inbox_settings")
-        )];
-        for s in 0..i64::from(RETENTION_SLOTS) {
-            ddl.push(format!(
-                "CREATE TABLE IF NOT EXISTS {} (consumer TEXT NOT NULL, event_id TEXT NOT NULL, \
-                 handled_at INTEGER NOT NULL, PRIMARY KEY (consumer, event_id)) WITHOUT ROWID",
-                self.records(s)
-            ));
-        }
-        ddl.push(format!(
-            "CREATE TABLE IF NOT EXISTS {} (seq INTEGER PRIMARY KEY AUTOINCREMENT, consumer TEXT NOT NULL, \
-             event_id TEXT NOT NULL, order_key TEXT NOT NULL, event_key TEXT, event_type TEXT NOT NULL, \
-             topic TEXT NOT NULL, content_type TEXT NOT NULL, payload BLOB NOT NULL, headers TEXT NOT NULL, \
-             created_at INTEGER, wire_format TEXT NOT NULL, \
-             state TEXT NOT NULL CHECK (state IN ('retry', 'parked', 'dead')), \
-             attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL, held_at INTEGER NOT NULL, \
-             last_error_code TEXT, last_error_message TEXT, UNIQUE (consumer, event_id))",
-            self.t("inbox_pending")
-        ));
-        ddl.push(format!(
-            "CREATE INDEX IF NOT EXISTS \"{}inbox_pending_key\" ON {} (consumer, order_key, seq)",
-            self.inner.prefix,
-            self.t("inbox_pending")
-        ));
-        for stmt in ddl {
-            sqlx::query(&stmt).execute(&mut *tx).await?;
-        }
-        let stored: Option<i64> = sqlx::query_scalar(&format!(
-            "SELECT slot_seconds FROM {}",
-            self.t("inbox_settings")
-        ))
-        .fetch_optional(&mut *tx)
-        .await?;
-        let wanted = self.inner.retention.slot_seconds();
-        match stored {
-            None => {
-                sqlx::query(&format!(
-                    "INSERT INTO {} (slot_seconds) VALUES (?)",
-                    self.t("inbox_settings")
-                ))
-                .bind(wanted)
-                .execute(&mut *tx)
-                .await?;
-            }
-            Some(have) if have != wanted => {
-                return Err(StoreError::Config(format!(
-                    "the inbox tables {}* keep records in slots of {have} s, this process was configured \
-                     for {wanted} s (another retention window): use the same window everywhere",
-                    self.inner.prefix
-                )));
-            }
-            Some(_) => {}
-        }
-        tx.commit().await?;
-        Ok(())
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
@@ -533,56 +502,75 @@ impl InboxStore for SqliteInbox {
         .await?;
         Ok(())
     }
+}
 
-    async fn dead_letters(&self, filter: &DeadFilter) -> Result<Vec<Pending>, StoreError> {
-        let (w, args) = Self::dead_where(filter);
-        let sql = format!(
-            "SELECT {PENDING_COLUMNS} FROM {} WHERE {w} ORDER BY seq LIMIT {}",
-            self.t("inbox_pending"),
-            filter.limit.unwrap_or(100)
-        );
-        let rows = self
-            .bind_filter(&sql, args)
-            .fetch_all(&self.inner.pool)
-            .await?;
-        rows.iter().map(pending_from_row).collect()
-    }
+impl InboxSchema for SqliteInbox {
+    type Error = StoreError;
 
-    async fn replay(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        let (w, args) = Self::dead_where(filter);
-        let sql = format!(
-            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = {NOW_MS} WHERE {w}",
+    async fn migrate(&self) -> Result<(), StoreError> {
+        let mut tx = self.inner.pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut ddl = vec![format!(
+            "CREATE TABLE IF NOT EXISTS {} (slot_seconds INTEGER NOT NULL)",
+            self.t("inbox_settings")
+        )];
+        for s in 0..i64::from(RETENTION_SLOTS) {
+            ddl.push(format!(
+                "CREATE TABLE IF NOT EXISTS {} (consumer TEXT NOT NULL, event_id TEXT NOT NULL, \
+                 handled_at INTEGER NOT NULL, PRIMARY KEY (consumer, event_id)) WITHOUT ROWID",
+                self.records(s)
+            ));
+        }
+        ddl.push(format!(
+            "CREATE TABLE IF NOT EXISTS {} (seq INTEGER PRIMARY KEY AUTOINCREMENT, consumer TEXT NOT NULL, \
+             event_id TEXT NOT NULL, order_key TEXT NOT NULL, event_key TEXT, event_type TEXT NOT NULL, \
+             topic TEXT NOT NULL, content_type TEXT NOT NULL, payload BLOB NOT NULL, headers TEXT NOT NULL, \
+             created_at INTEGER, wire_format TEXT NOT NULL, \
+             state TEXT NOT NULL CHECK (state IN ('retry', 'parked', 'dead')), \
+             attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER NOT NULL, held_at INTEGER NOT NULL, \
+             last_error_code TEXT, last_error_message TEXT, UNIQUE (consumer, event_id))",
             self.t("inbox_pending")
-        );
-        Ok(self
-            .bind_filter(&sql, args)
-            .execute(&self.inner.pool)
-            .await?
-            .rows_affected())
-    }
-
-    async fn purge(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        let (w, args) = Self::dead_where(filter);
-        let sql = format!("DELETE FROM {} WHERE {w}", self.t("inbox_pending"));
-        Ok(self
-            .bind_filter(&sql, args)
-            .execute(&self.inner.pool)
-            .await?
-            .rows_affected())
-    }
-
-    async fn pending_counts(&self) -> Result<(u64, u64, u64), StoreError> {
-        let (r, p, d): (i64, i64, i64) = sqlx::query_as(&format!(
-            "SELECT COALESCE(SUM(state = 'retry'), 0), COALESCE(SUM(state = 'parked'), 0), \
-             COALESCE(SUM(state = 'dead'), 0) FROM {} WHERE consumer = ?",
+        ));
+        ddl.push(format!(
+            "CREATE INDEX IF NOT EXISTS \"{}inbox_pending_key\" ON {} (consumer, order_key, seq)",
+            self.inner.prefix,
             self.t("inbox_pending")
+        ));
+        for stmt in ddl {
+            sqlx::query(&stmt).execute(&mut *tx).await?;
+        }
+        let stored: Option<i64> = sqlx::query_scalar(&format!(
+            "SELECT slot_seconds FROM {}",
+            self.t("inbox_settings")
         ))
-        .bind(&self.inner.consumer)
-        .fetch_one(&self.inner.pool)
+        .fetch_optional(&mut *tx)
         .await?;
-        let u = |n: i64| u64::try_from(n).unwrap_or(0);
-        Ok((u(r), u(p), u(d)))
+        let wanted = self.inner.retention.slot_seconds();
+        match stored {
+            None => {
+                sqlx::query(&format!(
+                    "INSERT INTO {} (slot_seconds) VALUES (?)",
+                    self.t("inbox_settings")
+                ))
+                .bind(wanted)
+                .execute(&mut *tx)
+                .await?;
+            }
+            Some(have) if have != wanted => {
+                return Err(StoreError::Config(format!(
+                    "the inbox tables {}* keep records in slots of {have} s, this process was configured \
+                     for {wanted} s (another retention window): use the same window everywhere",
+                    self.inner.prefix
+                )));
+            }
+            Some(_) => {}
+        }
+        tx.commit().await?;
+        Ok(())
     }
+}
+
+impl InboxRetentionStore for SqliteInbox {
+    type Error = StoreError;
 
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
         // One writer: the clock is read inside the write transaction, so no
@@ -650,5 +638,70 @@ impl InboxStore for SqliteInbox {
                 .fetch_one(&mut *conn)
                 .await?,
         )
+    }
+}
+
+impl InboxDeadLetterStore for SqliteInbox {
+    type Error = StoreError;
+
+    async fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> Result<Vec<Pending>, StoreError> {
+        let sql = format!(
+            "SELECT {PENDING_COLUMNS} FROM {} WHERE {} ORDER BY seq LIMIT ?",
+            self.t("inbox_pending"),
+            Self::dead_where(filter),
+        );
+        let rows = self
+            .bind_dead_filter(&sql, filter)
+            .bind(i64::from(limit))
+            .fetch_all(&self.inner.pool)
+            .await?;
+        rows.iter().map(pending_from_row).collect()
+    }
+
+    async fn replay(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let sql = format!(
+            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = {NOW_MS} WHERE {}",
+            self.t("inbox_pending"),
+            Self::dead_where(filter),
+        );
+        Ok(self
+            .bind_dead_filter(&sql, filter)
+            .execute(&self.inner.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let sql = format!(
+            "DELETE FROM {} WHERE {}",
+            self.t("inbox_pending"),
+            Self::dead_where(filter),
+        );
+        Ok(self
+            .bind_dead_filter(&sql, filter)
+            .execute(&self.inner.pool)
+            .await?
+            .rows_affected())
+    }
+
+    async fn pending_counts(&self) -> Result<PendingCounts, StoreError> {
+        let (r, p, d): (i64, i64, i64) = sqlx::query_as(&format!(
+            "SELECT COALESCE(SUM(state = 'retry'), 0), COALESCE(SUM(state = 'parked'), 0), \
+             COALESCE(SUM(state = 'dead'), 0) FROM {} WHERE consumer = ?",
+            self.t("inbox_pending")
+        ))
+        .bind(&self.inner.consumer)
+        .fetch_one(&self.inner.pool)
+        .await?;
+        let u = |n: i64| u64::try_from(n).unwrap_or(0);
+        Ok(PendingCounts {
+            retry: u(r),
+            parked: u(p),
+            dead: u(d),
+        })
     }
 }

@@ -1,7 +1,18 @@
-//! The [`InboxStore`] seam: the consumer's own database. Implemented for
+//! The inbox's store seams: the consumer's own database, as small traits by
+//! capability, each with its own error type (as `outbox_core`'s `Store`,
+//! `DeadLetterStore` and `ControlStore`):
+//!
+//! - [`InboxStore`]: the consumer's record / apply path (admit, hold, the
+//!   retry loop's due heads);
+//! - [`InboxSchema`]: creating the tables;
+//! - [`InboxRetentionStore`]: the dedup records' retention;
+//! - [`InboxDeadLetterStore`]: the held-back messages for operators (dead
+//!   letters selected by an [`outbox_core::DeadLetterFilter`], counts).
+//!
+//! [`crate::Inbox`] requires only the first three. Implemented for
 //! PostgreSQL ([`crate::pg::PgInbox`]) and SQLite
 //! ([`crate::sqlite::SqliteInbox`]); both pass the same conformance suite
-//! (`tests/store_conformance.rs`).
+//! (`tests/inbox.rs`).
 //!
 //! Three tables per inbox (names from a validated prefix, in a schema on
 //! PostgreSQL):
@@ -17,7 +28,7 @@
 
 use crate::handler::Failure;
 use chrono::{DateTime, Utc};
-use outbox_core::{ErrorCode, EventId, InboundMessage};
+use outbox_core::{DeadLetterFilter, ErrorCode, EventId, InboundMessage, Retryable};
 use sqlx::Transaction;
 use std::future::Future;
 use std::time::Duration;
@@ -82,7 +93,8 @@ pub struct Pending {
     pub state: PendingState,
     /// Failed handler attempts so far.
     pub attempts: u32,
-    /// When it is due (retry) or was received (parked).
+    /// When it is due (retry), was received (parked) or was dead-lettered
+    /// (dead: a [`DeadLetterFilter`]'s ages are measured from it).
     pub next_attempt_at: DateTime<Utc>,
     /// When it was first held back.
     pub held_at: DateTime<Utc>,
@@ -111,21 +123,6 @@ pub enum Hold {
     },
 }
 
-/// Which dead letters an operation selects; every field narrows.
-#[derive(Debug, Clone, Default)]
-pub struct DeadFilter {
-    /// Only these event ids.
-    pub ids: Option<Vec<EventId>>,
-    /// Only this event type.
-    pub event_type: Option<String>,
-    /// Only this error code.
-    pub code: Option<String>,
-    /// Only this key.
-    pub key: Option<String>,
-    /// At most this many (listing only; default 100).
-    pub limit: Option<u32>,
-}
-
 /// Why the inbox's database failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -145,7 +142,7 @@ impl StoreError {
     /// Whether trying again later can succeed: a connection that failed or
     /// was terminated, a pool timeout, a database shutting down or not yet
     /// accepting connections, a serialization failure or deadlock.
-    pub fn is_transient(&self) -> bool {
+    pub fn is_retryable(&self) -> bool {
         match self {
             Self::Database(e) => match e {
                 sqlx::Error::Io(_)
@@ -169,6 +166,12 @@ impl StoreError {
     }
 }
 
+impl Retryable for StoreError {
+    fn is_retryable(&self) -> bool {
+        StoreError::is_retryable(self)
+    }
+}
+
 /// What a retention pass did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RetentionReport {
@@ -178,23 +181,39 @@ pub struct RetentionReport {
     pub emptied: bool,
 }
 
-/// The consumer's database. Every method that takes a transaction runs its
+/// How many messages are held back, by state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PendingCounts {
+    /// Messages whose handler failed retryably, waiting for their next
+    /// attempt ([`PendingState::Retry`]).
+    pub retry: u64,
+    /// Messages waiting behind an earlier message of their key
+    /// ([`PendingState::Parked`]).
+    pub parked: u64,
+    /// Dead letters ([`PendingState::Dead`]).
+    pub dead: u64,
+}
+
+/// The consumer's record / apply path: what [`crate::Inbox`] runs per lane
+/// batch and per retry. Every method that takes a transaction runs its
 /// statements in it and never commits it.
 pub trait InboxStore: Clone + Send + Sync + 'static {
     /// The sqlx database.
     type Db: sqlx::Database;
 
+    /// The store's error type. The consumer commits and rolls back the
+    /// store's transactions itself, so a failed commit is one of them
+    /// (`From<sqlx::Error>`).
+    type Error: std::error::Error + Retryable + From<sqlx::Error> + Send + Sync + 'static;
+
     /// The consumer name: the deduplication namespace (two consumers of one
     /// event each handle it once).
     fn consumer(&self) -> &str;
 
-    /// Creates the tables (idempotent; run at start).
-    fn migrate(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-
     /// A new transaction on the inbox's pool.
     fn begin(
         &self,
-    ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, Self::Error>> + Send;
 
     /// Decides, in `tx`, for each message in order: [`Verdict::Parked`] when
     /// its key has held-back messages (a dead one only when `block_on_dead`),
@@ -206,7 +225,7 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         tx: &mut Transaction<'static, Self::Db>,
         messages: &[InboundMessage],
         block_on_dead: bool,
-    ) -> impl Future<Output = Result<Vec<Verdict>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Verdict>, Self::Error>> + Send;
 
     /// Holds `message` back after its handler failed (a retry or a dead
     /// letter). A message already held is left as it is.
@@ -215,7 +234,7 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         tx: &mut Transaction<'static, Self::Db>,
         message: &InboundMessage,
         hold: &Hold,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 
     /// Up to `limit` heads of held-back keys that are due (retry time
     /// reached, or parked with nothing before them), oldest first, locked
@@ -226,7 +245,7 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         tx: &mut Transaction<'static, Self::Db>,
         limit: u32,
         block_on_dead: bool,
-    ) -> impl Future<Output = Result<Vec<Pending>, StoreError>> + Send;
+    ) -> impl Future<Output = Result<Vec<Pending>, Self::Error>> + Send;
 
     /// Records a held-back message as handled (`true`) unless its id already
     /// has a record (`false`, a duplicate), and removes it from pending.
@@ -235,7 +254,7 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         tx: &mut Transaction<'static, Self::Db>,
         seq: i64,
         id: EventId,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    ) -> impl Future<Output = Result<bool, Self::Error>> + Send;
 
     /// Updates a held-back message after another failed attempt.
     fn fail(
@@ -243,29 +262,65 @@ pub trait InboxStore: Clone + Send + Sync + 'static {
         tx: &mut Transaction<'static, Self::Db>,
         seq: i64,
         hold: &Hold,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
 
-    /// The dead letters the filter selects, oldest first.
-    fn dead_letters(
-        &self,
-        filter: &DeadFilter,
-    ) -> impl Future<Output = Result<Vec<Pending>, StoreError>> + Send;
+/// The inbox's tables.
+pub trait InboxSchema: Send + Sync + 'static {
+    /// The store's error type.
+    type Error: std::error::Error + Retryable + Send + Sync + 'static;
 
-    /// Makes the selected dead letters due again with their attempts reset;
-    /// returns how many.
-    fn replay(&self, filter: &DeadFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    /// Creates the tables (idempotent; [`crate::Inbox`] runs it at start and
+    /// waits while it fails retryably).
+    fn migrate(&self) -> impl Future<Output = Result<(), Self::Error>> + Send;
+}
 
-    /// Deletes the selected dead letters (the messages behind them become
-    /// heads); returns how many.
-    fn purge(&self, filter: &DeadFilter) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Held-back messages by state: (retry, parked, dead).
-    fn pending_counts(&self) -> impl Future<Output = Result<(u64, u64, u64), StoreError>> + Send;
+/// The dedup records' lifetime: the retention pass, and whether an id
+/// still has its record.
+pub trait InboxRetentionStore: Send + Sync + 'static {
+    /// The store's error type.
+    type Error: std::error::Error + Retryable + Send + Sync + 'static;
 
     /// One retention pass: empties the slot after the current one if it
     /// still holds records (they are older than the retention window).
-    fn retain(&self) -> impl Future<Output = Result<RetentionReport, StoreError>> + Send;
+    fn retain(&self) -> impl Future<Output = Result<RetentionReport, Self::Error>> + Send;
 
     /// Whether `id` has a dedup record (tests and tools).
-    fn is_recorded(&self, id: EventId) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn is_recorded(&self, id: EventId) -> impl Future<Output = Result<bool, Self::Error>> + Send;
+}
+
+/// The held-back messages for operators: the dead letters a
+/// [`DeadLetterFilter`] selects (the outbox's filter: ids, event type,
+/// final error code, key, and ages measured from when the message was
+/// dead-lettered), and counts by state.
+pub trait InboxDeadLetterStore: Send + Sync + 'static {
+    /// The store's error type.
+    type Error: std::error::Error + Retryable + Send + Sync + 'static;
+
+    /// Up to `limit` of the dead letters `filter` selects, in arrival order
+    /// (their `seq`). A limit rather than the outbox's
+    /// [`DeadLetterQuery`](outbox_core::DeadLetterQuery): its keyset cursor
+    /// is an event id, which does not page an arrival order.
+    fn dead_letters(
+        &self,
+        filter: &DeadLetterFilter,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<Pending>, Self::Error>> + Send;
+
+    /// Makes the selected dead letters due again with their attempts reset;
+    /// returns how many.
+    fn replay(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Deletes the selected dead letters (the messages behind them become
+    /// heads); returns how many.
+    fn purge(
+        &self,
+        filter: &DeadLetterFilter,
+    ) -> impl Future<Output = Result<u64, Self::Error>> + Send;
+
+    /// Held-back messages by state.
+    fn pending_counts(&self) -> impl Future<Output = Result<PendingCounts, Self::Error>> + Send;
 }

@@ -7,9 +7,10 @@
 
 mod support;
 
-use outbox_core::{DeadHeadPolicy, EventId, Jitter, RetryPolicy};
+use outbox_core::{DeadHeadPolicy, DeadLetterFilter, ErrorCode, EventId, Jitter, RetryPolicy};
 use outbox_inbox::{
-    DeadFilter, Handler, Inbox, InboxOptions, InboxStore, PgInbox, Retention, SqliteInbox,
+    Handler, Inbox, InboxDeadLetterStore, InboxOptions, InboxRetentionStore, InboxSchema,
+    InboxStore, PendingCounts, PgInbox, Retention, SqliteInbox,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -18,7 +19,7 @@ use support::{event, MemoryBroker, PgEffects, Script, SqliteEffects};
 
 /// One consumer database for one test.
 trait Harness: Sized + Send + Sync + 'static {
-    type St: InboxStore + std::fmt::Debug;
+    type St: InboxStore + InboxSchema + InboxRetentionStore + InboxDeadLetterStore + std::fmt::Debug;
     type H: Handler<<Self::St as InboxStore>::Db>;
     fn new() -> impl Future<Output = Self> + Send;
     fn store(&self) -> Self::St;
@@ -30,6 +31,9 @@ trait Harness: Sized + Send + Sync + 'static {
     fn cut_connections(&self) -> impl Future<Output = u64> + Send;
     /// Moves every record into `slot` and ages it by `age`.
     fn age_records(&self, slot: u32, age: Duration) -> impl Future<Output = ()> + Send;
+    /// Makes the held-back message `id` `age` older (its time of death, for
+    /// a dead letter).
+    fn age_pending(&self, id: EventId, age: Duration) -> impl Future<Output = ()> + Send;
 }
 
 struct Pg {
@@ -139,6 +143,20 @@ impl Harness for Pg {
         .await
         .unwrap();
     }
+
+    async fn age_pending(&self, id: EventId, age: Duration) {
+        let done = sqlx::query(&format!(
+            "UPDATE \"{}\".inbox_pending SET next_attempt_at = next_attempt_at - make_interval(secs => $1) \
+             WHERE event_id = $2",
+            self.schema
+        ))
+        .bind(age.as_secs_f64())
+        .bind(id.as_uuid())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+    }
 }
 
 /// [`Pg`] with the inbox (and the handler's transaction) reaching the
@@ -185,6 +203,10 @@ impl Harness for PgBouncer {
 
     async fn age_records(&self, slot: u32, age: Duration) {
         self.direct.age_records(slot, age).await
+    }
+
+    async fn age_pending(&self, id: EventId, age: Duration) {
+        self.direct.age_pending(id, age).await
     }
 }
 
@@ -266,6 +288,18 @@ impl Harness for Lite {
         .await
         .unwrap();
     }
+
+    async fn age_pending(&self, id: EventId, age: Duration) {
+        let done = sqlx::query(
+            "UPDATE outbox_inbox_pending SET next_attempt_at = next_attempt_at - ? WHERE event_id = ?",
+        )
+        .bind(i64::try_from(age.as_millis()).unwrap())
+        .bind(id.to_string())
+        .execute(&self.pool)
+        .await
+        .unwrap();
+        assert_eq!(done.rows_affected(), 1);
+    }
 }
 
 fn fast_retry() -> InboxOptions {
@@ -285,13 +319,13 @@ fn fast_retry() -> InboxOptions {
 }
 
 /// A running inbox and how to stop it.
-struct Running<S: InboxStore, H: Handler<S::Db>> {
+struct Running<S: InboxStore + InboxSchema + InboxRetentionStore, H: Handler<S::Db>> {
     _inbox: Inbox<S, H>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<outbox_inbox::InboxCounts>,
 }
 
-impl<S: InboxStore, H: Handler<S::Db>> Running<S, H> {
+impl<S: InboxStore + InboxSchema + InboxRetentionStore, H: Handler<S::Db>> Running<S, H> {
     fn start(inbox: Inbox<S, H>, broker: &MemoryBroker) -> Self {
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let runner = inbox.clone();
@@ -405,7 +439,14 @@ async fn retry_parks_the_key_and_keeps_order<X: Harness>() {
     assert_eq!(script.runs(a1.id), 3, "two failures, then success");
     assert_eq!(counts.retries, 2);
     assert!(counts.parked >= 1, "{counts:?}");
-    assert_eq!(h.store().pending_counts().await.unwrap(), (0, 0, 0));
+    assert_eq!(
+        h.store().pending_counts().await.unwrap(),
+        PendingCounts {
+            retry: 0,
+            parked: 0,
+            dead: 0
+        }
+    );
 }
 
 async fn dead_head_blocks_until_replayed<X: Harness>() {
@@ -421,12 +462,18 @@ async fn dead_head_blocks_until_replayed<X: Harness>() {
         broker.push_event(e);
     }
     until("b handled, a parked", || async {
-        h.store().pending_counts().await.ok() == Some((0, 1, 1)) && h.effects().await.len() == 1
+        h.store().pending_counts().await.ok()
+            == Some(PendingCounts {
+                retry: 0,
+                parked: 1,
+                dead: 1,
+            })
+            && h.effects().await.len() == 1
     })
     .await;
     let dead = h
         .store()
-        .dead_letters(&DeadFilter::default())
+        .dead_letters(&DeadLetterFilter::all(), 100)
         .await
         .unwrap();
     assert_eq!(dead.len(), 1);
@@ -437,16 +484,10 @@ async fn dead_head_blocks_until_replayed<X: Harness>() {
     );
     assert_eq!(dead[0].message.payload, b"dead");
     // A filter that matches nothing replays nothing.
-    let none = DeadFilter {
-        code: Some("HANDLER_NOT_REGISTERED".into()),
-        ..DeadFilter::default()
-    };
+    let none = DeadLetterFilter::all().with_code(ErrorCode::HANDLER_NOT_REGISTERED);
     assert_eq!(h.store().replay(&none).await.unwrap(), 0);
     script.heal();
-    let by_id = DeadFilter {
-        ids: Some(vec![a1.id]),
-        ..DeadFilter::default()
-    };
+    let by_id = DeadLetterFilter::ids([a1.id]);
     assert_eq!(h.store().replay(&by_id).await.unwrap(), 1);
     until("a replayed", || async { h.effects().await.len() == 3 }).await;
     run.stop().await;
@@ -471,10 +512,24 @@ async fn dead_head_continue_lets_the_key_go_on_and_purge_removes<X: Harness>() {
     until("all acked", || async { broker.acked().len() == 3 }).await;
     run.stop().await;
     assert_eq!(script.runs(a1.id), 1);
-    assert_eq!(h.store().pending_counts().await.unwrap(), (0, 0, 1));
-    let all = DeadFilter::default();
+    assert_eq!(
+        h.store().pending_counts().await.unwrap(),
+        PendingCounts {
+            retry: 0,
+            parked: 0,
+            dead: 1
+        }
+    );
+    let all = DeadLetterFilter::all();
     assert_eq!(h.store().purge(&all).await.unwrap(), 1);
-    assert_eq!(h.store().pending_counts().await.unwrap(), (0, 0, 0));
+    assert_eq!(
+        h.store().pending_counts().await.unwrap(),
+        PendingCounts {
+            retry: 0,
+            parked: 0,
+            dead: 0
+        }
+    );
 }
 
 async fn bad_messages_become_dead_letters<X: Harness>() {
@@ -502,10 +557,10 @@ async fn bad_messages_become_dead_letters<X: Harness>() {
     assert_eq!(counts.retries, 1, "the panic was one retryable attempt");
     let dead = h
         .store()
-        .dead_letters(&DeadFilter {
-            code: Some("UNDECODABLE".into()),
-            ..DeadFilter::default()
-        })
+        .dead_letters(
+            &DeadLetterFilter::all().with_code(ErrorCode::UNDECODABLE),
+            100,
+        )
         .await
         .unwrap();
     assert_eq!(dead.len(), 1);
@@ -516,6 +571,153 @@ async fn bad_messages_become_dead_letters<X: Harness>() {
         .unwrap()
         .1
         .contains("Outbox-Event-Id"));
+}
+
+/// The outbox's dead-letter filter selects the inbox's dead letters by id,
+/// event type, final error code, key and age (since they died); `replay`
+/// and `purge` take the same selection.
+async fn dead_letters_are_selected_by_type_code_key_and_age<X: Harness>() {
+    use outbox_inbox::{Failure, Hold};
+    let h = X::new().await;
+    let store = h.store();
+    store.migrate().await.unwrap();
+    let dead = |key: Option<&str>, event_type: &str, code: ErrorCode| {
+        let e = event("k", "dead");
+        let r = support::raw(&e);
+        let mut m =
+            outbox_core::InboundMessage::decode(r.header_pairs(), &r.body, "orders", None).unwrap();
+        m.key = key.map(str::to_owned);
+        m.event_type = event_type.to_owned();
+        let hold = Hold::Dead {
+            attempts: 1,
+            failure: Failure {
+                code,
+                message: "boom".into(),
+                retryable: false,
+            },
+        };
+        (m, hold)
+    };
+    // a: died two hours ago; b and c: just now; c has no key.
+    let letters = [
+        dead(
+            Some("a"),
+            "order.created",
+            ErrorCode::HANDLER_PERMANENT_FAILURE,
+        ),
+        dead(
+            Some("b"),
+            "order.paid",
+            ErrorCode::HANDLER_PERMANENT_FAILURE,
+        ),
+        dead(None, "order.created", ErrorCode::UNDECODABLE),
+    ];
+    let mut tx = store.begin().await.unwrap();
+    for (m, hold) in &letters {
+        store.hold(&mut tx, m, hold).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let [a, b, c] = [0, 1, 2].map(|i| letters[i].0.id);
+    h.age_pending(a, Duration::from_secs(2 * 3600)).await;
+    let hour = Duration::from_secs(3600);
+    let selected = |f: DeadLetterFilter| {
+        let store = store.clone();
+        async move {
+            let listed: Vec<EventId> = store
+                .dead_letters(&f, 100)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|p| p.message.id)
+                .collect();
+            listed
+        }
+    };
+    assert_eq!(selected(DeadLetterFilter::all()).await, [a, b, c]);
+    assert_eq!(
+        selected(DeadLetterFilter::all().with_event_type("order.created")).await,
+        [a, c]
+    );
+    assert_eq!(
+        selected(DeadLetterFilter::all().with_code(ErrorCode::UNDECODABLE)).await,
+        [c]
+    );
+    assert_eq!(selected(DeadLetterFilter::all().with_key("a")).await, [a]);
+    assert_eq!(
+        selected(DeadLetterFilter::all().older_than(hour)).await,
+        [a]
+    );
+    assert_eq!(
+        selected(DeadLetterFilter::all().newer_than(hour)).await,
+        [b, c]
+    );
+    assert_eq!(
+        selected(
+            DeadLetterFilter::all()
+                .older_than(hour)
+                .newer_than(3 * hour)
+        )
+        .await,
+        [a]
+    );
+    assert_eq!(
+        selected(DeadLetterFilter::all().older_than(3 * hour)).await,
+        []
+    );
+    // Ages beyond any store's range are capped, not an error.
+    assert_eq!(
+        selected(DeadLetterFilter::all().older_than(Duration::MAX)).await,
+        []
+    );
+    assert_eq!(
+        selected(DeadLetterFilter::all().newer_than(Duration::MAX)).await,
+        [a, b, c]
+    );
+    assert_eq!(selected(DeadLetterFilter::ids([])).await, []);
+    assert_eq!(
+        selected(DeadLetterFilter::ids([b, c]).with_event_type("order.paid")).await,
+        [b]
+    );
+    let first_two: Vec<EventId> = store
+        .dead_letters(&DeadLetterFilter::all(), 2)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.message.id)
+        .collect();
+    assert_eq!(first_two, [a, b]);
+    // Replay and purge select the same way.
+    assert_eq!(
+        store
+            .replay(&DeadLetterFilter::all().older_than(hour))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(
+        store.pending_counts().await.unwrap(),
+        PendingCounts {
+            retry: 1,
+            parked: 0,
+            dead: 2
+        }
+    );
+    assert_eq!(
+        store
+            .purge(&DeadLetterFilter::all().newer_than(hour).with_key("b"))
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(selected(DeadLetterFilter::all()).await, [c]);
+    assert_eq!(
+        store.pending_counts().await.unwrap(),
+        PendingCounts {
+            retry: 1,
+            parked: 0,
+            dead: 1
+        }
+    );
 }
 
 async fn database_faults_cost_no_attempt<X: Harness>() {
@@ -655,10 +857,10 @@ async fn cloudevents_are_one_event_and_malformed_ones_dead<X: Harness>() {
     assert_eq!(counts.undecodable, 1);
     let dead = h
         .store()
-        .dead_letters(&DeadFilter {
-            code: Some("UNDECODABLE".into()),
-            ..DeadFilter::default()
-        })
+        .dead_letters(
+            &DeadLetterFilter::all().with_code(ErrorCode::UNDECODABLE),
+            100,
+        )
         .await
         .unwrap();
     assert_eq!(dead.len(), 1);
@@ -711,6 +913,7 @@ conformance!(
     dead_head_blocks_until_replayed,
     dead_head_continue_lets_the_key_go_on_and_purge_removes,
     bad_messages_become_dead_letters,
+    dead_letters_are_selected_by_type_code_key_and_age,
     database_faults_cost_no_attempt,
     retention_empties_old_slots_in_bulk,
     both_wire_formats_are_one_event,

@@ -9,7 +9,9 @@
 
 use outbox_core::{EventId, InboundMessage, WireFormat};
 use outbox_inbox::SlotClock;
-use outbox_inbox::{InboxStore, PgInbox, Retention, SqliteInbox, Verdict};
+use outbox_inbox::{
+    InboxRetentionStore, InboxSchema, InboxStore, PgInbox, Retention, SqliteInbox, Verdict,
+};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Slots of one day: a test's few seconds never reach a boundary the test
@@ -346,7 +348,7 @@ async fn pg_repeatable_read_is_refused() {
         .await
         .unwrap();
     let err = store.admit(&mut tx, &[message()], true).await.unwrap_err();
-    assert!(!err.is_transient());
+    assert!(!err.is_retryable());
     assert!(err.to_string().contains("READ COMMITTED"), "{err}");
 }
 

@@ -845,7 +845,8 @@ mod cases {
     >(
         h: &H,
     ) {
-        use outbox_inbox::{DeadFilter, InboxStore};
+        use outbox_core::{DeadLetterFilter, ErrorCode};
+        use outbox_inbox::{InboxDeadLetterStore, InboxRetentionStore, InboxSchema};
         let key = "key-malformed";
         let bad = malformed::<H>(key);
         for (_, _, raw) in &bad {
@@ -867,10 +868,7 @@ mod cases {
         // The watch below reads the tables before the run would create them.
         inbox.store().migrate().await.expect("migrate");
         let source = h.source(&name).await;
-        let undecodable = DeadFilter {
-            code: Some("UNDECODABLE".into()),
-            ..DeadFilter::default()
-        };
+        let undecodable = DeadLetterFilter::all().with_code(ErrorCode::UNDECODABLE);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let run = inbox.run(source, async move {
             let _ = stopped.await;
@@ -881,7 +879,7 @@ mod cases {
                 let applied = db.applied().await.len();
                 let dead = inbox
                     .store()
-                    .dead_letters(&undecodable)
+                    .dead_letters(&undecodable, 100)
                     .await
                     .unwrap()
                     .len();
@@ -921,7 +919,7 @@ mod cases {
             .collect();
         assert_eq!(db.applied().await, expected, "the good events, in order");
 
-        let dead = inbox.store().dead_letters(&undecodable).await.unwrap();
+        let dead = inbox.store().dead_letters(&undecodable, 100).await.unwrap();
         let by_probe: BTreeMap<String, (String, String)> = dead
             .iter()
             .map(|d| {

@@ -20,8 +20,8 @@ use outbox_inbox::source::kafka::{KafkaSource, KafkaSourceConfig};
 use outbox_inbox::source::nats::{NatsSource, NatsSourceConfig};
 use outbox_inbox::source::{Received, Source, SourceError};
 use outbox_inbox::{
-    DeadFilter, Handler, Hold, Inbox, InboxOptions, InboxStore, Pending, PgInbox, RetentionReport,
-    StoreError, Verdict,
+    Handler, Hold, Inbox, InboxOptions, InboxRetentionStore, InboxSchema, InboxStore, Pending,
+    PgInbox, RetentionReport, StoreError, Verdict,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Postgres, Transaction};
@@ -168,19 +168,17 @@ impl Handler<Postgres> for OneRow {
 /// The inbox's store with its dedup record left out: `admit` says every
 /// message is new and writes nothing, so the consumer loop, its lanes, its
 /// one transaction per lane batch and the handler run exactly as in the
-/// inbox row, minus the record. Everything else is the real store's.
+/// inbox row, minus the record. Everything else is the real store's (the
+/// consumer needs no dead-letter operations, so it has none).
 #[derive(Clone, Debug)]
 struct NoRecord(PgInbox);
 
 impl InboxStore for NoRecord {
     type Db = Postgres;
+    type Error = StoreError;
 
     fn consumer(&self) -> &str {
         self.0.consumer()
-    }
-
-    async fn migrate(&self) -> Result<(), StoreError> {
-        self.0.migrate().await
     }
 
     async fn begin(&self) -> Result<Transaction<'static, Postgres>, StoreError> {
@@ -231,22 +229,18 @@ impl InboxStore for NoRecord {
     ) -> Result<(), StoreError> {
         self.0.fail(tx, seq, hold).await
     }
+}
 
-    async fn dead_letters(&self, filter: &DeadFilter) -> Result<Vec<Pending>, StoreError> {
-        self.0.dead_letters(filter).await
-    }
+impl InboxSchema for NoRecord {
+    type Error = StoreError;
 
-    async fn replay(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        self.0.replay(filter).await
+    async fn migrate(&self) -> Result<(), StoreError> {
+        self.0.migrate().await
     }
+}
 
-    async fn purge(&self, filter: &DeadFilter) -> Result<u64, StoreError> {
-        self.0.purge(filter).await
-    }
-
-    async fn pending_counts(&self) -> Result<(u64, u64, u64), StoreError> {
-        self.0.pending_counts().await
-    }
+impl InboxRetentionStore for NoRecord {
+    type Error = StoreError;
 
     async fn retain(&self) -> Result<RetentionReport, StoreError> {
         self.0.retain().await
@@ -666,7 +660,7 @@ async fn inbox_drain<St, H, S>(
     cap: Duration,
 ) -> Result<(Drained, outbox_inbox::InboxCounts)>
 where
-    St: InboxStore,
+    St: InboxStore + InboxSchema + InboxRetentionStore,
     H: Handler<St::Db>,
     S: Source,
 {
