@@ -1,249 +1,59 @@
-//! Settling a batch: the fate of each event, the one retry loop for
-//! settlements, and what a settlement report means for the summary, the
-//! metrics, the logs and the listener.
+//! Settling a batch: the one route from a claimed batch to the store.
+//! Every batch the relay claimed ends here as a [`Plan`]: delivered,
+//! failed, stopped, or given back unattempted. One [`Store::settle`] call
+//! (retried while retryable and while the lease lasts), then what the
+//! store's report means for the summary, the metrics, the logs and the
+//! listener.
 
-use super::{Held, Progress, Relay, RelaySummary};
+use super::batch::{join_ids, Fate, Fenced, Plan, ReleaseReason};
+use super::report::{Progress, RelaySummary};
+use super::state::Relay;
 use crate::lease::Leases;
 use crate::metrics as m;
-use outbox_core::{
-    Claim, DeliveryError, Event, EventId, FencingToken, LastError, Outcome, Resolution, Retryable,
-    SettleReport, Settlement, Sink, Store,
-};
+use outbox_core::{EventId, FencingToken, Retryable, SettleReport, Settlement, Sink, Store};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
 /// Settle retries start at this delay and double up to [`SETTLE_RETRY_MAX`].
-pub(super) const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(50);
 /// Longest wait between two settle attempts.
-pub(super) const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
-
-/// A processed batch whose settlement waits for the loop.
-pub(super) struct Deferred {
-    pub(super) claim: Claim,
-    pub(super) fates: Vec<Fate>,
-    pub(super) started: Instant,
-    /// The lease end known at claim time (a renewal may have moved it).
-    pub(super) until: Instant,
-}
-
-/// Why events were released (the `reason` label of `outbox_events_released_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum ReleaseReason {
-    SinkUnavailable,
-    NotAttempted,
-    DeliveryTimeout,
-    Shutdown,
-    MissingOutcome,
-    LeaseRenewal,
-    LeaseLost,
-    LeaseExpired,
-}
-
-impl ReleaseReason {
-    pub(super) fn as_str(self) -> &'static str {
-        match self {
-            ReleaseReason::SinkUnavailable => "sink_unavailable",
-            ReleaseReason::NotAttempted => "not_attempted",
-            ReleaseReason::DeliveryTimeout => "delivery_timeout",
-            ReleaseReason::Shutdown => "shutdown",
-            ReleaseReason::MissingOutcome => "missing_outcome",
-            ReleaseReason::LeaseRenewal => "lease_renewal",
-            ReleaseReason::LeaseLost => "lease_lost",
-            ReleaseReason::LeaseExpired => "lease_expired",
-        }
-    }
-}
-
-/// The level fenced ids of a settlement are logged at.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum FencedLog {
-    /// WARN: the first news of the lost lease.
-    Warn,
-    /// DEBUG: the loss was logged at WARN already (a stopped delivery).
-    Quiet,
-}
-
-/// What the relay decided for one event of a batch.
-#[derive(Debug, Clone)]
-pub(super) enum Fate {
-    Delivered,
-    Retry {
-        delay: Duration,
-        error: DeliveryError,
-    },
-    Dead {
-        error: DeliveryError,
-    },
-    Released(ReleaseReason),
-}
-
-impl Fate {
-    pub(super) fn resolution(&self) -> Resolution {
-        let last = |e: &DeliveryError| LastError {
-            code: e.code().clone(),
-            message: e.message().to_owned(),
-        };
-        match self {
-            Fate::Delivered => Resolution::Delivered,
-            Fate::Retry { delay, error } => Resolution::Retry {
-                delay: *delay,
-                error: last(error),
-            },
-            Fate::Dead { error } => Resolution::Dead { error: last(error) },
-            Fate::Released(_) => Resolution::Released,
-        }
-    }
-}
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(2);
 
 impl<St: Store, Si: Sink> Relay<St, Si> {
-    /// The delivery of `claim` was stopped because a renewal found its
-    /// lease lost with `still_held` of its events: logs it (the one WARN
-    /// of the batch), counts it, and reports the events taken over as lost.
-    /// Nothing is settled unless the claim still holds events: those are
-    /// released so they come back at once, not after the lock timeout.
-    pub(super) async fn stop_lost(
-        &self,
-        claim: &Claim,
-        still_held: u64,
-        until: Instant,
-        leases: &Leases,
-        started: Instant,
-        summary: &mut RelaySummary,
-    ) {
-        let events = claim.events.len();
-        summary.deliveries_stopped += 1;
-        metrics::counter!(m::LEASE_LOST_DELIVERIES_STOPPED, "stage" => "delivering").increment(1);
-        warn!(
-            token = %claim.token,
-            events,
-            still_held,
-            after = ?started.elapsed(),
-            lock_timeout = ?self.options.lock_timeout(),
-            "lease lost while the batch was being delivered: delivery stopped, nothing more of it goes to the sink; the relay that holds it now delivers it again"
-        );
-        let until = leases.remove(claim.token).unwrap_or(until);
-        if still_held == 0 {
-            // Every event was taken over: a settlement would be fenced in
-            // full (and cost a round trip to a store that may be struggling).
-            let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
-            summary.lease_lost += events as u64;
-            metrics::counter!(m::LEASE_LOST).increment(events as u64);
-            self.notify(|| Progress::LeaseLost { ids });
-        } else {
-            let fates = vec![Fate::Released(ReleaseReason::LeaseLost); events];
-            self.settle_report(claim, &fates, until, None, FencedLog::Quiet, summary)
-                .await;
-        }
-    }
-
-    /// Settles a batch whose settlement [`process`](Self::process) deferred.
-    pub(super) async fn settle_deferred(
-        &self,
-        deferred: Deferred,
-        leases: &Leases,
-        summary: &mut RelaySummary,
-    ) {
-        let Deferred {
+    /// Settles one batch as `plan` says: the one route from a claimed
+    /// batch to the store. Stops the renewal of its lease (the lease end
+    /// the renewals reached bounds the settle retries), asks the store
+    /// with one [`Store::settle`] (none when every event was taken over),
+    /// then logs, counts and reports each event the store settled; fenced
+    /// ids count as lost, rejected ones are reported with the store's
+    /// reason.
+    pub(super) async fn settle(&self, plan: Plan, leases: &Leases, summary: &mut RelaySummary) {
+        let Plan {
             claim,
             fates,
-            started,
             until,
-        } = deferred;
-        let until = leases.remove(claim.token).unwrap_or(until);
-        self.settle_and_report(&claim, &fates, until, Some(started), summary)
-            .await;
-    }
-
-    /// Gives back a claim that was never handed to the sink.
-    pub(super) async fn give_back(
-        &self,
-        held: Held,
-        leases: &Leases,
-        reason: ReleaseReason,
-        summary: &mut RelaySummary,
-    ) {
-        let until = leases.remove(held.claim.token).unwrap_or(held.until);
-        let fates = vec![Fate::Released(reason); held.claim.events.len()];
-        self.settle_and_report(&held.claim, &fates, until, None, summary)
-            .await;
-    }
-
-    /// Maps the sink's outcomes to fates; notes the first sink-level failure.
-    pub(super) fn fates(
-        &self,
-        events: &[Event],
-        outcomes: Vec<Outcome>,
-        sink_down: &mut Option<DeliveryError>,
-    ) -> Vec<Fate> {
-        if outcomes.len() != events.len() {
-            error!(
-                events = events.len(),
-                outcomes = outcomes.len(),
-                "sink returned the wrong number of outcomes (a sink bug); missing ones are released"
-            );
+            started,
+            fenced: fenced_log,
+        } = plan;
+        let lease_until = leases.remove(claim.token).unwrap_or(until);
+        if fenced_log == Fenced::All {
+            let events = claim.events.len() as u64;
+            let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
+            summary.lease_lost += events;
+            metrics::counter!(m::LEASE_LOST).increment(events);
+            self.notify(|| Progress::LeaseLost { ids });
+            return;
         }
-        let mut outcomes = outcomes.into_iter();
-        events
-            .iter()
-            .map(|event| match outcomes.next() {
-                Some(Outcome::Delivered) => Fate::Delivered,
-                Some(Outcome::Failed(error)) if error.is_sink_unavailable() => {
-                    debug!(event_id = %event.id, error = %error, "sink unavailable");
-                    sink_down.get_or_insert(error);
-                    Fate::Released(ReleaseReason::SinkUnavailable)
-                }
-                Some(Outcome::Failed(error)) => self.failed(event, error),
-                Some(_) => Fate::Released(ReleaseReason::NotAttempted),
-                None => Fate::Released(ReleaseReason::MissingOutcome),
-            })
-            .collect()
-    }
-
-    /// The fate of an event-level failure under the retry policy.
-    pub(super) fn failed(&self, event: &Event, error: DeliveryError) -> Fate {
-        let policy = self.options.retry();
-        if !error.is_retryable() || !policy.should_retry(event.attempts) {
-            Fate::Dead { error }
-        } else {
-            Fate::Retry {
-                delay: policy.next_delay(event.attempts, rand::random()),
-                error,
-            }
-        }
-    }
-
-    /// Settles a batch with one [`Store::settle`] (retried while retryable
-    /// and the lease lasts), then logs, counts and reports each event.
-    pub(super) async fn settle_and_report(
-        &self,
-        claim: &Claim,
-        fates: &[Fate],
-        lease_until: Instant,
-        started: Option<Instant>,
-        summary: &mut RelaySummary,
-    ) {
-        self.settle_report(claim, fates, lease_until, started, FencedLog::Warn, summary)
-            .await;
-    }
-
-    /// [`settle_and_report`](Self::settle_and_report), with fenced ids
-    /// logged at the level `fenced_log` says.
-    pub(super) async fn settle_report(
-        &self,
-        claim: &Claim,
-        fates: &[Fate],
-        lease_until: Instant,
-        started: Option<Instant>,
-        fenced_log: FencedLog,
-        summary: &mut RelaySummary,
-    ) {
         let mut settlement = Settlement::new();
-        for (event, fate) in claim.events.iter().zip(fates) {
+        for (event, fate) in claim.events.iter().zip(&fates) {
             settlement.push(event.id, fate.resolution());
         }
-        let Some(report) = self.settle(claim.token, &settlement, lease_until).await else {
+        let Some(report) = self
+            .settle_retrying(claim.token, &settlement, lease_until)
+            .await
+        else {
             return;
         };
         let fenced: HashSet<EventId> = report.fenced.iter().copied().collect();
@@ -262,7 +72,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             )
         });
         let mut delivered: u64 = 0;
-        for (event, fate) in claim.events.iter().zip(fates) {
+        for (event, fate) in claim.events.iter().zip(&fates) {
             if fenced.contains(&event.id) {
                 continue;
             }
@@ -345,7 +155,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     /// retryable, with a capped backoff, and no longer than the lease
     /// (after that the events come back to a claim anyway). `None` when it
     /// could not be recorded.
-    pub(super) async fn settle(
+    async fn settle_retrying(
         &self,
         token: FencingToken,
         settlement: &Settlement,
@@ -387,12 +197,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     }
 
     /// Logs and counts fenced-out events.
-    pub(super) fn lease_lost(
-        &self,
-        report: &SettleReport,
-        log: FencedLog,
-        summary: &mut RelaySummary,
-    ) {
+    fn lease_lost(&self, report: &SettleReport, log: Fenced, summary: &mut RelaySummary) {
         if report.fenced.is_empty() {
             return;
         }
@@ -402,24 +207,13 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         let count = report.fenced.len();
         const LOST: &str = "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed";
         match log {
-            FencedLog::Warn => {
+            Fenced::Warn | Fenced::All => {
                 warn!(%lost, count, lock_timeout = ?self.options.lock_timeout(), "{LOST}");
             }
-            FencedLog::Quiet => debug!(%lost, count, "{LOST}"),
+            Fenced::Quiet => debug!(%lost, count, "{LOST}"),
         }
         self.notify(|| Progress::LeaseLost {
             ids: report.fenced.clone(),
         });
     }
-}
-
-pub(super) fn join_ids(ids: &[EventId]) -> String {
-    let mut s = String::with_capacity(ids.len() * 37);
-    for (i, id) in ids.iter().enumerate() {
-        if i > 0 {
-            s.push(',');
-        }
-        s.push_str(&id.to_string());
-    }
-    s
 }
