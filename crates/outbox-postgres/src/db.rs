@@ -17,7 +17,16 @@
 //!   `SET LOCAL` in the `BEGIN` that opens each transaction.
 //!
 //! The mode is decided once, at connect ([`detect`]).
+//!
+//! With several hosts (or `target_session_attrs`) in the URL, a `Db` also
+//! follows the primary ([`Failover`]): every operation on it (a
+//! transaction's `BEGIN`, a statement on the pool) first probes the hosts
+//! when the last failure looked like a lost server, fails at once with the
+//! read-only error while no host fits, has the hosts probed beside it when
+//! it takes longer than [`SLOW_OPERATION`], and reports its failure (and a
+//! transaction's statements theirs) to the failover state.
 
+use crate::hosts::{Failover, SLOW_OPERATION};
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream};
 use futures::{StreamExt, TryStreamExt};
@@ -38,6 +47,8 @@ pub(crate) struct Db {
     /// The statement that opens a transaction: `BEGIN`, or in pooled mode
     /// `BEGIN` followed by the session settings as `SET LOCAL`.
     begin: Arc<str>,
+    /// The hosts followed (a multi-host URL, or `target_session_attrs`).
+    failover: Option<Arc<Failover>>,
 }
 
 impl fmt::Debug for Db {
@@ -45,6 +56,7 @@ impl fmt::Debug for Db {
         f.debug_struct("Db")
             .field("pool_size", &self.pool.size())
             .field("pooled", &self.pooled)
+            .field("failover", &self.failover)
             .finish()
     }
 }
@@ -64,7 +76,15 @@ impl Db {
             pool,
             pooled,
             begin: begin.into(),
+            failover: None,
         }
+    }
+
+    /// This `Db` following `failover`'s hosts (its pool points at the
+    /// host `failover` says is current).
+    pub(crate) fn with_failover(mut self, failover: Arc<Failover>) -> Self {
+        self.failover = Some(failover);
+        self
     }
 
     /// The pool.
@@ -89,6 +109,17 @@ impl Db {
 
     /// A transaction on a connection of the pool.
     pub(crate) async fn begin(&self) -> Result<Tx<'static>, sqlx::Error> {
+        let Some(f) = &self.failover else {
+            return self.begin_plain().await;
+        };
+        f.before(&self.pool).await?;
+        let mut tx = slow_guard(f, &self.pool, Box::pin(self.begin_plain())).await?;
+        tx.failover = Some(Arc::clone(f));
+        Ok(tx)
+    }
+
+    /// A transaction, without the failover guard.
+    async fn begin_plain(&self) -> Result<Tx<'static>, sqlx::Error> {
         let tx = if self.pooled {
             self.pool.begin_with(self.begin_sql()).await?
         } else {
@@ -97,6 +128,7 @@ impl Db {
         Ok(Tx {
             tx,
             pooled: self.pooled,
+            failover: None,
         })
     }
 
@@ -105,11 +137,37 @@ impl Db {
     }
 }
 
+/// `op` with the hosts probed beside it when it takes longer than
+/// [`SLOW_OPERATION`] (its connection may be waiting on a host that is
+/// gone), its failure noted by `f`.
+fn slow_guard<'a, T: Send + 'a>(
+    f: &'a Arc<Failover>,
+    pool: &'a sqlx::PgPool,
+    op: BoxFuture<'a, Result<T, sqlx::Error>>,
+) -> BoxFuture<'a, Result<T, sqlx::Error>> {
+    Box::pin(async move {
+        let slow = Box::pin(tokio::time::sleep(SLOW_OPERATION));
+        let r = match futures::future::select(op, slow).await {
+            futures::future::Either::Left((r, _)) => r,
+            futures::future::Either::Right(((), op)) => {
+                f.probe_beside(pool);
+                op.await
+            }
+        };
+        if let Err(e) = &r {
+            f.observe(e);
+        }
+        r
+    })
+}
+
 /// A transaction of a [`Db`]: an [`Executor`] whose statements are unnamed
 /// when the `Db` is pooled. Dropped without [`Tx::commit`], it rolls back.
 pub(crate) struct Tx<'c> {
     tx: Transaction<'c, Postgres>,
     pooled: bool,
+    /// Told about failed statements (see [`Db`]).
+    failover: Option<Arc<Failover>>,
 }
 
 impl fmt::Debug for Tx<'_> {
@@ -121,7 +179,11 @@ impl fmt::Debug for Tx<'_> {
 impl Tx<'_> {
     /// Commits.
     pub(crate) async fn commit(self) -> Result<(), sqlx::Error> {
-        self.tx.commit().await
+        let r = self.tx.commit().await;
+        if let (Err(e), Some(f)) = (&r, &self.failover) {
+            f.observe(e);
+        }
+        r
     }
 
     /// Rolls back.
@@ -136,6 +198,7 @@ impl Tx<'_> {
         Ok(Tx {
             tx,
             pooled: self.pooled,
+            failover: self.failover.clone(),
         })
     }
 
@@ -185,7 +248,16 @@ impl<'t> Executor<'t> for &'t mut Tx<'_> {
         E: 'q + Execute<'q, Postgres>,
     {
         let unnamed = self.pooled;
-        (&mut *self.tx).fetch_many(Unnamed { query, unnamed })
+        let failover = self.failover.clone();
+        let rows = (&mut *self.tx).fetch_many(Unnamed { query, unnamed });
+        match failover {
+            None => rows,
+            Some(f) => rows
+                .inspect_err(move |e| {
+                    f.observe(e);
+                })
+                .boxed(),
+        }
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -197,7 +269,18 @@ impl<'t> Executor<'t> for &'t mut Tx<'_> {
         E: 'q + Execute<'q, Postgres>,
     {
         let unnamed = self.pooled;
-        (&mut *self.tx).fetch_optional(Unnamed { query, unnamed })
+        let failover = self.failover.clone();
+        let row = (&mut *self.tx).fetch_optional(Unnamed { query, unnamed });
+        match failover {
+            None => row,
+            Some(f) => Box::pin(async move {
+                let r = row.await;
+                if let Err(e) = &r {
+                    f.observe(e);
+                }
+                r
+            }),
+        }
     }
 
     fn prepare_with<'e, 'q: 'e>(
@@ -235,19 +318,29 @@ impl<'d> Executor<'d> for &'d Db {
         'd: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.pooled {
-            return self.pool.fetch_many(query);
-        }
-        stream::once(async move {
-            let mut tx = self.begin().await?;
-            let items: Vec<_> = (&mut tx).fetch_many(query).collect().await;
-            if items.iter().all(Result::is_ok) {
-                tx.commit().await?;
-            }
-            Ok::<_, sqlx::Error>(stream::iter(items))
-        })
-        .try_flatten()
-        .boxed()
+        let rows = if self.pooled {
+            stream::once(async move {
+                let mut tx = self.begin_plain().await?;
+                let items: Vec<_> = (&mut tx).fetch_many(query).collect().await;
+                if items.iter().all(Result::is_ok) {
+                    tx.commit().await?;
+                }
+                Ok::<_, sqlx::Error>(stream::iter(items))
+            })
+            .try_flatten()
+            .boxed()
+        } else {
+            self.pool.fetch_many(query)
+        };
+        let Some(f) = &self.failover else {
+            return rows;
+        };
+        stream::once(async move { f.before(&self.pool).await.map(|()| rows) })
+            .try_flatten()
+            .inspect_err(move |e| {
+                f.observe(e);
+            })
+            .boxed()
     }
 
     fn fetch_optional<'e, 'q: 'e, E>(
@@ -258,14 +351,22 @@ impl<'d> Executor<'d> for &'d Db {
         'd: 'e,
         E: 'q + Execute<'q, Postgres>,
     {
-        if !self.pooled {
-            return self.pool.fetch_optional(query);
-        }
+        let row = if self.pooled {
+            Box::pin(async move {
+                let mut tx = self.begin_plain().await?;
+                let row = (&mut tx).fetch_optional(query).await?;
+                tx.commit().await?;
+                Ok(row)
+            })
+        } else {
+            self.pool.fetch_optional(query)
+        };
+        let Some(f) = &self.failover else {
+            return row;
+        };
         Box::pin(async move {
-            let mut tx = self.begin().await?;
-            let row = (&mut tx).fetch_optional(query).await?;
-            tx.commit().await?;
-            Ok(row)
+            f.before(&self.pool).await?;
+            slow_guard(f, &self.pool, row).await
         })
     }
 

@@ -60,7 +60,8 @@ impl fmt::Display for EnqueueError {
                  {}): the {} event(s) from {} may or may not be committed; look them up by id",
                 Cause(source),
                 ids.len(),
-                ids.first().map_or_else(|| "none".to_owned(), ToString::to_string),
+                ids.first()
+                    .map_or_else(|| "none".to_owned(), ToString::to_string),
             ),
             EnqueueError::NotTopLevel { depth } => write!(
                 f,
@@ -163,8 +164,10 @@ impl std::error::Error for MigrateError {}
 /// Why a store operation (connect, claim, settle, renew, stats, dead letters) failed.
 ///
 /// [`Retryable::is_retryable`] tells a lost connection, a pool timeout, a
-/// server shutting down, a serialization failure or a deadlock (try again)
-/// from a missing table, bad credentials or a constraint (do not).
+/// server shutting down, a serialization failure, a deadlock or a
+/// read-only server (a standby not yet promoted: try again) from a missing
+/// table, bad credentials or a constraint (do not).
+/// [`StoreError::is_read_only`] tells the read-only case apart.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -276,6 +279,20 @@ impl StoreError {
         Retryable::is_retryable(self)
     }
 
+    /// Whether the server refused a write as read-only (SQLSTATE 25006: a
+    /// standby not yet promoted, or `default_transaction_read_only`), or no
+    /// host of a multi-host URL is the one `target_session_attrs` asks for
+    /// ([`crate::PgHosts`]): the store waits for a primary. Retryable, as
+    /// an unreachable database is.
+    pub fn is_read_only(&self) -> bool {
+        match self.sqlx_error() {
+            Some(sqlx::Error::Database(db)) => db
+                .code()
+                .is_some_and(|c| c == crate::hosts::READ_ONLY_SQLSTATE),
+            _ => false,
+        }
+    }
+
     /// The driver's error behind this one, if any.
     pub fn sqlx_error(&self) -> Option<&sqlx::Error> {
         match self {
@@ -301,8 +318,8 @@ impl Retryable for StoreError {
 }
 
 /// Connection trouble, pool timeouts, a server shutting down or starting,
-/// serialization failures, deadlocks, lock and statement timeouts, and
-/// insufficient resources are transient; everything else (a missing table,
+/// serialization failures, deadlocks, lock and statement timeouts, a
+/// read-only server (a standby) and insufficient resources are transient; everything else (a missing table,
 /// bad credentials, a constraint, a syntax error, TLS configuration) is not.
 pub(crate) fn is_transient(e: &sqlx::Error) -> bool {
     match e {
@@ -336,6 +353,9 @@ fn is_transient_sqlstate(code: &str) -> bool {
         | "57P01" | "57P02" | "57P03"
         // query_canceled (statement_timeout, pg_cancel_backend), lock_not_available
         | "57014" | "55P03"
+        // read_only_sql_transaction: a standby not yet promoted (waiting
+        // for a primary is waiting for the database)
+        | "25006"
     ) || code.starts_with("08") // connection_exception
         || code.starts_with("53") // insufficient_resources
 }
@@ -355,6 +375,14 @@ impl fmt::Display for Cause<'_> {
                     write!(f, " (SQLSTATE {code})")?;
                     if code == "42P01" {
                         f.write_str("; are the outbox migrations applied?")?;
+                    }
+                    if code == crate::hosts::READ_ONLY_SQLSTATE
+                        && !db.message().contains("waiting for a primary")
+                    {
+                        f.write_str(
+                            "; the server is read-only (a standby not yet promoted, or \
+                             default_transaction_read_only): waiting for a primary",
+                        )?;
                     }
                     if pooler_symptom(&code, db.message()) {
                         f.write_str(
@@ -405,7 +433,7 @@ mod tests {
     #[test]
     fn sqlstates_are_classified() {
         for code in [
-            "40001", "40P01", "57P01", "57P02", "57P03", "08006", "53300", "55P03",
+            "40001", "40P01", "57P01", "57P02", "57P03", "08006", "53300", "55P03", "25006",
         ] {
             assert!(is_transient_sqlstate(code), "{code}");
         }

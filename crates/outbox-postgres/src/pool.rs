@@ -3,6 +3,7 @@
 
 use crate::db::Db;
 use crate::error::StoreError;
+use crate::hosts::{Failover, PgHosts};
 use crate::options::scrub;
 use outbox_core::{PoolSettings, Pooler};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -57,6 +58,12 @@ fn server_name(o: &PgConnectOptions) -> String {
 /// ([`Pooler::Transaction`], or `auto` and the server refused the startup
 /// setting as PgBouncer does, or [`crate::db::detect`] found a forwarder),
 /// are set by each transaction ([`Db`]).
+///
+/// A URL with several hosts, or with `target_session_attrs` ([`PgHosts`]),
+/// is a connection setting like the pooler's: the first host that fits
+/// (probed in the URL's order, again until `connect_timeout` while none
+/// does) is connected to as above, and the store follows the hosts from
+/// then on ([`Failover`]).
 pub(crate) async fn connect_pool(
     url: Option<&str>,
     settings: &PoolSettings,
@@ -64,18 +71,28 @@ pub(crate) async fn connect_pool(
 ) -> Result<Db, StoreError> {
     let url =
         url.ok_or_else(|| StoreError::InvalidUrl("no URL given (set DATABASE_URL)".to_owned()))?;
-    let bare: PgConnectOptions = url
-        .parse()
-        .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?;
+    let hosts = PgHosts::for_store(url)?;
+    let (bare, current): (PgConnectOptions, usize) = match &hosts {
+        Some(hosts) => first_fitting_host(hosts, settings.connect_timeout).await?,
+        None => (
+            url.parse()
+                .map_err(|e: sqlx::Error| StoreError::InvalidUrl(scrub(&e.to_string(), url)))?,
+            0,
+        ),
+    };
     let mut settings_all = vec![("jit", "off")];
     settings_all.extend_from_slice(session);
     let mut pooled = settings.pooler == Pooler::Transaction;
     let session_mode = settings.pooler == Pooler::Session;
     let mut connect = bare.clone();
+    let mut startup_settings = false;
     if !pooled && !session_mode {
         let with_settings = bare.clone().options(settings_all.iter().copied());
         match first_connection(&with_settings, settings.connect_timeout, url).await {
-            Ok(()) => connect = with_settings,
+            Ok(()) => {
+                connect = with_settings;
+                startup_settings = true;
+            }
             Err(e) if settings.pooler == Pooler::Auto && refused_startup_setting(&e) => {
                 tracing::warn!(
                     server = %server_name(&bare),
@@ -113,7 +130,74 @@ pub(crate) async fn connect_pool(
     if !pooled {
         pooled = crate::db::detect(&pool, settings.pooler).await?;
     }
-    Ok(Db::new(pool, pooled, &settings_all))
+    let db = Db::new(pool, pooled, &settings_all);
+    Ok(match hosts {
+        None => db,
+        Some(hosts) => {
+            // Every host gets what the chosen one got.
+            let startup: Vec<(String, String)> = settings_all
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let hosts = hosts.map_options(|o| {
+                if startup_settings {
+                    o.options(startup.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+                } else {
+                    o
+                }
+            });
+            db.with_failover(Failover::new(hosts, current))
+        }
+    })
+}
+
+/// The first host of `hosts` that fits its `target_session_attrs`, probed
+/// again (20 ms, doubling to 1 s) until `timeout` while none does; then the
+/// last probe's error, naming every host and its answer.
+async fn first_fitting_host(
+    hosts: &PgHosts,
+    timeout: Duration,
+) -> Result<(PgConnectOptions, usize), StoreError> {
+    let started = Instant::now();
+    let deadline = started + timeout;
+    let mut backoff = Duration::from_millis(20);
+    loop {
+        let per_host = deadline
+            .saturating_duration_since(Instant::now())
+            .clamp(Duration::from_millis(100), Duration::from_secs(2));
+        let error = match hosts.find(per_host).await {
+            Ok((i, options)) => {
+                if i > 0 {
+                    tracing::info!(
+                        host = hosts.hosts().nth(i).unwrap_or_default(),
+                        hosts = %hosts,
+                        "PostgreSQL: host {} of {hosts} is the first {} one",
+                        i + 1,
+                        hosts.target_session_attrs()
+                    );
+                }
+                return Ok((options, i));
+            }
+            Err(e) => e,
+        };
+        if Instant::now() + backoff >= deadline {
+            return Err(match error {
+                StoreError::Connect { server, error, .. } => StoreError::Connect {
+                    server,
+                    error,
+                    waited: started.elapsed(),
+                },
+                StoreError::Database(e) => StoreError::Connect {
+                    server: hosts.to_string(),
+                    error: Some(e),
+                    waited: started.elapsed(),
+                },
+                other => other,
+            });
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
 }
 
 /// Whether `e` is a pooler's refusal of the startup packet's `options`
