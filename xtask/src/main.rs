@@ -12,6 +12,9 @@
 //! - `cargo xtask chaos [--quick|--medium|--full]`: the reliability suite
 //!   (RELIABILITY.md).
 //! - `cargo xtask services`: report (and start what the project starts itself).
+//! - `cargo xtask public-api [--root DIR]`: every public path of every
+//!   library crate with its kind, sorted, to diff two checkouts' APIs
+//!   (`public_api.rs`).
 //! - `cargo xtask screenshots`: the console's browser tests, saving each
 //!   page as a PNG under `docs/console/` (installs chromium when missing).
 
@@ -24,6 +27,7 @@ mod deploy;
 mod kafka;
 mod package;
 mod pgbouncer;
+mod public_api;
 mod services;
 mod tidy;
 mod yaml;
@@ -46,6 +50,7 @@ fn main() -> Result<()> {
         "services" => services::report_and_hold(rest),
         "bench" => bench::run(rest),
         "screenshots" => browser::screenshots(rest),
+        "public-api" => public_api::run(rest),
         "help" | "--help" | "-h" => {
             print_help();
             Ok(())
@@ -77,6 +82,8 @@ fn print_help() {
          \x20          PgBouncer in transaction mode on 127.0.0.1:6432;\n\
          \x20          `--hold` keeps what it started running until Ctrl-C\n\
          bench      [--quick] [--scenario NAME]: throughput / latency / cost vs ceilings (BENCHMARKS.md)\n\
+         public-api [--root DIR]: every public path of each library crate with its kind, sorted\n\
+         \x20          (read from the sources as text; diff two checkouts' outputs)\n\
          screenshots the console's browser tests (headless chromium, installed when missing),\n\
          \x20          saving a PNG of each page under docs/console/ (README \"Operator console\")\n"
     );

@@ -41,8 +41,12 @@
 //!     excepted, listed), nor an item of one of its own public modules, nor
 //!     aliases another crate's constant; ARCHITECTURE.md's "Guarded by" tests
 //!     exist (`tidy/docs.rs`).
+//! 11. Imports (`tidy/imports.rs`): in each crate no file imports the crate
+//!     root (an import that runs back up) and no files import each other in
+//!     a circle (issue 44).
 
 mod docs;
+pub(crate) mod imports;
 mod paths;
 mod seams;
 mod size;
@@ -137,6 +141,7 @@ pub(crate) fn run(_rest: &[String]) -> Result<()> {
     problems.extend(core_sources(&crate::root()));
     problems.extend(seams::check(&meta, &crate::root()));
     problems.extend(paths::check(&crate::root()));
+    problems.extend(imports::check(&crate::root()));
     problems.extend(crate::package::check_readme_quickstart(&crate::root()));
     if !problems.is_empty() {
         // The cheap checks first: no point compiling a misshaped workspace.
