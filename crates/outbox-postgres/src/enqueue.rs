@@ -529,9 +529,7 @@ impl PgOutbox {
         events: impl IntoIterator<Item = NewEvent>,
     ) -> Result<Vec<EventId>, EnqueueError> {
         let events = validate_batch(events, &self.limits)?;
-        self.sql
-            .copy_in(conn, events, self.notify_channel())
-            .await
+        self.sql.copy_in(conn, events, self.notify_channel()).await
     }
 
     /// Applies this mode's missing migrations to the outbox's schema

@@ -24,7 +24,7 @@ use super::{due_params, headers_json, EnqueueSql};
 use crate::error::EnqueueError;
 use futures::TryStreamExt as _;
 use outbox_core::{EventField, EventId, NewEvent, ValidationError};
-use sqlx::{Either, Postgres, Transaction, TransactionManager as _};
+use sqlx::{Either, Executor as _, Postgres, Transaction, TransactionManager as _};
 
 /// How [`EnqueueSql::commit_with`]'s simple query ended.
 enum Outcome {
@@ -108,10 +108,11 @@ impl EnqueueSql {
                     sql.push_str(&insert);
                     sql.push_str(") SELECT pg_notify(");
                     // The channel is a validated name: no NUL.
-                    literal::push_text(&mut sql, channel)
-                        .map_err(|_| EnqueueError::Database(sqlx::Error::Protocol(
+                    literal::push_text(&mut sql, channel).map_err(|_| {
+                        EnqueueError::Database(sqlx::Error::Protocol(
                             "the outbox's channel name contains NUL".to_owned(),
-                        )))?;
+                        ))
+                    })?;
                     sql.push_str(", '')");
                 }
                 None => sql.push_str(&insert),
@@ -186,7 +187,9 @@ fn push_row(
         // Validation refuses these first; the JSON below would carry a NUL
         // as `\u0000`, which jsonb refuses.
         if let Some(at) = name.find('\0') {
-            return Err(nul(EventField::HeaderName(name.escape_debug().to_string()))(NulByte { at }));
+            return Err(
+                nul(EventField::HeaderName(name.escape_debug().to_string()))(NulByte { at }),
+            );
         }
         if let Some(at) = value.find('\0') {
             return Err(nul(EventField::HeaderValue(name.clone()))(NulByte { at }));
@@ -216,7 +219,10 @@ fn push_row(
 async fn run(tx: &mut Transaction<'_, Postgres>, sql: &str) -> Outcome {
     let statements = if sql.starts_with("COMMIT") { 1 } else { 2 };
     let mut completed = 0usize;
-    let mut results = sqlx::raw_sql(sql).fetch_many(&mut **tx);
+    // The executor's own method (not `RawSql::fetch_many`, generic over
+    // the executor): the future stays `Send` for any lifetime.
+    let conn: &mut sqlx::PgConnection = tx;
+    let mut results = conn.fetch_many(sqlx::raw_sql(sql));
     loop {
         match results.try_next().await {
             Ok(Some(Either::Left(_))) => completed += 1,
@@ -245,7 +251,8 @@ async fn run(tx: &mut Transaction<'_, Postgres>, sql: &str) -> Outcome {
 /// a transaction to end (no WARNING 25P01). Errors are ignored: a broken
 /// connection is closed by the pool, and the server rolls back.
 async fn end_rolled_back(mut tx: Transaction<'_, Postgres>, server_ended: bool) {
-    if server_ended && sqlx::raw_sql("BEGIN").execute(&mut *tx).await.is_err() {
+    let conn: &mut sqlx::PgConnection = &mut tx;
+    if server_ended && conn.execute(sqlx::raw_sql("BEGIN")).await.is_err() {
         return;
     }
     let _ = tx.rollback().await;

@@ -200,7 +200,11 @@ mod tests {
                 .map(|_| ALPHABET[usize::try_from(next()).unwrap_or(0) % ALPHABET.len()])
                 .collect();
             let lit = text(&s);
-            assert_eq!(parse_escape_string(&lit).as_deref(), Some(s.as_str()), "{lit}");
+            assert_eq!(
+                parse_escape_string(&lit).as_deref(),
+                Some(s.as_str()),
+                "{lit}"
+            );
             let with_nul = format!("{s}\0");
             let mut out = String::new();
             assert_eq!(
