@@ -28,6 +28,7 @@ mod kafka;
 mod package;
 mod pgbouncer;
 mod public_api;
+mod rust_source;
 mod services;
 mod tidy;
 mod yaml;

@@ -3,8 +3,8 @@
 //! its kind (`fn`, `struct`, `enum`, `union`, `trait`, `const`, `static`,
 //! `type`, `mod`, `macro`), for diffing the API of two checkouts (issue 44:
 //! "every removed path has its one remaining home"). Stable Rust has no
-//! rustdoc JSON, so the sources are read as text, with tidy's reader
-//! (`tidy/imports.rs`: tokens, `#[cfg(test)]` dropped, the module tree from
+//! rustdoc JSON, so the sources are read as text, with xtask's reader
+//! (`rust_source.rs`: tokens, `#[cfg(test)]` dropped, the module tree from
 //! `mod` declarations).
 //!
 //! A path is listed when it is reachable from the crate root through
@@ -25,7 +25,7 @@
 //! `--root DIR` lists another checkout (e.g. a `git worktree` of an older
 //! commit).
 
-use crate::tidy::imports::{self, Crate, UsePath};
+use crate::rust_source::{self as source, Crate, UsePath};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -59,13 +59,13 @@ enum Target {
 
 /// Every public path of the library crates under `root/crates`, sorted.
 pub(crate) fn list(root: &Path) -> Vec<String> {
-    let crates: BTreeMap<String, Crate> = imports::crate_roots(root)
+    let crates: BTreeMap<String, Crate> = source::crate_roots(root)
         .into_iter()
         .filter(|f| f.ends_with("src/lib.rs"))
         .filter_map(|f| {
             let dir = f.parent()?.parent()?;
             let name = dir.file_name()?.to_str()?.replace('-', "_");
-            Some((name, imports::load_crate(&f)))
+            Some((name, source::load_crate(&f)))
         })
         .collect();
     let mut out = Vec::new();
@@ -167,7 +167,7 @@ fn follow(
 ) -> Vec<(String, Target)> {
     let external = || Target::External(used.segs.join("::"));
     let krate = &crates[c];
-    let (tc, tm, rest) = match imports::resolve(krate, m, &used.segs) {
+    let (tc, tm, rest) = match source::resolve(krate, m, &used.segs) {
         Some((tm, rest)) => (c.to_owned(), tm, rest.to_vec()),
         None => {
             let Some((first, tail)) = used.segs.split_first() else {
@@ -182,7 +182,7 @@ fn follow(
             let segs: Vec<String> = std::iter::once("crate".to_owned())
                 .chain(tail.iter().cloned())
                 .collect();
-            match imports::resolve(other, 0, &segs) {
+            match source::resolve(other, 0, &segs) {
                 Some((tm, rest)) => (first.clone(), tm, rest.to_vec()),
                 None => return Vec::new(),
             }

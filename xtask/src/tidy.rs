@@ -46,7 +46,7 @@
 //!     a circle (issue 44).
 
 mod docs;
-pub(crate) mod imports;
+mod imports;
 mod paths;
 mod seams;
 mod size;
