@@ -49,7 +49,7 @@ pub(crate) const SCENARIOS: &[(&str, &str)] = &[
     ),
     (
         "producer",
-        "8 concurrent business transactions: without / with the outbox insert (queue table NOTIFY off / on, event log)",
+        "8 concurrent business transactions: without / with the outbox insert (queue table NOTIFY off / on, event log) / with the event log's commit_with (INSERT + COMMIT in one round trip), interleaved in slices",
     ),
     (
         "backlog",
