@@ -34,6 +34,10 @@ use std::path::{Path, PathBuf};
 /// removes its entry: an entry that matches nothing fails tidy.
 const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[
     (
+        "circle: crates/outbox-postgres/src/error.rs, crates/outbox-postgres/src/hosts.rs",
+        "to fix, issues 44/46: came with 264a797 (error.rs takes READ_ONLY_SQLSTATE, hosts.rs takes StoreError)",
+    ),
+    (
         "crates/outbox-amqp/src/config.rs -> crates/outbox-amqp/src/lib.rs",
         "to fix, issue 44: outbox-amqp's modules take its items through lib.rs",
     ),
