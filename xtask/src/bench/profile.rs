@@ -151,7 +151,10 @@ fn pipe(first: &mut Command, second: &mut Command, path: &Path) -> Result<()> {
         .stderr(Stdio::null())
         .spawn()
         .context("could not start perf script")?;
-    let stdout = producer.stdout.take().context("perf script has no stdout")?;
+    let stdout = producer
+        .stdout
+        .take()
+        .context("perf script has no stdout")?;
     let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let status = second
         .stdin(stdout)
