@@ -391,6 +391,11 @@ impl PgOutbox {
     /// Adds one INSERT (plus `pg_notify` when enabled) to the caller's
     /// transaction: pass `&mut *tx`. Returns the event's id. The event is
     /// visible to relays only once the transaction commits.
+    ///
+    /// When the event is the transaction's last write,
+    /// [`commit_with`](Self::commit_with) writes it and commits in one
+    /// round trip instead of two; for backfills,
+    /// [`enqueue_bulk`](Self::enqueue_bulk).
     pub async fn enqueue(
         &self,
         conn: &mut PgConnection,
@@ -456,7 +461,7 @@ impl PgOutbox {
     /// sends it with the check the pool makes on every returned connection,
     /// a bare connection with its next statement (ARCHITECTURE.md,
     /// "commit_with" decision). When to use which: the crate docs'
-    /// "Enqueue, commit_with or enqueue_bulk".
+    /// "Producing: `enqueue`, `commit_with` or `enqueue_bulk`".
     ///
     /// ```no_run
     /// # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
