@@ -51,6 +51,9 @@ pub(crate) struct Scenario {
     /// Inbox consumer processes (`run --inbox`).
     #[serde(default)]
     pub(crate) consumers: u32,
+    /// `pg-failover`: the standby's replication, `sync` or `async`.
+    #[serde(default)]
+    pub(crate) replication: Option<String>,
 }
 
 /// What the inbox consumers did (`run --inbox`), besides the effects the
@@ -120,6 +123,10 @@ pub(crate) struct FaultResult {
     pub(crate) extra_copies: u64,
     /// Whether a duplicate batch is allowed after it.
     pub(crate) may_duplicate: bool,
+    /// After a `pg-failover`: seconds from the promotion until the first
+    /// event arrived that had not arrived before.
+    #[serde(default)]
+    pub(crate) first_delivery_s: Option<f64>,
     /// After a `pg-crash`: seconds from the kill until the database
     /// accepted connections again (its crash recovery). `recovery_s` is
     /// then measured from that moment: the last event committed before it
@@ -166,6 +173,12 @@ pub(crate) struct Report {
     pub(crate) distinct: u64,
     /// Committed events never received.
     pub(crate) lost: u64,
+    /// `pg-failover`: events the producer saw committed on the old primary
+    /// that the promoted standby does not hold (asynchronous replication),
+    /// neither required nor unexpected; must be 0 with synchronous
+    /// replication.
+    #[serde(default)]
+    pub(crate) lost_with_primary: u64,
     /// Up to 10 lost ids.
     pub(crate) lost_sample: Vec<Uuid>,
     /// Events received more than once.
@@ -237,6 +250,9 @@ pub(crate) struct Inputs<'a> {
     pub(crate) produce_end_us: i64,
     /// Transactions with `Unknown` outcome found committed after the run.
     pub(crate) resolved_committed: &'a std::collections::HashSet<Uuid>,
+    /// `pg-failover`: transactions the producer saw committed that the
+    /// promoted standby does not hold (lost with the old primary).
+    pub(crate) lost_with_primary: &'a std::collections::HashSet<Uuid>,
 }
 
 fn secs(us: i64) -> f64 {
@@ -258,8 +274,16 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     let mut may: HashMap<Uuid, &Produced> = HashMap::new();
     let mut must_not: HashMap<Uuid, &Produced> = HashMap::new();
     let (mut committed, mut rolled_back, mut unknown, mut unknown_committed) = (0, 0, 0, 0);
+    let mut lost_with_primary = 0u64;
     for p in input.produced {
         match p.outcome {
+            TxOutcome::Committed if input.lost_with_primary.contains(&p.tx) => {
+                // Committed on the old primary, never on the new one: the
+                // producer lost it too. It may have been delivered before.
+                committed += 1;
+                lost_with_primary += 1;
+                may.insert(p.id, p);
+            }
             TxOutcome::Committed => {
                 committed += 1;
                 must.insert(p.id, p);
@@ -463,6 +487,10 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
                 extra_copies: extra,
                 may_duplicate: f.may_duplicate,
                 db_down_s: f.db_ready_us.map(|r| secs(r - f.start_us)),
+                first_delivery_s: f.db_ready_us.and_then(|r| {
+                    let i = arrivals_sorted.partition_point(|a| *a < r);
+                    arrivals_sorted.get(i).map(|a| secs(a - r))
+                }),
                 caught_up_s: f.db_ready_us.and_then(caught_up_after),
                 max_gap_s: (f.kind == "partition-reader")
                     .then(|| longest_gap(f.start_us, f.end_us)),
@@ -476,7 +504,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         .iter()
         .filter(|f| f.may_duplicate)
         .map(|f| {
-            if f.kind == "pg-crash" {
+            if f.kind == "pg-crash" || f.kind == "pg-failover" {
                 u64::from(input.scenario.relays.max(1))
             } else {
                 1
@@ -535,6 +563,11 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
     if lost > 0 {
         failures.push(format!("{lost} committed event(s) lost"));
     }
+    if lost_with_primary > 0 && input.scenario.replication.as_deref() != Some("async") {
+        failures.push(format!(
+            "{lost_with_primary} committed event(s) lost with the primary under synchronous replication"
+        ));
+    }
     if unexpected > 0 {
         failures.push(format!(
             "{unexpected} unexpected message(s) ({unexpected_rolled_back} rolled back, {unexpected_unknown} unknown)"
@@ -582,6 +615,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         messages: input.arrivals.len() as u64,
         distinct: first.len() as u64,
         lost,
+        lost_with_primary,
         lost_sample: lost_ids.into_iter().take(10).collect(),
         duplicated,
         extra_copies,
@@ -649,7 +683,7 @@ fn recovery_target(kind: &str, lease_ms: u64) -> Option<f64> {
         "broker-outage" | "broker-flap" | "broker-restart" | "nats-leader-kill" => Some(5.0),
         // Every event delivered within lease + 5 s of the database
         // accepting connections again.
-        "pg-crash" => Some(lease_ms as f64 / 1000.0 + 5.0),
+        "pg-crash" | "pg-failover" => Some(lease_ms as f64 / 1000.0 + 5.0),
         // The inbox consumer back (restarted, reconnected) and caught up.
         "consumer-kill" | "consumer-db-cut" | "consumer-kills" => Some(5.0),
         _ => None,

@@ -202,6 +202,11 @@ pub(crate) struct RunArgs {
     /// machine's cluster ends every session and runs crash recovery).
     #[arg(long)]
     pub(crate) allow_pg_crash: bool,
+    /// `pg-failover`: how the run's own standby follows its primary
+    /// (pg_pair.rs): `sync` (a commit waits for the standby's flush) or
+    /// `async`.
+    #[arg(long, value_enum, default_value_t = crate::pg_pair::Replication::Sync)]
+    pub(crate) pg_replication: crate::pg_pair::Replication,
     /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
     #[arg(long)]
     pub(crate) timeout_s: Option<u64>,

@@ -9,6 +9,7 @@ use crate::consumers::Consumers;
 use crate::kafka::PrivateKafka;
 use crate::nats::PrivateNats;
 use crate::nats_cluster::NatsCluster;
+use crate::pg_pair::PgPair;
 use crate::rabbit::PrivateRabbit;
 use crate::record::{now_us, FaultRecord};
 use crate::relays::Relays;
@@ -76,6 +77,10 @@ pub(crate) enum FaultKind {
     /// three-node JetStream cluster (an R3 stream); it starts again on its
     /// store once another node leads the stream (nats_cluster.rs).
     NatsLeaderKill,
+    /// The run's own PostgreSQL primary stopped (immediate) and its
+    /// streaming standby promoted 2 s later (pg_pair.rs); the producer and
+    /// the relays follow through their multi-host URL.
+    PgFailover,
 }
 
 /// How long the `partition-reader` fault holds its transaction open.
@@ -86,7 +91,7 @@ const READER_ROTATION: Duration = Duration::from_secs(1);
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 16] = [
+    pub(crate) const ALL: [FaultKind; 17] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -103,6 +108,7 @@ impl FaultKind {
         Self::PartitionReader,
         Self::ConsumerKills,
         Self::NatsLeaderKill,
+        Self::PgFailover,
     ];
 
     /// The name used in plans and reports.
@@ -124,6 +130,7 @@ impl FaultKind {
             Self::PartitionReader => "partition-reader",
             Self::ConsumerKills => "consumer-kills",
             Self::NatsLeaderKill => "nats-leader-kill",
+            Self::PgFailover => "pg-failover",
         }
     }
 
@@ -213,6 +220,8 @@ pub(crate) struct Targets {
     pub(crate) first_relay: Option<(Arc<TcpProxy>, Arc<SlowProxy>)>,
     /// The run's JetStream stream (`nats-leader-kill` asks who leads it).
     pub(crate) nats_stream: Option<String>,
+    /// The run's own primary and standby (`pg-failover`).
+    pub(crate) pg_pair: Option<Arc<Mutex<PgPair>>>,
 }
 
 /// A broker the run started for itself, so that `broker-restart` restarts
@@ -349,6 +358,9 @@ impl Targets {
                     }) =>
             {
                 bail!("nats-leader-kill needs NATS and the run's own NATS cluster (the run starts one)")
+            }
+            FaultKind::PgFailover if self.pg_pair.is_none() => {
+                bail!("pg-failover needs the PostgreSQL store and the run's own primary and standby (the run makes them)")
             }
             FaultKind::ConsumerDbCut if self.consumer_db.is_none() => {
                 bail!("consumer-db-cut needs the inbox on PostgreSQL (`run --inbox postgres`)")
@@ -584,6 +596,20 @@ async fn inject(
             // drops the copies).
             broker_cuts = 1;
             sink_down.push((down, elected));
+        }
+        FaultKind::PgFailover => {
+            let pair = t
+                .pg_pair
+                .as_ref()
+                .context("pg-failover without the run's own primary and standby")?;
+            let done = pair.lock().await.fail_over().await?;
+            start_us = done.stopped_us;
+            db_ready_us = Some(done.promoted_us);
+            target = done.target;
+            // Every relay's session ends with the primary: each may have
+            // delivered a batch it could not record, and progress settled
+            // asynchronously may not have reached the standby.
+            may_duplicate = true;
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
             let (proxy, what) = proxy_of(kind, t)?;

@@ -36,6 +36,7 @@ mod inbox;
 mod kafka;
 mod nats;
 mod nats_cluster;
+mod pg_pair;
 mod producer;
 mod rabbit;
 mod record;
@@ -78,6 +79,11 @@ struct RunMeta {
     /// End to end through the inbox: the consumers' counts.
     #[serde(default)]
     inbox: Option<checker::InboxReport>,
+    /// `pg-failover`: transactions whose `COMMIT` succeeded on the old
+    /// primary and that the promoted standby does not hold (asynchronous
+    /// replication: lost with the primary, for the producer too).
+    #[serde(default)]
+    lost_with_primary: Vec<uuid::Uuid>,
 }
 
 fn main() -> ExitCode {
@@ -173,6 +179,30 @@ async fn resolve(url: &str) -> Result<SocketAddr> {
     found.with_context(|| format!("cannot resolve {url}"))
 }
 
+/// The application's side of a failover: every 250 ms, the first
+/// read-write host of `hosts`; when it changed, `pool` opens its next
+/// connections there (what an application does with
+/// [`outbox_postgres::PgHosts`] and `Pool::set_connect_options`, as the
+/// stores do themselves). Ends when the pool is closed.
+fn follow_primary(hosts: outbox_postgres::PgHosts, pool: sqlx::PgPool, app: String) {
+    tokio::spawn(async move {
+        let mut current = 0;
+        while !pool.is_closed() {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            if let Ok((i, options)) = hosts.find(Duration::from_secs(1)).await {
+                if i != current {
+                    pool.set_connect_options(options.application_name(&app));
+                    current = i;
+                    eprintln!(
+                        "chaos: the application now connects to {}",
+                        hosts.hosts().nth(i).unwrap_or("?")
+                    );
+                }
+            }
+        }
+    });
+}
+
 fn default_relay_bin() -> Result<PathBuf> {
     let me = std::env::current_exe()?;
     let bin = me.with_file_name("outbox-relay");
@@ -185,7 +215,7 @@ fn default_relay_bin() -> Result<PathBuf> {
     Ok(bin)
 }
 
-async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
+async fn run(mut args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
     let seed = args.seed.unwrap_or_else(|| rand::rng().random());
     let store_short = match args.store {
         StoreKind::Postgres => "pg",
@@ -207,6 +237,18 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
     std::fs::create_dir_all(&args.out)
         .with_context(|| format!("creating {}", args.out.display()))?;
     let out = std::fs::canonicalize(&args.out)?;
+    // `pg-failover`: the run's own primary and standby (pg_pair.rs); the
+    // producer and the relays use both through one multi-host URL.
+    let pg_pair = if args.store == StoreKind::Postgres
+        && steps.iter().flatten().any(|k| *k == FaultKind::PgFailover)
+    {
+        let pair = pg_pair::PgPair::start(&out, args.pg_replication).await?;
+        args.database_url = pair.url();
+        args.pgbouncer = false;
+        Some(Arc::new(Mutex::new(pair)))
+    } else {
+        None
+    };
     eprintln!("chaos {name}: store {store_short}{}, broker {broker_name}, {} relays, {} ev/s for {} s, faults {:?}, seed {seed}, out {}",
         if args.pgbouncer { " through PgBouncer" } else { "" },
         args.relays, args.rate, args.duration_s, args.faults, out.display());
@@ -284,8 +326,18 @@ async fn run(args: RunArgs, steps: Vec<Vec<FaultKind>>) -> Result<bool> {
         &relay_bin,
         &out,
         &sqlite_path,
+        pg_pair.clone(),
     )
     .await;
+    if let Some(pair) = pg_pair {
+        // The last handle: both clusters stopped, their directory removed.
+        let dir = pair.lock().await.dir().to_owned();
+        drop(pair);
+        if !args.keep {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        return result;
+    }
     if let Some(server) = private_broker {
         // Its stream / queue / topic goes with it (a Kafka topic is not
         // deleted: under a consumer still running after a failure, a delete
@@ -358,6 +410,7 @@ async fn run_created(
     relay_bin: &Path,
     out: &Path,
     sqlite_path: &Path,
+    pg_pair: Option<Arc<Mutex<pg_pair::PgPair>>>,
 ) -> Result<bool> {
     // Proxies: the relays reach the broker and PostgreSQL through them
     // when the plan cuts that connection. Kafka's clients connect to the address the broker advertises: only a
@@ -465,10 +518,19 @@ async fn run_created(
     let app_db = match args.store {
         StoreKind::Postgres => {
             // Tagged, so that `pg-crash` can pick one of the run's sessions.
-            let opts = app_url
-                .parse::<sqlx::postgres::PgConnectOptions>()
-                .context("parsing the PostgreSQL URL")?
-                .application_name(&format!("{name}-app"));
+            // With the run's own primary and standby, the first read-write
+            // host of the multi-host URL (followed below).
+            let hosts = match &pg_pair {
+                Some(_) => Some(outbox_postgres::PgHosts::parse(app_url)?),
+                None => None,
+            };
+            let opts = match &hosts {
+                Some(h) => h.find(Duration::from_secs(5)).await?.1,
+                None => app_url
+                    .parse::<sqlx::postgres::PgConnectOptions>()
+                    .context("parsing the PostgreSQL URL")?,
+            }
+            .application_name(&format!("{name}-app"));
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(u32::try_from(args.tasks).unwrap_or(4) + 1)
                 .acquire_timeout(Duration::from_secs(10))
@@ -484,6 +546,9 @@ async fn run_created(
                         }
                     )
                 })?;
+            if let Some(hosts) = hosts {
+                follow_primary(hosts, pool.clone(), format!("{name}-app"));
+            }
             // The harness's connection (set-up, faults, resolving unknown
             // commits): direct, whatever the application goes through.
             let admin = if args.pgbouncer {
@@ -642,6 +707,7 @@ async fn run_created(
             Destination::Nats { stream, .. } => Some(stream.clone()),
             _ => None,
         },
+        pg_pair: pg_pair.clone(),
     };
     for k in steps.iter().flatten() {
         targets.check(*k)?;
@@ -736,6 +802,39 @@ async fn run_created(
             ledger.committed(p.id);
         }
     }
+    // After a failover: what the producer saw committed and the new
+    // primary does not hold was lost with the old primary (asynchronous
+    // replication); it is not waited for, and counted apart.
+    let mut lost_with_primary = Vec::new();
+    if pg_pair.is_some() {
+        let committed_txs: Vec<uuid::Uuid> = produced
+            .iter()
+            .filter(|p| p.outcome == TxOutcome::Committed)
+            .map(|p| p.tx)
+            .collect::<std::collections::HashSet<_>>()
+            .into_iter()
+            .collect();
+        let held = app_db
+            .committed_among(&committed_txs)
+            .await
+            .context("reading which commits the promoted standby holds")?;
+        lost_with_primary = committed_txs
+            .into_iter()
+            .filter(|tx| !held.contains(tx))
+            .collect();
+        let lost: std::collections::HashSet<_> = lost_with_primary.iter().collect();
+        for p in &produced {
+            if lost.contains(&p.tx) {
+                ledger.forget(p.id);
+            }
+        }
+        if !lost_with_primary.is_empty() {
+            eprintln!(
+                "chaos {name}: {} committed transaction(s) lost with the primary",
+                lost_with_primary.len()
+            );
+        }
+    }
 
     // Drain: until every committed event arrived, or the timeout; then a
     // quiet period for late copies.
@@ -827,11 +926,16 @@ async fn run_created(
             consumers: e2e
                 .as_ref()
                 .map_or(0, |e| u32::try_from(e.count).unwrap_or(0)),
+            replication: match &pg_pair {
+                Some(p) => Some(p.lock().await.replication().name().to_owned()),
+                None => None,
+            },
         },
         produce_end_us,
         resolved_committed: resolved_committed.into_iter().collect(),
         relay_exits,
         inbox: inbox_report,
+        lost_with_primary,
     };
     write_records(out, &meta, &produced, &arrivals, &fault_records)?;
     let report = report(&meta, &produced, &arrivals, &fault_records);
@@ -881,7 +985,9 @@ fn report(
     faults: &[FaultRecord],
 ) -> checker::Report {
     let resolved = meta.resolved_committed.iter().copied().collect();
+    let lost_with_primary = meta.lost_with_primary.iter().copied().collect();
     let mut report = checker::check(&checker::Inputs {
+        lost_with_primary: &lost_with_primary,
         scenario: meta.scenario.clone(),
         produced,
         arrivals,

@@ -181,6 +181,21 @@ impl Ledger {
         }
     }
 
+    /// `id` turned out not committed after all (its transaction was lost
+    /// with a primary, `pg-failover` with asynchronous replication): no
+    /// longer waited for.
+    pub(crate) fn forget(&self, id: Uuid) {
+        let mut flags = self.flags.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = flags.get_mut(&id) {
+            if *f & COMMITTED != 0 {
+                *f &= !COMMITTED;
+                if *f & ARRIVED == 0 {
+                    self.outstanding.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
     /// Committed events not arrived yet.
     pub(crate) fn outstanding(&self) -> u64 {
         self.outstanding.load(Ordering::Relaxed)

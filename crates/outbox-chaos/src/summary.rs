@@ -23,6 +23,12 @@ pub(crate) fn print(r: &checker::Report) {
         r.latency_ms.max,
         r.drain_s.map_or("never".to_owned(), |d| format!("{d:.1} s"))
     );
+    if let Some(rep) = &s.replication {
+        println!(
+            "  {rep} replication: {} event(s) the producer saw committed were lost with the primary (not on the promoted standby)",
+            r.lost_with_primary
+        );
+    }
     if !r.order_sample.is_empty() {
         println!(
             "  order violations, first ones: {}",
@@ -56,7 +62,15 @@ pub(crate) fn print(r: &checker::Report) {
                 crate::checker::READER_GAP_TARGET_S
             );
         }
-        if let Some(down) = f.db_down_s {
+        if let (Some(down), "pg-failover") = (f.db_down_s, f.kind.as_str()) {
+            println!(
+                "    the standby was promoted {down:.2} s after the primary stopped; from then: first delivery after {}, every event committed before it delivered after {} (target {}), caught up (lag < 1 s) after {}",
+                f.first_delivery_s.map_or("NEVER".to_owned(), |r| format!("{r:.2} s")),
+                f.recovery_s.map_or("NEVER".to_owned(), |r| format!("{r:.2} s")),
+                f.recovery_target_s.map_or("-".to_owned(), |t| format!("{t:.0} s")),
+                f.caught_up_s.map_or("NEVER".to_owned(), |c| format!("{c:.2} s")),
+            );
+        } else if let Some(down) = f.db_down_s {
             println!(
                 "    the database accepted connections {down:.2} s after the crash; from then: every event committed before it delivered after {} (target {}), caught up (lag < 1 s) after {}",
                 f.recovery_s.map_or("NEVER".to_owned(), |r| format!("{r:.2} s")),

@@ -146,19 +146,34 @@ fn slow_guard<'a, T: Send + 'a>(
     op: BoxFuture<'a, Result<T, sqlx::Error>>,
 ) -> BoxFuture<'a, Result<T, sqlx::Error>> {
     Box::pin(async move {
-        let slow = Box::pin(tokio::time::sleep(SLOW_OPERATION));
-        let r = match futures::future::select(op, slow).await {
-            futures::future::Either::Left((r, _)) => r,
-            futures::future::Either::Right(((), op)) => {
-                f.probe_beside(pool);
-                op.await
-            }
-        };
+        let watch = SlowWatch::start(f, pool);
+        let r = op.await;
+        drop(watch);
         if let Err(e) = &r {
             f.observe(e);
         }
         r
     })
+}
+
+/// Probes the hosts if it is not dropped within [`SLOW_OPERATION`]: held
+/// by an operation while it runs.
+struct SlowWatch(tokio::task::JoinHandle<()>);
+
+impl SlowWatch {
+    fn start(f: &Arc<Failover>, pool: &sqlx::PgPool) -> Self {
+        let (f, pool) = (Arc::clone(f), pool.clone());
+        SlowWatch(tokio::spawn(async move {
+            tokio::time::sleep(SLOW_OPERATION).await;
+            f.probe_beside(&pool);
+        }))
+    }
+}
+
+impl Drop for SlowWatch {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A transaction of a [`Db`]: an [`Executor`] whose statements are unnamed
@@ -339,6 +354,14 @@ impl<'d> Executor<'d> for &'d Db {
             .try_flatten()
             .inspect_err(move |e| {
                 f.observe(e);
+            })
+            // Watched while the stream lives (dropped with it).
+            .map({
+                let watch = SlowWatch::start(f, &self.pool);
+                move |item| {
+                    let _ = &watch;
+                    item
+                }
             })
             .boxed()
     }

@@ -51,6 +51,19 @@ pub(super) fn markdown(summary: &Value) -> String {
 
 /// One table per store x broker under `heading` (`###`, `####`), a row per
 /// run, then the totals.
+/// The lost cell: after a failover to an asynchronous standby, also the
+/// events the producer saw committed that the new primary does not hold.
+fn lost_cell(r: &Value) -> String {
+    match r["scenario"]["replication"].as_str() {
+        Some(_) => format!(
+            "{} (+{} lost with the primary)",
+            r["lost"],
+            r["lost_with_primary"].as_u64().unwrap_or(0)
+        ),
+        None => r["lost"].to_string(),
+    }
+}
+
 fn tables(summary: &Value, heading: &str) -> String {
     let mut md = String::new();
     let all = summary["runs"].as_array().cloned().unwrap_or_default();
@@ -94,15 +107,21 @@ fn tables(summary: &Value, heading: &str) -> String {
                 md,
                 "| `{}`{} | {} | {} | {} | {} | {} (+{} / {}) | {} | {} | {} | {:.0} / {:.0} ms | {} | {} | {} |",
                 r["scenario"]["faults"].as_str().unwrap_or("?"),
-                match (producer_of(r) == "contended", through_pgbouncer(r)) {
-                    (true, _) => ", contended producer",
-                    (false, true) => ", producers and relays through PgBouncer",
-                    (false, false) => "",
+                match (
+                    producer_of(r) == "contended",
+                    through_pgbouncer(r),
+                    r["scenario"]["replication"].as_str()
+                ) {
+                    (true, _, _) => ", contended producer",
+                    (false, true, _) => ", producers and relays through PgBouncer",
+                    (false, false, Some("sync")) => ", synchronous standby promoted",
+                    (false, false, Some(_)) => ", asynchronous standby promoted",
+                    (false, false, None) => "",
                 },
                 r["scenario"]["relays"],
                 r["committed"],
                 fs.len(),
-                r["lost"],
+                lost_cell(r),
                 r["duplicated"],
                 r["extra_copies"],
                 r["duplicate_allowance"],
@@ -257,6 +276,31 @@ fn recovery_cell(fs: &[Value]) -> String {
             let _ = write!(
                 shown,
                 " after the database was back (down {down:.1} s), caught up {caught}"
+            );
+        }
+        if k == "pg-failover" {
+            // From the promotion: the first delivery, the last event
+            // committed before delivered (above), caught up (lag < 1 s).
+            let worst = |field: &str| {
+                if of_kind.iter().any(|g| g[field].is_null()) {
+                    "never".to_owned()
+                } else {
+                    let w = of_kind
+                        .iter()
+                        .map(|g| f64_of(&g[field]))
+                        .fold(0.0, f64::max);
+                    format!("{w:.1} s")
+                }
+            };
+            let down = of_kind
+                .iter()
+                .map(|g| f64_of(&g["db_down_s"]))
+                .fold(0.0, f64::max);
+            let _ = write!(
+                shown,
+                " after the promotion (primary stopped {down:.1} s before it), first delivery {}, caught up {}",
+                worst("first_delivery_s"),
+                worst("caught_up_s")
             );
         }
         if k == "partition-reader" {

@@ -63,6 +63,9 @@ pub(crate) struct Scenario {
     /// The relays and the producer reach PostgreSQL through PgBouncer in
     /// transaction mode (`--pgbouncer`; `cargo xtask services` starts it).
     pub(super) pgbouncer: bool,
+    /// `pg-failover`: the run's own standby's replication, `sync` or
+    /// `async` (`--pg-replication`); `None`: left out.
+    pub(super) replication: Option<&'static str>,
 }
 
 /// The steps of a plan, `none` and empty ones left out.
@@ -107,7 +110,11 @@ impl Scenario {
             inbox.push_str(&format!("-window{s}s"));
         }
         let pooler = if self.pgbouncer { "-pgbouncer" } else { "" };
-        format!("{store}-{}{pooler}{producer}{inbox}-{faults}", self.broker)
+        let replication = self.replication.map_or(String::new(), |r| format!("-{r}"));
+        format!(
+            "{store}-{}{pooler}{producer}{inbox}-{faults}{replication}",
+            self.broker
+        )
     }
 
     /// The run's parameters as `outbox-chaos run` arguments: everything
@@ -151,6 +158,9 @@ impl Scenario {
         if self.pgbouncer {
             args.push("--pgbouncer".to_owned());
         }
+        if let Some(r) = self.replication {
+            args.extend(["--pg-replication".to_owned(), r.to_owned()]);
+        }
         args
     }
 
@@ -187,6 +197,8 @@ impl Scenario {
                     // A new stream leader (1-5 s), the killed node down 2 s
                     // more, its start.
                     "nats-leader-kill" => 8,
+                    // The primary stopped, the standby promoted 2 s later.
+                    "pg-failover" => 4,
                     _ => 1,
                 })
                 .max()
@@ -287,6 +299,7 @@ pub(crate) fn plan(
         consumers: 1,
         inbox_retention_s: None,
         pgbouncer: false,
+        replication: None,
     };
     let mut out = Vec::new();
     match mode {

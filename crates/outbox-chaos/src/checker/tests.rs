@@ -20,6 +20,7 @@ fn scenario() -> Scenario {
         start_us: 0,
         inbox: None,
         consumers: 0,
+        replication: None,
     }
 }
 
@@ -227,6 +228,7 @@ fn run(
         faults,
         produce_end_us,
         resolved_committed: &HashSet::new(),
+        lost_with_primary: &HashSet::new(),
     })
 }
 
@@ -403,6 +405,7 @@ fn run_inbox_with(
         faults,
         produce_end_us: 1_000,
         resolved_committed: &HashSet::new(),
+        lost_with_primary: &HashSet::new(),
     })
 }
 
@@ -511,4 +514,29 @@ fn a_stale_copy_arriving_last_fails_and_a_full_replay_does_not() {
     );
     assert_eq!(replay.stale_copies, 0);
     assert_eq!(replay.extra_copies, 2);
+}
+
+#[test]
+fn commits_lost_with_the_primary_fail_only_a_synchronous_run() {
+    let kept = p("a", 1, TxOutcome::Committed, 100);
+    let gone = p("a", 2, TxOutcome::Committed, 200);
+    let lost: HashSet<Uuid> = [gone.tx].into_iter().collect();
+    let produced = [kept.clone(), gone.clone()];
+    let arrivals = [a(&kept, 300)];
+    for (replication, passes) in [("async", true), ("sync", false)] {
+        let r = check(&Inputs {
+            scenario: Scenario {
+                replication: Some(replication.to_owned()),
+                ..scenario()
+            },
+            produced: &produced,
+            arrivals: &arrivals,
+            faults: &[],
+            produce_end_us: 400,
+            resolved_committed: &HashSet::new(),
+            lost_with_primary: &lost,
+        });
+        assert_eq!((r.lost, r.lost_with_primary), (0, 1), "{replication}");
+        assert_eq!(r.passed, passes, "{replication}: {:?}", r.failures);
+    }
 }
