@@ -360,6 +360,18 @@ pub(crate) fn plan(
             s.duration_s = 10 + s.fault_time_s() + QUICK_RECOVERY_ROOM_S * s.step_count();
             s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
             out.push(s);
+            // The run's own primary stopped and its streaming standby
+            // promoted under load (issue 46), synchronous then
+            // asynchronous: the relays and the producer follow through
+            // their multi-host URL.
+            for replication in ["sync", "async"] {
+                let mut s = base("postgres", "nats");
+                s.faults = "pg-failover".to_owned();
+                s.replication = Some(replication);
+                s.duration_s = 10 + s.fault_time_s() + 2 * QUICK_RECOVERY_ROOM_S;
+                s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
+                out.push(s);
+            }
             if pg_crash {
                 let mut s = base("postgres", "nats");
                 s.faults = "pg-crash".to_owned();
@@ -687,10 +699,31 @@ mod tests {
                     && !s.faults.contains("db-cut-one")
                     && !s.faults.contains("partition-reader")
                     && !s.faults.contains("nats-leader-kill")
+                    && s.replication.is_none()
                     && s.inbox.is_none()
                     && !s.pgbouncer
             })
             .collect()
+    }
+
+    #[test]
+    fn quick_fails_over_to_a_synchronous_and_an_asynchronous_standby() {
+        let p = plan(Mode::Quick, false, false, false);
+        let labels: Vec<String> = p
+            .iter()
+            .filter(|s| s.replication.is_some())
+            .map(Scenario::label)
+            .collect();
+        assert_eq!(
+            labels,
+            vec!["pg-nats-pg-failover-sync", "pg-nats-pg-failover-async"]
+        );
+        for s in p.iter().filter(|s| s.replication.is_some()) {
+            let args = s.args();
+            let at = args.iter().position(|a| a == "--pg-replication").unwrap();
+            assert_eq!(Some(args[at + 1].as_str()), s.replication);
+            assert!(!s.allow_pg_crash && s.duration_s <= 30, "{}", s.label());
+        }
     }
 
     #[test]
