@@ -35,10 +35,11 @@
 //!
 //! The Prometheus exporter's own listener answers every path with the
 //! metrics, so it cannot share its port with other routes; this module
-//! renders the recorder's text itself from a minimal HTTP/1.1 responder on
-//! a tokio `TcpListener` (`GET` and `HEAD` only, one request per
-//! connection, `Connection: close`). That keeps hyper's server out of the
-//! binary's own code and is all a scraper or a kubelet probe needs.
+//! renders the recorder's text itself: an axum [`Router`] (the console's
+//! crate), each connection served by hyper's HTTP/1.1 server under it.
+//! `GET` and `HEAD` only (`405` with `Allow: GET, HEAD` otherwise), a query
+//! string is ignored, one request per connection (`Connection: close`),
+//! `Cache-Control: no-store` on every answer.
 //!
 //! **Limits.** The listener must not let a client (a port scanner, a
 //! half-dead load balancer, a slow-loris) hold the process's file
@@ -47,8 +48,9 @@
 //! | limit | value | then |
 //! |-------|-------|------|
 //! | connections open at once | 64 ([`MAX_CONNECTIONS`](server::MAX_CONNECTIONS)) | a connection accepted beyond it is closed at once, unanswered (logged at WARN at most once a minute, with the count) |
-//! | reading the request head (request line and headers, at most 8 KiB) | 5 s ([`READ_TIMEOUT`](server::READ_TIMEOUT)), in all: a client that trickles a byte at a time gets no more time than a silent one | the connection is closed unanswered |
-//! | writing the response (and closing) | 5 s ([`WRITE_TIMEOUT`](server::WRITE_TIMEOUT)) | the connection is closed |
+//! | reading the request head (request line and headers) | 5 s ([`READ_TIMEOUT`](server::READ_TIMEOUT)) from the accept, in all: a client that trickles a byte at a time gets no more time than a silent one | the connection is closed unanswered |
+//! | the request head's size | 8 KiB | `431`, closed |
+//! | writing the response (and closing) | 5 s ([`WRITE_TIMEOUT`](server::WRITE_TIMEOUT)) from the head's end | the connection is closed |
 //!
 //! Closing over-limit connections at once, rather than leaving them in the
 //! kernel's accept queue until a slot frees: a prober gets a prompt
@@ -57,12 +59,24 @@
 //! takes microseconds, so 64 slots are only all taken by connections that
 //! send nothing, and those are gone after the read timeout: the endpoints
 //! answer again within 5 s of such a flood stopping.
+//!
+//! The limits are the connection's, not the request's, so they live in
+//! the accept loop and around each hyper connection ([`server`]), not in
+//! tower layers: a tower `ConcurrencyLimit` counts requests in flight (an
+//! idle connection holds none) and queues rather than refuses, and
+//! tower-http's request timeout answers `408`, where a silent or trickling
+//! client is closed unanswered here.
+//!
+//! `outbox-relay status --relay ADDR` and the console read other relays'
+//! endpoints through hyper's client ([`client`]).
 
 mod client;
 mod leases;
 mod probe;
 mod server;
 
+#[cfg(feature = "console")]
+pub(crate) use self::client::get_text;
 pub(crate) use self::client::relay_status;
 use self::leases::lease_json;
 pub(crate) use self::leases::{lease_grace, lease_source, LeaseSource};
@@ -70,8 +84,13 @@ use self::probe::StoreState;
 pub(crate) use self::probe::{StoreProbe, Watched};
 pub(crate) use self::server::spawn;
 use crate::report::scrub;
+use axum::http::{header, Method, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
 use outbox_worker::{PauseHandle, PauseStatus, SinkHealth, SinkState, SinkStatus};
 use serde_json::json;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Renders the metrics text (the Prometheus recorder's handle).
@@ -109,13 +128,13 @@ impl std::fmt::Debug for Endpoints {
 /// One response.
 #[derive(Debug, PartialEq, Eq)]
 struct Response {
-    status: u16,
+    status: StatusCode,
     content_type: &'static str,
     body: String,
 }
 
 impl Response {
-    fn text(status: u16, body: impl Into<String>) -> Self {
+    fn text(status: StatusCode, body: impl Into<String>) -> Self {
         Self {
             status,
             content_type: "text/plain; charset=utf-8",
@@ -123,80 +142,102 @@ impl Response {
         }
     }
 
-    fn json(status: u16, body: &serde_json::Value) -> Self {
+    fn json(status: StatusCode, body: &serde_json::Value) -> Self {
         Self {
             status,
             content_type: "application/json",
             body: format!("{body}\n"),
         }
     }
+}
 
-    fn reason(&self) -> &'static str {
-        match self.status {
-            200 => "OK",
-            400 => "Bad Request",
-            404 => "Not Found",
-            405 => "Method Not Allowed",
-            503 => "Service Unavailable",
-            _ => "",
+impl IntoResponse for Response {
+    fn into_response(self) -> axum::response::Response {
+        let headers = [
+            (header::CONTENT_TYPE, self.content_type),
+            (header::CACHE_CONTROL, "no-store"),
+        ];
+        let mut response = (self.status, headers, self.body).into_response();
+        if self.status == StatusCode::METHOD_NOT_ALLOWED {
+            response
+                .headers_mut()
+                .insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
         }
+        response
     }
 }
 
-/// Where a request goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Route {
-    Metrics,
-    Health,
-    Ready,
-    NotFound,
-    NotAllowed,
+/// An answer computed when asked (`/metrics`, `/readyz`).
+type Answer = Arc<dyn Fn() -> Response + Send + Sync>;
+
+/// The routes: `/healthz`, and `metrics` and `ready` on `/metrics` and
+/// `/readyz`, for `GET` and `HEAD` (axum answers `HEAD` with the `GET`
+/// headers and no body); `405` for any other method, `404` for any other
+/// path.
+fn router(metrics: Answer, ready: Answer) -> Router {
+    let answer = |a: Answer| get(move || async move { a() }).fallback(not_allowed);
+    Router::new()
+        .route("/metrics", answer(metrics))
+        .route("/readyz", answer(ready))
+        .route(
+            "/healthz",
+            answer(Arc::new(|| Response::text(StatusCode::OK, "ok\n"))),
+        )
+        .fallback(|method: Method| async move {
+            if method == Method::GET || method == Method::HEAD {
+                Response::text(
+                    StatusCode::NOT_FOUND,
+                    "not found: try /metrics, /healthz or /readyz\n",
+                )
+            } else {
+                not_allowed().await
+            }
+        })
 }
 
-/// The route of `method target` (a query string is ignored).
-fn route(method: &str, target: &str) -> Route {
-    if method != "GET" && method != "HEAD" {
-        return Route::NotAllowed;
-    }
-    match target.split(['?', '#']).next().unwrap_or_default() {
-        "/metrics" => Route::Metrics,
-        "/healthz" => Route::Health,
-        "/readyz" => Route::Ready,
-        _ => Route::NotFound,
-    }
+/// Any method but `GET` and `HEAD`.
+async fn not_allowed() -> Response {
+    Response::text(StatusCode::METHOD_NOT_ALLOWED, "only GET\n")
 }
 
 impl Endpoints {
-    /// The answer to `method target`.
-    fn respond(&self, method: &str, target: &str) -> Response {
-        match route(method, target) {
-            Route::Health => Response::text(200, "ok\n"),
-            Route::Ready => readiness(
-                &self.sink.status(),
-                &self.store.get(),
-                self.pause.as_ref().map(PauseHandle::status).as_ref(),
-                self.leases
-                    .as_ref()
-                    .and_then(|read| read())
-                    .map(|l| lease_json(&l, self.lease_grace)),
-                &self.secrets,
-            ),
-            Route::Metrics => match &self.metrics {
-                Some(render) => Response {
-                    status: 200,
-                    content_type: "text/plain; version=0.0.4; charset=utf-8",
-                    body: render(),
-                },
-                None => Response::text(
-                    404,
-                    "metrics need the `prometheus` feature (on by default)\n",
-                ),
+    /// The routes answering from these endpoints.
+    fn into_router(self) -> Router {
+        let endpoints = Arc::new(self);
+        let ready = endpoints.clone();
+        router(
+            Arc::new(move || endpoints.metrics()),
+            Arc::new(move || ready.ready()),
+        )
+    }
+
+    /// `/metrics`.
+    fn metrics(&self) -> Response {
+        match &self.metrics {
+            Some(render) => Response {
+                status: StatusCode::OK,
+                content_type: "text/plain; version=0.0.4; charset=utf-8",
+                body: render(),
             },
-            Route::NotFound => {
-                Response::text(404, "not found: try /metrics, /healthz or /readyz\n")
-            }
-            Route::NotAllowed => Response::text(405, "only GET\n"),
+            None => Response::text(
+                StatusCode::NOT_FOUND,
+                "metrics need the `prometheus` feature (on by default)\n",
+            ),
         }
+    }
+
+    /// `/readyz`.
+    fn ready(&self) -> Response {
+        readiness(
+            &self.sink.status(),
+            &self.store.get(),
+            self.pause.as_ref().map(PauseHandle::status).as_ref(),
+            self.leases
+                .as_ref()
+                .and_then(|read| read())
+                .map(|l| lease_json(&l, self.lease_grace)),
+            &self.secrets,
+        )
     }
 }
 
@@ -258,7 +299,7 @@ fn readiness(
         if let Some(leases) = leases_json {
             body["leases"] = leases;
         }
-        return Response::json(200, &body);
+        return Response::json(StatusCode::OK, &body);
     }
     let since = chrono::DateTime::<chrono::Utc>::from(sink.since)
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
@@ -285,7 +326,7 @@ fn readiness(
     if let Some(leases) = leases_json {
         body["leases"] = leases;
     }
-    Response::json(503, &body)
+    Response::json(StatusCode::SERVICE_UNAVAILABLE, &body)
 }
 
 #[cfg(test)]
@@ -318,13 +359,75 @@ mod tests {
         assert_eq!(probe.lock().claiming_since, None);
     }
 
-    #[test]
-    fn routes() {
-        assert_eq!(route("GET", "/metrics"), Route::Metrics);
-        assert_eq!(route("HEAD", "/healthz"), Route::Health);
-        assert_eq!(route("GET", "/readyz?verbose=1"), Route::Ready);
-        assert_eq!(route("GET", "/"), Route::NotFound);
-        assert_eq!(route("POST", "/readyz"), Route::NotAllowed);
+    /// `method path` on `addr`: the whole answer as text, `None` when
+    /// closed unanswered.
+    async fn ask(addr: std::net::SocketAddr, method: &str, path: &str) -> Option<String> {
+        let mut s = TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut raw = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
+            .await
+            .ok()?
+            .ok()?;
+        (!raw.is_empty()).then(|| String::from_utf8_lossy(&raw).into_owned())
+    }
+
+    #[tokio::test]
+    async fn routes() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let routes = router(
+            Arc::new(|| Response::text(StatusCode::OK, "the metrics\n")),
+            Arc::new(|| {
+                Response::json(StatusCode::SERVICE_UNAVAILABLE, &json!({ "ready": false }))
+            }),
+        );
+        serve_on(listener, Limits::default(), routes);
+        let answer = |method: &'static str, path: &'static str| async move {
+            ask(addr, method, path)
+                .await
+                .unwrap_or_default()
+                .to_ascii_lowercase()
+        };
+
+        let health = answer("GET", "/healthz").await;
+        assert!(health.starts_with("http/1.1 200 ok\r\n"), "{health}");
+        assert!(
+            health.contains("content-type: text/plain; charset=utf-8\r\n"),
+            "{health}"
+        );
+        assert!(health.contains("cache-control: no-store\r\n"), "{health}");
+        assert!(health.contains("connection: close\r\n"), "{health}");
+        assert!(health.ends_with("\r\n\r\nok\n"), "{health}");
+
+        let ready = answer("GET", "/readyz?verbose=1").await;
+        assert!(ready.starts_with("http/1.1 503 "), "{ready}");
+        assert!(
+            ready.contains("content-type: application/json\r\n"),
+            "{ready}"
+        );
+        assert!(ready.ends_with("\r\n\r\n{\"ready\":false}\n"), "{ready}");
+
+        let metrics = answer("HEAD", "/metrics").await;
+        assert!(metrics.starts_with("http/1.1 200 "), "{metrics}");
+        assert!(metrics.contains("content-length: 12\r\n"), "{metrics}");
+        assert!(metrics.ends_with("\r\n\r\n"), "HEAD: no body: {metrics}");
+
+        let missing = answer("GET", "/").await;
+        assert!(missing.starts_with("http/1.1 404 "), "{missing}");
+        assert!(
+            missing.ends_with("not found: try /metrics, /healthz or /readyz\n"),
+            "{missing}"
+        );
+
+        for path in ["/readyz", "/nowhere"] {
+            let post = answer("POST", path).await;
+            assert!(post.starts_with("http/1.1 405 "), "{post}");
+            assert!(post.contains("allow: get, head\r\n"), "{post}");
+            assert!(post.ends_with("only get\n"), "{post}");
+        }
     }
 
     #[test]
@@ -431,13 +534,15 @@ mod tests {
     async fn listening(limits: Limits) -> std::net::SocketAddr {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        serve_on(listener, limits, |_, target| {
-            if target == "/big" {
-                Response::text(200, "x".repeat(64 << 20))
-            } else {
-                Response::text(200, "ok\n")
-            }
-        });
+        let routes = Router::new()
+            .route(
+                "/big",
+                axum::routing::get(|| async {
+                    Response::text(StatusCode::OK, "x".repeat(64 << 20))
+                }),
+            )
+            .fallback(|| async { Response::text(StatusCode::OK, "ok\n") });
+        serve_on(listener, limits, routes);
         addr
     }
 
@@ -553,6 +658,15 @@ mod tests {
         writer.abort();
         // Meanwhile a prompt client is answered.
         assert_eq!(get(addr, "/healthz").await, Some(200));
+    }
+
+    #[tokio::test]
+    async fn a_request_head_over_8_kib_is_refused() {
+        let addr = listening(limits(4, 5_000, 5_000)).await;
+        let long = format!("/healthz?{}", "x".repeat(9 * 1024));
+        assert_eq!(get(addr, &long).await, Some(431));
+        let short = format!("/healthz?{}", "x".repeat(7 * 1024));
+        assert_eq!(get(addr, &short).await, Some(200));
     }
 
     #[tokio::test]

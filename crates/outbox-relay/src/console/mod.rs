@@ -43,6 +43,8 @@ mod views;
 
 use crate::any::AnyStore;
 use crate::config::StoreArgs;
+// A relay's `/metrics` text, for the samples.
+use crate::http::get_text;
 use anyhow::{bail, Context as _};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
@@ -58,7 +60,6 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tracing::{info, warn};
 
 /// The longest a page waits for the store before it says the store did
@@ -641,22 +642,4 @@ impl Console {
             )),
         }
     }
-}
-
-/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the body, at
-/// most 1 MiB.
-pub(crate) async fn get_text(addr: &str, path: &str) -> std::io::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut raw = Vec::new();
-    stream.take(1024 * 1024).read_to_end(&mut raw).await?;
-    let text = String::from_utf8_lossy(&raw);
-    Ok(text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_owned())
 }

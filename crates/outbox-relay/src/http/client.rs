@@ -1,9 +1,19 @@
-//! The client side, for `outbox-relay status`: one line per relay from its
-//! `/readyz`.
+//! The client side: `outbox-relay status` (one line per relay from its
+//! `/readyz`) and the console (a relay's `/metrics`) read other relays'
+//! endpoints with hyper's client (hyper-util's, a fresh connection per
+//! read and none kept idle: a probe every few seconds needs no pool).
 
+use axum::body::Body;
+use axum::http::{Request, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+
+/// The longest `/readyz` body read.
+const MAX_READYZ: usize = 64 * 1024;
+/// The longest body [`get_text`] reads.
+#[cfg(feature = "console")]
+const MAX_TEXT: usize = 1024 * 1024;
 
 /// One line on the relay serving `addr` (its `--metrics-addr`), from its
 /// `/readyz`: ready or not, the sink's breaker state (with its outages and
@@ -17,24 +27,63 @@ pub(crate) async fn relay_status(addr: &str) -> String {
     }
 }
 
-/// `GET path` on `addr` (HTTP/1.1, `Connection: close`): the body as JSON.
+/// `GET path` on `addr` (`host:port`): the body as text (at most 1 MiB),
+/// whatever the status.
+#[cfg(feature = "console")]
+pub(crate) async fn get_text(addr: &str, path: &str) -> std::io::Result<String> {
+    let body = get(addr, path, MAX_TEXT).await?;
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// `GET path` on `addr`: the body as JSON (at most 64 KiB), whatever the
+/// status (`/readyz` answers 503 with the reasons).
 async fn get_json(addr: &str, path: &str) -> std::io::Result<serde_json::Value> {
-    let mut stream = TcpStream::connect(addr).await?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await?;
-    let mut raw = Vec::new();
-    stream.take(64 * 1024).read_to_end(&mut raw).await?;
-    let text = String::from_utf8_lossy(&raw);
-    let body = text.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    serde_json::from_str(body).map_err(|e| {
+    let body = get(addr, path, MAX_READYZ).await?;
+    serde_json::from_slice(&body).map_err(|e| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("{path} did not answer JSON: {e}"),
         )
     })
+}
+
+/// `GET path` on `addr`: the body, at most `limit` bytes.
+async fn get(addr: &str, path: &str, limit: usize) -> std::io::Result<axum::body::Bytes> {
+    let uri: Uri = format!("http://{addr}{path}").parse().map_err(|e| {
+        std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("{addr}: not a host:port ({e})"),
+        )
+    })?;
+    let request = Request::get(uri)
+        .body(Body::empty())
+        .map_err(std::io::Error::other)?;
+    let client = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(0)
+        .build_http::<Body>();
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| std::io::Error::other(causes(&e)))?;
+    axum::body::to_bytes(Body::new(response.into_body()), limit)
+        .await
+        .map_err(|e| std::io::Error::other(causes(&e)))
+}
+
+/// `e` and its causes, `: ` between them (hyper's own text alone says
+/// little: "client error (Connect)").
+fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let next = cause.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 /// The `status` line of one relay's `/readyz` answer.

@@ -1,15 +1,20 @@
-//! The minimal HTTP/1.1 responder: the accept loop within the listener's
-//! limits (the module docs' "Limits"), one task per connection, reading the
-//! request head and writing the response under their timeouts.
+//! The listener: the accept loop within the connection cap (the module
+//! docs' "Limits"), each connection served by hyper's HTTP/1 connection in
+//! its own task, dropped unanswered when its request head is late and
+//! dropped when its response is.
 
-use super::{Endpoints, Response};
+use axum::Router;
+use hyper::service::Service as _;
+use hyper_util::rt::TokioIo;
+use hyper_util::service::TowerToHyperService;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Notify;
 use tracing::{debug, warn};
 
-/// Longest request head read (request line and headers).
+/// Longest request head read (request line and headers); hyper answers a
+/// longer one `431`.
 const MAX_HEAD: usize = 8 * 1024;
 /// Connections served at once; more are closed at once (module docs).
 pub(crate) const MAX_CONNECTIONS: usize = 64;
@@ -40,22 +45,17 @@ impl Default for Limits {
 
 /// Serves `endpoints` on `listener` until the runtime stops, within the
 /// default [`Limits`].
-pub(crate) fn spawn(listener: TcpListener, endpoints: Endpoints) {
-    let endpoints = Arc::new(endpoints);
-    serve_on(listener, Limits::default(), move |method, target| {
-        endpoints.respond(method, target)
-    });
+pub(crate) fn spawn(listener: TcpListener, endpoints: super::Endpoints) {
+    serve_on(listener, Limits::default(), endpoints.into_router());
 }
 
 /// The accept loop: every connection within `limits` gets its own task,
-/// answered by `respond(method, target)`; one beyond the connection cap is
-/// closed at once.
+/// answered by `router`; one beyond the connection cap is closed at once.
 pub(super) fn serve_on(
     listener: TcpListener,
     limits: Limits,
-    respond: impl Fn(&str, &str) -> Response + Send + Sync + 'static,
+    router: Router,
 ) -> tokio::task::JoinHandle<()> {
-    let respond = Arc::new(respond);
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections));
     tokio::spawn(async move {
         let mut refused: u64 = 0;
@@ -78,9 +78,9 @@ pub(super) fn serve_on(
                         }
                         continue;
                     };
-                    let respond = respond.clone();
+                    let router = router.clone();
                     tokio::spawn(async move {
-                        if let Err(e) = serve(stream, limits, &*respond).await {
+                        if let Err(e) = serve(stream, limits, router).await {
                             debug!(%peer, error = %e, "HTTP connection ended with an error");
                         }
                         drop(slot);
@@ -96,59 +96,36 @@ pub(super) fn serve_on(
     })
 }
 
-/// Reads one request head and writes one response, each within its timeout.
-async fn serve(
-    mut stream: TcpStream,
-    limits: Limits,
-    respond: &(impl Fn(&str, &str) -> Response + ?Sized),
-) -> std::io::Result<()> {
-    let timed_out = |what: &str| std::io::Error::new(std::io::ErrorKind::TimedOut, what.to_owned());
-    let head = tokio::time::timeout(limits.read_timeout, read_head(&mut stream))
-        .await
-        .map_err(|_| timed_out("reading the request head"))??;
-    let mut parts = head.split_ascii_whitespace();
-    let (method, response) = match (parts.next(), parts.next(), parts.next()) {
-        (Some(method), Some(target), Some(version)) if version.starts_with("HTTP/1.") => {
-            (method, respond(method, target))
-        }
-        _ => ("GET", Response::text(400, "bad request\n")),
+/// One request and its response on `stream`: hyper reads the head and
+/// writes the answer; the connection is dropped (closed, unanswered) when
+/// the whole head has not arrived within the read timeout, and dropped
+/// when the answer is not out within the write timeout from then. The
+/// deadlines are tokio timers around the connection, not hyper's
+/// `header_read_timeout`, so what a late client gets (nothing) does not
+/// hang on how hyper reports its own timeout.
+async fn serve(stream: TcpStream, limits: Limits, router: Router) -> Result<(), String> {
+    let head_read = Arc::new(Notify::new());
+    let service = {
+        let (head_read, router) = (head_read.clone(), TowerToHyperService::new(router));
+        hyper::service::service_fn(move |request| {
+            head_read.notify_one();
+            router.call(request)
+        })
     };
-    let mut out = format!(
-        "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nCache-Control: no-store\r\nConnection: close\r\n",
-        response.status,
-        response.reason(),
-        response.content_type,
-        response.body.len()
-    );
-    if response.status == 405 {
-        out.push_str("Allow: GET, HEAD\r\n");
-    }
-    out.push_str("\r\n");
-    if method != "HEAD" {
-        out.push_str(&response.body);
-    }
-    tokio::time::timeout(limits.write_timeout, async {
-        stream.write_all(out.as_bytes()).await?;
-        stream.shutdown().await
-    })
-    .await
-    .map_err(|_| timed_out("writing the response"))?
-}
-
-/// The request line, once the whole head (up to the blank line) was read.
-async fn read_head(stream: &mut TcpStream) -> std::io::Result<String> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            break;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.len() > MAX_HEAD {
-            break;
+    let mut conn = std::pin::pin!(hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .header_read_timeout(None)
+        .max_buf_size(MAX_HEAD)
+        .serve_connection(TokioIo::new(stream), service));
+    tokio::select! {
+        done = conn.as_mut() => return done.map_err(|e| e.to_string()),
+        () = head_read.notified() => {}
+        () = tokio::time::sleep(limits.read_timeout) => {
+            return Err("no whole request head within the read timeout".into());
         }
     }
-    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
-    Ok(String::from_utf8_lossy(line).trim().to_owned())
+    tokio::time::timeout(limits.write_timeout, conn)
+        .await
+        .map_err(|_| "the response was not written within the write timeout".to_owned())?
+        .map_err(|e| e.to_string())
 }
