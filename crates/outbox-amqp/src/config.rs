@@ -1,6 +1,6 @@
 //! Connection and publishing options.
 
-use crate::AmqpError;
+use crate::error::AmqpError;
 use outbox_broker::ConnectPolicy;
 use outbox_core::cloudevents::Source;
 use outbox_core::WireFormat;

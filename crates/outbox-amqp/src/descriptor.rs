@@ -2,7 +2,9 @@
 //! this publisher: URL schemes `amqp://` and `amqps://`, and the settings
 //! that do not belong in the URL. See [`outbox_core::backend`].
 
-use crate::{AmqpConfig, AmqpError, AmqpPublisher};
+use crate::config::AmqpConfig;
+use crate::error::AmqpError;
+use crate::publisher::AmqpPublisher;
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
 
 const EXCHANGE: &str = "exchange";

@@ -1,6 +1,7 @@
 //! The AMQP publisher.
 
-use crate::{AmqpConfig, AmqpError};
+use crate::config::AmqpConfig;
+use crate::error::AmqpError;
 use futures::future::{BoxFuture, FutureExt};
 use lapin::message::BasicReturnMessage;
 use lapin::options::{

@@ -455,7 +455,7 @@ impl NewEvent {
 
     /// [`crate::key_hash`] of [`Self::shard_key`], as stored in the `key_hash` column.
     pub fn key_hash(&self) -> u32 {
-        crate::key_hash(self.shard_key().as_bytes())
+        crate::shard::key_hash(self.shard_key().as_bytes())
     }
 
     /// The event type.

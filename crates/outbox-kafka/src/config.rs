@@ -1,6 +1,7 @@
 //! [`KafkaConfig`]: brokers, librdkafka properties, topic mapping.
 
-use crate::KafkaError;
+use crate::error::{KafkaError, UnknownTopic};
+use crate::secret::is_secret_property;
 use outbox_broker::ConnectPolicy;
 use outbox_core::cloudevents::Source;
 use outbox_core::WireFormat;
@@ -18,18 +19,6 @@ pub const DEFAULT_BROKERS: &str = "127.0.0.1:9092";
 /// the publisher is built.
 const FIXED: &[(&str, &str)] = &[("enable.idempotence", "true"), ("acks", "all")];
 
-/// What an event whose Kafka topic does not exist becomes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum UnknownTopic {
-    /// Fail permanently with `PUBLISH_UNROUTABLE` (dead-lettered at once).
-    #[default]
-    Permanent,
-    /// Fail with a retryable `PUBLISH_UNROUTABLE`, for deployments where
-    /// topics are created by another process that may lag behind.
-    Retryable,
-}
-
 /// Kafka publisher configuration.
 ///
 /// Any librdkafka property passes through with [`with_property`](Self::with_property)
@@ -37,7 +26,7 @@ pub enum UnknownTopic {
 /// and `acks=all` are always set: they are what makes per-key order and
 /// "ack before mark" hold, so a config that sets them otherwise is refused.
 ///
-/// `Debug` redacts every property whose name looks secret (see [`is_secret_property`]).
+/// `Debug` redacts every property whose name looks secret (see [`is_secret_property`](crate::is_secret_property)).
 #[derive(Clone)]
 pub struct KafkaConfig {
     brokers: String,
@@ -87,22 +76,6 @@ impl fmt::Debug for KafkaConfig {
             .field("cloudevents_source", &self.cloudevents_source)
             .finish()
     }
-}
-
-/// Whether a librdkafka property holds a secret and must never be printed:
-/// any name containing `password`, `secret`, `jaas` or `oauthbearer.config`,
-/// and private key material (`ssl.key.pem`).
-pub fn is_secret_property(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    [
-        "password",
-        "secret",
-        "jaas",
-        "oauthbearer.config",
-        "ssl.key.pem",
-    ]
-    .iter()
-    .any(|s| n.contains(s))
 }
 
 impl KafkaConfig {

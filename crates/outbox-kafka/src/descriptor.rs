@@ -2,7 +2,9 @@
 //! this publisher: URL scheme `kafka://host:port[,host:port]`, and the
 //! settings that do not belong in the URL. See [`outbox_core::backend`].
 
-use crate::{KafkaConfig, KafkaError, KafkaPublisher};
+use crate::config::KafkaConfig;
+use crate::error::KafkaError;
+use crate::publisher::KafkaPublisher;
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
 
 const TOPIC_PREFIX: &str = "topic_prefix";

@@ -1,10 +1,21 @@
 //! The crate's error type and the mapping of rdkafka errors to
 //! [`DeliveryError`]s.
 
-use crate::config::is_secret_property;
-use crate::UnknownTopic;
+use crate::secret::is_secret_property;
 use outbox_core::{DeliveryError, ErrorCode};
 use rdkafka::error::{KafkaError as RdKafkaError, RDKafkaErrorCode};
+
+/// What an event whose Kafka topic does not exist becomes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum UnknownTopic {
+    /// Fail permanently with `PUBLISH_UNROUTABLE` (dead-lettered at once).
+    #[default]
+    Permanent,
+    /// Fail with a retryable `PUBLISH_UNROUTABLE`, for deployments where
+    /// topics are created by another process that may lag behind.
+    Retryable,
+}
 
 /// Building a [`KafkaConfig`](crate::KafkaConfig) or a
 /// [`KafkaPublisher`](crate::KafkaPublisher) failed. Never contains the value

@@ -4,10 +4,10 @@ mod config;
 pub mod descriptor;
 mod error;
 mod publisher;
+mod secret;
 
-pub use config::{
-    is_secret_property, KafkaConfig, UnknownTopic, DEFAULT_BROKERS, KAFKA_BROKERS_ENV,
-};
-pub use error::KafkaError;
+pub use config::{KafkaConfig, DEFAULT_BROKERS, KAFKA_BROKERS_ENV};
+pub use error::{KafkaError, UnknownTopic};
 pub use publisher::{KafkaPublisher, OutboxProducer, TracingContext};
 pub use rdkafka;
+pub use secret::is_secret_property;

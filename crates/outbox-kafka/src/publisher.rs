@@ -1,7 +1,8 @@
 //! [`KafkaPublisher`]: the [`Sink`] that publishes events to Kafka.
 
+use crate::config::KafkaConfig;
+use crate::error::KafkaError;
 use crate::error::{classify, poisons_producer};
-use crate::{KafkaConfig, KafkaError};
 use futures::future::{BoxFuture, FutureExt};
 use outbox_broker::{SendWindow, Sent, WindowResult};
 use outbox_core::cloudevents::Binding;
@@ -287,7 +288,7 @@ fn delivery_report<E>(
     event_id: outbox_core::EventId,
     topic: &str,
     report: Result<OwnedDeliveryResult, E>,
-    unknown_topic: crate::UnknownTopic,
+    unknown_topic: crate::error::UnknownTopic,
 ) -> Report {
     match report {
         Ok(Ok((partition, offset))) => {

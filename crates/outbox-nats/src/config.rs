@@ -1,6 +1,6 @@
 //! Connection and publishing options.
 
-use crate::NatsError;
+use crate::error::NatsError;
 use outbox_broker::ConnectPolicy;
 use outbox_core::cloudevents::Source;
 use outbox_core::WireFormat;

@@ -2,7 +2,9 @@
 //! this publisher: URL schemes `nats://` and `tls://`, and the settings that
 //! do not belong in the URL. See [`outbox_core::backend`].
 
-use crate::{NatsConfig, NatsError, NatsPublisher};
+use crate::config::NatsConfig;
+use crate::error::NatsError;
+use crate::publisher::NatsPublisher;
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
 
 const SUBJECT_PREFIX: &str = "subject_prefix";

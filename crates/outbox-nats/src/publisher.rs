@@ -1,6 +1,7 @@
 //! The JetStream publisher.
 
-use crate::{NatsConfig, NatsError};
+use crate::config::NatsConfig;
+use crate::error::NatsError;
 use async_nats::connection::State;
 use async_nats::jetstream::context::{Publish, PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, stream};

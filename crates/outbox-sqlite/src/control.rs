@@ -2,8 +2,9 @@
 //! `<table>_control` (migration 3). A SQLite outbox has one group,
 //! [`DEFAULT_GROUP`]. Times come from the database's clock.
 
+use crate::error::StoreError;
 use crate::sql::now_ms;
-use crate::{SqliteStore, StoreError};
+use crate::store::SqliteStore;
 use chrono::{DateTime, Utc};
 use outbox_core::{ControlStore, PauseNote, Paused, DEFAULT_GROUP};
 use sqlx::Row;

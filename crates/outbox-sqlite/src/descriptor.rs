@@ -2,7 +2,10 @@
 //! store: URL scheme `sqlite://PATH`, and the settings that do not belong in
 //! the URL. See [`outbox_core::backend`].
 
-use crate::{Ident, SqliteStore, SqliteStoreOptions, StoreError, DEFAULT_TABLE};
+use crate::error::StoreError;
+use crate::ident::Ident;
+use crate::options::{SqliteStoreOptions, DEFAULT_TABLE};
+use crate::store::SqliteStore;
 use outbox_core::backend::{Backend, Descriptor, InvalidSetting, Role, Setting, Settings};
 use sqlx::sqlite::SqliteConnectOptions;
 use std::str::FromStr;

@@ -1,10 +1,11 @@
 //! Enqueueing events inside the caller's transaction.
 
+use crate::error::{EnqueueError, MigrateError};
+use crate::ident::Ident;
 use crate::migrate::{self, AppliedMigration};
 use crate::names::Names;
 use crate::options::DEFAULT_TABLE;
 use crate::sql::{delay_ms, encode_headers, now_ms};
-use crate::{EnqueueError, Ident, MigrateError};
 use chrono::{DateTime, Utc};
 use outbox_core::ident::InvalidIdentifier;
 use outbox_core::{Delivery, EventId, EventLimits, NewEvent};
@@ -251,7 +252,7 @@ impl SqliteOutbox {
     /// The migration SQL with this outbox's names substituted, for teams that
     /// apply migrations with their own tool: `(version, name, sql)`.
     pub fn migration_sql(&self) -> Vec<(i32, &'static str, String)> {
-        crate::MIGRATIONS
+        crate::migrate::MIGRATIONS
             .iter()
             .map(|m| (m.version, m.name, self.names.render(m.sql)))
             .collect()
@@ -286,7 +287,10 @@ mod tests {
         let o = SqliteOutbox::default();
         assert_eq!(o.table().as_str(), "outbox_events");
         assert_eq!(o.dead_letter_table().as_str(), "outbox_dead_letters");
-        assert_eq!(o.migrations_table().as_str(), crate::MIGRATIONS_TABLE);
+        assert_eq!(
+            o.migrations_table().as_str(),
+            crate::names::MIGRATIONS_TABLE
+        );
         let sql = &o.migration_sql()[0].2;
         assert!(sql.contains("CREATE TABLE \"outbox_events\" ("), "{sql}");
         assert!(!sql.contains("{{"), "{sql}");

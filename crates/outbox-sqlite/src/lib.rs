@@ -15,7 +15,8 @@ mod store;
 pub use enqueue::{enqueue, enqueue_batch, SqliteOutbox};
 pub use error::{EnqueueError, MigrateError, StoreError};
 pub use ident::Ident;
-pub use migrate::{AppliedMigration, MIGRATIONS, MIGRATIONS_TABLE};
+pub use migrate::{AppliedMigration, MIGRATIONS};
+pub use names::MIGRATIONS_TABLE;
 pub use options::{SqliteStoreOptions, DEFAULT_BUSY_TIMEOUT, DEFAULT_TABLE};
 pub use store::SqliteStore;
 

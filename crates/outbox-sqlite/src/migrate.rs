@@ -6,7 +6,7 @@
 //! placeholders.
 //! They are applied in version order inside one `BEGIN IMMEDIATE`
 //! transaction (so two processes migrating at once serialize), and recorded
-//! in the outbox's own history table ([`MIGRATIONS_TABLE`] for the default
+//! in the outbox's own history table ([`MIGRATIONS_TABLE`](crate::MIGRATIONS_TABLE) for the default
 //! table) — not in sqlx's `_sqlx_migrations`, which belongs to the
 //! application. What to apply is decided from that history by
 //! `outbox_core::migration::pending`, as for PostgreSQL; the execution is
@@ -14,17 +14,12 @@
 //! advisory lock, and a history that records the checksum of the *rendered*
 //! SQL as hex text).
 
+use crate::error::MigrateError;
 use crate::names::Names;
-use crate::MigrateError;
 use chrono::{DateTime, Utc};
 use outbox_core::migration::Migration;
 use outbox_core::migration::{self, HistoryError};
 use sqlx::{Connection, Executor, Row, SqliteConnection};
-
-/// The table that records applied migrations of the default outbox:
-/// `outbox_schema_migrations(version, name, checksum, applied_at)`. (An
-/// outbox with another table `T` records them in `T_migrations`.)
-pub const MIGRATIONS_TABLE: &str = "outbox_schema_migrations";
 
 /// The embedded migrations, oldest first.
 pub const MIGRATIONS: &[Migration] = &[
@@ -194,7 +189,7 @@ pub(crate) async fn applied(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Ident;
+    use crate::ident::Ident;
 
     #[test]
     fn versions_are_strictly_increasing_and_checksums_stable() {

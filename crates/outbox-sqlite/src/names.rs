@@ -1,8 +1,13 @@
 //! The names of one outbox's tables and indexes, and SQL templating.
 
+use crate::ident::Ident;
 use crate::options::DEFAULT_TABLE;
-use crate::Ident;
 use outbox_core::ident::InvalidIdentifier;
+
+/// The table that records applied migrations of the default outbox:
+/// `outbox_schema_migrations(version, name, checksum, applied_at)`. (An
+/// outbox with another table `T` records them in `T_migrations`.)
+pub const MIGRATIONS_TABLE: &str = "outbox_schema_migrations";
 
 /// The tables of one outbox, derived from its events table name.
 ///
@@ -23,7 +28,7 @@ impl Names {
         let (dead, history) = if table.as_str() == DEFAULT_TABLE {
             (
                 Ident::from_static("outbox_dead_letters"),
-                Ident::from_static(crate::MIGRATIONS_TABLE),
+                Ident::from_static(MIGRATIONS_TABLE),
             )
         } else {
             (

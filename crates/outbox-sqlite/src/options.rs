@@ -1,6 +1,6 @@
 //! Store configuration.
 
-use crate::Ident;
+use crate::ident::Ident;
 use outbox_core::PoolSettings;
 use std::fmt;
 use std::time::Duration;

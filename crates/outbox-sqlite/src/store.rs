@@ -1,13 +1,14 @@
 //! [`SqliteStore`]: the `Store` and `DeadLetterStore` implementations.
 
 use crate::enqueue::SqliteOutbox;
+use crate::error::{MigrateError, StoreError};
 use crate::migrate::AppliedMigration;
 use crate::names::Names;
+use crate::options::SqliteStoreOptions;
 use crate::sql::{
     decode_event, delay_ms, millis, now_ms, placeholders, seq, value_rows, DecodeError,
     EVENT_COLUMNS, ID_CHUNK,
 };
-use crate::{MigrateError, SqliteStoreOptions, StoreError};
 use chrono::{DateTime, Utc};
 use outbox_core::{
     Claim, ClaimRequest, DeadLetter, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode,

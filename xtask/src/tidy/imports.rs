@@ -38,18 +38,6 @@ const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[
         "to fix, issues 44/46: came with 264a797 (error.rs takes READ_ONLY_SQLSTATE, hosts.rs takes StoreError)",
     ),
     (
-        "crates/outbox-amqp/src/config.rs -> crates/outbox-amqp/src/lib.rs",
-        "to fix, issue 44: outbox-amqp's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-amqp/src/descriptor.rs -> crates/outbox-amqp/src/lib.rs",
-        "to fix, issue 44: outbox-amqp's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-amqp/src/publisher.rs -> crates/outbox-amqp/src/lib.rs",
-        "to fix, issue 44: outbox-amqp's modules take its items through lib.rs",
-    ),
-    (
         "circle: crates/outbox-bench/src/scenarios/inbox.rs, crates/outbox-bench/src/scenarios.rs",
         "to fix, issue 44: scenarios.rs takes Tuning from scenarios/inbox.rs, which takes Ctx back",
     ),
@@ -58,72 +46,12 @@ const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[
         "to fix, issue 44: checker.rs and checker/sink_up.rs use each other's items",
     ),
     (
-        "crates/outbox-core/src/event.rs -> crates/outbox-core/src/lib.rs",
-        "being fixed, issue 44: key_hash taken through the root",
-    ),
-    (
-        "crates/outbox-kafka/src/config.rs -> crates/outbox-kafka/src/lib.rs",
-        "to fix, issue 44: outbox-kafka's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-kafka/src/descriptor.rs -> crates/outbox-kafka/src/lib.rs",
-        "to fix, issue 44: outbox-kafka's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-kafka/src/error.rs -> crates/outbox-kafka/src/lib.rs",
-        "to fix, issue 44: outbox-kafka's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-kafka/src/publisher.rs -> crates/outbox-kafka/src/lib.rs",
-        "to fix, issue 44: outbox-kafka's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-nats/src/config.rs -> crates/outbox-nats/src/lib.rs",
-        "to fix, issue 44: outbox-nats's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-nats/src/descriptor.rs -> crates/outbox-nats/src/lib.rs",
-        "to fix, issue 44: outbox-nats's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-nats/src/publisher.rs -> crates/outbox-nats/src/lib.rs",
-        "to fix, issue 44: outbox-nats's modules take its items through lib.rs",
-    ),
-    (
         "circle: crates/outbox-relay/src/console/auth.rs, crates/outbox-relay/src/console/mod.rs, crates/outbox-relay/src/console/pages.rs, crates/outbox-relay/src/console/params.rs, crates/outbox-relay/src/console/samples.rs, crates/outbox-relay/src/console/views.rs",
         "to fix, issue 44: console/mod.rs and its pages, params, samples and auth use each other's items",
     ),
     (
         "circle: crates/outbox-relay/src/http/server.rs, crates/outbox-relay/src/http.rs",
         "to fix, issue 44: http.rs and http/server.rs use each other's items",
-    ),
-    (
-        "crates/outbox-sqlite/src/control.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-sqlite/src/descriptor.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-sqlite/src/enqueue.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-sqlite/src/migrate.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-sqlite/src/names.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-sqlite/src/options.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
-    ),
-    (
-        "crates/outbox-sqlite/src/store.rs -> crates/outbox-sqlite/src/lib.rs",
-        "to fix, issue 44: outbox-sqlite's modules take its items through lib.rs",
     ),
     (
         "circle: crates/outbox-testkit/src/store/cases/claim.rs, crates/outbox-testkit/src/store/cases/dead_letters.rs, crates/outbox-testkit/src/store/cases/enqueue.rs, crates/outbox-testkit/src/store/cases/held.rs, crates/outbox-testkit/src/store/cases/order.rs, crates/outbox-testkit/src/store/cases/settle.rs, crates/outbox-testkit/src/store/cases.rs",
