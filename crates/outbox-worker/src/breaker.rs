@@ -194,6 +194,8 @@ pub(crate) struct Breaker {
     probe: RetryPolicy,
     /// Openings since the breaker last closed (drives the probe delay).
     failures: AtomicU32,
+    /// The relay's metric labels (`store="<name>"`, or none).
+    labels: Vec<metrics::Label>,
 }
 
 impl Breaker {
@@ -203,7 +205,13 @@ impl Breaker {
             probe: RetryPolicy::new(PROBE_MIN, PROBE_MAX, u32::MAX, Jitter::Equal)
                 .unwrap_or_default(),
             failures: AtomicU32::new(0),
+            labels: Vec::new(),
         }
+    }
+
+    /// Puts `labels` on the breaker's metrics.
+    pub(crate) fn set_labels(&mut self, labels: Vec<metrics::Label>) {
+        self.labels = labels;
     }
 
     pub(crate) fn health(&self) -> SinkHealth {
@@ -218,7 +226,7 @@ impl Breaker {
 
     /// Publishes the current state as the gauge (at relay start).
     pub(crate) fn publish(&self) {
-        metrics::gauge!(m::SINK_STATE).set(self.state().gauge_value());
+        metrics::gauge!(m::SINK_STATE, self.labels.clone()).set(self.state().gauge_value());
     }
 
     /// The sink failed with `error`: open (again). Returns the probe delay
@@ -274,8 +282,10 @@ impl Breaker {
             s.state = to;
             s.since = SystemTime::now();
         });
-        metrics::gauge!(m::SINK_STATE).set(to.gauge_value());
-        metrics::counter!(m::SINK_STATE_TRANSITIONS, "to" => to.as_str()).increment(1);
+        metrics::gauge!(m::SINK_STATE, self.labels.clone()).set(to.gauge_value());
+        let mut labels = self.labels.clone();
+        labels.push(metrics::Label::new("to", to.as_str()));
+        metrics::counter!(m::SINK_STATE_TRANSITIONS, labels).increment(1);
         Some(from)
     }
 }

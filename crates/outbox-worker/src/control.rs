@@ -107,6 +107,8 @@ pub(crate) struct PauseWatch {
     last_read: Mutex<Option<Instant>>,
     /// Whether a failed read was logged since the last good one.
     error_logged: Mutex<bool>,
+    /// The relay's metric labels (`store="<name>"`, or none).
+    labels: Vec<metrics::Label>,
 }
 
 impl fmt::Debug for PauseWatch {
@@ -137,7 +139,20 @@ impl PauseWatch {
             group,
             last_read: Mutex::new(None),
             error_logged: Mutex::new(false),
+            labels: Vec::new(),
         }
+    }
+
+    /// Puts `labels` on the watch's metrics (beside `group`).
+    pub(crate) fn set_labels(&mut self, labels: Vec<metrics::Label>) {
+        self.labels = labels;
+    }
+
+    /// The watch's labels plus `key` = `value`.
+    fn labels_with(&self, key: &'static str, value: String) -> Vec<metrics::Label> {
+        let mut labels = self.labels.clone();
+        labels.push(metrics::Label::new(key, value));
+        labels
     }
 
     pub(crate) fn handle(&self) -> PauseHandle {
@@ -203,10 +218,15 @@ impl PauseWatch {
                     _ => {}
                 }
                 let value = if paused.is_some() { 1.0 } else { 0.0 };
-                metrics::gauge!(m::PAUSED, "group" => self.group.clone()).set(value);
+                metrics::gauge!(m::PAUSED, self.labels_with("group", self.group.clone()))
+                    .set(value);
             }
             Err((error, retryable)) => {
-                metrics::counter!(m::STORE_ERRORS, "op" => "control").increment(1);
+                metrics::counter!(
+                    m::STORE_ERRORS,
+                    self.labels_with("op", "control".to_owned())
+                )
+                .increment(1);
                 let paused = {
                     let mut state = self.handle.lock();
                     state.last_error = Some(error.clone());

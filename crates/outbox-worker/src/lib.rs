@@ -8,6 +8,7 @@ mod jsonl;
 mod layer;
 mod lease;
 pub mod metrics;
+mod name;
 mod options;
 mod rate;
 mod relay;
@@ -23,6 +24,7 @@ pub use control::{PauseHandle, PauseStatus, CONTROL_REFRESH};
 pub use handlers::HandlerRegistry;
 pub use jsonl::{JsonLinesSink, SINK_WRITE_FAILED};
 pub use layer::{KeyOrder, KeyOrderLayer};
+pub use name::{InvalidStoreName, StoreName, STORE_NAME_MAX};
 pub use options::{InvalidOptions, RelayOptions};
 pub use relay::{Progress, Relay, RelaySummary, SINK_PANICKED};
 

@@ -3,6 +3,12 @@
 //! Install any `metrics` recorder (Prometheus exporter, StatsD, ...) in the
 //! process; without one the calls cost next to nothing. Call
 //! [`describe_metrics`] once after installing it to publish units and help text.
+//!
+//! A relay built [`with_store_name`](crate::Relay::with_store_name) adds the
+//! label `store="<name>"` to every metric below (one process relaying from
+//! several databases); a relay without a name records them without it.
+//! The relay registers its handles when its run starts, with the recorder
+//! installed then: install the recorder before running the relay.
 
 /// Counter: events delivered and marked done.
 pub const EVENTS_DELIVERED: &str = "outbox_events_delivered_total";

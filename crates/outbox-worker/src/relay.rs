@@ -17,6 +17,7 @@
 mod batch;
 mod claim;
 mod deliver;
+mod meters;
 mod pacing;
 mod renew;
 mod report;
@@ -32,13 +33,14 @@ use crate::breaker::{Breaker, SinkHealth};
 use crate::control::{PauseHandle, PauseWatch};
 use crate::layer::KeyOrder;
 use crate::lease::Leases;
+use crate::name::StoreName;
 use crate::options::{InvalidOptions, RelayOptions};
 use crate::rate::TokenBucket;
 use outbox_core::{ControlStore, Sink, Store};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::time::Instant;
-use tracing::warn;
+use tracing::{error_span, warn, Instrument, Span};
 
 impl<St: Store, Si: Sink> Relay<St, Si> {
     /// A relay over `store` and `sink` (wrapped in [`KeyOrder`]). Fails if
@@ -60,7 +62,30 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             breaker: Breaker::new(),
             pause: None,
             bucket,
+            name: None,
+            meters: OnceLock::new(),
         })
+    }
+
+    /// Names the store this relay serves, for a process that runs relays
+    /// over several stores: every metric the relay records carries the
+    /// label `store="<name>"` (also the sink breaker's and the pause
+    /// gauge), and its log lines are in a span `relay{store=<name>}` (at
+    /// ERROR level, so a filter that keeps only warnings still shows it).
+    /// Without a name the relay records its metrics without that label.
+    pub fn with_store_name(mut self, name: StoreName) -> Self {
+        self.name = Some(name);
+        let labels = self.metric_labels();
+        self.breaker.set_labels(labels.clone());
+        if let Some(pause) = &mut self.pause {
+            pause.set_labels(labels);
+        }
+        self
+    }
+
+    /// The store's name set with [`Relay::with_store_name`].
+    pub fn store_name(&self) -> Option<&StoreName> {
+        self.name.as_ref()
     }
 
     /// Watches consumer group `group`'s control row in `control` (usually a
@@ -72,7 +97,9 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     ///
     /// [`Relay::run_until_idle`] on a paused group waits until it is resumed.
     pub fn with_control(mut self, control: impl ControlStore, group: impl Into<String>) -> Self {
-        self.pause = Some(PauseWatch::new(control, group.into()));
+        let mut pause = PauseWatch::new(control, group.into());
+        pause.set_labels(self.metric_labels());
+        self.pause = Some(pause);
         self
     }
 
@@ -155,14 +182,27 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             late_send = lock / 4;
         }
         let leases = Leases::new(lock, late_send);
+        // Registered now, with the recorder installed now.
+        self.meters();
+        // At ERROR level so a subscriber that keeps only errors or
+        // warnings still shows which store a line is about (a span is kept
+        // when its level passes the filter).
+        let span = match &self.name {
+            Some(name) => error_span!("relay", store = %name),
+            None => Span::none(),
+        };
         let work = self.main_loop(shutdown, mode, &leases);
         let renew = self.renew_leases(&leases);
         // Both run on this task: the renewal loop keeps the held leases
         // alive while the main loop awaits the sink or the store.
-        tokio::select! {
-            biased;
-            summary = work => summary,
-            never = renew => match never {},
+        async {
+            tokio::select! {
+                biased;
+                summary = work => summary,
+                never = renew => match never {},
+            }
         }
+        .instrument(span)
+        .await
     }
 }

@@ -978,3 +978,113 @@ fn the_sink_state_is_a_gauge_and_transitions_are_counted() {
         "{gauge:?}"
     );
 }
+
+/// Two named relays over two stores, sharing one sink, in one process:
+/// every metric each records carries its own `store` label (so their
+/// counters are told apart), an unnamed relay's carry no `store` label, and
+/// a named relay's log lines are in its `relay{store=...}` span.
+#[test]
+fn named_relays_label_their_metrics_and_logs_with_the_store_name() {
+    use crate::StoreName;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::MetricKind;
+
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let (a, b, plain) = (
+        MemStore::default(),
+        MemStore::default(),
+        MemStore::default(),
+    );
+    a.add(3, 3);
+    b.add(5, 5);
+    plain.add(2, 2);
+    // One settle of store a fails once (a WARN inside its span).
+    a.with(|st| st.settle_faults.push_back(busy()));
+    let sink = Arc::new(CountingSink::default());
+    let (sa, sb, sp) = metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            let named = |store: &MemStore, name: &str| {
+                Relay::new(store.clone(), Arc::clone(&sink), options())
+                    .unwrap()
+                    .with_store_name(StoreName::new(name).unwrap())
+            };
+            let (ra, rb) = (named(&a, "tenant-a"), named(&b, "tenant_b"));
+            assert_eq!(ra.store_name().map(StoreName::as_str), Some("tenant-a"));
+            let rp = Relay::new(plain.clone(), Arc::clone(&sink), options()).unwrap();
+            tokio::join!(idle(ra), idle(rb), idle(rp))
+        })
+    });
+    assert_eq!((sa.delivered, sb.delivered, sp.delivered), (3, 5, 2));
+    assert_eq!(sink.counts().len(), 10, "one sink got every event");
+
+    let snapshot = snapshotter.snapshot().into_vec();
+    let store_of = |key: &metrics_util::CompositeKey| {
+        key.key()
+            .labels()
+            .find(|l| l.key() == "store")
+            .map(|l| l.value().to_owned())
+    };
+    let delivered = |store: Option<&str>| -> u64 {
+        snapshot
+            .iter()
+            .filter(|(k, _, _, _)| {
+                k.kind() == MetricKind::Counter
+                    && k.key().name() == crate::metrics::EVENTS_DELIVERED
+                    && store_of(k).as_deref() == store
+            })
+            .map(|(_, _, _, v)| match v {
+                DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
+    };
+    assert_eq!(delivered(Some("tenant-a")), 3);
+    assert_eq!(delivered(Some("tenant_b")), 5);
+    assert_eq!(delivered(None), 2);
+    // Every metric is labelled: each name a named relay records comes with
+    // its store label, none without one but the unnamed relay's.
+    for name in [
+        crate::metrics::EVENTS_DELIVERED,
+        crate::metrics::LAG_SECONDS,
+        crate::metrics::SHARD_LAG_SECONDS,
+        crate::metrics::SINK_STATE,
+        crate::metrics::EVENT_PROCESS_SECONDS,
+    ] {
+        let stores: HashSet<Option<String>> = snapshot
+            .iter()
+            .filter(|(k, _, _, _)| k.key().name() == name)
+            .map(|(k, _, _, _)| store_of(k))
+            .collect();
+        let want: HashSet<Option<String>> = [Some("tenant-a"), Some("tenant_b"), None]
+            .into_iter()
+            .map(|s| s.map(str::to_owned))
+            .collect();
+        assert_eq!(stores, want, "{name}");
+    }
+    let settle_errors: Vec<Option<String>> = snapshot
+        .iter()
+        .filter(|(k, _, _, _)| {
+            k.key().name() == crate::metrics::STORE_ERRORS
+                && k.key()
+                    .labels()
+                    .any(|l| l.key() == "op" && l.value() == "settle")
+        })
+        .filter(|(_, _, _, v)| matches!(v, DebugValue::Counter(n) if *n > 0))
+        .map(|(k, _, _, _)| store_of(k))
+        .collect();
+    assert_eq!(settle_errors, vec![Some("tenant-a".to_owned())]);
+    assert_eq!(
+        captured.lines("WARN", "relay{store=tenant-a}"),
+        1,
+        "the settle retry's WARN is in the relay's span: {}",
+        String::from_utf8_lossy(&captured.0.lock().unwrap())
+    );
+}

@@ -40,6 +40,18 @@ pub(super) enum ReleaseReason {
 }
 
 impl ReleaseReason {
+    /// Every reason, in declaration order (so `reason as usize` indexes it).
+    pub(super) const ALL: [ReleaseReason; 8] = [
+        ReleaseReason::SinkUnavailable,
+        ReleaseReason::NotAttempted,
+        ReleaseReason::DeliveryTimeout,
+        ReleaseReason::Shutdown,
+        ReleaseReason::MissingOutcome,
+        ReleaseReason::LeaseRenewal,
+        ReleaseReason::LeaseLost,
+        ReleaseReason::LeaseExpired,
+    ];
+
     /// The metric label.
     pub(super) fn as_str(self) -> &'static str {
         match self {

@@ -7,7 +7,6 @@ use super::batch::{Held, Plan, ReleaseReason};
 use super::pacing::{wait, Waited, NO_WAKEUP};
 use super::state::{Mode, Relay, Run, Step};
 use crate::lease::{Leases, Use};
-use crate::metrics as m;
 use outbox_core::{ClaimRequest, Sink, Store};
 use std::future::Future;
 use std::pin::Pin;
@@ -46,6 +45,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     held
                 }
                 Err(err) => {
+                    self.meters().claim_errors.increment(1);
                     let delay = run.claim_errors.failed(&err);
                     return match wait(delay, shutdown, NO_WAKEUP).await {
                         Waited::Shutdown => Step::Stop,
@@ -58,9 +58,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             run.idle.reset();
             return Step::Go(held);
         }
-        metrics::gauge!(m::LAG_SECONDS).set(0.0);
-        metrics::gauge!(m::SHARD_LAG_SECONDS, "shard" => self.shard_label()).set(0.0);
-        metrics::gauge!(m::LAG_ALERT).set(0.0);
+        self.meters().set_lag(0.0, false);
         if run.mode == Mode::UntilIdle && self.is_drained().await {
             return Step::Stop;
         }
@@ -95,7 +93,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         let n = held.claim.events.len();
         if let Some(delay) = self.rate_limit(n) {
             // Wait for the tokens of the whole batch (max_rate), once.
-            metrics::histogram!(m::RATE_LIMIT_WAIT_SECONDS).record(delay.as_secs_f64());
+            self.meters().rate_limit_wait.record(delay.as_secs_f64());
             debug!(events = n, wait = ?delay, "rate limit: waiting before delivering the batch");
             if wait(delay, shutdown, NO_WAKEUP).await == Waited::Shutdown {
                 let plan = Plan::give_back(held, ReleaseReason::Shutdown);
@@ -108,8 +106,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             // Claimed ahead, and its lease could not be kept while it
             // waited: another relay may have it now. Never deliver it.
             summary.deliveries_stopped += 1;
-            metrics::counter!(m::LEASE_LOST_DELIVERIES_STOPPED, "stage" => "claimed_ahead")
-                .increment(1);
+            self.meters().lost_stopped.claimed_ahead.increment(1);
             let plan = Plan::give_back(held, ReleaseReason::LeaseRenewal);
             self.settle(plan, leases, summary).await;
             return Step::Again;
@@ -120,8 +117,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             // having succeeded: another relay may have it. Never
             // deliver it.
             summary.deliveries_expired += 1;
-            metrics::counter!(m::LEASE_EXPIRED_DELIVERIES_STOPPED, "stage" => "claimed_ahead")
-                .increment(1);
+            self.meters().expired_stopped.claimed_ahead.increment(1);
             warn!(
                 token = %held.claim.token,
                 events = held.claim.events.len(),
@@ -182,7 +178,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         match self.store.stats().await {
             Ok(stats) => stats.pending == 0 && stats.in_flight == 0,
             Err(err) => {
-                metrics::counter!(m::STORE_ERRORS, "op" => "stats").increment(1);
+                self.meters().stats_errors.increment(1);
                 warn!(error = %err, "stats failed; not treating the outbox as drained");
                 false
             }

@@ -9,7 +9,6 @@ use super::batch::{join_ids, Fate, Fenced, Held, Plan, ReleaseReason};
 use super::report::{RelaySummary, SINK_PANICKED};
 use super::state::{Relay, Run};
 use crate::lease::{Leases, Use};
-use crate::metrics as m;
 use chrono::{DateTime, Utc};
 use futures::FutureExt;
 use outbox_core::{
@@ -102,7 +101,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 }
             }
             Err(err) => {
-                metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
+                self.meters().claim_errors.increment(1);
                 warn!(error = %err, "overlapping claim failed; claiming again");
             }
         }
@@ -256,7 +255,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             }
             Delivery::TimedOut => {
                 summary.delivery_timeouts += 1;
-                metrics::counter!(m::DELIVERY_TIMEOUTS).increment(1);
+                self.meters().delivery_timeouts.increment(1);
                 let error = DeliveryError::unavailable(
                     ErrorCode::DELIVERY_TIMEOUT,
                     format!("the sink did not finish the batch within the delivery timeout ({timeout:?})"),
@@ -269,8 +268,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             Delivery::Abandoned => vec![Fate::Released(ReleaseReason::Shutdown); events],
             Delivery::LeaseExpired => {
                 summary.deliveries_expired += 1;
-                metrics::counter!(m::LEASE_EXPIRED_DELIVERIES_STOPPED, "stage" => "delivering")
-                    .increment(1);
+                self.meters().expired_stopped.delivering.increment(1);
                 warn!(
                     events,
                     after = ?started.elapsed(),
@@ -314,7 +312,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
     ) -> Plan {
         let events = claim.events.len();
         summary.deliveries_stopped += 1;
-        metrics::counter!(m::LEASE_LOST_DELIVERIES_STOPPED, "stage" => "delivering").increment(1);
+        self.meters().lost_stopped.delivering.increment(1);
         warn!(
             token = %claim.token,
             events,
@@ -348,10 +346,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         let lag = oldest
             .and_then(|o| (db_now - o).to_std().ok())
             .unwrap_or_default();
-        metrics::gauge!(m::LAG_SECONDS).set(lag.as_secs_f64());
-        metrics::gauge!(m::SHARD_LAG_SECONDS, "shard" => self.shard_label()).set(lag.as_secs_f64());
         let alert = lag > self.options.lag_alert();
-        metrics::gauge!(m::LAG_ALERT).set(if alert { 1.0 } else { 0.0 });
+        self.meters().set_lag(lag.as_secs_f64(), alert);
         if alert {
             warn!(lag = ?lag, threshold = ?self.options.lag_alert(), "outbox lag above the alert threshold");
         }

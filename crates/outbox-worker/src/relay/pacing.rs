@@ -1,7 +1,6 @@
 //! Pacing of the loop: the size of the next claim, the wait after an empty
 //! one, the backoff after a failed one, and the wait itself.
 
-use crate::metrics as m;
 use outbox_core::{Jitter, RetryPolicy, Retryable};
 use std::future::Future;
 use std::pin::Pin;
@@ -108,7 +107,6 @@ impl ClaimErrors {
 
     pub(super) fn failed(&mut self, err: &(impl std::error::Error + Retryable)) -> Duration {
         self.streak = self.streak.saturating_add(1);
-        metrics::counter!(m::STORE_ERRORS, "op" => "claim").increment(1);
         if err.is_retryable() {
             let delay = self.retryable.next_delay(self.streak, rand::random());
             warn!(error = %err, retry_in = ?delay, "claim failed; backing off");

@@ -4,7 +4,6 @@
 
 use super::state::Relay;
 use crate::lease::{Leases, Renewed, Use};
-use crate::metrics as m;
 use outbox_core::{Retryable, Sink, Store};
 use std::convert::Infallible;
 use tokio::time::Instant;
@@ -46,7 +45,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     Err(err) => {
                         // Nothing moves: the lease ends by this relay's
                         // clock unless a later renewal succeeds in time.
-                        metrics::counter!(m::STORE_ERRORS, "op" => "renew").increment(1);
+                        self.meters().renew_errors.increment(1);
                         let ends_in = leases
                             .local_end(token)
                             .map(|end| end.saturating_duration_since(Instant::now()));

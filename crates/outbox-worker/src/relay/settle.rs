@@ -42,7 +42,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             let events = claim.events.len() as u64;
             let ids: Vec<EventId> = claim.events.iter().map(|e| e.id).collect();
             summary.lease_lost += events;
-            metrics::counter!(m::LEASE_LOST).increment(events);
+            self.meters().lease_lost.increment(events);
             self.notify(|| Progress::LeaseLost { ids });
             return;
         }
@@ -64,13 +64,9 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             .map(|r| (r.id, r.reason.as_str()))
             .collect();
         let mut released: Vec<EventId> = Vec::new();
-        // Resolved once per batch, not per event: the batch settled at once.
-        let process_seconds = started.map(|s| {
-            (
-                metrics::histogram!(m::EVENT_PROCESS_SECONDS),
-                s.elapsed().as_secs_f64(),
-            )
-        });
+        let meters = self.meters();
+        // Measured once per batch, not per event: the batch settled at once.
+        let process_seconds = started.map(|s| s.elapsed().as_secs_f64());
         let mut delivered: u64 = 0;
         for (event, fate) in claim.events.iter().zip(&fates) {
             if fenced.contains(&event.id) {
@@ -78,7 +74,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             }
             if let Some(reason) = rejected.get(&event.id) {
                 summary.rejected += 1;
-                metrics::counter!(m::EVENTS_REJECTED).increment(1);
+                meters.rejected.increment(1);
                 warn!(
                     event_id = %event.id,
                     asked = fate.resolution().name(),
@@ -92,8 +88,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 continue;
             }
             if !matches!(fate, Fate::Released(_)) {
-                if let Some((histogram, seconds)) = &process_seconds {
-                    histogram.record(*seconds);
+                if let Some(seconds) = process_seconds {
+                    meters.process_seconds.record(seconds);
                 }
             }
             match fate {
@@ -109,7 +105,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 Fate::Retry { delay, error } => {
                     summary.retried += 1;
                     let code = error.code().as_str().to_owned();
-                    metrics::counter!(m::EVENTS_RETRIED, "code" => code).increment(1);
+                    metrics::counter!(m::EVENTS_RETRIED, meters.labels_with("code", code))
+                        .increment(1);
                     info!(event_id = %event.id, attempts = event.attempts, retry_in = ?delay, error = %error, "delivery failed; retry scheduled");
                     self.notify(|| Progress::Retried {
                         id: event.id,
@@ -122,7 +119,8 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                 Fate::Dead { error } => {
                     summary.dead += 1;
                     let code = error.code().as_str().to_owned();
-                    metrics::counter!(m::EVENTS_DEAD, "code" => code).increment(1);
+                    metrics::counter!(m::EVENTS_DEAD, meters.labels_with("code", code))
+                        .increment(1);
                     warn!(event_id = %event.id, attempts = event.attempts, error = %error, "dead-lettered");
                     self.notify(|| Progress::Dead {
                         id: event.id,
@@ -132,7 +130,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
                     });
                 }
                 Fate::Released(reason) => {
-                    metrics::counter!(m::EVENTS_RELEASED, "reason" => reason.as_str()).increment(1);
+                    meters.released(*reason).increment(1);
                     if *reason == ReleaseReason::MissingOutcome {
                         error!(event_id = %event.id, "the sink returned no outcome for this event; released");
                     }
@@ -142,7 +140,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         }
         if delivered > 0 {
             summary.delivered += delivered;
-            metrics::counter!(m::EVENTS_DELIVERED).increment(delivered);
+            meters.delivered.increment(delivered);
         }
         if !released.is_empty() {
             summary.released += released.len() as u64;
@@ -168,7 +166,7 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             match self.store.settle(token, settlement).await {
                 Ok(report) => return Some(report),
                 Err(err) => {
-                    metrics::counter!(m::STORE_ERRORS, "op" => "settle").increment(1);
+                    self.meters().settle_errors.increment(1);
                     if !err.is_retryable() {
                         error!(
                             error = %err,
@@ -202,7 +200,9 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
             return;
         }
         summary.lease_lost += report.fenced.len() as u64;
-        metrics::counter!(m::LEASE_LOST).increment(report.fenced.len() as u64);
+        self.meters()
+            .lease_lost
+            .increment(report.fenced.len() as u64);
         let lost = join_ids(&report.fenced);
         let count = report.fenced.len();
         const LOST: &str = "lease lost: another relay re-claimed these events before their outcome was recorded; nothing was changed";

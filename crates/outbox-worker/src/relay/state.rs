@@ -4,18 +4,20 @@
 //! the files beside this one and import it; it imports none of them.
 
 use super::batch::Held;
+use super::meters::Meters;
 use super::pacing::{wait, BatchSizer, ClaimErrors, IdleBackoff, Waited};
 use super::report::{Progress, RelaySummary};
 use crate::breaker::Breaker;
 use crate::control::PauseWatch;
 use crate::layer::KeyOrder;
+use crate::name::StoreName;
 use crate::options::RelayOptions;
 use crate::rate::TokenBucket;
 use outbox_core::{ClaimRequest, ShardSpec, Sink, Store};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The relay: claims batches of committed events from a [`Store`], hands
@@ -118,11 +120,16 @@ pub struct Relay<St, Si> {
     pub(super) breaker: Breaker,
     pub(super) pause: Option<PauseWatch>,
     pub(super) bucket: Option<Mutex<TokenBucket>>,
+    /// The store's name ([`Relay::with_store_name`](super::Relay::with_store_name)).
+    pub(super) name: Option<StoreName>,
+    /// The metric handles, registered when the run starts.
+    pub(super) meters: OnceLock<Meters>,
 }
 
 impl<St, Si> fmt::Debug for Relay<St, Si> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Relay")
+            .field("name", &self.name)
             .field("options", &self.options)
             .field("listener", &self.listener.is_some())
             .field("sink_state", &self.breaker.state())
@@ -230,6 +237,21 @@ impl<St: Store, Si: Sink> Relay<St, Si> {
         shutdown: Pin<&mut (impl Future<Output = ()> + Send)>,
     ) -> Waited {
         wait(delay, shutdown, Some(self.store.wakeup())).await
+    }
+
+    /// The metric handles: registered with the recorder installed at the
+    /// first call (the start of the run), labelled with the store's name.
+    pub(super) fn meters(&self) -> &Meters {
+        self.meters
+            .get_or_init(|| Meters::new(self.metric_labels(), self.shard_label()))
+    }
+
+    /// `store="<name>"` for a named relay, else no label.
+    pub(super) fn metric_labels(&self) -> Vec<metrics::Label> {
+        self.name
+            .iter()
+            .map(|name| metrics::Label::new("store", name.as_str().to_owned()))
+            .collect()
     }
 
     /// The `shard` label of per-shard metrics: `index/total`, or `all`.
