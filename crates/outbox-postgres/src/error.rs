@@ -286,9 +286,7 @@ impl StoreError {
     /// an unreachable database is.
     pub fn is_read_only(&self) -> bool {
         match self.sqlx_error() {
-            Some(sqlx::Error::Database(db)) => db
-                .code()
-                .is_some_and(|c| c == crate::hosts::READ_ONLY_SQLSTATE),
+            Some(sqlx::Error::Database(db)) => db.code().is_some_and(|c| c == READ_ONLY_SQLSTATE),
             _ => false,
         }
     }
@@ -316,6 +314,11 @@ impl Retryable for StoreError {
         }
     }
 }
+
+/// `read_only_sql_transaction`: a write refused by a read-only session
+/// ([`StoreError::is_read_only`]); [`crate::PgHosts`] raises it too when no
+/// host is a primary.
+pub(crate) const READ_ONLY_SQLSTATE: &str = "25006";
 
 /// Connection trouble, pool timeouts, a server shutting down or starting,
 /// serialization failures, deadlocks, lock and statement timeouts, a
@@ -376,8 +379,7 @@ impl fmt::Display for Cause<'_> {
                     if code == "42P01" {
                         f.write_str("; are the outbox migrations applied?")?;
                     }
-                    if code == crate::hosts::READ_ONLY_SQLSTATE
-                        && !db.message().contains("waiting for a primary")
+                    if code == READ_ONLY_SQLSTATE && !db.message().contains("waiting for a primary")
                     {
                         f.write_str(
                             "; the server is read-only (a standby not yet promoted, or \

@@ -23,7 +23,7 @@
 //! one WARN line naming every host and what it answered; the next
 //! operation after a back-off probes again.
 
-use crate::error::StoreError;
+use crate::error::{StoreError, READ_ONLY_SQLSTATE};
 use crate::options::scrub;
 use futures::future::BoxFuture;
 use sqlx::error::{DatabaseError, ErrorKind};
@@ -499,9 +499,6 @@ impl DatabaseError for ReadOnly {
         ErrorKind::Other
     }
 }
-
-/// `read_only_sql_transaction`: a write refused by a read-only session.
-pub(crate) const READ_ONLY_SQLSTATE: &str = "25006";
 
 /// How long one host gets to answer a probe after the store connected.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
