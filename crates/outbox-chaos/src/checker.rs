@@ -9,8 +9,8 @@
 mod sink_up;
 
 use self::sink_up::sink_up_rates;
-pub(crate) use self::sink_up::{sink_up_lines, SinkUpRates};
-use crate::record::{Arrival, FaultRecord, Produced, TxOutcome};
+pub(crate) use self::sink_up::SinkUpRates;
+use crate::record::{secs, Arrival, FaultRecord, Produced, TxOutcome};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
@@ -253,10 +253,6 @@ pub(crate) struct Inputs<'a> {
     /// `pg-failover`: transactions the producer saw committed that the
     /// promoted standby does not hold (lost with the old primary).
     pub(crate) lost_with_primary: &'a std::collections::HashSet<Uuid>,
-}
-
-fn secs(us: i64) -> f64 {
-    us as f64 / 1e6
 }
 
 fn percentile(sorted: &[i64], p: f64) -> f64 {
@@ -726,6 +722,12 @@ pub(crate) fn by_kind(report: &Report) -> BTreeMap<String, KindSummary> {
         };
     }
     out
+}
+
+/// The sink-up lines of the summary ([`SinkUpRates::lines`]); none when
+/// the run had no sink fault.
+pub(crate) fn sink_up_lines(r: &Report) -> Vec<String> {
+    r.sink_up.as_ref().map_or_else(Vec::new, SinkUpRates::lines)
 }
 
 #[cfg(test)]

@@ -18,6 +18,11 @@ pub(crate) fn now_us() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX))
 }
 
+/// A span in microseconds as seconds.
+pub(crate) fn secs(us: i64) -> f64 {
+    us as f64 / 1e6
+}
+
 /// How the producer's transaction ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

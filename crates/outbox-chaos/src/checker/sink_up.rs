@@ -11,8 +11,7 @@
 //! 80% of it; a span shorter than 2 s, or without a backlog, is reported
 //! as n/a.
 
-use super::{secs, Report};
-use crate::record::FaultRecord;
+use crate::record::{secs, FaultRecord};
 use serde::{Deserialize, Serialize};
 
 /// Below this share of the steady rate a sink-up span is reported `slow`.
@@ -199,37 +198,36 @@ pub(super) fn sink_up_rates(
     })
 }
 
-/// The sink-up lines of the summary: the steady rate, then one per span.
-pub(crate) fn sink_up_lines(r: &Report) -> Vec<String> {
-    let Some(up) = &r.sink_up else {
-        return Vec::new();
-    };
-    let mut out = vec![format!(
-        "  sink up: steady rate {} (warm-up {:.1} s), each span with a backlog >= {:.0}% of it",
-        up.steady_rate
-            .map_or("n/a".to_owned(), |s| format!("{s:.0} ev/s")),
-        up.steady_window_s,
-        up.min_ratio * 100.0
-    )];
-    for w in &up.windows {
-        out.push(format!(
-            "    back at {:>6.1} s (up {:>5.1} s){}: backlog {:>6}, {:>6} delivered in {:>4.1} s = {:>7}  {}",
-            w.at_s,
-            w.up_s,
-            if w.from_s > w.at_s {
-                format!(", measured from {:.1} s (another fault in effect)", w.from_s)
-            } else {
-                String::new()
-            },
-            w.backlog,
-            w.delivered,
-            w.measured_s,
-            w.rate.map_or("-".to_owned(), |r| format!("{r:.0} ev/s")),
-            match w.ratio {
-                Some(x) => format!("{:.0}% {}", x * 100.0, w.verdict),
-                None => w.verdict.clone(),
-            }
-        ));
+impl SinkUpRates {
+    /// The sink-up lines of the summary: the steady rate, then one per span.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        let mut out = vec![format!(
+            "  sink up: steady rate {} (warm-up {:.1} s), each span with a backlog >= {:.0}% of it",
+            self.steady_rate
+                .map_or("n/a".to_owned(), |s| format!("{s:.0} ev/s")),
+            self.steady_window_s,
+            self.min_ratio * 100.0
+        )];
+        for w in &self.windows {
+            out.push(format!(
+                "    back at {:>6.1} s (up {:>5.1} s){}: backlog {:>6}, {:>6} delivered in {:>4.1} s = {:>7}  {}",
+                w.at_s,
+                w.up_s,
+                if w.from_s > w.at_s {
+                    format!(", measured from {:.1} s (another fault in effect)", w.from_s)
+                } else {
+                    String::new()
+                },
+                w.backlog,
+                w.delivered,
+                w.measured_s,
+                w.rate.map_or("-".to_owned(), |r| format!("{r:.0} ev/s")),
+                match w.ratio {
+                    Some(x) => format!("{:.0}% {}", x * 100.0, w.verdict),
+                    None => w.verdict.clone(),
+                }
+            ));
+        }
+        out
     }
-    out
 }
