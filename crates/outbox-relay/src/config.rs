@@ -32,10 +32,20 @@ const CONFIG_KEY: &str = "config";
 const SINK_KEY: &str = "sink";
 const GROUP_KEY: &str = "group";
 const START_FROM_KEY: &str = "start_from";
+const STORES_KEY: &str = "stores";
 
 /// Where the store is: every command that talks to one.
 const STORE: &[Setting] = &[
-    Setting::text(STORE_KEY, "Store URL.").with_value_name("URL"),
+    Setting::text(
+        STORE_KEY,
+        "Store URL. `run` takes several, each named: `--store NAME=URL` (repeated), one relay per store delivering to one sink, its metrics and logs labelled store=NAME.",
+    )
+    .with_value_name("URL"),
+    Setting::text(
+        STORES_KEY,
+        "`run`: a TOML file listing named stores, `[[store]]` tables of `name`, `url` and that store's own settings (group, schema, table, mode, pooler, batch_size, ...: the keys of outbox.toml); added to the `--store NAME=URL` ones.",
+    )
+    .with_value_name("FILE"),
     Setting::text(
         CONFIG_KEY,
         "TOML file of settings keyed by name (`batch_size = 50`); ./outbox.toml is read when it exists.",
@@ -232,6 +242,13 @@ fn arg(section: &Section, s: &'static Setting) -> Arg {
         help = format!("{help} [default: {}]", shown_default(default));
     }
     let mut arg = Arg::new(section.key(s))
+        // `--store` repeats (`run` over several stores); the last one
+        // counts as the one store of the other commands.
+        .action(if section.backend.is_none() && s.name() == STORE_KEY {
+            ArgAction::Append
+        } else {
+            ArgAction::Set
+        })
         .long(section.flag(s))
         .value_name(s.value_name())
         .help(help)
@@ -373,6 +390,8 @@ impl Layer {
 #[derive(Debug, Clone)]
 pub(crate) struct StoreArgs {
     layer: Layer,
+    /// Every `--store` given on the command line, in order.
+    store_flags: Vec<String>,
 }
 
 impl Args for StoreArgs {
@@ -387,8 +406,18 @@ impl Args for StoreArgs {
 
 impl FromArgMatches for StoreArgs {
     fn from_arg_matches(m: &ArgMatches) -> Result<Self, clap::Error> {
+        let store_flags = match m.value_source(STORE_KEY) {
+            Some(ValueSource::CommandLine) => m
+                .get_raw(STORE_KEY)
+                .into_iter()
+                .flatten()
+                .map(|v| v.to_string_lossy().into_owned())
+                .collect(),
+            _ => Vec::new(),
+        };
         Ok(Self {
             layer: Layer::from_matches(m, &store_sections()),
+            store_flags,
         })
     }
 
@@ -401,7 +430,7 @@ impl FromArgMatches for StoreArgs {
 impl StoreArgs {
     /// The command line and environment on top of the config file.
     pub(crate) fn resolve(&self) -> anyhow::Result<Resolved> {
-        Resolved::load(&self.layer)
+        Resolved::load(&self.layer, &self.store_flags)
     }
 }
 
@@ -440,7 +469,10 @@ impl FromArgMatches for RunArgs {
 impl RunArgs {
     /// The command line and environment on top of the config file.
     pub(crate) fn resolve(&self) -> anyhow::Result<Resolved> {
-        Resolved::load(&self.store.layer.clone().overlaid(&self.layer))
+        Resolved::load(
+            &self.store.layer.clone().overlaid(&self.layer),
+            &self.store.store_flags,
+        )
     }
 }
 
@@ -449,15 +481,18 @@ impl RunArgs {
 pub(crate) struct Resolved {
     layer: Layer,
     file: Option<PathBuf>,
+    /// Every `--store` of the command line (see [`stores`]).
+    store_flags: Vec<String>,
 }
 
 impl Resolved {
-    fn load(cli: &Layer) -> anyhow::Result<Self> {
+    fn load(cli: &Layer, store_flags: &[String]) -> anyhow::Result<Self> {
         let explicit = cli.text(CONFIG_KEY).map(PathBuf::from);
         let (file, path) = load_file(explicit.as_deref())?;
         Ok(Self {
             layer: file.overlaid(cli),
             file: path,
+            store_flags: store_flags.to_vec(),
         })
     }
 
@@ -514,6 +549,12 @@ impl Resolved {
 
     /// The store URL.
     pub(crate) fn store_url(&self) -> anyhow::Result<String> {
+        if self.names_several_stores() {
+            bail!(
+                "this command works on one store: pass --store URL (only `run` takes several stores, --store NAME=URL or {})",
+                self.origin(STORES_KEY)
+            );
+        }
         match self.text(STORE_KEY) {
             Some(s) if !s.trim().is_empty() => Ok(s.trim().to_owned()),
             _ => bail!(
@@ -870,5 +911,6 @@ pub(crate) fn run_config(r: &Resolved) -> anyhow::Result<RunConfig> {
     })
 }
 
+pub(crate) mod stores;
 #[cfg(test)]
 mod tests;

@@ -74,6 +74,7 @@ mod client;
 mod leases;
 mod probe;
 mod server;
+mod stores;
 
 #[cfg(feature = "console")]
 pub(crate) use self::client::get_text;
@@ -83,6 +84,7 @@ pub(crate) use self::leases::{lease_grace, lease_source, LeaseSource};
 use self::probe::StoreState;
 pub(crate) use self::probe::{StoreProbe, Watched};
 pub(crate) use self::server::spawn;
+pub(crate) use self::stores::{spawn_stores, StoreSlot};
 use crate::report::scrub;
 use axum::http::{header, Method, StatusCode};
 use axum::response::IntoResponse;

@@ -25,8 +25,10 @@ mod control;
 mod dead;
 #[cfg(feature = "sqlite")]
 mod demo;
+mod exporter;
 mod groups;
 mod http;
+mod multi;
 mod open;
 mod reanchor;
 mod report;
@@ -38,6 +40,7 @@ use any::{AnySink, AnyStore};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use config::{Resolved, RunArgs, StoreArgs};
+use exporter::install_prometheus;
 use outbox_core::redact_url;
 use outbox_worker::Relay;
 use std::path::PathBuf;
@@ -165,7 +168,15 @@ async fn dispatch(command: Command, secrets: &mut Vec<String>) -> anyhow::Result
             init_logging("info");
             let resolved = args.resolve()?;
             secrets.extend(resolved.secrets());
-            run(&resolved, secrets).await
+            match config::stores::plan(&resolved)? {
+                None => run(&resolved, secrets).await,
+                Some(stores) => {
+                    for store in &stores {
+                        secrets.extend(store.resolved.secrets());
+                    }
+                    multi::run(&resolved, stores, secrets).await
+                }
+            }
         }
         Command::Migrate(args) => {
             init_logging("warn");
@@ -342,33 +353,4 @@ fn scope_name(store: &AnyStore) -> String {
         AnyStore::PgLog(log) => log.group().to_owned(),
         _ => "-".to_owned(),
     }
-}
-
-/// Installs the Prometheus recorder; `/metrics` renders its text.
-#[cfg(feature = "prometheus")]
-fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
-    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
-        .install_recorder()
-        .context("cannot install the Prometheus recorder")?;
-    // What the exporter's own listener would do: drain histograms now and
-    // then so they do not grow without bound between scrapes.
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut every = tokio::time::interval(std::time::Duration::from_secs(5));
-        loop {
-            every.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
-    Ok(Some(Box::new(move || handle.render())))
-}
-
-/// Without the exporter, `--metrics-addr` still serves the health
-/// endpoints; `/metrics` says what is missing.
-#[cfg(not(feature = "prometheus"))]
-fn install_prometheus() -> anyhow::Result<Option<http::Render>> {
-    tracing::warn!(
-        "built without the `prometheus` feature: --metrics-addr serves /healthz and /readyz only"
-    );
-    Ok(None)
 }

@@ -7,6 +7,7 @@ fn resolved(file: &str) -> anyhow::Result<Resolved> {
     Ok(Resolved {
         layer: file_layer(table, Path::new("outbox.toml"))?,
         file: Some(PathBuf::from("outbox.toml")),
+        store_flags: Vec::new(),
     })
 }
 
