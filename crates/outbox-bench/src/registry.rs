@@ -103,6 +103,10 @@ pub(crate) const SCENARIOS: &[(&str, &str)] = &[
         "pooler",
         "event log through PgBouncer (transaction mode) vs direct: relay -> no-op handler drain and commit -> handler latency at 1k events/s, ratio / p99 difference to direct",
     ),
+    (
+        "tenants",
+        "one relay process over 1, 4 and 16 databases (a named relay per database, one shared sink): total drain of a split backlog, and per-database commit -> handler p99 of fresh events while one database drains the big backlog",
+    ),
 ];
 
 /// Sizes and durations of a quick or full run.

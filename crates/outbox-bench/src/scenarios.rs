@@ -20,6 +20,7 @@ mod log_targets;
 mod pooler;
 mod producer;
 mod rotation;
+mod tenants;
 
 use crate::probe::Machine;
 use crate::registry::Sizes;
@@ -160,6 +161,7 @@ impl Ctx {
             "blocked-keys" => self.blocked_keys().await,
             "inbox" => self.inbox().await,
             "pooler" => self.pooler().await,
+            "tenants" => self.tenants().await,
             other => bail!("unknown scenario {other}"),
         }
     }
