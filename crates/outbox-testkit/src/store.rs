@@ -39,11 +39,8 @@
 //!   key's events waiting behind it, the most waiting first.
 
 use outbox_core::{
-    Claim, ClaimRequest, DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId,
-    FencingToken, LastError, NewEvent, RelayId, Resolution, SettleReport, Settlement, ShardSpec,
-    Stats, Store, ValidationError,
+    DeadLetterStore, ErrorCode, EventId, FencingToken, NewEvent, Store, ValidationError,
 };
-use std::collections::{BTreeSet, HashSet};
 use std::future::Future;
 use std::time::Duration;
 

@@ -41,10 +41,6 @@ const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[
         "circle: crates/outbox-relay/src/http/server.rs, crates/outbox-relay/src/http.rs",
         "to fix, issue 44: http.rs and http/server.rs use each other's items",
     ),
-    (
-        "circle: crates/outbox-testkit/src/store/cases/claim.rs, crates/outbox-testkit/src/store/cases/dead_letters.rs, crates/outbox-testkit/src/store/cases/enqueue.rs, crates/outbox-testkit/src/store/cases/held.rs, crates/outbox-testkit/src/store/cases/order.rs, crates/outbox-testkit/src/store/cases/settle.rs, crates/outbox-testkit/src/store/cases.rs",
-        "to fix, issue 44: cases.rs re-exports its cases by glob, each case takes `use super::*` back",
-    ),
 ];
 
 /// Every import problem of the crates under `root/crates`, one line each,

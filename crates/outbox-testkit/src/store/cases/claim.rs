@@ -1,7 +1,13 @@
 //! Claims and leases: what a claim returns and records, how a lease keeps
 //! an event from other relays until it ends, and what renewing one does.
 
-use super::*;
+use super::support::{
+    claim, delivered, ev, ids, keyed, leased, pending, req, retry, settle, stats, LATER, LONG_LEASE,
+};
+use crate::store::{RowState, StoreHarness};
+use outbox_core::{ClaimRequest, ErrorCode, EventId, FencingToken, NewEvent, Settlement, Store};
+use std::collections::HashSet;
+use std::time::Duration;
 
 /// Committed events come back oldest first, complete, with attempts = 1
 /// and a lease recorded in the table; a second claim gets nothing.

@@ -2,7 +2,16 @@
 //! and purging them, a replayed one's place in its key's order, and rows
 //! the store cannot decode.
 
-use super::*;
+use super::support::{
+    claim, dead, dead_row, delivered, error, ev, ids, keyed, pending, permanent, req, retry,
+    settle, stats, LATER,
+};
+use crate::store::{RowState, StoreHarness};
+use outbox_core::{
+    DeadLetterFilter, DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, NewEvent, Resolution,
+    Settlement,
+};
+use std::time::Duration;
 
 /// The same event enqueued again after it was dead-lettered, and dead
 /// again: the settle does not fail; the newer failure replaces the old

@@ -1,7 +1,13 @@
 //! Enqueue and stats: a rollback, an invalid event and a large batch, and
 //! the counts of what the table holds.
 
-use super::*;
+use super::support::{
+    claim, dead, delivered, ev, ids, leased, permanent, req, retry, settle, stats, LATER,
+};
+use crate::store::{RowState, StoreHarness};
+use outbox_core::{
+    DeadLetterFilter, DeadLetterStore, EventId, NewEvent, Settlement, Stats, ValidationError,
+};
 
 /// An event enqueued in a rolled-back transaction never appears.
 pub async fn rolled_back_enqueue_never_appears<H: StoreHarness>(h: &H) {

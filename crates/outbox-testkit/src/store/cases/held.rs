@@ -1,7 +1,9 @@
 //! The retry lane as an operator reads it ([`HeldKeyStore`]): which key
 //! waits behind which head.
 
-use super::*;
+use super::support::{claim, delivered, ev, ids, keyed, req, retry, settle, temporary, LATER};
+use crate::store::StoreHarness;
+use outbox_core::{ErrorCode, EventId, Resolution, Settlement};
 use outbox_core::{HeadState, HeldKeyStore};
 
 /// A failed event holds its key: `held_keys` names it as the head, with

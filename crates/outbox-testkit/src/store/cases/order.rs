@@ -1,7 +1,13 @@
 //! Order and routing: shards, per-key order (commit order, not id
 //! order), and delayed events.
 
-use super::*;
+use super::support::{
+    claim, dead, delivered, ev, ids, keyed, pending, permanent, req, retry, settle, LATER,
+};
+use crate::store::StoreHarness;
+use outbox_core::{ClaimRequest, EventId, NewEvent, Settlement, ShardSpec, ValidationError};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 /// With shards i/N each event is claimed only by the shard owning its
 /// shard key, and the shards together claim everything.

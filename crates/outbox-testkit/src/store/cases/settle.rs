@@ -1,7 +1,13 @@
 //! Settlements: delivered, retry, dead and released recorded as asked, at
 //! once, and fenced for a token that no longer holds the events.
 
-use super::*;
+use super::support::{
+    claim, dead, dead_row, delivered, error, ev, ids, keyed, leased, pending, permanent, req,
+    retry, settle, stats, temporary, LATER,
+};
+use crate::store::{RowState, StoreHarness};
+use outbox_core::{DeadLetterQuery, DeadLetterStore, ErrorCode, EventId, Resolution, Settlement};
+use std::time::Duration;
 
 /// One settle records delivered, retry, dead and released events of one
 /// claim together; an id the token never held is reported fenced.
