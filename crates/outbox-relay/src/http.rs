@@ -83,7 +83,7 @@ use self::leases::lease_json;
 pub(crate) use self::leases::{lease_grace, lease_source, LeaseSource};
 use self::probe::StoreState;
 pub(crate) use self::probe::{StoreProbe, Watched};
-pub(crate) use self::server::spawn;
+use self::server::{serve_on, Limits};
 pub(crate) use self::stores::{spawn_stores, StoreSlot};
 use crate::report::scrub;
 use axum::http::{header, Method, StatusCode};
@@ -94,6 +94,7 @@ use outbox_worker::{PauseHandle, PauseStatus, SinkHealth, SinkState, SinkStatus}
 use serde_json::json;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::net::TcpListener;
 
 /// Renders the metrics text (the Prometheus recorder's handle).
 pub(crate) type Render = Box<dyn Fn() -> String + Send + Sync>;
@@ -125,6 +126,12 @@ impl std::fmt::Debug for Endpoints {
             .field("lease_grace", &self.lease_grace)
             .finish_non_exhaustive()
     }
+}
+
+/// Serves `endpoints` on `listener` until the runtime stops, within the
+/// default [`Limits`].
+pub(crate) fn spawn(listener: TcpListener, endpoints: Endpoints) {
+    serve_on(listener, Limits::default(), endpoints.into_router());
 }
 
 /// One response.

@@ -37,10 +37,6 @@ const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[
         "circle: crates/outbox-relay/src/console/auth.rs, crates/outbox-relay/src/console/mod.rs, crates/outbox-relay/src/console/pages.rs, crates/outbox-relay/src/console/params.rs, crates/outbox-relay/src/console/samples.rs, crates/outbox-relay/src/console/views.rs",
         "to fix, issue 44: console/mod.rs and its pages, params, samples and auth use each other's items",
     ),
-    (
-        "circle: crates/outbox-relay/src/http/server.rs, crates/outbox-relay/src/http.rs",
-        "to fix, issue 44: http.rs and http/server.rs use each other's items",
-    ),
 ];
 
 /// Every import problem of the crates under `root/crates`, one line each,

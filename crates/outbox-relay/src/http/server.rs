@@ -43,12 +43,6 @@ impl Default for Limits {
     }
 }
 
-/// Serves `endpoints` on `listener` until the runtime stops, within the
-/// default [`Limits`].
-pub(crate) fn spawn(listener: TcpListener, endpoints: super::Endpoints) {
-    serve_on(listener, Limits::default(), endpoints.into_router());
-}
-
 /// The accept loop: every connection within `limits` gets its own task,
 /// answered by `router`; one beyond the connection cap is closed at once.
 pub(super) fn serve_on(
