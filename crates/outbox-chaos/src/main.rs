@@ -41,8 +41,10 @@ mod producer;
 mod rabbit;
 mod record;
 mod relays;
+mod run_dir;
 mod slow;
 mod summary;
+mod urls;
 
 use anyhow::{bail, Context as _, Result};
 use clap::Parser;
@@ -56,11 +58,9 @@ use outbox_testkit::proxy::TcpProxy;
 use producer::{AppDb, ProducerConfig};
 use rabbit::PrivateRabbit;
 use rand::Rng;
-use record::{now_us, Arrival, FaultRecord, Ledger, Produced, TxOutcome};
+use record::{now_us, FaultRecord, Ledger, TxOutcome};
 use relays::{RelaySpec, Relays};
-use serde::{Deserialize, Serialize};
-use std::io::{BufRead, BufWriter, Write};
-use std::net::SocketAddr;
+use run_dir::{check_dir, finish, report, write_records, RunMeta};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -68,23 +68,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{watch, Mutex};
 use tokio::time::Instant;
-
-/// What `check` needs besides the records (written as run.json).
-#[derive(Debug, Serialize, Deserialize)]
-struct RunMeta {
-    scenario: checker::Scenario,
-    produce_end_us: i64,
-    resolved_committed: Vec<uuid::Uuid>,
-    relay_exits: Vec<String>,
-    /// End to end through the inbox: the consumers' counts.
-    #[serde(default)]
-    inbox: Option<checker::InboxReport>,
-    /// `pg-failover`: transactions whose `COMMIT` succeeded on the old
-    /// primary and that the promoted standby does not hold (asynchronous
-    /// replication: lost with the primary, for the producer too).
-    #[serde(default)]
-    lost_with_primary: Vec<uuid::Uuid>,
-}
+use urls::{resolve, through, via};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -138,45 +122,6 @@ async fn run_bounded(args: RunArgs) -> Result<bool> {
         _ = tokio::signal::ctrl_c() => bail!("interrupted"),
         _ = term.recv() => bail!("terminated"),
     }
-}
-
-/// Host and port of a URL (`scheme://[user[:pass]@]host:port[/...]`).
-fn host_port(url: &str) -> Result<(String, u16)> {
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let authority = rest.split(['/', '?']).next().unwrap_or(rest);
-    let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let hostport = hostport.split(',').next().unwrap_or(hostport);
-    let (host, port) = hostport
-        .rsplit_once(':')
-        .with_context(|| format!("no port in {url:?}"))?;
-    Ok((host.to_owned(), port.parse().context("bad port")?))
-}
-
-/// `url` through `proxy` (see [`via`]), or `url` itself when the run has
-/// no proxy on that connection.
-fn through(url: &str, proxy: Option<&Arc<TcpProxy>>) -> Result<String> {
-    match proxy {
-        Some(p) => via(url, p.addr()),
-        None => Ok(url.to_owned()),
-    }
-}
-
-/// `url` with its host:port replaced by `addr`.
-fn via(url: &str, addr: SocketAddr) -> Result<String> {
-    let (host, port) = host_port(url)?;
-    let from = format!("{host}:{port}");
-    let Some(i) = url.find(&from) else {
-        bail!("cannot rewrite {url:?}");
-    };
-    Ok(format!("{}{addr}{}", &url[..i], &url[i + from.len()..]))
-}
-
-async fn resolve(url: &str) -> Result<SocketAddr> {
-    let (host, port) = host_port(url)?;
-    let found = tokio::net::lookup_host((host.as_str(), port))
-        .await?
-        .find(SocketAddr::is_ipv4);
-    found.with_context(|| format!("cannot resolve {url}"))
 }
 
 /// The application's side of a failover: every 250 ms, the first
@@ -940,104 +885,4 @@ async fn run_created(
     write_records(out, &meta, &produced, &arrivals, &fault_records)?;
     let report = report(&meta, &produced, &arrivals, &fault_records);
     finish(out, &report)
-}
-
-fn write_records(
-    out: &Path,
-    meta: &RunMeta,
-    produced: &[Produced],
-    arrivals: &[Arrival],
-    faults: &[FaultRecord],
-) -> Result<()> {
-    std::fs::write(out.join("run.json"), serde_json::to_vec_pretty(meta)?)?;
-    std::fs::write(out.join("faults.json"), serde_json::to_vec_pretty(faults)?)?;
-    write_jsonl(&out.join("produced.jsonl"), produced)?;
-    write_jsonl(&out.join("arrivals.jsonl"), arrivals)?;
-    Ok(())
-}
-
-fn write_jsonl<T: Serialize>(path: &Path, items: &[T]) -> Result<()> {
-    let mut w = BufWriter::new(std::fs::File::create(path)?);
-    for i in items {
-        serde_json::to_writer(&mut w, i)?;
-        w.write_all(b"\n")?;
-    }
-    w.flush()?;
-    Ok(())
-}
-
-fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>> {
-    let f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut out = Vec::new();
-    for line in std::io::BufReader::new(f).lines() {
-        let line = line?;
-        if !line.trim().is_empty() {
-            out.push(serde_json::from_str(&line)?);
-        }
-    }
-    Ok(out)
-}
-
-fn report(
-    meta: &RunMeta,
-    produced: &[Produced],
-    arrivals: &[Arrival],
-    faults: &[FaultRecord],
-) -> checker::Report {
-    let resolved = meta.resolved_committed.iter().copied().collect();
-    let lost_with_primary = meta.lost_with_primary.iter().copied().collect();
-    let mut report = checker::check(&checker::Inputs {
-        lost_with_primary: &lost_with_primary,
-        scenario: meta.scenario.clone(),
-        produced,
-        arrivals,
-        faults,
-        produce_end_us: meta.produce_end_us,
-        resolved_committed: &resolved,
-    });
-    // A relay that exits is restarted, as a supervisor would: what counts
-    // is what the consumer received. The exits are reported beside it.
-    report.relay_exits.clone_from(&meta.relay_exits);
-    report.inbox.clone_from(&meta.inbox);
-    report
-}
-
-fn finish(out: &Path, report: &checker::Report) -> Result<bool> {
-    std::fs::write(out.join("report.json"), serde_json::to_vec_pretty(report)?)?;
-    summary::print(report);
-    Ok(report.passed)
-}
-
-fn check_dir(dir: &Path) -> Result<bool> {
-    let meta: RunMeta = serde_json::from_slice(&std::fs::read(dir.join("run.json"))?)?;
-    let faults: Vec<FaultRecord> =
-        serde_json::from_slice(&std::fs::read(dir.join("faults.json"))?)?;
-    let produced: Vec<Produced> = read_jsonl(&dir.join("produced.jsonl"))?;
-    let arrivals: Vec<Arrival> = read_jsonl(&dir.join("arrivals.jsonl"))?;
-    let report = report(&meta, &produced, &arrivals, &faults);
-    finish(dir, &report)
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn urls_are_rewritten_to_the_proxy() {
-        let addr: SocketAddr = "127.0.0.1:40000".parse().unwrap();
-        assert_eq!(
-            via("postgres://postgres@127.0.0.1:5432/test", addr).unwrap(),
-            "postgres://postgres@127.0.0.1:40000/test"
-        );
-        assert_eq!(
-            via("amqp://guest:guest@localhost:5672/%2f", addr).unwrap(),
-            "amqp://guest:guest@127.0.0.1:40000/%2f"
-        );
-        assert_eq!(
-            via("nats://127.0.0.1:4222", addr).unwrap(),
-            "nats://127.0.0.1:40000"
-        );
-        assert_eq!(host_port("nats://h:1").unwrap(), ("h".to_owned(), 1));
-    }
 }
