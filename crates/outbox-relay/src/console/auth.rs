@@ -28,7 +28,7 @@
 //!   wait doubling up to [`MAX_BACKOFF`]; other clients, and the right
 //!   token from them, are never refused for it.
 
-use super::ConsoleError;
+use super::error::ConsoleError;
 use anyhow::{bail, Context as _};
 use axum::http::{header, HeaderMap, StatusCode};
 use std::collections::HashMap;
@@ -188,12 +188,6 @@ fn client_key(ip: IpAddr) -> IpAddr {
             }
         },
     }
-}
-
-/// `d` in whole seconds, rounded up, at least 1: a wait announced in
-/// seconds that has passed once they have.
-pub(crate) fn whole_secs(d: Duration) -> u64 {
-    (d.as_secs() + u64::from(d.subsec_nanos() > 0)).max(1)
 }
 
 /// What [`Auth::try_token`] made of a login.

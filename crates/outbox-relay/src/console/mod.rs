@@ -34,40 +34,35 @@
 //! message (passwords and the token scrubbed), never a blank page.
 
 mod auth;
+mod error;
 mod groups;
 mod html;
 mod pages;
 mod params;
+mod sampler;
 mod samples;
+mod state;
 mod views;
 
 use crate::any::AnyStore;
 use crate::config::StoreArgs;
-// A relay's `/metrics` text, for the samples.
-use crate::http::get_text;
 use anyhow::{bail, Context as _};
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use clap::Args;
-use html::{esc, Frame, Viewer};
+use error::{security_headers, ConsoleError};
 use outbox_core::redact_url;
+use state::Console;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
-
-/// The longest a page waits for the store before it says the store did
-/// not answer (the pool's own acquire timeout is 30 s).
-const STORE_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The audit log's target: one INFO line per change.
-const AUDIT: &str = "outbox_relay::console::audit";
 
 /// `console`.
 #[derive(Debug, Args)]
@@ -234,7 +229,7 @@ pub(crate) async fn serve(
         secrets,
         scoped: tokio::sync::Mutex::new(HashMap::new()),
     });
-    tokio::spawn(samples::run(
+    tokio::spawn(sampler::run(
         console.clone(),
         Duration::from_secs(serving.sample_secs),
     ));
@@ -250,156 +245,6 @@ pub(crate) async fn serve(
         .await
         .context("the console's server failed")?;
     Ok(())
-}
-
-/// What every handler reads.
-#[derive(Debug)]
-pub(crate) struct Console {
-    store: AnyStore,
-    /// The store URL, password redacted.
-    store_url: String,
-    relays: Vec<String>,
-    auth: Option<auth::Auth>,
-    /// The host names it answers to.
-    hosts: auth::Hosts,
-    samples: samples::Samples,
-    sample_secs: u64,
-    /// Passwords and the token: scrubbed from every message shown or logged.
-    secrets: Vec<String>,
-    /// The event log as seen by each other group, opened on first use
-    /// (only the event log has other groups).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    scoped: tokio::sync::Mutex<HashMap<String, AnyStore>>,
-}
-
-/// A page that explains what went wrong, with its status code.
-#[derive(Debug)]
-pub(crate) struct ConsoleError {
-    pub(crate) status: StatusCode,
-    pub(crate) title: String,
-    pub(crate) detail: String,
-    login: bool,
-    retry_after: Option<Duration>,
-}
-
-impl ConsoleError {
-    /// An error page.
-    pub(crate) fn new(
-        status: StatusCode,
-        title: impl Into<String>,
-        detail: impl Into<String>,
-    ) -> Self {
-        Self {
-            status,
-            title: title.into(),
-            detail: detail.into(),
-            login: false,
-            retry_after: None,
-        }
-    }
-
-    /// Adds `Retry-After` (whole seconds, rounded up).
-    pub(crate) fn with_retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = Some(wait);
-        self
-    }
-
-    /// Adds a link to the login page.
-    pub(crate) fn with_login(mut self) -> Self {
-        self.login = true;
-        self
-    }
-
-    /// A change asked of a console without an admin token.
-    pub(crate) fn read_only() -> Self {
-        Self::new(
-            StatusCode::FORBIDDEN,
-            "Read-only console",
-            "This console was started without an admin token, so nothing can be changed from it. \
-             Restart it with --admin-token-file FILE or --admin-token-env VAR to allow changes.",
-        )
-    }
-
-    fn not_found(detail: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "Not found", detail)
-    }
-}
-
-impl IntoResponse for ConsoleError {
-    fn into_response(self) -> Response {
-        let frame = Frame {
-            title: &self.title,
-            active: "",
-            viewer: Viewer::Unknown,
-            refresh: None,
-            store: "",
-        };
-        let login = if self.login {
-            r#"<p><a href="/login" class="button">Log in</a></p>"#
-        } else {
-            ""
-        };
-        let body = format!(
-            r#"<section class="error" data-test="error"><p><strong>{} {}</strong></p><p data-test="error-detail">{}</p>{login}<p><a href="/">Back to the overview</a></p></section>"#,
-            self.status.as_u16(),
-            esc(self.status.canonical_reason().unwrap_or("")),
-            esc(&self.detail),
-        );
-        let mut r = html_response(self.status, html::page(&frame, &body));
-        if let Some(wait) = self.retry_after {
-            r.headers_mut().insert(
-                header::RETRY_AFTER,
-                HeaderValue::from(auth::whole_secs(wait)),
-            );
-        }
-        r
-    }
-}
-
-/// A store call failed: `503`, with the error (scrubbed), logged.
-fn store_down(console: &Console, what: &str, e: impl Into<anyhow::Error>) -> ConsoleError {
-    let e: anyhow::Error = e.into();
-    let text = crate::report::render(&e, &console.secrets);
-    warn!(error = %text, "console: {what}");
-    ConsoleError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "The store did not answer",
-        format!("{what}: {text}. The page works again once the store answers; reload it."),
-    )
-}
-
-/// `200 text/html` with the console's security headers.
-fn html_response(status: StatusCode, body: String) -> Response {
-    let mut r = (status, body).into_response();
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
-    );
-    security_headers(h);
-    r
-}
-
-fn security_headers(h: &mut HeaderMap) {
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; \
-             connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
-        ),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    // `same-origin`, not `no-referrer`: with `no-referrer` browsers send
-    // `Origin: null` on form posts, which [`auth::same_origin`] refuses.
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("same-origin"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
 }
 
 fn router(console: Arc<Console>) -> Router {
@@ -507,139 +352,4 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     security_headers(h);
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     r
-}
-
-/// The session of a request, as a [`Viewer`] (owned parts).
-struct Seen {
-    who: Option<(String, String)>,
-    admin: bool,
-}
-
-impl Seen {
-    fn of(console: &Console, headers: &HeaderMap) -> Self {
-        let who = console
-            .auth
-            .as_ref()
-            .and_then(|a| match a.session(headers) {
-                auth::SessionState::Live(s) => Some((s.who, s.csrf)),
-                _ => None,
-            });
-        Self {
-            who,
-            admin: console.auth.is_some(),
-        }
-    }
-
-    fn viewer(&self) -> Viewer<'_> {
-        match (&self.who, self.admin) {
-            (Some((who, csrf)), _) => Viewer::Admin { who, csrf },
-            (None, true) => Viewer::Anonymous,
-            (None, false) => Viewer::ReadOnly,
-        }
-    }
-}
-
-impl Console {
-    fn frame<'a>(
-        &'a self,
-        title: &'a str,
-        active: &'a str,
-        seen: &'a Seen,
-        refresh: Option<u64>,
-    ) -> Frame<'a> {
-        Frame {
-            title,
-            active,
-            viewer: seen.viewer(),
-            refresh,
-            store: &self.store_url,
-        }
-    }
-
-    /// The groups a page may name: the event log's groups (and the
-    /// console's own `--group`), or `default`.
-    async fn group_names(&self) -> Result<Vec<String>, ConsoleError> {
-        #[cfg(feature = "postgres")]
-        if let AnyStore::PgLog(log) = &self.store {
-            let mut names = self
-                .call("cannot read the consumer groups", log.group_names())
-                .await?;
-            if !names.iter().any(|n| n == log.group()) {
-                names.push(log.group().to_owned());
-                names.sort();
-            }
-            return Ok(names);
-        }
-        Ok(vec![self.store.group().to_owned()])
-    }
-
-    /// `group`, checked: a `404` page names the known groups otherwise.
-    async fn known_group(&self, group: &str) -> Result<(), ConsoleError> {
-        let names = self.group_names().await?;
-        if names.iter().any(|n| n == group) {
-            return Ok(());
-        }
-        Err(ConsoleError::not_found(format!(
-            "There is no consumer group {group:?} in this outbox (groups: {}). A group exists once \
-             a relay of it has claimed; to pause one before that, start the console with --group {group}.",
-            names.join(", ")
-        )))
-    }
-
-    /// The store as consumer group `group` reads it (its dead letters).
-    async fn store_for(&self, group: &str) -> Result<AnyStore, ConsoleError> {
-        self.known_group(group).await?;
-        if group == self.store.group() {
-            return Ok(self.store.clone());
-        }
-        #[cfg(feature = "postgres")]
-        if let AnyStore::PgLog(log) = &self.store {
-            let mut scoped = self.scoped.lock().await;
-            if let Some(s) = scoped.get(group) {
-                return Ok(s.clone());
-            }
-            let name = outbox_postgres::GroupName::new(group).map_err(|e| {
-                ConsoleError::new(
-                    StatusCode::BAD_REQUEST,
-                    "Invalid group",
-                    format!("group {group:?}: {e}"),
-                )
-            })?;
-            let s = AnyStore::PgLog(
-                self.call("cannot open the consumer group", log.for_group(&name))
-                    .await?,
-            );
-            scoped.insert(group.to_owned(), s.clone());
-            return Ok(s);
-        }
-        Err(ConsoleError::not_found(format!(
-            "There is no consumer group {group:?} in this outbox."
-        )))
-    }
-
-    async fn status(&self) -> Result<serde_json::Value, ConsoleError> {
-        self.call(
-            "cannot read the outbox's status",
-            crate::status::collect(&self.store, &self.store_url, &self.relays),
-        )
-        .await
-    }
-
-    /// Awaits a store call for at most [`STORE_TIMEOUT`]: its error, or
-    /// its silence, is a `503` page saying `what` failed.
-    async fn call<T, E: Into<anyhow::Error>>(
-        &self,
-        what: &str,
-        call: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, ConsoleError> {
-        match tokio::time::timeout(STORE_TIMEOUT, call).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(store_down(self, what, e)),
-            Err(_) => Err(store_down(
-                self,
-                what,
-                anyhow::anyhow!("no answer within {} s", STORE_TIMEOUT.as_secs()),
-            )),
-        }
-    }
 }

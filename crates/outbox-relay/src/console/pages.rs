@@ -2,9 +2,11 @@
 //! of [`super`]). Each reads through [`Console`]'s store calls, renders with
 //! [`views`], and answers a [`ConsoleError`] page when something is wrong.
 
+use super::error::{html_response, whole_secs, ConsoleError};
 use super::html::{self, esc};
 use super::params::{DeadParams, Params};
-use super::{auth, html_response, views, Console, ConsoleError, Seen, AUDIT};
+use super::state::{Console, Seen, AUDIT};
+use super::{auth, views};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path as UrlPath, RawQuery, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -463,7 +465,7 @@ pub(super) async fn login(
                     "This client ({client}) gave too many wrong admin tokens: its next login is checked in {} s \
                      (the wait doubles with each further wrong token, up to {} minutes). Logins from other \
                      clients are not affected. Nothing was changed.",
-                    auth::whole_secs(wait),
+                    whole_secs(wait),
                     auth::MAX_BACKOFF.as_secs() / 60
                 ),
             )
@@ -474,7 +476,7 @@ pub(super) async fn login(
             let then = wait.map_or(String::new(), |w| {
                 format!(
                     " Too many wrong tokens from this client: its next login is checked in {} s.",
-                    auth::whole_secs(w)
+                    whole_secs(w)
                 )
             });
             let mut e = ConsoleError::new(

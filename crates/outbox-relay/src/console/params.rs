@@ -3,8 +3,8 @@
 //! `outbox-relay dead list` (type, code, key, older / newer than, ids),
 //! checked here so a malformed one gets a `400` page naming it.
 
+use super::error::ConsoleError;
 use super::html::{enc, esc};
-use super::ConsoleError;
 use axum::http::StatusCode;
 use outbox_core::{DeadLetterFilter, EventId};
 use std::time::Duration;

@@ -5,9 +5,8 @@
 //! with empty charts.
 
 use super::html::Series;
-use super::Console;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// How far back the charts look.
@@ -158,35 +157,6 @@ pub(crate) fn delivered_total(metrics: &str) -> Option<f64> {
         }
     }
     found.then_some(sum)
-}
-
-/// Samples every `every` until the runtime stops. A failed read (the store
-/// is down) is skipped: the chart shows a gap, not a zero.
-pub(crate) async fn run(console: Arc<Console>, every: Duration) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let doc = match crate::status::collect(&console.store, &console.store_url, &[]).await {
-            Ok(doc) => doc,
-            Err(e) => {
-                tracing::debug!(error = %crate::report::render(&e, &console.secrets), "console: no sample (store unreadable)");
-                continue;
-            }
-        };
-        let mut delivered = None;
-        for addr in &console.relays {
-            if let Ok(Ok(text)) =
-                tokio::time::timeout(Duration::from_secs(3), super::get_text(addr, "/metrics"))
-                    .await
-            {
-                if let Some(n) = delivered_total(&text) {
-                    delivered = Some(delivered.unwrap_or(0.0) + n);
-                }
-            }
-        }
-        console.samples.push(group_points(&doc), delivered);
-    }
 }
 
 #[cfg(test)]
