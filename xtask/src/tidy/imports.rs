@@ -32,8 +32,7 @@ use std::path::{Path, PathBuf};
 /// Offenders being fixed (issue 44), each a problem key as tidy prints it
 /// after `[key: ...]`, with why it is accepted for now. Whoever fixes one
 /// removes its entry: an entry that matches nothing fails tidy.
-const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[
-];
+const TEMPORARILY_ALLOWED: &[(&str, &str)] = &[];
 
 /// Every import problem of the crates under `root/crates`, one line each,
 /// minus the [`TEMPORARILY_ALLOWED`] ones; a stale allow-list entry is one.

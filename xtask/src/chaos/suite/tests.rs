@@ -333,9 +333,7 @@ fn medium_and_full_have_every_broker_with_each_inbox_database() {
             ]
         );
         for s in p.iter().filter(|s| is_issue36_inbox_run(s)) {
-            assert!(
-                s.faults.contains("broker-flap") && s.faults.contains("consumer-kill+kill")
-            );
+            assert!(s.faults.contains("broker-flap") && s.faults.contains("consumer-kill+kill"));
             assert!(!(s.inbox == Some("sqlite") && s.faults.contains("consumer-db-cut")));
         }
     }
