@@ -13,7 +13,7 @@
 //! down is a fault to see, and the body says which one. The other stores'
 //! relays run on regardless: readiness stops nothing.
 
-use super::{router, Answer, Endpoints, Render, Response};
+use super::endpoints::{router, Answer, Endpoints, Render, Response};
 use crate::report::scrub;
 use axum::http::StatusCode;
 use serde_json::json;
