@@ -412,6 +412,30 @@ async fn claim_errors_back_off_and_a_non_retryable_one_logs_error_once() {
     assert_eq!(captured.lines("WARN", "claim failed; backing off"), 1);
 }
 
+/// A database that stays away (an outage, a failover waiting for its
+/// primary) is said at WARN once a minute, not on every backoff step.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_streak_of_retryable_claim_errors_warns_once_a_minute() {
+    let captured = Captured::default();
+    let _guard = captured.install();
+    let store = MemStore::default();
+    store.add(1, 1);
+    // Backoff 250 ms doubling to a 30 s cap, each delay jittered to
+    // between half and all of it: the 12th error comes 76-152 s of
+    // (paused) time after the first, so the streak is said at its start
+    // and once or twice more, a minute apart, instead of 12 times.
+    store.with(|st| st.claim_faults.extend(std::iter::repeat_n(busy(), 12)));
+    let summary =
+        idle(Relay::new(store.clone(), CountingSink::default(), options()).unwrap()).await;
+    assert_eq!(summary.delivered, 1);
+    assert_eq!(store.with(|st| st.claim_faults.len()), 0);
+    let warned = captured.lines("WARN", "claim failed; backing off");
+    assert!(
+        (2..=3).contains(&warned),
+        "{warned} WARN lines for 12 errors"
+    );
+}
+
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn rejected_events_are_reported_with_the_reason() {
     let captured = Captured::default();

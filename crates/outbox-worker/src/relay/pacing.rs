@@ -5,7 +5,8 @@ use outbox_core::{Jitter, RetryPolicy, Retryable};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
-use tracing::{error, info, warn};
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
 
 /// First wait after an empty claim, and the wait after a partial batch;
 /// it doubles up to the poll interval. 1 ms: at 1,000 events/s a relay
@@ -85,12 +86,20 @@ impl IdleBackoff {
     }
 }
 
+/// How often a streak of retryable claim errors is said at WARN: the first
+/// of the streak, then at most once per this long (the others at DEBUG),
+/// so a database that stays away (a failover waiting for a primary, an
+/// outage) is one line a minute, not one per backoff step.
+const RETRYABLE_WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// Claim errors: a capped backoff, longer for errors retrying cannot fix.
 pub(super) struct ClaimErrors {
     retryable: RetryPolicy,
     fatal: RetryPolicy,
     streak: u32,
     fatal_logged: bool,
+    /// When a retryable error of this streak was last said at WARN.
+    retryable_warned: Option<Instant>,
 }
 
 impl ClaimErrors {
@@ -102,6 +111,7 @@ impl ClaimErrors {
             fatal: policy(Duration::from_secs(5), Duration::from_secs(5 * 60)),
             streak: 0,
             fatal_logged: false,
+            retryable_warned: None,
         }
     }
 
@@ -109,7 +119,21 @@ impl ClaimErrors {
         self.streak = self.streak.saturating_add(1);
         if err.is_retryable() {
             let delay = self.retryable.next_delay(self.streak, rand::random());
-            warn!(error = %err, retry_in = ?delay, "claim failed; backing off");
+            let now = Instant::now();
+            if self
+                .retryable_warned
+                .is_none_or(|at| now.duration_since(at) >= RETRYABLE_WARN_EVERY)
+            {
+                self.retryable_warned = Some(now);
+                warn!(
+                    error = %err,
+                    retry_in = ?delay,
+                    failures = self.streak,
+                    "claim failed; backing off"
+                );
+            } else {
+                debug!(error = %err, retry_in = ?delay, failures = self.streak, "claim failed again");
+            }
             delay
         } else {
             let delay = self.fatal.next_delay(self.streak, rand::random());
@@ -133,6 +157,7 @@ impl ClaimErrors {
         }
         self.streak = 0;
         self.fatal_logged = false;
+        self.retryable_warned = None;
     }
 }
 
