@@ -1,7 +1,8 @@
 //! A private PostgreSQL primary and streaming standby for `pg-failover`.
 //!
 //! The run makes its own two clusters (never the machine's at 5432): a
-//! primary by `initdb` on a free loopback port under the run's directory,
+//! primary by `initdb` on a free loopback port under the run's directory
+//! (run as root: under the temporary directory, linked from there),
 //! and a standby by `pg_basebackup -R` from it on another port, streaming,
 //! synchronous (`synchronous_standby_names = '*'`, `synchronous_commit =
 //! on`: a commit returns once the standby has flushed it) or asynchronous.
@@ -85,12 +86,12 @@ impl PgPair {
     /// until the standby streams (and, synchronous, is the sync standby).
     pub(crate) async fn start(dir: &Path, replication: Replication) -> Result<Self> {
         let bin = bin_dir()?;
-        let dir = dir.join("pg-failover");
+        let as_postgres = is_root();
+        let dir = clusters_dir(dir, as_postgres)?;
         if dir.exists() {
             std::fs::remove_dir_all(&dir)?;
         }
         std::fs::create_dir_all(&dir)?;
-        let as_postgres = is_root();
         if as_postgres {
             let status = Command::new("chown")
                 .args(["-R", "postgres:postgres"])
@@ -390,6 +391,36 @@ impl Drop for PgPair {
                 .status();
         }
     }
+}
+
+/// Where the clusters live: `run_dir/pg-failover`, or, run as root, a
+/// directory under the system's temporary directory with a link to it
+/// from there. The `postgres` user the servers run as must reach it, and a
+/// run directory under root's home (`~/.cache/...`, CI's target
+/// directory) is closed to every other user.
+fn clusters_dir(run_dir: &Path, as_postgres: bool) -> Result<PathBuf> {
+    let link = run_dir.join("pg-failover");
+    if !as_postgres {
+        return Ok(link);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!(
+        "outbox-chaos-pg-{}-{nanos}",
+        std::process::id()
+    ));
+    if link.symlink_metadata().is_ok() {
+        if link.is_dir() && !link.is_symlink() {
+            std::fs::remove_dir_all(&link)?;
+        } else {
+            std::fs::remove_file(&link)?;
+        }
+    }
+    std::fs::create_dir_all(run_dir)?;
+    std::os::unix::fs::symlink(&dir, &link)
+        .with_context(|| format!("linking {} to {}", link.display(), dir.display()))?;
+    Ok(dir)
 }
 
 /// The newest PostgreSQL server binaries: `PG_BIN_DIR`, else the highest
