@@ -1,6 +1,7 @@
 //! The Prometheus recorder behind `--metrics-addr`'s `/metrics`.
 
 use crate::http;
+#[cfg(feature = "prometheus")]
 use anyhow::Context as _;
 
 /// Installs the Prometheus recorder; `/metrics` renders its text.
