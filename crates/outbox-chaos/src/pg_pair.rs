@@ -406,10 +406,7 @@ fn clusters_dir(run_dir: &Path, as_postgres: bool) -> Result<PathBuf> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!(
-        "outbox-chaos-pg-{}-{nanos}",
-        std::process::id()
-    ));
+    let dir = std::env::temp_dir().join(format!("outbox-chaos-pg-{}-{nanos}", std::process::id()));
     if link.symlink_metadata().is_ok() {
         if link.is_dir() && !link.is_symlink() {
             std::fs::remove_dir_all(&link)?;
