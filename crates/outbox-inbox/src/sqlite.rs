@@ -289,6 +289,17 @@ impl SqliteInbox {
         sql
     }
 
+    /// Runs `statement` (an UPDATE or DELETE of `inbox_pending`) on the
+    /// dead letters `filter` selects; the rows it changed.
+    async fn on_dead(&self, statement: &str, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
+        let sql = format!("{statement} WHERE {}", Self::dead_where(filter));
+        Ok(self
+            .bind_dead_filter(&sql, filter)
+            .execute(&self.inner.pool)
+            .await?
+            .rows_affected())
+    }
+
     /// `sql` with the consumer and the values of [`SqliteInbox::dead_where`]
     /// bound.
     fn bind_dead_filter<'q>(
@@ -663,29 +674,16 @@ impl InboxDeadLetterStore for SqliteInbox {
     }
 
     async fn replay(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        let sql = format!(
-            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = {NOW_MS} WHERE {}",
+        let update = format!(
+            "UPDATE {} SET state = 'retry', attempts = 0, next_attempt_at = {NOW_MS}",
             self.t("inbox_pending"),
-            Self::dead_where(filter),
         );
-        Ok(self
-            .bind_dead_filter(&sql, filter)
-            .execute(&self.inner.pool)
-            .await?
-            .rows_affected())
+        self.on_dead(&update, filter).await
     }
 
     async fn purge(&self, filter: &DeadLetterFilter) -> Result<u64, StoreError> {
-        let sql = format!(
-            "DELETE FROM {} WHERE {}",
-            self.t("inbox_pending"),
-            Self::dead_where(filter),
-        );
-        Ok(self
-            .bind_dead_filter(&sql, filter)
-            .execute(&self.inner.pool)
-            .await?
-            .rows_affected())
+        let delete = format!("DELETE FROM {}", self.t("inbox_pending"));
+        self.on_dead(&delete, filter).await
     }
 
     async fn pending_counts(&self) -> Result<PendingCounts, StoreError> {

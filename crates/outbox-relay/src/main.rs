@@ -40,7 +40,7 @@ use any::{AnySink, AnyStore};
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use config::{Resolved, RunArgs, StoreArgs};
-use exporter::install_prometheus;
+use exporter::bind_metrics;
 use outbox_core::redact_url;
 use outbox_worker::Relay;
 use std::path::PathBuf;
@@ -242,19 +242,7 @@ async fn run(resolved: &Resolved, secrets: &[String]) -> anyhow::Result<()> {
     .await
     .map_err(|e| open::connect_error(resolved, e))?;
     // Bound before the relay starts, so a taken port fails the command.
-    let listener = match cfg.metrics_addr {
-        Some(addr) => Some((
-            addr,
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot serve metrics on {addr}"))?,
-        )),
-        None => None,
-    };
-    let metrics = match listener {
-        Some(_) => install_prometheus()?,
-        None => None,
-    };
+    let (listener, metrics) = bind_metrics(cfg.metrics_addr).await?;
     #[cfg(feature = "console")]
     if let Some(c) = &cfg.console {
         spawn_console(c, &store, &url, cfg.metrics_addr, secrets).await?;

@@ -14,7 +14,7 @@
 use crate::any::{AnySink, AnyStore};
 use crate::config::stores::StoreSpec;
 use crate::config::{self, Resolved};
-use crate::exporter::install_prometheus;
+use crate::exporter::bind_metrics;
 use crate::http::{self, StoreSlot};
 use crate::{open, report, shutdown};
 use anyhow::{bail, Context as _};
@@ -82,19 +82,8 @@ pub(crate) async fn run(
     .await
     .map_err(|e| open::connect_error(resolved, e))?;
     let sink = Arc::new(sink);
-    let listener = match cfg.metrics_addr {
-        Some(addr) => Some((
-            addr,
-            tokio::net::TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("cannot serve metrics on {addr}"))?,
-        )),
-        None => None,
-    };
-    let metrics = match listener {
-        Some(_) => install_prometheus()?,
-        None => None,
-    };
+    // Bound before the relay starts, so a taken port fails the command.
+    let (listener, metrics) = bind_metrics(cfg.metrics_addr).await?;
     outbox_worker::metrics::describe_metrics();
     let names: Vec<&str> = planned.iter().map(|p| p.name.as_str()).collect();
     info!(

@@ -10,6 +10,7 @@ use outbox_core::{NewEvent, Store};
 use outbox_sqlite::{enqueue_batch, SqliteStore};
 use outbox_testkit::process::ChildGuard;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{free_addr, get, relay, stop, wait_jsonl_ids};
 
@@ -121,6 +122,22 @@ async fn one_relay_serves_several_stores_and_one_down_stops_none() {
         .spawn()
         .unwrap(),
     );
+    // The relay's log, read as it is written (a pipe left unread would
+    // block the relay once full).
+    let log = Arc::new(Mutex::new(String::new()));
+    let stderr = child.child().stderr.take().unwrap();
+    let lines = Arc::clone(&log);
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let mut all = lines.lock().unwrap();
+            all.push_str(&line);
+            all.push('\n');
+        }
+    });
     let ids = wait_jsonl_ids(&out, 12, &mut child).await;
     assert_eq!(ids.len(), 12, "every event of a and b reached the one sink");
     for store in [&store_a, &store_b] {
@@ -165,15 +182,18 @@ async fn one_relay_serves_several_stores_and_one_down_stops_none() {
         "{text}"
     );
     assert!(!text.contains("s3cret"), "{text}");
-    stop(&mut child);
-    let mut log = String::new();
-    if let Some(mut err) = child.child().stderr.take() {
-        use std::io::Read;
-        err.read_to_string(&mut log).unwrap();
+    // The down store's first connection gives up after the connect policy
+    // (about 9 s), so its line comes when it comes: waited for, bounded.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !log.lock().unwrap().contains("store=down") {
+        assert!(
+            Instant::now() < deadline,
+            "the store that is down is logged by name: {}",
+            log.lock().unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(
-        log.contains("store=down"),
-        "the store that is down is logged by name: {log}"
-    );
+    stop(&mut child);
+    let log = log.lock().unwrap();
     assert!(!log.contains("s3cret"), "{log}");
 }

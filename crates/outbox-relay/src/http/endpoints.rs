@@ -88,6 +88,22 @@ impl IntoResponse for Response {
     }
 }
 
+/// `/metrics`: the recorder's text, or `404` naming the missing feature
+/// (`None`: a build without `prometheus`).
+pub(super) fn metrics_text(render: Option<&Render>) -> Response {
+    match render {
+        Some(render) => Response {
+            status: StatusCode::OK,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: render(),
+        },
+        None => Response::text(
+            StatusCode::NOT_FOUND,
+            "metrics need the `prometheus` feature (on by default)\n",
+        ),
+    }
+}
+
 /// An answer computed when asked (`/metrics`, `/readyz`).
 pub(super) type Answer = Arc<dyn Fn() -> Response + Send + Sync>;
 
@@ -134,17 +150,7 @@ impl Endpoints {
 
     /// `/metrics`.
     pub(super) fn metrics(&self) -> Response {
-        match &self.metrics {
-            Some(render) => Response {
-                status: StatusCode::OK,
-                content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body: render(),
-            },
-            None => Response::text(
-                StatusCode::NOT_FOUND,
-                "metrics need the `prometheus` feature (on by default)\n",
-            ),
-        }
+        metrics_text(self.metrics.as_ref())
     }
 
     /// `/readyz`.
@@ -477,16 +483,8 @@ mod tests {
 
     /// `GET path`: the status, `None` when closed without an answer.
     async fn get(addr: std::net::SocketAddr, path: &str) -> Option<u16> {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        s.write_all(format!("GET {path} HTTP/1.1\r\n\r\n").as_bytes())
-            .await
-            .ok()?;
-        let mut raw = Vec::new();
-        tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut raw))
-            .await
-            .ok()?
-            .ok()?;
-        String::from_utf8_lossy(&raw)
+        ask(addr, "GET", path)
+            .await?
             .split_whitespace()
             .nth(1)?
             .parse()

@@ -13,7 +13,7 @@
 //! down is a fault to see, and the body says which one. The other stores'
 //! relays run on regardless: readiness stops nothing.
 
-use super::endpoints::{router, Answer, Endpoints, Render, Response};
+use super::endpoints::{metrics_text, router, Answer, Endpoints, Render, Response};
 use crate::report::scrub;
 use axum::http::StatusCode;
 use serde_json::json;
@@ -103,17 +103,7 @@ pub(crate) fn spawn_stores(
     stores: Vec<Arc<StoreSlot>>,
     secrets: Vec<String>,
 ) {
-    let text: Answer = Arc::new(move || match &metrics {
-        Some(render) => Response {
-            status: StatusCode::OK,
-            content_type: "text/plain; version=0.0.4; charset=utf-8",
-            body: render(),
-        },
-        None => Response::text(
-            StatusCode::NOT_FOUND,
-            "metrics need the `prometheus` feature (on by default)\n",
-        ),
-    });
+    let text: Answer = Arc::new(move || metrics_text(metrics.as_ref()));
     let ready: Answer = Arc::new(move || readiness(&stores, &secrets));
     super::server::serve_on(
         listener,
