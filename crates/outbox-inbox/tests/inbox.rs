@@ -933,3 +933,87 @@ async fn bad_names_are_refused() {
     assert!(err.to_string().contains("bad-name"), "{err}");
     assert!(PgInbox::new(pool, "").is_err());
 }
+
+/// The inbox follows a primary that moves when its pool does (issue 46):
+/// a pool over two hosts with `target_session_attrs=read-write`, made by
+/// `outbox_postgres::PgHosts::connect_pool` (the inbox depends on no store
+/// crate: the pool is the application's). The hosts are TCP proxies in
+/// front of the test database; the one in use is refused mid-run (its
+/// connections cut, new ones refused), as a primary that went away. Every
+/// message is applied once, in its key's order, without a dead letter,
+/// and the second host carries what came after.
+#[tokio::test]
+async fn a_pool_over_several_hosts_carries_the_inbox_to_the_next_host() {
+    use outbox_postgres::PgHosts;
+    use outbox_testkit::proxy::TcpProxy;
+    let h = Pg::new().await;
+    let upstream: std::net::SocketAddr = {
+        let hosts = PgHosts::parse(&support::database_url()).unwrap();
+        let host = hosts
+            .hosts()
+            .next()
+            .unwrap()
+            .replace("localhost", "127.0.0.1");
+        host.parse().expect("DATABASE_URL's host as ip:port")
+    };
+    let (first, second) = (
+        TcpProxy::start(upstream).await,
+        TcpProxy::start(upstream).await,
+    );
+    let url = support::database_url();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (userinfo, after) = rest.rsplit_once('@').unwrap_or(("", rest));
+    let path = after[after.find('/').unwrap()..].split('?').next().unwrap();
+    let at = if userinfo.is_empty() { "" } else { "@" };
+    let url = format!(
+        "{scheme}://{userinfo}{at}{},{}{path}?target_session_attrs=read-write",
+        first.addr(),
+        second.addr()
+    );
+    let pool = PgHosts::parse(&url)
+        .unwrap()
+        .connect_pool(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(8)
+                .acquire_timeout(Duration::from_secs(2)),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+    let store = PgInbox::new(pool.clone(), "billing")
+        .unwrap()
+        .with_schema(h.schema.clone())
+        .unwrap();
+    let broker = MemoryBroker::default();
+    let script = Script::default();
+    let inbox = Inbox::new(store, h.handler(script.clone())).with_options(fast_retry());
+    let run = Running::start(inbox, &broker);
+    let mut sent: HashMap<String, Vec<EventId>> = HashMap::new();
+    let mut push = |n: usize| {
+        for i in 0..n {
+            let key = format!("k{}", i % 11);
+            let e = event(&key, "ok");
+            sent.entry(key).or_default().push(e.id);
+            broker.push_event(&e);
+        }
+    };
+    push(200);
+    until("the first messages handled", || async {
+        h.effects().await.len() >= 200
+    })
+    .await;
+    first.refuse();
+    push(200);
+    until("all handled", || async { h.effects().await.len() >= 400 }).await;
+    until("all acked", || async { broker.acked().len() == 400 }).await;
+    let counts = run.stop().await;
+    pool.close().await;
+    let effects = h.effects().await;
+    assert_eq!(effects.len(), 400, "each once");
+    assert_eq!(
+        per_key(&effects),
+        sent,
+        "per-key order kept across the move"
+    );
+    assert_eq!(counts.dead, 0, "{counts:?}");
+}

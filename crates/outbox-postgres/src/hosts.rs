@@ -435,18 +435,23 @@ async fn probe_host_inner(options: &PgConnectOptions, within: Duration) -> Answe
 /// nothing is prepared (a pooler in transaction mode may be in between).
 async fn ask_role(options: &PgConnectOptions) -> Result<Role, sqlx::Error> {
     let mut conn = options.connect().await?;
-    let row = sqlx::Executor::fetch_one(
-        &mut conn,
-        "SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'",
-    )
-    .await?;
-    let role = Role {
-        in_recovery: row.try_get(0)?,
-        read_only: row.try_get(1)?,
-    };
+    let role = read_role(&mut conn).await?;
     // Only the answer mattered; a failing close changes nothing.
     let _ = conn.close().await;
     Ok(role)
+}
+
+/// The role of the server `conn` is on (a connection or a pool).
+async fn read_role<'c, E: sqlx::Executor<'c, Database = sqlx::Postgres>>(
+    conn: E,
+) -> Result<Role, sqlx::Error> {
+    let row = conn
+        .fetch_one("SELECT pg_is_in_recovery(), current_setting('transaction_read_only') = 'on'")
+        .await?;
+    Ok(Role {
+        in_recovery: row.try_get(0)?,
+        read_only: row.try_get(1)?,
+    })
 }
 
 /// The read-only error the stores return while no host fits: SQLSTATE
@@ -520,6 +525,9 @@ pub(crate) struct Failover {
     /// A failure looked like a lost server: probe before the next operation.
     suspect: AtomicBool,
     state: tokio::sync::Mutex<ProbeState>,
+    /// When the pool was last pointed at another host: a connection opened
+    /// before then is still on the old one.
+    repointed_at: std::sync::Mutex<Option<Instant>>,
 }
 
 struct ProbeState {
@@ -550,7 +558,29 @@ impl Failover {
                 last: None,
                 waiting_error: None,
             }),
+            repointed_at: std::sync::Mutex::new(None),
         })
+    }
+
+    /// Whether a connection `age` old was opened before the pool was last
+    /// pointed at another host (so it may be on a server that no longer
+    /// fits).
+    pub(crate) fn opened_before_repoint(&self, age: Duration) -> bool {
+        let at = *self
+            .repointed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        at.is_some_and(|t| age > t.elapsed())
+    }
+
+    /// Points `pool` at host `i` and notes when.
+    fn point(&self, pool: &PgPool, i: usize) {
+        pool.set_connect_options(self.hosts.hosts[i].options.clone());
+        self.current.store(i, Ordering::Relaxed);
+        *self
+            .repointed_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
     }
 
     /// Notes `e`: a failure the way a lost or demoted server fails makes
@@ -599,6 +629,25 @@ impl Failover {
         Some(sqlx::Error::Database(Box::new(ReadOnly { message })))
     }
 
+    /// A followed pool's periodic check (`PgHosts::connect_pool`): asks the
+    /// server the pool is on for its role, within `within`; when it does
+    /// not answer, or no longer fits, or no host fitted at the last probe,
+    /// probes the hosts (re-pointing the pool). `prefer-standby` probes
+    /// only when the server does not answer (a primary fits it when no
+    /// standby is up, and a probe would only say so again).
+    pub(crate) async fn check(&self, pool: &PgPool, within: Duration) {
+        let answer = tokio::time::timeout(within, read_role(pool)).await;
+        let fits = match answer {
+            Ok(Ok(role)) => {
+                self.hosts.attrs == TargetSessionAttrs::PreferStandby || self.hosts.attrs.fits(role)
+            }
+            Ok(Err(_)) | Err(_) => false,
+        };
+        if !fits || self.waiting.load(Ordering::Relaxed) {
+            self.probe(pool).await;
+        }
+    }
+
     /// Probes the hosts in the background (an operation is slow: it may be
     /// waiting on a host that is gone).
     pub(crate) fn probe_beside(self: &Arc<Self>, pool: &PgPool) {
@@ -628,8 +677,7 @@ impl Failover {
         match probed {
             Probed::Found(i) => {
                 if i != before {
-                    pool.set_connect_options(self.hosts.hosts[i].options.clone());
-                    self.current.store(i, Ordering::Relaxed);
+                    self.point(pool, i);
                 }
                 if self.waiting.swap(false, Ordering::Relaxed) || i != before {
                     tracing::warn!(
@@ -647,8 +695,7 @@ impl Failover {
             Probed::None { answers, reachable } => {
                 let listed = self.hosts.describe(&answers);
                 if let Some(i) = reachable.filter(|i| *i != before) {
-                    pool.set_connect_options(self.hosts.hosts[i].options.clone());
-                    self.current.store(i, Ordering::Relaxed);
+                    self.point(pool, i);
                 }
                 if !self.waiting.swap(true, Ordering::Relaxed) {
                     tracing::warn!(

@@ -7,6 +7,7 @@ mod dead_filter;
 mod descriptor;
 mod enqueue;
 mod error;
+mod follow;
 mod group_name;
 mod hosts;
 mod ident;

@@ -154,7 +154,7 @@ pub(crate) async fn connect_pool(
 /// The first host of `hosts` that fits its `target_session_attrs`, probed
 /// again (20 ms, doubling to 1 s) until `timeout` while none does; then the
 /// last probe's error, naming every host and its answer.
-async fn first_fitting_host(
+pub(crate) async fn first_fitting_host(
     hosts: &PgHosts,
     timeout: Duration,
 ) -> Result<(PgConnectOptions, usize), StoreError> {
