@@ -38,12 +38,12 @@ const STORES_KEY: &str = "stores";
 const STORE: &[Setting] = &[
     Setting::text(
         STORE_KEY,
-        "Store URL. `run` takes several, each named: `--store NAME=URL` (repeated), one relay per store delivering to one sink, its metrics and logs labelled store=NAME.",
+        "Store URL. `run`, `status` and `console` take several, each named: `--store NAME=URL` (repeated); `run` runs one relay per store delivering to one sink, its metrics and logs labelled store=NAME.",
     )
     .with_value_name("URL"),
     Setting::text(
         STORES_KEY,
-        "`run`: a TOML file listing named stores, `[[store]]` tables of `name`, `url` and that store's own settings (group, schema, table, mode, pooler, batch_size, ...: the keys of outbox.toml); added to the `--store NAME=URL` ones.",
+        "`run`, `status`, `console`: a TOML file listing named stores, `[[store]]` tables of `name`, `url` and that store's own settings (group, schema, table, mode, pooler, batch_size, ...: the keys of outbox.toml); added to the `--store NAME=URL` ones.",
     )
     .with_value_name("FILE"),
     Setting::text(
@@ -551,7 +551,7 @@ impl Resolved {
     pub(crate) fn store_url(&self) -> anyhow::Result<String> {
         if self.names_several_stores() {
             bail!(
-                "this command works on one store: pass --store URL (only `run` takes several stores, --store NAME=URL or {})",
+                "this command works on one store: pass --store URL (only `run`, `status` and `console` take several stores, --store NAME=URL or {})",
                 self.origin(STORES_KEY)
             );
         }

@@ -10,6 +10,11 @@
 //! database going away as one relay does (claims back off; nothing is
 //! lost). SIGINT/SIGTERM stops them all, each finishing its batch within
 //! its shutdown grace. Adding or removing a store is a restart.
+//!
+//! With `console_addr` the console serves every store (its index at `/`,
+//! each store's pages under `/stores/NAME`), through its own connections:
+//! a store that cannot be opened when the console starts is shown as such
+//! on the index until the next restart, while its relay keeps trying.
 
 use crate::any::{AnySink, AnyStore};
 use crate::config::stores::StoreSpec;
@@ -17,7 +22,7 @@ use crate::config::{self, Resolved};
 use crate::exporter::bind_metrics;
 use crate::http::{self, StoreSlot};
 use crate::{open, report, shutdown};
-use anyhow::{bail, Context as _};
+use anyhow::Context as _;
 use outbox_core::{redact_url, Jitter, RetryPolicy};
 use outbox_worker::{Relay, RelayOptions, StoreName};
 use std::sync::Arc;
@@ -46,9 +51,6 @@ pub(crate) async fn run(
     secrets: &[String],
 ) -> anyhow::Result<()> {
     let cfg = config::run_config(resolved)?;
-    if cfg.console.is_some() {
-        bail!("the console serves one store: with several stores, run `outbox-relay console --store URL` per store instead of console_addr");
-    }
     // Every store's settings are checked before anything starts: a typo
     // in one store's settings fails the command, not that store's task.
     let mut planned = Vec::with_capacity(specs.len());
@@ -84,6 +86,17 @@ pub(crate) async fn run(
     let sink = Arc::new(sink);
     // Bound before the relay starts, so a taken port fails the command.
     let (listener, metrics) = bind_metrics(cfg.metrics_addr).await?;
+    #[cfg(feature = "console")]
+    if let Some(c) = &cfg.console {
+        let stores = planned
+            .iter()
+            .map(|p| StoreSpec {
+                name: p.name.clone(),
+                resolved: p.resolved.clone(),
+            })
+            .collect();
+        crate::spawn_console_stores(c, stores, cfg.metrics_addr, secrets).await?;
+    }
     outbox_worker::metrics::describe_metrics();
     let names: Vec<&str> = planned.iter().map(|p| p.name.as_str()).collect();
     info!(

@@ -8,10 +8,18 @@
 //! crate README, "`status --json`"); with `--watch` one document per line
 //! every SECS seconds. A field that does not apply to the store (e.g.
 //! `groups` of a SQLite store) is `null`, never missing.
+//!
+//! Over several stores (`--store NAME=URL` repeated, `--stores FILE`, as
+//! `run` takes them) each store's status comes under a heading with its
+//! name, never its URL (`--json`: `{"stores": [...]}`, one document per
+//! store whose `store` field is its name). A store that cannot be read
+//! shows its error (passwords scrubbed) in its section; the others are
+//! shown all the same, and the command then fails, naming it.
 
 use crate::any::AnyStore;
-use crate::config::StoreArgs;
-use anyhow::Context as _;
+use crate::config::stores::StoreSpec;
+use crate::config::{Resolved, StoreArgs};
+use anyhow::{bail, Context as _};
 use clap::Args;
 use outbox_core::{redact_url, Store};
 use serde_json::{json, Value};
@@ -38,6 +46,9 @@ pub(crate) struct StatusArgs {
 
 /// Runs `status`.
 pub(crate) async fn run(args: StatusArgs, secrets: &mut Vec<String>) -> anyhow::Result<()> {
+    if let Some(specs) = crate::config::stores::plan(&args.store.resolve()?)? {
+        return several(specs, &args, secrets).await;
+    }
     let (store, url) = crate::open::store(&args.store, secrets).await?;
     let Some(every) = args.watch else {
         let doc = collect(&store, &url, &args.relays).await?;
@@ -78,6 +89,157 @@ pub(crate) async fn run(args: StatusArgs, secrets: &mut Vec<String>) -> anyhow::
             () = tokio::time::sleep(Duration::from_secs(every)) => {}
         }
     }
+}
+
+/// The longest `status` waits for one store of several (opened and
+/// read): a store that does not answer is shown as such, not waited for.
+const STORE_WAIT: Duration = Duration::from_secs(30);
+
+/// One store of `status` over several: its name, its settings, and the
+/// store once it could be opened (opened again on the next `--watch` round
+/// when it could not).
+struct Named {
+    name: String,
+    resolved: Resolved,
+    store: Option<AnyStore>,
+}
+
+/// `status` over several stores: each store's section under its name,
+/// every store shown even when another is down; fails (after showing them
+/// all) when a store could not be read, unless `--watch`.
+async fn several(
+    specs: Vec<StoreSpec>,
+    args: &StatusArgs,
+    secrets: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let mut stores: Vec<Named> = specs
+        .into_iter()
+        .map(|spec| {
+            secrets.extend(spec.resolved.secrets());
+            // A store's section names it, never its URL, not even in an
+            // error a driver wrote.
+            if let Ok(url) = spec.resolved.store_url() {
+                secrets.push(url);
+            }
+            Named {
+                name: spec.name.to_string(),
+                resolved: spec.resolved,
+                store: None,
+            }
+        })
+        .collect();
+    let clear = args.watch.is_some() && !args.json && std::io::stdout().is_terminal();
+    let stop = tokio::signal::ctrl_c();
+    tokio::pin!(stop);
+    loop {
+        let shown = read_all(&mut stores, &args.relays, secrets).await;
+        if clear {
+            // Clear the screen, cursor home.
+            print!("\x1b[2J\x1b[H");
+        }
+        let failed: Vec<&str> = shown
+            .iter()
+            .filter(|(_, r)| r.is_err())
+            .map(|(name, _)| name.as_str())
+            .collect();
+        if args.json {
+            let docs: Vec<Value> = shown
+                .iter()
+                .map(|(name, r)| match r {
+                    Ok((doc, _)) => doc.clone(),
+                    Err(e) => json!({ "store": name, "error": e }),
+                })
+                .collect();
+            println!("{}", json!({ "stores": docs }));
+        } else {
+            for (name, r) in &shown {
+                println!("== store {name} ==");
+                match r {
+                    Ok((doc, paused)) => {
+                        print!("{}", text(doc));
+                        println!("{paused}");
+                    }
+                    Err(e) => println!("unreachable: {e}"),
+                }
+            }
+        }
+        let Some(every) = args.watch else {
+            if failed.is_empty() {
+                return Ok(());
+            }
+            bail!(
+                "{} of {} stores could not be read: {}",
+                failed.len(),
+                shown.len(),
+                failed.join(", ")
+            );
+        };
+        tokio::select! {
+            _ = &mut stop => return Ok(()),
+            () = tokio::time::sleep(Duration::from_secs(every)) => {}
+        }
+    }
+}
+
+/// Every store's status document (its `store` field its name) and pause
+/// line, read at the same time, in the order given; a store that cannot be
+/// opened or read gives its error, scrubbed of `secrets`.
+async fn read_all(
+    stores: &mut [Named],
+    relays: &[String],
+    secrets: &[String],
+) -> Vec<(String, Result<(Value, String), String>)> {
+    let reads: Vec<_> = stores
+        .iter()
+        .map(|s| {
+            let (name, resolved, store) = (s.name.clone(), s.resolved.clone(), s.store.clone());
+            let relays = relays.to_vec();
+            tokio::spawn(async move {
+                let read = async {
+                    let store = match store {
+                        Some(store) => store,
+                        None => crate::open::resolved_store(&resolved).await?.0,
+                    };
+                    let read = collect(&store, "", &relays).await;
+                    Ok::<_, anyhow::Error>((store, read))
+                };
+                match tokio::time::timeout(STORE_WAIT, read).await {
+                    Ok(Ok((store, Ok(mut doc)))) => {
+                        doc["store"] = json!(name);
+                        let paused = crate::control::status_line(&store).await;
+                        (Some(store), Ok((doc, paused)))
+                    }
+                    Ok(Ok((store, Err(e)))) => (Some(store), Err(e)),
+                    Ok(Err(e)) => (None, Err(e)),
+                    Err(_) => (
+                        None,
+                        Err(anyhow::anyhow!(
+                            "no answer within {} s",
+                            STORE_WAIT.as_secs()
+                        )),
+                    ),
+                }
+            })
+        })
+        .collect();
+    let mut shown = Vec::with_capacity(stores.len());
+    for (named, read) in stores.iter_mut().zip(reads) {
+        let (store, result) = match read.await {
+            Ok(done) => done,
+            Err(e) => (
+                None,
+                Err(anyhow::anyhow!("the read of this store failed: {e}")),
+            ),
+        };
+        if store.is_some() {
+            named.store = store;
+        }
+        shown.push((
+            named.name.clone(),
+            result.map_err(|e| crate::report::render(&e, secrets)),
+        ));
+    }
+    shown
 }
 
 fn print(doc: &Value, as_json: bool) {

@@ -102,6 +102,7 @@ async fn one_relay_serves_several_stores_and_one_down_stops_none() {
     )
     .unwrap();
     let addr = free_addr();
+    let console = free_addr();
     let out = dir.path().join("out.jsonl");
     let mut child = ChildGuard::new(
         relay(&[
@@ -114,6 +115,8 @@ async fn one_relay_serves_several_stores_and_one_down_stops_none() {
             "100",
             "--metrics-addr",
             &addr,
+            "--console-addr",
+            &console,
         ])
         .arg("--sink")
         .arg(format!("jsonl:{}", out.display()))
@@ -193,7 +196,155 @@ async fn one_relay_serves_several_stores_and_one_down_stops_none() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The console beside the relays lists every store by name, the one
+    // down as unreachable (once its first connection gave up), and serves
+    // each store's pages under its prefix.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let index = loop {
+        if let Some((200, body)) = get(&console, "/") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "the console did not answer");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    for name in ["a", "b", "down"] {
+        assert!(
+            index.contains(&format!(r#"href="/stores/{name}""#)),
+            "{index}"
+        );
+    }
+    assert!(index.contains(r#"data-test="down-down""#), "{index}");
+    assert!(
+        !index.contains("s3cret") && !index.contains("://"),
+        "{index}"
+    );
+    let (status, page) = get(&console, "/stores/b/dead").unwrap();
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains(r#"data-test="dead-count">0<"#), "{page}");
+    assert_eq!(get(&console, "/stores/down/dead").unwrap().0, 503);
     stop(&mut child);
     let log = log.lock().unwrap();
     assert!(!log.contains("s3cret"), "{log}");
+}
+
+#[test]
+fn a_store_name_that_is_not_url_safe_is_refused_by_status_and_console() {
+    for command in ["status", "console"] {
+        let err = stderr_of(&[
+            command,
+            "--store",
+            "Tenant/A=sqlite://a.db",
+            "--store",
+            "b=sqlite://b.db",
+        ]);
+        // `Tenant/A=...` is no name at all (a `/`), so it reads as a URL
+        // without a name among several.
+        assert!(err.contains("has no name"), "{command}: {err}");
+        let err = stderr_of(&[
+            command,
+            "--store",
+            "Tenant=sqlite://a.db",
+            "--store",
+            "b=sqlite://b.db",
+        ]);
+        assert!(
+            err.contains("invalid store name \"Tenant\""),
+            "{command}: {err}"
+        );
+    }
+}
+
+/// `status` over a SQLite store, a PostgreSQL event log and a store that
+/// cannot be reached: every store under its name (never its URL or
+/// password), the one down says so in its section, and the exit code says
+/// something failed; `--json` gives one object per store named by `store`.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_over_several_stores_shows_each_by_name_and_fails_for_the_one_down() {
+    let (schema, pool) = support::pg::migrated_log("outbox_status_stores").await;
+    let pg = support::pg::log_store(&schema, |o| o).await;
+    let mut tx = pg.pool().begin().await.unwrap();
+    for i in 0..4 {
+        pg.outbox()
+            .enqueue(
+                &mut tx,
+                NewEvent::new("stores.test", "kp", format!("{i}").into_bytes()),
+            )
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let a = format!("sqlite://{}", dir.path().join("a.db").display());
+    let _store_a = store_with(&a, 3, "ka").await;
+    let list = dir.path().join("stores.toml");
+    std::fs::write(
+        &list,
+        format!(
+            "[[store]]\nname = \"b\"\nurl = \"{}\"\npg_schema = \"{schema}\"\n\n[[store]]\nname = \"down\"\nurl = \"postgres://relay:s3cret@127.0.0.1:1/nothing\"\n",
+            support::pg::database_url()
+        ),
+    )
+    .unwrap();
+    let list = list.to_str().unwrap();
+    let store_a = format!("a={a}");
+
+    let out = relay(&["status", "--store", &store_a, "--stores", list])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let section = |name: &str| -> String {
+        let from = stdout
+            .find(&format!("== store {name} =="))
+            .unwrap_or_else(|| panic!("no section of {name}: {stdout}"));
+        let rest = &stdout[from + 1..];
+        rest[..rest.find("== store ").unwrap_or(rest.len())].to_owned()
+    };
+    assert!(section("a").contains("pending:    3"), "{stdout}");
+    assert!(section("a").contains("store:      a\n"), "{stdout}");
+    let b = section("b");
+    assert!(b.contains("pending:    4"), "{stdout}");
+    assert!(b.contains("mode:       log"), "{stdout}");
+    assert!(section("down").contains("unreachable: "), "{stdout}");
+    assert!(
+        stderr.contains("1 of 3 stores could not be read: down"),
+        "{stderr}"
+    );
+    for text in [&stdout, &stderr] {
+        // The driver may name the host it could not reach, never the URL
+        // nor its password.
+        for never in ["s3cret", "sqlite://", "postgres://"] {
+            assert!(!text.contains(never), "{never} shown: {text}");
+        }
+    }
+
+    let out = relay(&["status", "--json", "--store", &store_a, "--stores", list])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("s3cret") && !text.contains("://"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let stores = v["stores"].as_array().unwrap();
+    let names: Vec<&str> = stores
+        .iter()
+        .map(|s| s["store"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["a", "b", "down"], "{text}");
+    assert_eq!(stores[0]["pending"], serde_json::json!(3), "{text}");
+    assert_eq!(stores[1]["pending"], serde_json::json!(4), "{text}");
+    assert_eq!(stores[1]["mode"], serde_json::json!("log"), "{text}");
+    assert!(stores[2]["error"].is_string(), "{text}");
+
+    // Every store up: exit 0.
+    let out = relay(&["status", "--store", &store_a, "--store", &format!("c={a}")])
+        .output()
+        .unwrap();
+    support::assert_success(&out, "status over two stores");
+    drop(pg);
+    support::pg::drop_schema(&pool, &schema).await;
 }

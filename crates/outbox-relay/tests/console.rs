@@ -1074,3 +1074,133 @@ async fn the_login_throttle_is_per_client_and_never_locks_out_the_right_token() 
     drop(console);
     drop_schema(&pool, &schema).await;
 }
+
+/// Every path a page links to or posts to (`href`, `action`, `src`).
+fn paths_of(page: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for attr in [r#"href=""#, r#"action=""#, r#"src=""#] {
+        let mut rest = page;
+        while let Some(at) = rest.find(attr) {
+            rest = &rest[at + attr.len()..];
+            let value = &rest[..rest.find('"').unwrap()];
+            paths.push(value.split('?').next().unwrap().to_owned());
+        }
+    }
+    paths
+}
+
+/// The console over two stores (two event logs, each in its schema, from
+/// a `--stores` list): `/` lists both by name (never their URL), each
+/// store's pages are under `/stores/NAME` and show that store's data,
+/// every link and form on them stays within that prefix (but the index,
+/// the login and the assets, which are the console's), a form under a
+/// prefix changes that store only, and one login holds for both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_over_two_stores_lists_both_and_serves_each_under_its_prefix() {
+    let (schema_a, pool) = migrated_log("outbox_console_sa").await;
+    let (schema_b, _) = migrated_log("outbox_console_sb").await;
+    let store_a = log_store(&schema_a, |o| o).await;
+    let store_b = log_store(&schema_b, |o| o).await;
+    let [a, _, _] = three(&store_a, &pool).await;
+    let url = database_url().replacen("://postgres@", "://postgres:s3cret-pw@", 1);
+    let dir = tempfile::tempdir().unwrap();
+    let list = dir.path().join("stores.toml");
+    std::fs::write(
+        &list,
+        format!(
+            "[[store]]\nname = \"tenant-a\"\nurl = \"{url}\"\npg_schema = \"{schema_a}\"\n\n[[store]]\nname = \"tenant-b\"\nurl = \"{url}\"\npg_schema = \"{schema_b}\"\n"
+        ),
+    )
+    .unwrap();
+    let console = Console::start(&["--stores".into(), list.display().to_string()], true, &[]);
+    let s = console.login("dana");
+
+    let index = console.get("/", Some(&s));
+    assert_eq!(index.status, 200, "{}", index.body);
+    for (name, dead) in [("tenant-a", 3), ("tenant-b", 0)] {
+        assert!(
+            index
+                .body
+                .contains(&format!(r#"<a href="/stores/{name}/dead">{dead}</a>"#)),
+            "{name}: {}",
+            index.body
+        );
+        assert!(
+            index.body.contains(&format!(r#"href="/stores/{name}""#)),
+            "{}",
+            index.body
+        );
+    }
+
+    let list_a = console.get("/stores/tenant-a/dead", Some(&s));
+    assert_eq!(list_a.status, 200, "{}", list_a.body);
+    assert_eq!(marked(&list_a.body, "dead-count"), Some("3"));
+    assert_eq!(marked(&list_a.body, "store-name"), Some("store tenant-a"));
+    let list_b = console.get("/stores/tenant-b/dead", Some(&s));
+    assert_eq!(
+        marked(&list_b.body, "dead-count"),
+        Some("0"),
+        "{}",
+        list_b.body
+    );
+    let link = format!("/stores/tenant-a/dead/{a}?group=default");
+    assert!(list_a.body.contains(&link), "{}", list_a.body);
+    let detail = console.get(&link, Some(&s));
+    assert_eq!(detail.status, 200, "{}", detail.body);
+    assert!(detail.body.contains(&a.to_string()), "{}", detail.body);
+    let overview = console.get("/stores/tenant-a", Some(&s));
+    assert_eq!(overview.status, 200, "{}", overview.body);
+    let console_own = [
+        "/",
+        "/login",
+        "/logout",
+        "/assets/console.css",
+        "/assets/console.js",
+    ];
+    for page in [
+        &overview,
+        &list_a,
+        &detail,
+        &console.get("/stores/tenant-a/lane", Some(&s)),
+    ] {
+        assert_eq!(page.status, 200, "{}", page.body);
+        let paths = paths_of(&page.body);
+        assert!(
+            paths.iter().any(|p| p.starts_with("/stores/tenant-a/")),
+            "{paths:?}"
+        );
+        for path in paths {
+            assert!(
+                path.starts_with("/stores/tenant-a/")
+                    || path == "/stores/tenant-a"
+                    || console_own.contains(&path.as_str()),
+                "{path} leaves the store's prefix: {}",
+                page.body
+            );
+        }
+    }
+    for page in [&index, &overview, &list_a, &detail] {
+        for never in ["s3cret-pw", "postgres://", "127.0.0.1:5432"] {
+            assert!(!page.body.contains(never), "{never}: {}", page.body);
+        }
+    }
+
+    // A form under a store's prefix changes that store only.
+    let r = console.post(
+        "/stores/tenant-b/groups/pause",
+        Some(&s),
+        &format!("group=default&reason=tenant-b+upgrade&csrf={}", s.csrf),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(r.body.contains(r#"href="/stores/tenant-b""#), "{}", r.body);
+    assert!(store_b.paused("default").await.unwrap().is_some());
+    assert_eq!(store_a.paused("default").await.unwrap(), None);
+
+    // No store of that name, and the one-store paths, are not pages here.
+    assert_eq!(console.get("/stores/nope", Some(&s)).status, 404);
+    assert_eq!(console.get("/dead", Some(&s)).status, 404);
+    assert!(!console.log_text().contains("s3cret-pw"));
+    drop(console);
+    drop_schema(&pool, &schema_a).await;
+    drop_schema(&pool, &schema_b).await;
+}

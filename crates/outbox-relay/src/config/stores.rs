@@ -1,4 +1,4 @@
-//! Several stores for one `run`: `--store NAME=URL` (repeated) and the
+//! Several stores for one `run` (or `status`, or `console`): `--store NAME=URL` (repeated) and the
 //! `--stores FILE` list, turned into one [`Resolved`] per store (the
 //! command's settings with that store's own on top) under a validated,
 //! unique [`StoreName`].
@@ -73,7 +73,7 @@ pub(crate) fn split_named(text: &str) -> Option<(&str, &str)> {
 
 impl Resolved {
     /// Whether the settings name several stores, or a named one, or a
-    /// list: only `run` takes those.
+    /// list: only `run`, `status` and `console` take those.
     pub(crate) fn names_several_stores(&self) -> bool {
         self.store_flags.len() > 1
             || self.layer.text(STORES_KEY).is_some()

@@ -68,6 +68,10 @@ impl IntoResponse for ConsoleError {
             viewer: Viewer::Unknown,
             refresh: None,
             store: "",
+            // An error page knows no store: the one store's navigation.
+            base: Some(""),
+            name: None,
+            several: false,
         };
         let login = if self.login {
             r#"<p><a href="/login" class="button">Log in</a></p>"#

@@ -76,29 +76,67 @@ pub(crate) struct Frame<'a> {
     pub(crate) viewer: Viewer<'a>,
     /// Re-fetch the page every this many seconds (the script swaps `<main>`).
     pub(crate) refresh: Option<u64>,
-    /// The store, password redacted.
+    /// The footer's store: its URL, password redacted (the one store), or
+    /// empty.
     pub(crate) store: &'a str,
+    /// Where the store's pages are (`""` for the one store, `/stores/NAME`
+    /// among several): the navigation's links start with it. `None` on a
+    /// page of no store (the index of stores, the login among several).
+    pub(crate) base: Option<&'a str>,
+    /// The store's name among several: in the title and the header.
+    pub(crate) name: Option<&'a str>,
+    /// The console serves several stores: the navigation starts with the
+    /// index of stores (`/`).
+    pub(crate) several: bool,
+}
+
+/// The path of a store's page `path` under its prefix `base`: the overview
+/// (`/`) of a store among several is the prefix itself.
+pub(crate) fn at(base: &str, path: &str) -> String {
+    if path == "/" && !base.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}{path}")
+    }
 }
 
 /// A whole page: header with navigation and login state, `body` inside
 /// `<main>`, footer.
 pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
-    let nav = [
-        ("overview", "/", "Overview"),
-        ("shards", "/shards", "Shards &amp; relays"),
-        ("lane", "/lane", "Retry lane"),
-        ("dead", "/dead", "Dead letters"),
-    ]
-    .iter()
-    .map(|(id, href, label)| {
-        let current = if *id == frame.active {
-            r#" aria-current="page""#
-        } else {
-            ""
-        };
-        format!(r#"<a href="{href}"{current}>{label}</a>"#)
-    })
-    .collect::<String>();
+    let stores = frame
+        .several
+        .then_some(("stores", "/".to_owned(), "Stores"));
+    let pages = frame.base.into_iter().flat_map(|base| {
+        [
+            ("overview", "/", "Overview"),
+            ("shards", "/shards", "Shards &amp; relays"),
+            ("lane", "/lane", "Retry lane"),
+            ("dead", "/dead", "Dead letters"),
+        ]
+        .map(|(id, path, label)| (id, at(base, path), label))
+    });
+    let nav = stores
+        .into_iter()
+        .chain(pages)
+        .map(|(id, href, label)| {
+            let current = if id == frame.active {
+                r#" aria-current="page""#
+            } else {
+                ""
+            };
+            format!(r#"<a href="{href}"{current}>{label}</a>"#)
+        })
+        .collect::<String>();
+    let (name_title, name_header) = match frame.name {
+        Some(name) => (
+            format!("{} · ", esc(name)),
+            format!(
+                r#"<span class="badge" data-test="store-name">store {}</span>"#,
+                esc(name)
+            ),
+        ),
+        None => (String::new(), String::new()),
+    };
     let who = match frame.viewer {
         Viewer::Unknown => String::new(),
         Viewer::ReadOnly => {
@@ -127,12 +165,12 @@ pub(crate) fn page(frame: &Frame<'_>, body: &str) -> String {
 <head>
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>{title} · outbox console</title>
+<title>{title} · {name_title}outbox console</title>
 <link rel="stylesheet" href="/assets/console.css">
 <script src="/assets/console.js" defer></script>
 </head>
 <body>
-<header><span class="brand">outbox console</span><nav>{nav}</nav><span class="session">{who}</span></header>
+<header><span class="brand">outbox console</span>{name_header}<nav>{nav}</nav><span class="session">{who}</span></header>
 <h1>{title}</h1>
 {live}
 <main{refresh}>

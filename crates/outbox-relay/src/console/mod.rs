@@ -14,6 +14,14 @@
 //! | `POST /groups/pause`, `POST /groups/resume` | pause (with a reason) or resume a group |
 //! | `GET /login`, `POST /login`, `POST /logout` | the admin session |
 //!
+//! Over several stores (`--store NAME=URL` repeated, `--stores FILE`, as
+//! `run` takes them) `GET /` is the index of the stores (each one's events
+//! behind, largest lag and dead letters) and each store's pages above are
+//! served under `/stores/NAME` (`/stores/NAME` its overview,
+//! `/stores/NAME/dead`, ...), every link and form of them within that
+//! prefix; the login, the logout and the assets stay at the root: one
+//! session holds for every store. One store keeps the paths above.
+//!
 //! Before any handler, [`guard`] refuses a request whose `Host` the
 //! console does not answer to (`421`), and, when the console has an admin
 //! token, one without a live session (`303` to the login for a page,
@@ -45,18 +53,19 @@ mod state;
 mod views;
 
 use crate::any::AnyStore;
+use crate::config::stores::StoreSpec;
 use crate::config::StoreArgs;
 use anyhow::{bail, Context as _};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::Router;
 use clap::Args;
 use error::{security_headers, ConsoleError};
 use outbox_core::redact_url;
-use state::Console;
+use state::{Console, Index, Site};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -179,6 +188,14 @@ pub(crate) async fn run(args: ConsoleArgs, secrets: &mut Vec<String>) -> anyhow:
     };
     // Refuse a remote address before connecting to anything.
     serving.check()?;
+    if let Some(specs) = crate::config::stores::plan(&args.store.resolve()?)? {
+        for spec in &specs {
+            secrets.extend(spec.resolved.secrets());
+        }
+        let stores = open_stores(specs, secrets).await;
+        let listener = serving.bind().await?;
+        return serve_stores(listener, stores, serving, secrets.clone()).await;
+    }
     let (store, url) = crate::open::store(&args.store, secrets).await?;
     let listener = serving.bind().await?;
     serve(listener, store, &url, serving, secrets.clone()).await
@@ -208,6 +225,111 @@ pub(crate) async fn serve(
     secrets: Vec<String>,
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr().unwrap_or(serving.listen);
+    let site = site(addr, &serving, redact_url(url), false, secrets)?;
+    let console = store_console(&site, &serving, store, None);
+    info!(
+        url = %format!("http://{addr}/"),
+        store = %console.store_url,
+        admin = site.auth.is_some(),
+        "console: serving (read-only unless an admin token is configured)"
+    );
+    let app = Router::new()
+        .merge(store_routes(console))
+        .merge(site_routes(site.clone()));
+    serve_app(listener, app, site).await
+}
+
+/// Opens the stores of `specs` at the same time: each one's store, or why
+/// it could not be opened (scrubbed of `secrets`), in the order given.
+pub(crate) async fn open_stores(
+    specs: Vec<StoreSpec>,
+    secrets: &[String],
+) -> Vec<(String, Result<AnyStore, String>)> {
+    let opening: Vec<_> = specs
+        .into_iter()
+        .map(|spec| {
+            let name = spec.name.to_string();
+            // A store is shown by its name, never its URL, not even in an
+            // error a driver wrote.
+            let mut hidden = secrets.to_vec();
+            hidden.extend(spec.resolved.store_url());
+            let opened =
+                tokio::spawn(async move { crate::open::resolved_store(&spec.resolved).await });
+            (name, hidden, opened)
+        })
+        .collect();
+    let mut stores = Vec::with_capacity(opening.len());
+    for (name, hidden, opened) in opening {
+        let store = match opened.await {
+            Ok(Ok((store, _url))) => Ok(store),
+            Ok(Err(e)) => Err(crate::report::render(&e, &hidden)),
+            Err(e) => Err(format!("opening the store failed: {e}")),
+        };
+        if let Err(e) = &store {
+            warn!(store = %name, error = %e, "console: cannot open the store; its pages say so, the other stores are served");
+        }
+        stores.push((name, store));
+    }
+    stores
+}
+
+/// Serves the console of several stores on `listener` until SIGINT/SIGTERM:
+/// the index of `stores` at `/`, each store's pages under `/stores/NAME`
+/// (a store that could not be opened answers every page with why).
+pub(crate) async fn serve_stores(
+    listener: tokio::net::TcpListener,
+    stores: Vec<(String, Result<AnyStore, String>)>,
+    serving: Serving,
+    secrets: Vec<String>,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr().unwrap_or(serving.listen);
+    let site = site(addr, &serving, String::new(), true, secrets)?;
+    let names: Vec<&str> = stores.iter().map(|(n, _)| n.as_str()).collect();
+    info!(
+        url = %format!("http://{addr}/"),
+        stores = %names.join(","),
+        admin = site.auth.is_some(),
+        "console: serving several stores (read-only unless an admin token is configured)"
+    );
+    let stores: Vec<(String, Result<Arc<Console>, String>)> = stores
+        .into_iter()
+        .map(|(name, store)| {
+            let console = store.map(|s| store_console(&site, &serving, s, Some(&name)));
+            (name, console)
+        })
+        .collect();
+    let mut app = Router::new()
+        .route("/", get(pages::index))
+        .with_state(Arc::new(Index {
+            site: site.clone(),
+            stores: stores.clone(),
+        }))
+        .merge(site_routes(site.clone()));
+    for (name, console) in stores {
+        let prefix = format!("/stores/{name}");
+        app = match console {
+            Ok(console) => app.nest(&prefix, store_routes(console)),
+            Err(error) => {
+                let down = move || {
+                    let (name, error) = (name.clone(), error.clone());
+                    async move { pages::store_not_open(&name, &error) }
+                };
+                app.route(&prefix, any(down.clone()))
+                    .route(&format!("{prefix}/{{*rest}}"), any(down))
+            }
+        };
+    }
+    serve_app(listener, app, site).await
+}
+
+/// What the stores of a console share, built from `serving`.
+fn site(
+    addr: SocketAddr,
+    serving: &Serving,
+    footer: String,
+    several: bool,
+    secrets: Vec<String>,
+) -> anyhow::Result<Arc<Site>> {
     let hosts = auth::Hosts::new(addr.ip(), &serving.allowed_hosts)?;
     if serving.token.is_none() && !addr.ip().is_loopback() {
         warn!(
@@ -216,30 +338,60 @@ pub(crate) async fn serve(
              dead-letter payloads and headers included; give it an admin token"
         );
     }
-    let console = Arc::new(Console {
-        store,
-        store_url: redact_url(url),
-        relays: serving.relays,
+    Ok(Arc::new(Site {
         auth: serving
             .token
+            .clone()
             .map(|t| auth::Auth::new(t, Duration::from_secs(serving.session_minutes * 60))),
         hosts,
+        secrets,
+        footer,
+        several,
+    }))
+}
+
+/// The console of one store (named among several: its pages under
+/// `/stores/NAME`, its footer without its URL), its chart sampler started.
+fn store_console(
+    site: &Arc<Site>,
+    serving: &Serving,
+    store: AnyStore,
+    name: Option<&str>,
+) -> Arc<Console> {
+    let console = Arc::new(Console {
+        site: site.clone(),
+        store,
+        store_url: if name.is_some() {
+            String::new()
+        } else {
+            site.footer.clone()
+        },
+        name: name.map(str::to_owned),
+        base: name.map_or_else(String::new, |n| format!("/stores/{n}")),
+        relays: serving.relays.clone(),
         samples: samples::Samples::default(),
         sample_secs: serving.sample_secs,
-        secrets,
         scoped: tokio::sync::Mutex::new(HashMap::new()),
     });
     tokio::spawn(sampler::run(
         console.clone(),
         Duration::from_secs(serving.sample_secs),
     ));
-    info!(
-        url = %format!("http://{addr}/"),
-        store = %console.store_url,
-        admin = console.auth.is_some(),
-        "console: serving (read-only unless an admin token is configured)"
-    );
-    let app = router(console).into_make_service_with_connect_info::<SocketAddr>();
+    console
+}
+
+/// `app` behind the [`guard`], with the console's error pages, served on
+/// `listener` until SIGINT/SIGTERM.
+async fn serve_app(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    site: Arc<Site>,
+) -> anyhow::Result<()> {
+    let app = app
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(site, guard))
+        .into_make_service_with_connect_info::<SocketAddr>();
     axum::serve(listener, app)
         .with_graceful_shutdown(crate::shutdown::signal())
         .await
@@ -247,7 +399,20 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-fn router(console: Arc<Console>) -> Router {
+/// The console's own routes, the same for one store and for several: the
+/// admin session and the assets.
+fn site_routes(site: Arc<Site>) -> Router {
+    Router::new()
+        .route("/login", get(pages::login_page).post(pages::login))
+        .route("/logout", post(pages::logout))
+        .route("/assets/console.css", get(css))
+        .route("/assets/console.js", get(js))
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(site)
+}
+
+/// The pages of one store, relative to its prefix (none for the one store).
+fn store_routes(console: Arc<Console>) -> Router {
     Router::new()
         .route("/", get(pages::overview))
         .route("/shards", get(pages::shards))
@@ -258,13 +423,7 @@ fn router(console: Arc<Console>) -> Router {
         .route("/dead/{id}", get(pages::dead_detail))
         .route("/groups/pause", post(pages::pause))
         .route("/groups/resume", post(pages::resume))
-        .route("/login", get(pages::login_page).post(pages::login))
-        .route("/logout", post(pages::logout))
-        .route("/assets/console.css", get(css))
-        .route("/assets/console.js", get(js))
-        .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn_with_state(console.clone(), guard))
         .with_state(console)
 }
 
@@ -274,7 +433,7 @@ fn router(console: Arc<Console>) -> Router {
 /// and the assets: a page (`GET`, `HEAD`) is redirected to the login with
 /// `next` naming it, anything else gets the `401` page. Neither reads the
 /// store, so neither shows anything of it.
-async fn guard(State(c): State<Arc<Console>>, req: Request, next: Next) -> Response {
+async fn guard(State(c): State<Arc<Site>>, req: Request, next: Next) -> Response {
     let host = req
         .headers()
         .get(header::HOST)

@@ -5,7 +5,7 @@
 use super::error::{html_response, whole_secs, ConsoleError};
 use super::html::{self, esc};
 use super::params::{DeadParams, Params};
-use super::state::{Console, Seen, AUDIT};
+use super::state::{Console, Index, Seen, Site, AUDIT};
 use super::{auth, views};
 use axum::body::Bytes;
 use axum::extract::{ConnectInfo, Path as UrlPath, RawQuery, State};
@@ -20,6 +20,56 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing::{info, warn};
 
+/// The index of a console over several stores: each store by name (a
+/// link to its pages) with its headline, read from every store at once; a
+/// store that does not answer says so in its row.
+pub(super) async fn index(State(ix): State<Arc<Index>>, headers: HeaderMap) -> Response {
+    let reads: Vec<_> = ix
+        .stores
+        .iter()
+        .map(|(_, console)| {
+            let console = console.clone();
+            tokio::spawn(async move {
+                match console {
+                    Ok(c) => c.status().await.map_err(|e| e.detail),
+                    Err(e) => Err(format!(
+                        "could not be opened when the console started ({e}); restart the console once it is up"
+                    )),
+                }
+            })
+        })
+        .collect();
+    let mut rows = Vec::with_capacity(reads.len());
+    for ((name, _), read) in ix.stores.iter().zip(reads) {
+        let read = read
+            .await
+            .unwrap_or_else(|e| Err(format!("the read of this store failed: {e}")));
+        rows.push(views::IndexRow {
+            name: name.clone(),
+            status: read,
+        });
+    }
+    let seen = Seen::of(&ix.site, &headers);
+    html_response(
+        StatusCode::OK,
+        html::page(
+            &ix.site.frame("Stores", "stores", &seen, Some(5)),
+            &views::index(&rows),
+        ),
+    )
+}
+
+/// Every page of a store that could not be opened when the console started.
+pub(super) fn store_not_open(name: &str, error: &str) -> ConsoleError {
+    ConsoleError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "The store did not answer",
+        format!(
+            "Store {name} could not be opened when the console started: {error}. Restart the console once it is up; the other stores are served."
+        ),
+    )
+}
+
 pub(super) async fn overview(
     State(c): State<Arc<Console>>,
     headers: HeaderMap,
@@ -32,8 +82,15 @@ pub(super) async fn overview(
             .await?;
         paused.insert(g.name, p);
     }
-    let seen = Seen::of(&c, &headers);
-    let body = views::overview(&doc, &paused, &c.samples, c.sample_secs, &seen.viewer());
+    let seen = Seen::of(&c.site, &headers);
+    let body = views::overview(
+        &c.base,
+        &doc,
+        &paused,
+        &c.samples,
+        c.sample_secs,
+        &seen.viewer(),
+    );
     Ok(html_response(
         StatusCode::OK,
         html::page(&c.frame("Overview", "overview", &seen, Some(5)), &body),
@@ -45,7 +102,7 @@ pub(super) async fn shards(
     headers: HeaderMap,
 ) -> Result<Response, ConsoleError> {
     let doc = c.status().await?;
-    let seen = Seen::of(&c, &headers);
+    let seen = Seen::of(&c.site, &headers);
     Ok(html_response(
         StatusCode::OK,
         html::page(
@@ -70,12 +127,12 @@ pub(super) async fn lane(
         .call("cannot read the retry lane", store.held_keys(LANE_LIMIT))
         .await?;
     let groups = c.group_names().await?;
-    let seen = Seen::of(&c, &headers);
+    let seen = Seen::of(&c.site, &headers);
     Ok(html_response(
         StatusCode::OK,
         html::page(
             &c.frame("Retry lane", "lane", &seen, Some(5)),
-            &views::lane(&group, &groups, &held),
+            &views::lane(&c.base, &group, &groups, &held),
         ),
     ))
 }
@@ -107,8 +164,16 @@ pub(super) async fn dead_list(
         None
     };
     let groups = c.group_names().await?;
-    let seen = Seen::of(&c, &headers);
-    let body = views::dead_list(&params, &groups, total, &rows, next, &seen.viewer());
+    let seen = Seen::of(&c.site, &headers);
+    let body = views::dead_list(
+        &c.base,
+        &params,
+        &groups,
+        total,
+        &rows,
+        next,
+        &seen.viewer(),
+    );
     Ok(html_response(
         StatusCode::OK,
         html::page(&c.frame("Dead letters", "dead", &seen, None), &body),
@@ -144,13 +209,13 @@ pub(super) async fn dead_detail(
             "Group {group:?} has no dead letter with id {id} (replayed or purged since?)."
         )));
     };
-    let seen = Seen::of(&c, &headers);
+    let seen = Seen::of(&c.site, &headers);
     let title = format!("Dead letter {id}");
     Ok(html_response(
         StatusCode::OK,
         html::page(
             &c.frame(&title, "dead", &seen, None),
-            &views::dead_detail(&group, d, &seen.viewer()),
+            &views::dead_detail(&c.base, &group, d, &seen.viewer()),
         ),
     ))
 }
@@ -194,7 +259,7 @@ pub(super) async fn dead_confirm(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
+    auth::authorize(c.site.auth.as_ref(), &c.site.hosts, &headers, p.get("csrf"))?;
     let (retry, all) = action(&p)?;
     let params = selection(&c, &p, all)?;
     let store = c.store_for(&params.group).await?;
@@ -202,7 +267,7 @@ pub(super) async fn dead_confirm(
     let count = c
         .call("cannot count the dead letters", store.count_dead(&filter))
         .await?;
-    let seen = Seen::of(&c, &headers);
+    let seen = Seen::of(&c.site, &headers);
     let title = if retry {
         "Replay dead letters?"
     } else {
@@ -210,14 +275,16 @@ pub(super) async fn dead_confirm(
     };
     let body = if count == 0 {
         format!(
-            r#"<p data-test="confirm-count">No dead letter of group {} matches ({}): nothing to do.</p><p><a href="/dead?{}">Back</a></p>"#,
+            r#"<p data-test="confirm-count">No dead letter of group {} matches ({}): nothing to do.</p><p><a href="{}/dead?{}">Back</a></p>"#,
             esc(&params.group),
             esc(&params.describe()),
+            c.base,
             esc(&params.query(None))
         )
     } else {
         views::confirm(
             &views::Confirm {
+                base: &c.base,
                 retry,
                 all,
                 count,
@@ -238,7 +305,7 @@ pub(super) async fn dead_act(
     body: Bytes,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    let session = auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
+    let session = auth::authorize(c.site.auth.as_ref(), &c.site.hosts, &headers, p.get("csrf"))?;
     let (retry, all) = action(&p)?;
     let params = selection(&c, &p, all)?;
     let expected: u64 = p
@@ -286,14 +353,14 @@ pub(super) async fn dead_act(
         changed = done,
         "console: {verb} of dead letters"
     );
-    let seen = Seen::of(&c, &headers);
+    let seen = Seen::of(&c.site, &headers);
     let text = if retry {
         format!("Replayed {done} dead letter(s) of group {}: they are pending again and the relays deliver them.", params.group)
     } else {
         format!("Purged {done} dead letter(s) of group {}.", params.group)
     };
     let body = format!(
-        r#"<p class="big" data-test="done">{}</p>{}<p><a href="/dead?{}">Back to the dead letters</a> · <a href="/">Overview</a></p>"#,
+        r#"<p class="big" data-test="done">{}</p>{}<p><a href="{base}/dead?{}">Back to the dead letters</a> · <a href="{overview}">Overview</a></p>"#,
         esc(&text),
         if done != expected {
             format!(
@@ -302,7 +369,9 @@ pub(super) async fn dead_act(
         } else {
             String::new()
         },
-        esc(&params.query(None))
+        esc(&params.query(None)),
+        base = c.base,
+        overview = html::at(&c.base, "/"),
     );
     Ok(html_response(
         StatusCode::OK,
@@ -333,7 +402,7 @@ async fn set_paused(
     pause: bool,
 ) -> Result<Response, ConsoleError> {
     let p = Params::parse(&body);
-    let session = auth::authorize(c.auth.as_ref(), &c.hosts, &headers, p.get("csrf"))?;
+    let session = auth::authorize(c.site.auth.as_ref(), &c.site.hosts, &headers, p.get("csrf"))?;
     let Some(group) = p.get("group") else {
         return Err(ConsoleError::new(
             StatusCode::BAD_REQUEST,
@@ -383,10 +452,11 @@ async fn set_paused(
         (false, true) => format!("Resumed consumer group {group}: its relays claim again within about a second."),
         (false, false) => format!("Consumer group {group} was not paused."),
     };
-    let seen = Seen::of(&c, &headers);
+    let seen = Seen::of(&c.site, &headers);
     let body = format!(
-        r#"<p class="big" data-test="done">{}</p><p><a href="/">Back to the overview</a></p>"#,
-        esc(&text)
+        r#"<p class="big" data-test="done">{}</p><p><a href="{}">Back to the overview</a></p>"#,
+        esc(&text),
+        html::at(&c.base, "/")
     );
     Ok(html_response(
         StatusCode::OK,
@@ -403,7 +473,7 @@ async fn set_paused(
 }
 
 pub(super) async fn login_page(
-    State(c): State<Arc<Console>>,
+    State(c): State<Arc<Site>>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Response {
@@ -435,7 +505,7 @@ fn login_form(name: &str, next: &str) -> String {
 }
 
 pub(super) async fn login(
-    State(c): State<Arc<Console>>,
+    State(c): State<Arc<Site>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     body: Bytes,
@@ -501,7 +571,7 @@ pub(super) async fn login(
 }
 
 pub(super) async fn logout(
-    State(c): State<Arc<Console>>,
+    State(c): State<Arc<Site>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ConsoleError> {

@@ -18,7 +18,7 @@ pub(crate) async fn run(console: Arc<Console>, every: Duration) {
         let doc = match crate::status::collect(&console.store, &console.store_url, &[]).await {
             Ok(doc) => doc,
             Err(e) => {
-                tracing::debug!(error = %crate::report::render(&e, &console.secrets), "console: no sample (store unreadable)");
+                tracing::debug!(error = %crate::report::render(&e, &console.site.secrets), "console: no sample (store unreadable)");
                 continue;
             }
         };

@@ -1,6 +1,7 @@
-//! What every handler reads: the [`Console`] (its store, its admin
-//! session, its samples) with the store calls pages make through it, and
-//! who is asking ([`Seen`]).
+//! What every handler reads: the [`Site`] (the admin session and the host
+//! names, one for every store served), the [`Console`] of a store (its
+//! store, its samples, where its pages are) with the store calls pages
+//! make through it, and who is asking ([`Seen`]).
 
 use super::auth;
 use super::error::ConsoleError;
@@ -9,6 +10,7 @@ use super::samples;
 use crate::any::AnyStore;
 use axum::http::{HeaderMap, StatusCode};
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::warn;
 
@@ -19,20 +21,71 @@ pub(super) const STORE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The audit log's target: one INFO line per change.
 pub(super) const AUDIT: &str = "outbox_relay::console::audit";
 
-/// What every handler reads.
+/// What the stores served by one console share: one admin session (a
+/// login holds for every store), the host names, the secrets.
 #[derive(Debug)]
-pub(crate) struct Console {
-    pub(super) store: AnyStore,
-    /// The store URL, password redacted.
-    pub(super) store_url: String,
-    pub(super) relays: Vec<String>,
+pub(crate) struct Site {
     pub(super) auth: Option<auth::Auth>,
     /// The host names it answers to.
     pub(super) hosts: auth::Hosts,
-    pub(super) samples: samples::Samples,
-    pub(super) sample_secs: u64,
     /// Passwords and the token: scrubbed from every message shown or logged.
     pub(super) secrets: Vec<String>,
+    /// The footer of its own pages (the login): the one store's URL,
+    /// password redacted, or empty among several stores.
+    pub(super) footer: String,
+    /// It serves several stores: an index of them at `/`, each store's
+    /// pages under `/stores/NAME`.
+    pub(super) several: bool,
+}
+
+impl Site {
+    /// The frame of a page of no store in particular (the login, the
+    /// index of stores).
+    pub(super) fn frame<'a>(
+        &'a self,
+        title: &'a str,
+        active: &'a str,
+        seen: &'a Seen,
+        refresh: Option<u64>,
+    ) -> Frame<'a> {
+        Frame {
+            title,
+            active,
+            viewer: seen.viewer(),
+            refresh,
+            store: &self.footer,
+            base: (!self.several).then_some(""),
+            name: None,
+            several: self.several,
+        }
+    }
+}
+
+/// The index of a console over several stores: each store by name, with
+/// its console or why it could not be opened at start.
+#[derive(Debug)]
+pub(crate) struct Index {
+    pub(super) site: Arc<Site>,
+    pub(super) stores: Vec<(String, Result<Arc<Console>, String>)>,
+}
+
+/// What the handlers of one store's pages read.
+#[derive(Debug)]
+pub(crate) struct Console {
+    pub(super) site: Arc<Site>,
+    pub(super) store: AnyStore,
+    /// The footer's store: its URL, password redacted (the one store), or
+    /// empty among several (a store is named, never shown by its URL).
+    pub(super) store_url: String,
+    /// Its name among several stores.
+    pub(super) name: Option<String>,
+    /// The prefix of its pages' paths: `""` for the one store (today's
+    /// paths), `/stores/NAME` among several. Every link and form of its
+    /// pages starts with it.
+    pub(super) base: String,
+    pub(super) relays: Vec<String>,
+    pub(super) samples: samples::Samples,
+    pub(super) sample_secs: u64,
     /// The event log as seen by each other group, opened on first use
     /// (only the event log has other groups).
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
@@ -42,7 +95,7 @@ pub(crate) struct Console {
 /// A store call failed: `503`, with the error (scrubbed), logged.
 fn store_down(console: &Console, what: &str, e: impl Into<anyhow::Error>) -> ConsoleError {
     let e: anyhow::Error = e.into();
-    let text = crate::report::render(&e, &console.secrets);
+    let text = crate::report::render(&e, &console.site.secrets);
     warn!(error = %text, "console: {what}");
     ConsoleError::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -58,17 +111,14 @@ pub(super) struct Seen {
 }
 
 impl Seen {
-    pub(super) fn of(console: &Console, headers: &HeaderMap) -> Self {
-        let who = console
-            .auth
-            .as_ref()
-            .and_then(|a| match a.session(headers) {
-                auth::SessionState::Live(s) => Some((s.who, s.csrf)),
-                _ => None,
-            });
+    pub(super) fn of(site: &Site, headers: &HeaderMap) -> Self {
+        let who = site.auth.as_ref().and_then(|a| match a.session(headers) {
+            auth::SessionState::Live(s) => Some((s.who, s.csrf)),
+            _ => None,
+        });
         Self {
             who,
-            admin: console.auth.is_some(),
+            admin: site.auth.is_some(),
         }
     }
 
@@ -95,6 +145,9 @@ impl Console {
             viewer: seen.viewer(),
             refresh,
             store: &self.store_url,
+            base: Some(&self.base),
+            name: self.name.as_deref(),
+            several: self.site.several,
         }
     }
 

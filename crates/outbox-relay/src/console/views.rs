@@ -29,7 +29,7 @@ fn pause_text(p: &Paused) -> String {
 }
 
 /// The pause / resume form of one group.
-fn pause_form(group: &str, paused: bool, viewer: &Viewer<'_>) -> String {
+fn pause_form(base: &str, group: &str, paused: bool, viewer: &Viewer<'_>) -> String {
     if !viewer.can_act() {
         return String::new();
     }
@@ -37,17 +37,19 @@ fn pause_form(group: &str, paused: bool, viewer: &Viewer<'_>) -> String {
     let g = esc(group);
     if paused {
         format!(
-            r#"<form method="post" action="/groups/resume" class="inline">{csrf}<input type="hidden" name="group" value="{g}"><button type="submit" data-test="resume-{g}">Resume</button></form>"#
+            r#"<form method="post" action="{base}/groups/resume" class="inline">{csrf}<input type="hidden" name="group" value="{g}"><button type="submit" data-test="resume-{g}">Resume</button></form>"#
         )
     } else {
         format!(
-            r#"<form method="post" action="/groups/pause" class="inline">{csrf}<input type="hidden" name="group" value="{g}"><input name="reason" placeholder="reason" required maxlength="500" aria-label="reason to pause {g}"><button type="submit" data-test="pause-{g}">Pause</button></form>"#
+            r#"<form method="post" action="{base}/groups/pause" class="inline">{csrf}<input type="hidden" name="group" value="{g}"><input name="reason" placeholder="reason" required maxlength="500" aria-label="reason to pause {g}"><button type="submit" data-test="pause-{g}">Pause</button></form>"#
         )
     }
 }
 
-/// The overview page's body.
+/// The overview page's body; its links start with `base` (the store's
+/// prefix, [`super::state::Console::base`]), as every page's do.
 pub(crate) fn overview(
+    base: &str,
     doc: &Value,
     paused: &BTreeMap<String, Option<Paused>>,
     samples: &Samples,
@@ -92,7 +94,7 @@ pub(crate) fn overview(
                 .iter()
                 .map(|(c, n)| {
                     format!(
-                        r#"<a href="/dead?group={}&amp;code={}">{} {n}</a>"#,
+                        r#"<a href="{base}/dead?group={}&amp;code={}">{} {n}</a>"#,
                         enc(&g.name),
                         enc(c),
                         esc(c)
@@ -107,7 +109,7 @@ pub(crate) fn overview(
                 None => "-".to_owned(),
             };
             format!(
-                r#"<td data-label="group"><strong>{name}</strong></td><td data-label="events behind" class="num" data-test="pending">{pending}</td><td data-label="lag" class="num" data-test="lag">{lag}</td><td class="num"><a href="/lane?group={gq}">{lane}</a></td><td class="num"><a href="/lane?group={gq}">{parked}</a></td><td class="num"><a href="/dead?group={gq}">{dead}</a> <span class="small">{codes}</span></td><td>{rotation}</td><td>{state}</td><td>{form}</td>"#,
+                r#"<td data-label="group"><strong>{name}</strong></td><td data-label="events behind" class="num" data-test="pending">{pending}</td><td data-label="lag" class="num" data-test="lag">{lag}</td><td class="num"><a href="{base}/lane?group={gq}">{lane}</a></td><td class="num"><a href="{base}/lane?group={gq}">{parked}</a></td><td class="num"><a href="{base}/dead?group={gq}">{dead}</a> <span class="small">{codes}</span></td><td>{rotation}</td><td>{state}</td><td>{form}</td>"#,
                 name = esc(&g.name),
                 gq = enc(&g.name),
                 pending = g.pending,
@@ -116,7 +118,7 @@ pub(crate) fn overview(
                 parked = opt(g.parked_keys),
                 dead = g.dead,
                 codes = codes.join(", "),
-                form = pause_form(&g.name, p.is_some(), viewer),
+                form = pause_form(base, &g.name, p.is_some(), viewer),
             )
         })
         .collect();
@@ -278,6 +280,63 @@ pub(crate) fn overview(
     out
 }
 
+/// One store of the index of a console over several: its name and its
+/// `status` document, or why it could not be read.
+#[derive(Debug)]
+pub(crate) struct IndexRow {
+    pub(crate) name: String,
+    pub(crate) status: Result<Value, String>,
+}
+
+/// The index of a console over several stores: one row per store, by
+/// name, linking to its pages, with its headline (events behind, largest
+/// lag, dead letters, over its groups).
+pub(crate) fn index(rows: &[IndexRow]) -> String {
+    let rows: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let link = format!(
+                r#"<td data-label="store"><a href="/stores/{0}" data-test="store-{0}"><strong>{0}</strong></a></td>"#,
+                esc(&r.name)
+            );
+            match &r.status {
+                Ok(doc) => {
+                    let groups = groups_of(doc);
+                    format!(
+                        r#"{link}<td>{mode}</td><td class="num">{n}</td><td class="num" data-test="pending-{name}">{pending}</td><td class="num">{lag}</td><td class="num"><a href="/stores/{name}/dead">{dead}</a></td><td><span class="badge ok">answers</span></td>"#,
+                        name = esc(&r.name),
+                        mode = esc(&text(&doc["mode"])),
+                        n = groups.len(),
+                        pending = groups.iter().map(|g| g.pending).sum::<u64>(),
+                        lag = esc(&duration(
+                            groups.iter().filter_map(|g| g.lag_secs).reduce(f64::max)
+                        )),
+                        dead = groups.iter().map(|g| g.dead).sum::<u64>(),
+                    )
+                }
+                Err(e) => format!(
+                    r#"{link}<td colspan="5" class="msg" data-test="down-{name}">{e}</td><td><span class="badge bad">unreachable</span></td>"#,
+                    name = esc(&r.name),
+                    e = esc(e),
+                ),
+            }
+        })
+        .collect();
+    table(
+        "stores",
+        &[
+            "Store",
+            "Mode",
+            "Groups",
+            "Events behind (all groups)",
+            "Largest lag",
+            "Dead letters",
+            "",
+        ],
+        &rows,
+    )
+}
+
 /// The shards & relays page's body.
 pub(crate) fn shards(doc: &Value) -> String {
     let mut out = String::new();
@@ -376,6 +435,7 @@ pub(crate) fn shards(doc: &Value) -> String {
 /// The dead letters page: the filter form, the count, one page of rows
 /// with selection boxes, and the links to the next page.
 pub(crate) fn dead_list(
+    base: &str,
     params: &DeadParams,
     groups: &[String],
     total: u64,
@@ -388,14 +448,14 @@ pub(crate) fn dead_list(
     let val = |v: &Option<String>| esc(v.as_deref().unwrap_or(""));
     let _ = write!(
         out,
-        r#"<form method="get" action="/dead" class="filters" id="filters">
+        r#"<form method="get" action="{base}/dead" class="filters" id="filters">
 <label>Group <select name="group">{options}</select></label>
 <label>Type <input name="type" value="{t}" placeholder="order.created"></label>
 <label>Code <input name="code" value="{c}" placeholder="HANDLER_PERMANENT_FAILURE"></label>
 <label>Key <input name="key" value="{k}"></label>
 <label>Older than <input name="older_than" value="{o}" placeholder="1h" size="6"></label>
 <label>Newer than <input name="newer_than" value="{n}" placeholder="30m" size="6"></label>
-<button type="submit">Filter</button> <a href="/dead?group={gq}">clear</a>
+<button type="submit">Filter</button> <a href="{base}/dead?group={gq}">clear</a>
 </form>"#,
         t = val(&params.event_type),
         c = val(&params.code),
@@ -433,7 +493,7 @@ pub(crate) fn dead_list(
         if act {
             let _ = write!(
                 out,
-                r#"<form method="post" action="/dead/confirm" id="select">{}{}"#,
+                r#"<form method="post" action="{base}/dead/confirm" id="select">{}{}"#,
                 viewer.csrf_field(),
                 params.hidden_fields()
             );
@@ -443,7 +503,7 @@ pub(crate) fn dead_list(
             .map(|d| {
                 let e = &d.event;
                 let id = e.id.to_string();
-                let link = format!("/dead/{}?group={}", enc(&id), enc(&params.group));
+                let link = format!("{base}/dead/{}?group={}", enc(&id), enc(&params.group));
                 format!(
                     r#"{check}<td><a href="{link}" class="mono">{id}</a></td><td>{ty}</td><td>{key}</td><td>{code}</td><td class="msg">{msg}</td><td class="num">{att}</td><td class="small">{at}</td>"#,
                     check = if act {
@@ -498,14 +558,14 @@ pub(crate) fn dead_list(
     if params.after.is_some() {
         let _ = write!(
             pager,
-            r#"<a href="/dead?{}">First page</a> "#,
+            r#"<a href="{base}/dead?{}">First page</a> "#,
             esc(&params.query(None))
         );
     }
     if let Some(next) = next {
         let _ = write!(
             pager,
-            r#"<a href="/dead?{}" rel="next" data-test="next-page">Next page</a>"#,
+            r#"<a href="{base}/dead?{}" rel="next" data-test="next-page">Next page</a>"#,
             esc(&params.query(Some(next)))
         );
     }
@@ -531,12 +591,12 @@ fn group_options(groups: &[String], current: &str) -> String {
 
 /// The retry lane page: a group picker, then each head (the event its key
 /// waits for, and why) with how many events wait behind it.
-pub(crate) fn lane(group: &str, groups: &[String], held: &HeldKeys) -> String {
+pub(crate) fn lane(base: &str, group: &str, groups: &[String], held: &HeldKeys) -> String {
     let mut out = String::new();
     let options = group_options(groups, group);
     let _ = write!(
         out,
-        r#"<form method="get" action="/lane" class="filters"><label>Group <select name="group">{options}</select></label> <button type="submit">Show</button></form>
+        r#"<form method="get" action="{base}/lane" class="filters"><label>Group <select name="group">{options}</select></label> <button type="submit">Show</button></form>
 <p><strong data-test="held-count">{total}</strong> head(s) in the retry lane of group <strong>{g}</strong>{shown}. A head is an event that failed and waits for its retry (or is being retried), an event scheduled for later, or a dead letter that blocks its key (dead-head policy <code>block</code>): every later event of its key waits behind it, in order.</p>"#,
         total = held.total,
         g = esc(group),
@@ -568,7 +628,7 @@ pub(crate) fn lane(group: &str, groups: &[String], held: &HeldKeys) -> String {
                 HeadState::Dead { dead_at } => (
                     format!(r#"<span class="badge bad">dead, blocks its key</span> <span class="small">since {}</span>"#, esc(&time(*dead_at))),
                     format!(
-                        r#"<a href="/dead/{}?group={}" class="mono">{}</a>"#,
+                        r#"<a href="{base}/dead/{}?group={}" class="mono">{}</a>"#,
                         enc(&id),
                         enc(group),
                         esc(&id)
@@ -633,7 +693,7 @@ const HEX_LIMIT: usize = 4096;
 
 /// One dead letter: its event, headers, payload and final error, and the
 /// replay / purge buttons.
-pub(crate) fn dead_detail(group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> String {
+pub(crate) fn dead_detail(base: &str, group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> String {
     let e = &d.event;
     let time =
         |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
@@ -724,7 +784,7 @@ pub(crate) fn dead_detail(group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> S
         let id = esc(&e.id.to_string());
         let _ = write!(
             out,
-            r#"<form method="post" action="/dead/confirm" class="actions">{}<input type="hidden" name="group" value="{}"><input type="hidden" name="id" value="{id}">
+            r#"<form method="post" action="{base}/dead/confirm" class="actions">{}<input type="hidden" name="group" value="{}"><input type="hidden" name="id" value="{id}">
 <button type="submit" name="do" value="retry:selected" data-test="replay-one">Replay this event</button>
 <button type="submit" name="do" value="purge:selected" class="danger" data-test="purge-one">Purge this event</button></form>"#,
             viewer.csrf_field(),
@@ -733,7 +793,7 @@ pub(crate) fn dead_detail(group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> S
     }
     let _ = write!(
         out,
-        r#"<p><a href="/dead?group={}">Back to the dead letters</a></p>"#,
+        r#"<p><a href="{base}/dead?group={}">Back to the dead letters</a></p>"#,
         enc(group)
     );
     out
@@ -742,6 +802,8 @@ pub(crate) fn dead_detail(group: &str, d: &DeadLetter, viewer: &Viewer<'_>) -> S
 /// What a confirmation page asks.
 #[derive(Debug)]
 pub(crate) struct Confirm<'a> {
+    /// The store's prefix of the form's and the link's paths.
+    pub(crate) base: &'a str,
     pub(crate) retry: bool,
     pub(crate) all: bool,
     pub(crate) count: u64,
@@ -767,8 +829,8 @@ pub(crate) fn confirm(c: &Confirm<'_>, viewer: &Viewer<'_>) -> String {
 <p class="big" data-test="confirm-text">{verb} <strong data-test="confirm-count">{count}</strong> dead letter(s) of group <strong>{group}</strong>?</p>
 <p>Selection: {scope}.</p>
 <p>{what}</p>
-<form method="post" action="/dead/act">{csrf}{hidden}<input type="hidden" name="do" value="{do_}"><input type="hidden" name="expected" value="{count}">
-<button type="submit" class="{cls}" data-test="confirm">Yes, {verb_lc} {count}</button> <a href="/dead?{back}" data-test="cancel">Cancel</a>
+<form method="post" action="{base}/dead/act">{csrf}{hidden}<input type="hidden" name="do" value="{do_}"><input type="hidden" name="expected" value="{count}">
+<button type="submit" class="{cls}" data-test="confirm">Yes, {verb_lc} {count}</button> <a href="{base}/dead?{back}" data-test="cancel">Cancel</a>
 </form>
 </section>"#,
         count = c.count,
@@ -781,5 +843,6 @@ pub(crate) fn confirm(c: &Confirm<'_>, viewer: &Viewer<'_>) -> String {
         cls = if c.retry { "" } else { "danger" },
         verb_lc = verb.to_lowercase(),
         back = esc(&c.params.query(None)),
+        base = c.base,
     )
 }
