@@ -233,6 +233,9 @@ pub(crate) struct Report {
     /// End to end through the inbox: what the consumers counted.
     #[serde(default)]
     pub(crate) inbox: Option<InboxReport>,
+    /// `tenants` (tenants.rs): the checks of each database of the run.
+    #[serde(default)]
+    pub(crate) tenants: Option<Vec<crate::tenants::result::TenantResult>>,
     /// Every target met.
     pub(crate) passed: bool,
     /// The targets missed, in words.
@@ -255,7 +258,7 @@ pub(crate) struct Inputs<'a> {
     pub(crate) lost_with_primary: &'a std::collections::HashSet<Uuid>,
 }
 
-fn percentile(sorted: &[i64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[i64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
     }
@@ -631,6 +634,7 @@ pub(crate) fn check(input: &Inputs<'_>) -> Report {
         relay_exits: Vec::new(),
         sink_up,
         inbox: None,
+        tenants: None,
         passed: failures.is_empty(),
         failures,
     }

@@ -207,6 +207,17 @@ pub(crate) struct RunArgs {
     /// `async`.
     #[arg(long, value_enum, default_value_t = crate::pg_pair::Replication::Sync)]
     pub(crate) pg_replication: crate::pg_pair::Replication,
+    /// `tenants`: events preloaded into database t0 before the clock starts.
+    #[arg(long, default_value_t = 500_000)]
+    pub(crate) tenant_backlog: u64,
+    /// `tenants`: how long every connection to database t1 is terminated,
+    /// again and again (every 100 ms), seconds.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) tenant_kill_s: u64,
+    /// `tenants`: the p99 commit -> arrival latency, ms, the fresh events
+    /// of the databases neither backlogged nor killed must stay under.
+    #[arg(long, default_value_t = 500)]
+    pub(crate) tenant_p99_ms: u64,
     /// Hard bound on the whole run, seconds [default: duration + faults + drain + 120].
     #[arg(long)]
     pub(crate) timeout_s: Option<u64>,

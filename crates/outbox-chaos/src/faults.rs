@@ -81,6 +81,11 @@ pub(crate) enum FaultKind {
     /// streaming standby promoted 2 s later (pg_pair.rs); the producer and
     /// the relays follow through their multi-host URL.
     PgFailover,
+    /// A run of its own (tenants.rs): one relay process over four
+    /// databases of the one server, one with a 500,000-event backlog, one
+    /// whose every connection is terminated repeatedly mid-run. Alone in
+    /// its plan.
+    Tenants,
 }
 
 /// How long the `partition-reader` fault holds its transaction open.
@@ -91,7 +96,7 @@ const READER_ROTATION: Duration = Duration::from_secs(1);
 
 impl FaultKind {
     /// Every kind, in the order of the tables.
-    pub(crate) const ALL: [FaultKind; 17] = [
+    pub(crate) const ALL: [FaultKind; 18] = [
         Self::Kill,
         Self::Stop,
         Self::PgTerminate,
@@ -109,6 +114,7 @@ impl FaultKind {
         Self::ConsumerKills,
         Self::NatsLeaderKill,
         Self::PgFailover,
+        Self::Tenants,
     ];
 
     /// The name used in plans and reports.
@@ -131,6 +137,7 @@ impl FaultKind {
             Self::ConsumerKills => "consumer-kills",
             Self::NatsLeaderKill => "nats-leader-kill",
             Self::PgFailover => "pg-failover",
+            Self::Tenants => "tenants",
         }
     }
 
@@ -361,6 +368,9 @@ impl Targets {
             }
             FaultKind::PgFailover if self.pg_pair.is_none() => {
                 bail!("pg-failover needs the PostgreSQL store and the run's own primary and standby (the run makes them)")
+            }
+            FaultKind::Tenants => {
+                bail!("tenants is a run of its own: `--faults tenants` alone (tenants.rs)")
             }
             FaultKind::ConsumerDbCut if self.consumer_db.is_none() => {
                 bail!("consumer-db-cut needs the inbox on PostgreSQL (`run --inbox postgres`)")
@@ -610,6 +620,9 @@ async fn inject(
             // delivered a batch it could not record, and progress settled
             // asynchronously may not have reached the standby.
             may_duplicate = true;
+        }
+        FaultKind::Tenants => {
+            bail!("tenants is a run of its own: `--faults tenants` alone (tenants.rs)")
         }
         FaultKind::BrokerFlap | FaultKind::DbFlap => {
             let (proxy, what) = proxy_of(kind, t)?;

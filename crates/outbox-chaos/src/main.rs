@@ -44,6 +44,7 @@ mod relays;
 mod run_dir;
 mod slow;
 mod summary;
+mod tenants;
 mod urls;
 
 use anyhow::{bail, Context as _, Result};
@@ -107,6 +108,11 @@ fn main() -> ExitCode {
 /// first drops the run (its guards kill the relays).
 async fn run_bounded(args: RunArgs) -> Result<bool> {
     let steps = faults::parse_plan(&args.faults)?;
+    if steps.iter().flatten().any(|k| *k == FaultKind::Tenants) {
+        // A run of its own, which bounds itself and listens for the
+        // signals itself: its databases are dropped however it ends.
+        return tenants::run(args, &steps, default_relay_bin).await;
+    }
     let fault_time: u64 = steps.len() as u64 * (args.outage_s + 20);
     let bound = Duration::from_secs(
         args.timeout_s
@@ -552,6 +558,7 @@ async fn run_created(
         pad: args.pad,
         topic,
         seed,
+        key_prefix: String::new(),
     };
     app_db.prepare(&producer_cfg).await?;
     let pg_admin = match &app_db {
@@ -881,6 +888,7 @@ async fn run_created(
         relay_exits,
         inbox: inbox_report,
         lost_with_primary,
+        tenants: None,
     };
     write_records(out, &meta, &produced, &arrivals, &fault_records)?;
     let report = report(&meta, &produced, &arrivals, &fault_records);

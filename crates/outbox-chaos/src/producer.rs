@@ -191,6 +191,9 @@ pub(crate) struct ProducerConfig {
     pub(crate) topic: String,
     /// Random seed.
     pub(crate) seed: u64,
+    /// Put before every key (`tenants`: `t1.`, so that the keys of the
+    /// databases sharing one stream stay apart); empty otherwise.
+    pub(crate) key_prefix: String,
 }
 
 /// Runs the producer tasks to the end of `duration`; returns every event
@@ -217,8 +220,12 @@ pub(crate) async fn run(
 /// shared ones (`contended`).
 fn keys(cfg: &ProducerConfig, t: usize) -> Vec<String> {
     match cfg.mode {
-        ProducerMode::Partitioned => (0..cfg.keys).map(|i| format!("k{t}-{i}")).collect(),
-        ProducerMode::Contended => (0..cfg.keys).map(|i| format!("k{i}")).collect(),
+        ProducerMode::Partitioned => (0..cfg.keys)
+            .map(|i| format!("{}k{t}-{i}", cfg.key_prefix))
+            .collect(),
+        ProducerMode::Contended => (0..cfg.keys)
+            .map(|i| format!("{}k{i}", cfg.key_prefix))
+            .collect(),
     }
 }
 

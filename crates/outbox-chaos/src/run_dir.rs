@@ -25,6 +25,9 @@ pub(crate) struct RunMeta {
     /// replication: lost with the primary, for the producer too).
     #[serde(default)]
     pub(crate) lost_with_primary: Vec<uuid::Uuid>,
+    /// `tenants`: the run's databases and their roles (tenants.rs).
+    #[serde(default)]
+    pub(crate) tenants: Option<crate::tenants::result::TenantsMeta>,
 }
 
 pub(crate) fn write_records(
@@ -69,6 +72,15 @@ pub(crate) fn report(
     arrivals: &[Arrival],
     faults: &[FaultRecord],
 ) -> checker::Report {
+    if let Some(tenants) = &meta.tenants {
+        let recorded = crate::tenants::check::Recorded {
+            scenario: &meta.scenario,
+            produce_end_us: meta.produce_end_us,
+            resolved_committed: &meta.resolved_committed,
+            relay_exits: &meta.relay_exits,
+        };
+        return crate::tenants::check::report(&recorded, tenants, produced, arrivals, faults);
+    }
     let resolved = meta.resolved_committed.iter().copied().collect();
     let lost_with_primary = meta.lost_with_primary.iter().copied().collect();
     let mut report = checker::check(&checker::Inputs {

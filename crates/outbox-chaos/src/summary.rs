@@ -120,6 +120,11 @@ pub(crate) fn print(r: &checker::Report) {
             println!("  NOTE: {e}");
         }
     }
+    if let Some(tenants) = &r.tenants {
+        for line in crate::tenants::result::lines(tenants) {
+            println!("{line}");
+        }
+    }
     for e in &r.relay_exits {
         println!("  NOTE: {e}");
     }

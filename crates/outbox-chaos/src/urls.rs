@@ -37,6 +37,26 @@ pub(crate) fn via(url: &str, addr: SocketAddr) -> Result<String> {
     Ok(format!("{}{addr}{}", &url[..i], &url[i + from.len()..]))
 }
 
+/// `url` (`postgres://[user[:pass]@]host[:port][/db][?query]`) naming the
+/// database `db` instead of its own (`tenants`: one server, several
+/// databases). A URL with no `://` is refused.
+pub(crate) fn with_database(url: &str, db: &str) -> Result<String> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        bail!("not a URL (no `://`): {}", outbox_core::redact_url(url));
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (rest, None),
+    };
+    let authority = before_query.split('/').next().unwrap_or(before_query);
+    let mut out = format!("{scheme}://{authority}/{db}");
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    Ok(out)
+}
+
 pub(crate) async fn resolve(url: &str) -> Result<SocketAddr> {
     let (host, port) = host_port(url)?;
     let found = tokio::net::lookup_host((host.as_str(), port))
@@ -66,5 +86,29 @@ mod tests {
             "nats://127.0.0.1:40000"
         );
         assert_eq!(host_port("nats://h:1").unwrap(), ("h".to_owned(), 1));
+    }
+
+    #[test]
+    fn a_url_names_another_database() {
+        assert_eq!(
+            with_database("postgres://postgres@127.0.0.1:5432/test", "t1").unwrap(),
+            "postgres://postgres@127.0.0.1:5432/t1"
+        );
+        assert_eq!(
+            with_database("postgres://u:secret@h/test?sslmode=disable", "t1").unwrap(),
+            "postgres://u:secret@h/t1?sslmode=disable"
+        );
+        assert_eq!(
+            with_database("postgres://h:5432", "t1").unwrap(),
+            "postgres://h:5432/t1"
+        );
+        assert_eq!(
+            with_database("postgres://h:5432?application_name=x", "t1").unwrap(),
+            "postgres://h:5432/t1?application_name=x"
+        );
+        let err = with_database("u:secret@h/test", "t1")
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("secret"), "{err}");
     }
 }

@@ -68,6 +68,9 @@ fn tables(summary: &Value, heading: &str) -> String {
     let mut md = String::new();
     let all = summary["runs"].as_array().cloned().unwrap_or_default();
     // The independent recorder's runs; the inbox's have their own tables.
+    // `tenants`: one relay over several databases, a row per database.
+    let (tenants, all): (Vec<Value>, Vec<Value>) =
+        all.into_iter().partition(|r| r["tenants"].is_array());
     let (inbox, runs): (Vec<Value>, Vec<Value>) = all
         .into_iter()
         .partition(|r| !r["scenario"]["inbox"].is_null());
@@ -137,6 +140,9 @@ fn tables(summary: &Value, heading: &str) -> String {
         }
         md.push('\n');
     }
+    let (tenant_events, tenant_faults) = tenants_tables(&mut md, &tenants, heading);
+    events += tenant_events;
+    faults += tenant_faults;
     let (inbox_events, inbox_faults) = inbox_tables(&mut md, &inbox, heading);
     events += inbox_events;
     faults += inbox_faults;
@@ -218,6 +224,90 @@ fn inbox_tables(md: &mut String, runs: &[Value], heading: &str) -> (u64, u64) {
         md.push('\n');
     }
     (events, faults)
+}
+
+/// The `tenants` runs (a `tenants` array in the report): one relay process
+/// over several databases of one server, a table per run with a row per
+/// database. Returns the events and faults they add up to.
+fn tenants_tables(md: &mut String, runs: &[Value], heading: &str) -> (u64, u64) {
+    let (mut events, mut faults) = (0u64, 0u64);
+    for r in runs {
+        let dbs = r["tenants"].as_array().cloned().unwrap_or_default();
+        let fs = r["faults"].as_array().map_or(0, Vec::len) as u64;
+        events += r["committed"].as_u64().unwrap_or(0);
+        faults += fs;
+        let _ = writeln!(
+            md,
+            "{heading} one relay over {} databases: {} + {}\n",
+            dbs.len(),
+            r["scenario"]["store"].as_str().unwrap_or("?"),
+            r["scenario"]["broker"].as_str().unwrap_or("?"),
+        );
+        let _ = writeln!(
+            md,
+            "`{}`: {} relay process, {} committed events in all, {} fault(s), relay exits {}, result {}.\n",
+            r["scenario"]["faults"].as_str().unwrap_or("?"),
+            r["scenario"]["relays"],
+            r["committed"],
+            fs,
+            r["relay_exits"].as_array().map_or(0, Vec::len),
+            if r["passed"] == true { "pass" } else { "**FAIL**" }
+        );
+        md.push_str("| database | role | events (backlog) | lost | duplicated (+copies / allowed) | unexpected | order violations | fresh events' p50 / p99 latency | recovery | result |\n");
+        md.push_str("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+        for t in &dbs {
+            let target = t["p99_target_ms"]
+                .as_f64()
+                .map_or(String::new(), |p| format!(" [<= {p:.0}]"));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} ({}) | {} | {} (+{} / {}) | {} | {} | {:.0} / {:.0} ms{target} | {} | {} |",
+                t["name"].as_str().unwrap_or("?"),
+                t["role"].as_str().unwrap_or("?"),
+                t["committed"],
+                t["backlog"],
+                t["lost"],
+                t["duplicated"],
+                t["extra_copies"],
+                t["duplicate_allowance"],
+                t["unexpected"],
+                order_cell(t),
+                f64_of(&t["fresh_latency_ms"]["p50"]),
+                f64_of(&t["fresh_latency_ms"]["p99"]),
+                tenant_recovery_cell(t),
+                if t["passed"] == true { "pass" } else { "**FAIL**" }
+            );
+        }
+        md.push('\n');
+    }
+    (events, faults)
+}
+
+/// What a database of a `tenants` run recovered from: the killed one's
+/// first delivery, every earlier commit delivered and catch-up after the
+/// kill; the backlog's drain; `-` for the others.
+fn tenant_recovery_cell(t: &Value) -> String {
+    let secs = |field: &str| {
+        t[field]
+            .as_f64()
+            .map_or("never".to_owned(), |s| format!("{s:.1} s"))
+    };
+    if t["kill"].is_string() {
+        format!(
+            "after the kill: first delivery {}, all earlier {}, caught up {}",
+            secs("first_delivery_s"),
+            secs("recovery_s"),
+            secs("caught_up_s")
+        )
+    } else if t["backlog"].as_u64().unwrap_or(0) > 0 {
+        format!(
+            "backlog drained {} after the start, {} left in the log in key order",
+            secs("backlog_drained_s"),
+            t["left"].as_u64().unwrap_or(0)
+        )
+    } else {
+        "-".to_owned()
+    }
 }
 
 /// The recovery cell of a run: per fault kind, the worst recovery of the
@@ -553,6 +643,24 @@ mod tests {
                     "extra_copies": 0, "duplicate_allowance": 20, "unexpected": 0,
                     "order_violations": 0, "latency_ms": {"p50": 5.0, "p99": 9.0},
                     "sink_up": null, "relay_exits": [], "passed": true,
+                    "tenants": (s.faults == "tenants").then(|| serde_json::json!([
+                        {"name": "t0", "role": "backlog", "committed": 500_100, "backlog": 500_000,
+                         "lost": 0, "duplicated": 0, "extra_copies": 0, "duplicate_allowance": 0,
+                         "unexpected": 0, "order_violations": 0,
+                         "fresh_latency_ms": {"p50": 900.0, "p99": 2000.0},
+                         "backlog_drained_s": 21.5, "left": 0, "passed": true},
+                        {"name": "t1", "role": "killed", "committed": 2000, "backlog": 0,
+                         "lost": 0, "duplicated": 3, "extra_copies": 3, "duplicate_allowance": 200,
+                         "unexpected": 0, "order_violations": 0,
+                         "fresh_latency_ms": {"p50": 20.0, "p99": 3100.0},
+                         "kill": "t1: 9 connection(s)", "first_delivery_s": 0.41,
+                         "recovery_s": 1.2, "caught_up_s": null, "passed": true},
+                        {"name": "t2", "role": "fresh", "committed": 2000, "backlog": 0,
+                         "lost": 0, "duplicated": 0, "extra_copies": 0, "duplicate_allowance": 0,
+                         "unexpected": 0, "order_violations": 0, "stale_copies": 0,
+                         "fresh_latency_ms": {"p50": 12.0, "p99": 87.0}, "p99_target_ms": 500.0,
+                         "passed": true},
+                    ])),
                 })
             })
             .collect();
@@ -580,6 +688,13 @@ mod tests {
             "{new}"
         );
         assert!(new.contains("| yes (0 / 0) | 0 | 0 | >= 7 | 3 |"), "{new}");
+        assert!(
+            new.contains("### one relay over 3 databases: postgres + nats"),
+            "{new}"
+        );
+        assert!(new.contains("| t0 | backlog | 500100 (500000) | 0 | 0 (+0 / 0) | 0 | 0 | 900 / 2000 ms | backlog drained 21.5 s after the start, 0 left in the log in key order | pass |"), "{new}");
+        assert!(new.contains("| t1 | killed | 2000 (0) | 0 | 3 (+3 / 200) | 0 | 0 | 20 / 3100 ms | after the kill: first delivery 0.4 s, all earlier 1.2 s, caught up never | pass |"), "{new}");
+        assert!(new.contains("| t2 | fresh | 2000 (0) | 0 | 0 (+0 / 0) | 0 | 0 | 12 / 87 ms [<= 500] | - | pass |"), "{new}");
         assert_eq!(check_section(&new), Vec::<String>::new());
         // Idempotent: writing it again changes nothing.
         assert_eq!(replace_section(&new, &section).unwrap(), new);
