@@ -24,10 +24,7 @@
 //!   end-to-end run per broker through the inbox (`--inbox`), the
 //!   consumers' database alternating: NATS -> PostgreSQL, RabbitMQ ->
 //!   SQLite, Kafka -> PostgreSQL, with consumer kills, terminated consumer
-//!   database connections and relay kills. And `tenants`: one relay
-//!   process over four databases of the one server (one with a 500,000-event
-//!   backlog, one whose connections are terminated for 3 s), a table row
-//!   per database.
+//!   database connections and relay kills.
 //! - `--medium`: every store x broker, each fault kind alone and mixed,
 //!   shorter than full; and for PostgreSQL with each broker the
 //!   `contended` producer alone and with relay kills, `pg-crash` alone and

@@ -199,9 +199,6 @@ impl Scenario {
                     "nats-leader-kill" => 8,
                     // The primary stopped, the standby promoted 2 s later.
                     "pg-failover" => 4,
-                    // Every connection to one database ended, again and
-                    // again for 3 s (outbox-chaos's tenants.rs).
-                    "tenants" => 3,
                     _ => 1,
                 })
                 .max()
@@ -266,11 +263,6 @@ const SINGLE_FAULTS: &[&str] = &[
 
 /// Seconds added to a quick run per step, for the step's recovery.
 const QUICK_RECOVERY_ROOM_S: u64 = 5;
-
-/// Production time of the quick `tenants` run: the backlog's drain
-/// overlaps it, and the run (load, production, drain, checks) stays
-/// under ~90 s.
-const TENANTS_DURATION_S: u64 = 24;
 
 /// The runs of a mode: which store x broker pairs, which faults, and the
 /// parameters of each `outbox-chaos run`. `kafka`: the Kafka broker answers;
@@ -380,17 +372,6 @@ pub(crate) fn plan(
                 s.recovery_room_s = QUICK_RECOVERY_ROOM_S;
                 out.push(s);
             }
-            // One relay process over four databases of the one server
-            // (issue 46): one with a 500,000-event backlog, one whose
-            // connections are all terminated for 3 s, fresh events on all;
-            // each database checked on its own, the fresh databases' p99
-            // under 500 ms (outbox-chaos's tenants.rs). About 70 s with the
-            // backlog's load and drain.
-            let mut s = base("postgres", "nats");
-            s.faults = "tenants".to_owned();
-            s.relays = 1;
-            s.duration_s = TENANTS_DURATION_S;
-            out.push(s);
             if pg_crash {
                 let mut s = base("postgres", "nats");
                 s.faults = "pg-crash".to_owned();

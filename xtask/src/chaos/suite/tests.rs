@@ -14,7 +14,6 @@ fn mixed(p: &[Scenario]) -> Vec<&Scenario> {
                 && !s.faults.contains("db-cut-one")
                 && !s.faults.contains("partition-reader")
                 && !s.faults.contains("nats-leader-kill")
-                && !s.faults.contains("tenants")
                 && s.replication.is_none()
                 && s.inbox.is_none()
                 && !s.pgbouncer
@@ -338,30 +337,4 @@ fn medium_and_full_have_every_broker_with_each_inbox_database() {
             assert!(!(s.inbox == Some("sqlite") && s.faults.contains("consumer-db-cut")));
         }
     }
-}
-
-#[test]
-fn quick_runs_one_relay_over_four_databases_once() {
-    for kafka in [false, true] {
-        let p = plan(Mode::Quick, kafka, false, true);
-        let tenants: Vec<&Scenario> = p.iter().filter(|s| s.faults == "tenants").collect();
-        assert_eq!(tenants.len(), 1);
-        let s = tenants[0];
-        assert_eq!(s.label(), "pg-nats-tenants");
-        assert_eq!((s.store, s.broker, s.relays), ("postgres", "nats", 1));
-        assert_eq!(
-            (s.fault_count(), s.step_count(), s.fault_time_s()),
-            (1, 1, 3)
-        );
-        let args = s.args();
-        let at = args.iter().position(|a| a == "--relays").unwrap();
-        assert_eq!(args[at + 1], "1");
-        // Its production stays short: the run with its backlog stays
-        // under ~90 s.
-        assert!(s.duration_s <= 30, "{}", s.duration_s);
-    }
-    // Not in the medium and full plans (their runs are the per-fault ones).
-    assert!(!plan(Mode::Medium, true, false, true)
-        .iter()
-        .any(|s| s.faults.contains("tenants")));
 }
