@@ -95,7 +95,7 @@ pub(crate) async fn run(
                 resolved: p.resolved.clone(),
             })
             .collect();
-        crate::spawn_console_stores(c, stores, cfg.metrics_addr, secrets).await?;
+        spawn_console_stores(c, stores, cfg.metrics_addr, secrets).await?;
     }
     outbox_worker::metrics::describe_metrics();
     let names: Vec<&str> = planned.iter().map(|p| p.name.as_str()).collect();
@@ -216,4 +216,37 @@ async fn open_store(plan: &Planned) -> anyhow::Result<AnyStore> {
         store.migrate().await.context("migration failed")?;
     }
     Ok(store)
+}
+
+/// Serves the console of several stores beside their relays: bound (and
+/// its token read) before the relays start, so a taken port or a bad token
+/// fails `run`; the console opens the stores through its own connections,
+/// in its own task (a store that is down does not hold the relays back).
+#[cfg(feature = "console")]
+async fn spawn_console_stores(
+    c: &config::ConsoleConfig,
+    stores: Vec<config::stores::StoreSpec>,
+    metrics_addr: Option<std::net::SocketAddr>,
+    secrets: &[String],
+) -> anyhow::Result<()> {
+    let mut secrets = secrets.to_vec();
+    let mut serving = crate::console::Serving::new(c.listen);
+    serving.allow_remote = c.allow_remote;
+    serving.allowed_hosts = c.allowed_hosts.clone();
+    serving.token = crate::console::load_token(
+        c.token_file.as_deref(),
+        c.token_env.as_deref(),
+        &mut secrets,
+    )?;
+    serving.relays = metrics_addr.map(|a| a.to_string()).into_iter().collect();
+    let listener = serving.bind().await?;
+    tokio::spawn(async move {
+        let stores = crate::console::open_stores(stores, &secrets).await;
+        if let Err(e) =
+            crate::console::serve_stores(listener, stores, serving, secrets.clone()).await
+        {
+            tracing::error!(error = %report::render(&e, &secrets), "the console stopped");
+        }
+    });
+    Ok(())
 }
