@@ -9,20 +9,21 @@ use crate::record::Arrival;
 use clap::Parser as _;
 
 fn args_of(extra: &[&str]) -> (RunArgs, Vec<Vec<FaultKind>>) {
-    let mut argv = vec![
-        "outbox-chaos",
-        "run",
-        "--store",
-        "postgres",
-        "--broker",
-        "nats",
-        "--out",
-        "/tmp/x",
-        "--relays",
-        "1",
-        "--faults",
-        "tenants",
+    // A valid tenants run; an option in `extra` replaces its default (clap
+    // refuses an option given twice).
+    let defaults = [
+        ("--store", "postgres"),
+        ("--broker", "nats"),
+        ("--out", "/tmp/x"),
+        ("--relays", "1"),
+        ("--faults", "tenants"),
     ];
+    let mut argv = vec!["outbox-chaos", "run"];
+    for (flag, value) in defaults {
+        if !extra.contains(&flag) {
+            argv.extend([flag, value]);
+        }
+    }
     argv.extend(extra);
     let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
         panic!("not a run");
