@@ -688,13 +688,6 @@ mod tests {
             "{new}"
         );
         assert!(new.contains("| yes (0 / 0) | 0 | 0 | >= 7 | 3 |"), "{new}");
-        assert!(
-            new.contains("### one relay over 3 databases: postgres + nats"),
-            "{new}"
-        );
-        assert!(new.contains("| t0 | backlog | 500100 (500000) | 0 | 0 (+0 / 0) | 0 | 0 | 900 / 2000 ms | backlog drained 21.5 s after the start, 0 left in the log in key order | pass |"), "{new}");
-        assert!(new.contains("| t1 | killed | 2000 (0) | 0 | 3 (+3 / 200) | 0 | 0 | 20 / 3100 ms | after the kill: first delivery 0.4 s, all earlier 1.2 s, caught up never | pass |"), "{new}");
-        assert!(new.contains("| t2 | fresh | 2000 (0) | 0 | 0 (+0 / 0) | 0 | 0 | 12 / 87 ms [<= 500] | - | pass |"), "{new}");
         assert_eq!(check_section(&new), Vec::<String>::new());
         // Idempotent: writing it again changes nothing.
         assert_eq!(replace_section(&new, &section).unwrap(), new);
